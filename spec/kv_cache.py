@@ -1,0 +1,56 @@
+"""The KV block pool and `allocate_slots` for one full-attention group, no prefix caching.
+
+K = vllm/v1/core/kv_cache_manager.py, T = single_type_kv_cache_manager.py,
+P = block_pool.py.  The pool is two numbers the scheduler state carries: how many
+blocks each request holds and how many are free.  Without prefix caching every
+freed block is plainly free again, so `free + sum(held) == num_gpu_blocks - 1`.
+"""
+
+from __future__ import annotations
+
+from .config import SchedulerConfig
+from .request import Request, RequestStatus
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def get_num_blocks_to_allocate(block_size: int, num_blocks_held: int, num_tokens: int) -> int:
+    """New blocks needed so that `num_tokens` slots exist (T:214-236)."""
+    return max(cdiv(num_tokens, block_size) - num_blocks_held, 0)
+
+
+def allocate_slots(
+    config: SchedulerConfig,
+    request: Request,
+    num_new_tokens: int,
+    num_blocks_held: int,
+    num_free_blocks: int,
+    *,
+    full_sequence_must_fit: bool = False,
+    has_scheduled_reqs: bool = True,
+) -> int | None:
+    """How many new blocks `request` takes to compute `num_new_tokens` more
+    tokens, or None when the pool cannot hold them (K:380-627).
+
+    None is the only failure: there is no partial allocation.
+    """
+    if num_new_tokens <= 0:
+        raise ValueError("num_new_tokens must be greater than 0")  # K:486-496
+    L = config.max_model_len
+    # The watermark applies only to admissions, and not to the first one (K:518-525).
+    watermark_blocks = 0
+    if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+        watermark_blocks = config.watermark_blocks
+    if full_sequence_must_fit:
+        # The full-ISL admission gate: the whole sequence, not only this chunk (K:531-548).
+        full = get_num_blocks_to_allocate(config.block_size, num_blocks_held, min(request.num_tokens, L))
+        if full + watermark_blocks > num_free_blocks:
+            return None
+    total_computed_tokens = min(request.num_computed_tokens, L)
+    num_tokens_need_slot = min(total_computed_tokens + num_new_tokens, L)  # K:550-553
+    need = get_num_blocks_to_allocate(config.block_size, num_blocks_held, num_tokens_need_slot)
+    if need + watermark_blocks > num_free_blocks:  # K:584-588
+        return None
+    return need
