@@ -1,0 +1,229 @@
+"""Seeded random scenarios and configs for differential testing.
+
+`generate_scenario(rng, index)` draws one valid scenario (formats.md) from the
+whole core scope of schedspec/1:
+
+- block sizes 1..16; KV pools from the smallest one vLLM's start-up check
+  admits (`num_gpu_blocks - 1 == ceil(max_model_len / block_size)`), which
+  forces preemption and self-preemption, to generous ones;
+- both policies, mixed (also negative) priorities, `arrival_time` ties (the
+  priority queue then orders by request id, where "r10" < "r2");
+- chunked prefill on and off, `long_prefill_token_threshold`, watermarks,
+  `scheduler_reserve_full_isl` on and off, `max_num_scheduled_tokens` below
+  (and sometimes above) `max_num_batched_tokens`, `max_num_active_seqs`;
+- arrivals spread over steps; aborts at random steps after arrival, so they
+  hit waiting, running, preempted and already-finished requests;
+- EOS finishes (`output_len`), max_tokens finishes, and max_model_len
+  finishes (max_tokens above `max_model_len - prompt_len`, prompts near
+  `max_model_len`).
+
+Excluded, because they are outside the core scope of schedspec/1 (the spec
+rejects them by design):
+- `enable_prefix_caching: true` (wave 2; scenarios never enable it, and
+  `generate_config_dict` leaves it false or absent);
+- in `generate_config_dict` only: `max_model_len = -1`, vLLM's model-dependent
+  "auto-fit" sentinel (formats.md fixes max_model_len's default instead).
+
+`generate_config_dict(rng, valid_bias)` draws raw `config` objects near the
+acceptance boundaries, valid or invalid, for the config-agreement check.
+
+Every draw depends only on the `random.Random` passed in; `scenario_rng(seed,
+index)` gives the generator of campaign scenario `index` of seed `seed`, so one
+scenario can be rebuilt without the ones before it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from .scenario import Abort, RequestSpec, Scenario
+
+
+def scenario_rng(seed: int, index: int) -> random.Random:
+    """The generator of scenario `index` of a campaign with `seed`."""
+    return random.Random(f"schedspec-scenario/{seed}/{index}")
+
+
+def config_rng(seed: int, index: int) -> random.Random:
+    return random.Random(f"schedspec-config/{seed}/{index}")
+
+
+def _max_model_len(rng: random.Random) -> int:
+    r = rng.random()
+    if r < 0.3:
+        return rng.randint(2, 24)
+    if r < 0.85:
+        return rng.randint(24, 128)
+    return rng.randint(128, 400)
+
+
+def _valid_config(rng: random.Random) -> dict[str, Any]:
+    """A config vLLM 0.33.0 accepts, with every core knob drawn."""
+    L = _max_model_len(rng)
+    bs = rng.randint(1, 16)
+    per_seq = math.ceil(L / bs)
+    min_blocks = per_seq + 1  # the start-up check, with vLLM's null block
+    r = rng.random()
+    if r < 0.45:  # tight: preemption, self-preemption
+        nb = min_blocks + rng.randint(0, max(1, per_seq // 2))
+    elif r < 0.8:
+        nb = min_blocks + rng.randint(0, 3 * per_seq)
+    else:
+        nb = min_blocks + rng.randint(0, 20 * per_seq + 20)
+    seqs = rng.choice([1, 2, 3, 4, 6, 8, 16, rng.randint(1, 32)])
+    chunked = rng.random() < 0.75
+    if chunked:
+        B = rng.randint(seqs, max(seqs, rng.choice([4, 8, 32, L, 2 * L])))
+    else:  # vLLM requires max_num_batched_tokens >= max_model_len then
+        lo = max(L, seqs)
+        B = rng.randint(lo, lo + rng.choice([0, 8, L]))
+    config: dict[str, Any] = {
+        "max_num_batched_tokens": B,
+        "max_num_seqs": seqs,
+        "max_model_len": L,
+        "block_size": bs,
+        "num_gpu_blocks": nb,
+    }
+    if not chunked or rng.random() < 0.3:
+        config["enable_chunked_prefill"] = chunked
+    config["policy"] = rng.choice(["fcfs", "priority"])
+    r = rng.random()
+    if r < 0.35:
+        config["max_num_scheduled_tokens"] = rng.randint(1, B)
+    elif r < 0.45:
+        config["max_num_scheduled_tokens"] = rng.randint(B, 2 * B)
+    if rng.random() < 0.3:
+        config["max_num_active_seqs"] = rng.randint(1, seqs)
+    if rng.random() < 0.35:
+        config["long_prefill_token_threshold"] = rng.choice(
+            [rng.randint(1, min(L, 8)), rng.randint(1, L)])
+    if rng.random() < 0.3:
+        config["watermark"] = rng.choice([0.01, 0.05, 0.1, 0.2, round(rng.uniform(0.0, 0.5), 3)])
+    r = rng.random()
+    if r < 0.3:
+        config["scheduler_reserve_full_isl"] = False
+    elif r < 0.45:
+        config["scheduler_reserve_full_isl"] = True
+    if rng.random() < 0.1:
+        config["enable_prefix_caching"] = False
+    return config
+
+
+def generate_scenario(rng: random.Random, index: int) -> Scenario:
+    """One random valid scenario; `index` only names it."""
+    config = _valid_config(rng)
+    L = config["max_model_len"]
+    priority_policy = config["policy"] == "priority"
+
+    n = rng.randint(1, 6) if rng.random() < 0.35 else rng.randint(2, 16)
+    horizon = rng.choice([0, 2, 5, 12, 30])
+    arrivals = sorted(rng.randint(0, horizon) for _ in range(n))
+    ties = rng.random() < 0.4
+    requests = []
+    for i in range(n):
+        r = rng.random()
+        if r < 0.25:
+            p = rng.randint(1, min(4, L - 1))
+        elif r < 0.7:
+            p = rng.randint(1, L - 1)
+        else:  # near max_model_len
+            p = rng.randint(max(1, L - 1 - max(1, L // 8)), L - 1)
+        r = rng.random()
+        if r < 0.2:
+            max_tokens = None  # max_model_len - prompt_len
+        elif r < 0.5:
+            max_tokens = rng.randint(1, 4)
+        else:
+            max_tokens = rng.randint(1, L + 8)  # may pass max_model_len
+        output_len = None
+        if rng.random() < 0.5:
+            output_len = rng.randint(1, (max_tokens or (L - p)) + 1)
+        priority = 0
+        if priority_policy or rng.random() < 0.15:
+            priority = rng.randint(-1, 3)
+        arrival_time = float(rng.randint(0, max(0, i // 2))) if ties and rng.random() < 0.6 else float(i)
+        requests.append(RequestSpec(
+            id=f"r{i}", prompt_len=p, arrival_step=arrivals[i], max_tokens=max_tokens,
+            output_len=output_len, priority=priority, arrival_time=arrival_time))
+
+    aborts = []
+    if rng.random() < 0.7:
+        victims = rng.sample(range(n), rng.randint(1, n))
+        for i in victims:
+            delay = rng.randint(1, rng.choice([2, 5, 10, 40, 120]))
+            aborts.append(Abort(f"r{i}", arrivals[i] + delay))
+        aborts.sort(key=lambda a: a.step)
+
+    return Scenario(
+        name=f"random-{index}",
+        description="",
+        config=config,
+        requests=tuple(requests),
+        aborts=tuple(aborts),
+        max_steps=rng.choice([150, 300, 600]),
+    )
+
+
+_POSITIVE = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "num_gpu_blocks")
+
+
+def generate_config_dict(rng: random.Random, valid_bias: float = 0.5) -> dict[str, Any]:
+    """A raw scenario `config` object near vLLM's acceptance boundaries: with
+    probability about `valid_bias` one that sits on a boundary from the valid
+    side, otherwise one that crosses a boundary by the smallest step.  Whether
+    it is really valid is for vLLM to say; both kinds are drawn so that an
+    off-by-one in either direction shows."""
+    c = _valid_config(rng)
+    L, B, seqs, bs = c["max_model_len"], c["max_num_batched_tokens"], c["max_num_seqs"], c["block_size"]
+    need = math.ceil(L / bs)
+    valid = rng.random() < valid_bias
+    side = 0 if valid else 1  # how far past the boundary
+    kind = rng.randrange(12)
+    if kind == 0:  # chunked prefill off needs max_num_batched_tokens >= max_model_len
+        c["enable_chunked_prefill"] = False
+        c["max_num_batched_tokens"] = max(L - side, 1)
+        c["max_num_seqs"] = min(seqs, c["max_num_batched_tokens"])
+        c.pop("max_num_active_seqs", None)
+    elif kind == 1:  # max_num_batched_tokens >= max_num_seqs
+        c["max_num_seqs"] = B + side
+        c.pop("max_num_active_seqs", None)
+    elif kind == 2:  # max_num_active_seqs <= max_num_seqs
+        c["max_num_active_seqs"] = seqs + side
+    elif kind == 3:  # long_prefill_token_threshold <= max_model_len
+        c["long_prefill_token_threshold"] = L + side
+    elif kind == 4:  # start-up check: num_gpu_blocks - 1 >= ceil(max_model_len / block_size)
+        c["num_gpu_blocks"] = need + 1 - side
+    elif kind == 5:  # watermark in [0, 1)
+        c["watermark"] = rng.choice([0.0, 0.999999]) if valid else rng.choice([1.0, -0.001, 1.5])
+    elif kind == 6:  # integer fields >= 1
+        field = rng.choice(_POSITIVE + ("max_num_scheduled_tokens", "max_num_active_seqs"))
+        if valid:
+            c[field] = c.get(field) or 1
+        else:
+            c[field] = rng.choice([0, -1]) if field != "max_model_len" else 0
+    elif kind == 7:  # long_prefill_token_threshold >= 0
+        c["long_prefill_token_threshold"] = 0 if valid else -1
+    elif kind == 8:  # policy
+        c["policy"] = rng.choice(["fcfs", "priority"]) if valid else rng.choice(["lifo", "FCFS", "", "Priority"])
+    elif kind == 9:  # max_num_scheduled_tokens above max_num_batched_tokens is accepted
+        c["max_num_scheduled_tokens"] = B + rng.randint(1, 64)
+        if not valid:
+            c["max_num_seqs"] = B + 1
+            c.pop("max_num_active_seqs", None)
+    elif kind == 10:  # defaults: drop the model-dependent fields
+        for f in rng.sample(["max_model_len", "num_gpu_blocks", "block_size", "max_num_batched_tokens",
+                             "max_num_seqs"], rng.randint(1, 3)):
+            c.pop(f, None)
+        c.pop("long_prefill_token_threshold", None)
+        c.pop("max_num_active_seqs", None)
+        if not valid:
+            c["max_num_seqs"] = c.get("max_num_batched_tokens", 2048) + 1
+    else:  # the pool exactly at, or one block under, a full sequence at another block size
+        c["block_size"] = rng.randint(1, 16)
+        c["num_gpu_blocks"] = math.ceil(L / c["block_size"]) + 1 - side
+    return c
+
+
+__all__ = ["generate_scenario", "generate_config_dict", "scenario_rng", "config_rng"]
