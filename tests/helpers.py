@@ -1,0 +1,43 @@
+"""Small builders for hand-made scheduler states."""
+
+from __future__ import annotations
+
+from schedspec.spec import scheduler as S
+from schedspec.spec.config import SchedulerConfig
+from schedspec.spec.kv_cache import cdiv
+from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus, make_request
+from schedspec.spec.state import SchedulerState
+
+
+def config(**kw) -> SchedulerConfig:
+    base = dict(max_num_batched_tokens=64, max_num_seqs=16, max_model_len=64, num_gpu_blocks=1000)
+    base.update(kw)
+    return SchedulerConfig(**base)
+
+
+def running_state(c: SchedulerConfig, decodes: int, prompt_len: int = 1, **req_kw) -> SchedulerState:
+    """`decodes` requests already running, each past its prefill and needing one token."""
+    reqs, blocks = {}, {}
+    for i in range(decodes):
+        rid = f"d{i}"
+        r = Request(rid, prompt_len, max_tokens=1000, arrival_time=float(i), status=RequestStatus.RUNNING,
+                    num_computed_tokens=prompt_len, num_output_tokens=1, **req_kw)
+        reqs[rid] = r
+        blocks[rid] = cdiv(prompt_len, c.block_size)
+    used = sum(blocks.values())
+    return SchedulerState(c, reqs, tuple(reqs), (), blocks, c.num_usable_blocks - used)
+
+
+def add(state: SchedulerState, rid: str, prompt_len: int, max_tokens: int | None = None, **kw) -> SchedulerState:
+    r = make_request(state.config, rid, prompt_len, max_tokens, kw.pop("priority", 0),
+                     kw.pop("arrival_time", float(len(state.requests))))
+    return S.add_request(state, r)
+
+
+def step(state: SchedulerState, eos: set[str] = frozenset()):
+    """schedule + fake model + update_from_output; returns (output, finished, state)."""
+    out, mid = S.schedule(state)
+    sampled = {rid: [EOS_TOKEN_ID if rid in eos else 100] for rid, _ in out.num_scheduled_tokens
+               if mid.requests[rid].num_computed_tokens >= mid.requests[rid].num_tokens}
+    finished, after = S.update_from_output(mid, out, sampled)
+    return out, finished, after
