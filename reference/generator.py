@@ -56,7 +56,9 @@ def _max_model_len(rng: random.Random) -> int:
         return rng.randint(2, 24)
     if r < 0.85:
         return rng.randint(24, 128)
-    return rng.randint(128, 400)
+    if r < 0.97:
+        return rng.randint(128, 400)
+    return rng.randint(400, 2048)
 
 
 def _valid_config(rng: random.Random) -> dict[str, Any]:
@@ -117,7 +119,8 @@ def generate_scenario(rng: random.Random, index: int) -> Scenario:
     L = config["max_model_len"]
     priority_policy = config["policy"] == "priority"
 
-    n = rng.randint(1, 6) if rng.random() < 0.35 else rng.randint(2, 16)
+    r = rng.random()
+    n = rng.randint(1, 6) if r < 0.35 else rng.randint(2, 16) if r < 0.95 else rng.randint(16, 40)
     horizon = rng.choice([0, 2, 5, 12, 30])
     arrivals = sorted(rng.randint(0, horizon) for _ in range(n))
     ties = rng.random() < 0.4

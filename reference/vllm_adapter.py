@@ -23,10 +23,12 @@ is applied here too, since building a Scheduler directly skips it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -41,6 +43,7 @@ VLLM_VERSION = "0.33.0"
 _vllm: dict[str, Any] | None = None  # the lazily imported vLLM names
 _model_dirs: dict[int, str] = {}  # max_position_embeddings -> model folder
 _tmp_root: str | None = None
+_base_config: dict[str, Any] | None = None
 
 
 def _import_vllm() -> dict[str, Any]:
@@ -89,14 +92,17 @@ def _model_dir(max_model_len: int) -> str:
     """A folder holding OPT-125m's config.json with max_position_embeddings at
     least `max_model_len` (ModelConfig caps max_model_len by it).  One folder per
     power of two, so vLLM's per-path config caches stay valid."""
-    global _tmp_root
-    base = json.loads(MODEL_CONFIG.read_text())
+    global _tmp_root, _base_config
+    if _base_config is None:
+        _base_config = json.loads(MODEL_CONFIG.read_text())
+    base = dict(_base_config)
     mpe = int(base.get("max_position_embeddings", 2048))
     while mpe < max_model_len:
         mpe *= 2
     if mpe not in _model_dirs:
         if _tmp_root is None:
             _tmp_root = tempfile.mkdtemp(prefix="schedspec-vllm-model-")
+            atexit.register(shutil.rmtree, _tmp_root, True)
         d = Path(_tmp_root) / f"opt-125m-mpe{mpe}"
         d.mkdir(parents=True, exist_ok=True)
         base["max_position_embeddings"] = mpe
