@@ -1,0 +1,1 @@
+"""The torch implementation of the scheduler: to come in the next issues."""

@@ -9,7 +9,7 @@ spec's rules (and, for another implementation, by that implementation).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 

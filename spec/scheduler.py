@@ -16,7 +16,7 @@ import bisect
 from collections import deque
 from typing import Iterable, Mapping, Sequence
 
-from .config import FCFS, PRIORITY, ConfigError
+from .config import PRIORITY, ConfigError
 from .kv_cache import allocate_slots
 from .request import EOS_TOKEN_ID, Request, RequestStatus
 from .state import SchedulerOutput, SchedulerState

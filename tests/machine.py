@@ -4,7 +4,6 @@ registered property after every step, and a loader for deliberately broken
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 import types

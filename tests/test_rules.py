@@ -4,7 +4,6 @@ import pytest
 
 from helpers import add, config, running_state, step
 from schedspec.spec import scheduler as S
-from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.kv_cache import allocate_slots
 from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
 from schedspec.spec.state import SchedulerState

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Quick start, step 1: create .venv at the repo root, install schedspec with its
+# test tools and the real vLLM 0.33.0 scheduler (the differential-testing oracle),
+# then run the shipped examples.
+#
+#   ./setup.sh              # everything
+#   ./setup.sh --no-vllm    # skip vLLM (the vLLM differential tests then skip)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+with_vllm=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-vllm) with_vllm=0 ;;
+    *) echo "setup.sh: unknown option $arg (use --no-vllm or nothing)" >&2; exit 2 ;;
+  esac
+done
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "setup.sh: schedspec needs Python >= 3.11; set PYTHON=/path/to/python3.11" >&2
+  exit 2
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# torch first, pinned: this version resolves to the CPU build on this machine kind;
+# an unpinned torch would pull a multi-GB CUDA build.
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+if [ "$with_vllm" = 1 ]; then
+  PYTHON=.venv/bin/python bash scripts/install-vllm.sh
+fi
+.venv/bin/schedspec examples
