@@ -81,12 +81,11 @@ class SpecScheduler:
 
 
 BUILTIN_IMPLS = {"spec": "schedspec.reference.impl:SpecScheduler",
-                 "vllm": "schedspec.reference.vllm_adapter:VllmScheduler",
-                 "torch": "schedspec.gpu.impl:TorchScheduler"}
+                 "vllm": "schedspec.reference.vllm_adapter:VllmScheduler"}
 
 
 def load_impl(name: str) -> SchedulerImpl:
-    """`spec`, `vllm`, `torch`, or `module:Class` for your own."""
+    """`spec`, `vllm`, or `module:Class` for your own."""
     target = BUILTIN_IMPLS.get(name, name)
     if ":" not in target:
         raise ImplementationError(

@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a scenario, print the per-step timeline and the metrics")
     p.add_argument("scenario", help="a scenario file, or the name of a shipped example")
-    p.add_argument("--impl", default="spec", help="spec (default), vllm, torch, or module:Class")
+    p.add_argument("--impl", default="spec", help="spec (default), vllm, or module:Class")
     p.add_argument("--trace-out", metavar="FILE", help="write the trace (schedspec.trace/1) here")
     p.add_argument("--plot", metavar="FILE.png", help="draw the per-step token-budget chart")
     p.add_argument("--policy-baseline", choices=["static", "request", "iteration"],
