@@ -316,13 +316,13 @@ def _request_edits(s: Scenario, idx: int) -> list[Callable[[Scenario], Scenario 
     there is nothing left to do."""
     rid = s.requests[idx].id
 
-    def edit(field: str, values: Callable[[RequestSpec], list[Any]]):
+    def edit(field: str, values: Callable[[RequestSpec, Scenario, int], list[Any]]):
         def make(cur: Scenario) -> Scenario | None:
             reqs = list(cur.requests)
             i = next((j for j, r in enumerate(reqs) if r.id == rid), None)
             if i is None:
                 return None
-            for v in values(reqs[i]):
+            for v in values(reqs[i], cur, i):
                 reqs2 = list(reqs)
                 reqs2[i] = dataclasses.replace(reqs[i], **{field: v})
                 cand = dataclasses.replace(cur, requests=tuple(reqs2))
@@ -332,13 +332,13 @@ def _request_edits(s: Scenario, idx: int) -> list[Callable[[Scenario], Scenario 
         return make
 
     def ints(attr: str, lo: int):
-        def values(r: RequestSpec) -> list[Any]:
+        def values(r: RequestSpec, cur: Scenario, i: int) -> list[Any]:
             v = getattr(r, attr)
             return _smaller(v, lo)[:1] if isinstance(v, int) else []
         return values
 
     def halving(attr: str, lo: int):
-        def values(r: RequestSpec) -> list[Any]:
+        def values(r: RequestSpec, cur: Scenario, i: int) -> list[Any]:
             v = getattr(r, attr)
             if not isinstance(v, int) or v <= lo:
                 return []
@@ -346,20 +346,20 @@ def _request_edits(s: Scenario, idx: int) -> list[Callable[[Scenario], Scenario 
         return values
 
     def minus_one(attr: str, lo: int):
-        def values(r: RequestSpec) -> list[Any]:
+        def values(r: RequestSpec, cur: Scenario, i: int) -> list[Any]:
             v = getattr(r, attr)
             return [v - 1] if isinstance(v, int) and v - 1 >= lo else []
         return values
 
-    def earlier_arrival(r: RequestSpec) -> list[Any]:
-        prev = max((x.arrival_step for x in s.requests if x.arrival_step <= r.arrival_step and x.id != r.id),
-                   default=0)
-        return [prev] if prev < r.arrival_step else ([r.arrival_step - 1] if r.arrival_step > 0 else [])
+    def earlier_arrival(r: RequestSpec, cur: Scenario, i: int) -> list[Any]:
+        # As early as the request listed before it (arrivals stay in list order).
+        floor = cur.requests[i - 1].arrival_step if i > 0 else 0
+        return [floor] if floor < r.arrival_step else []
 
     return [
-        edit("output_len", lambda r: [None] if r.output_len is not None else []),
-        edit("priority", lambda r: [0] if r.priority else []),
-        edit("arrival_time", lambda r: [float(idx)] if r.arrival_time != float(idx) else []),
+        edit("output_len", lambda r, cur, i: [None] if r.output_len is not None else []),
+        edit("priority", lambda r, cur, i: [0] if r.priority else []),
+        edit("arrival_time", lambda r, cur, i: [float(i)] if r.arrival_time != float(i) else []),
         edit("prompt_len", ints("prompt_len", 1)),
         edit("prompt_len", halving("prompt_len", 1)),
         edit("prompt_len", minus_one("prompt_len", 1)),
@@ -384,7 +384,6 @@ def _coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
     specs = {r.id: r for r in scenario.requests}
     preempted_waiting: set[str] = set()
     prev_running: list[str] = []
-    prev_waiting: list[str] = []
 
     def bump(key: str, n: int = 1) -> None:
         cov[key] = cov.get(key, 0) + n
@@ -407,7 +406,7 @@ def _coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         preempted_waiting -= set(st["resumed"])
         if st["resumed"]:
             bump("resumptions", len(st["resumed"]))
-        prev_running, prev_waiting = st["running"], st["waiting"]
+        prev_running = st["running"]
     for rid, s in trace["summary"]["requests"].items():
         reason = s["finish_reason"]
         if reason == "length":

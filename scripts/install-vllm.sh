@@ -8,8 +8,7 @@
 # the scheduler imports.  About 100 s and 2.2 GB on a fresh environment.
 # Steps (see requirements-vllm.txt):
 #   1. torch==2.13.0 first (a CPU build, where the package index provides one;
-#      set TORCH_INDEX_URL, e.g. https://download.pytorch.org/whl/cpu, to pick
-#      the index torch comes from);
+#      set TORCH_INDEX_URL to pick another index for torch);
 #   2. vllm==0.33.0 and xgrammar==0.2.9 with --no-deps: vLLM's own pins would
 #      pull torch 2.14 with CUDA and triton (several GB) the scheduler does not use;
 #   3. requirements-vllm.txt: what importing vllm.v1.core.sched.scheduler and
