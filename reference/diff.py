@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..errors import Progress, UsageError, fail
+from ..errors import Progress, UsageError
 from ..spec.config import ConfigError, SchedulerConfig, config_from_dict
 from .engine import run_scenario
 from .impl import ImplementationError, load_impl
@@ -655,15 +655,10 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="schedspec")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["diff", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except UsageError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
+    """`schedspec diff ...` without the `schedspec` front: python -m schedspec.reference.diff."""
+    from ..cli import main as cli_main
+
+    return cli_main(["diff", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
