@@ -8,8 +8,12 @@ caching (`test_prefix_caching_*`, `test_scheduler_reset_prefix_cache`), blocked
 waiting statuses (`test_prepend_skipped_requests_order`, mixed skipped types).
 """
 
+import os
+from functools import lru_cache
+
 import pytest
 
+from schedspec.reference.diff import compare_traces
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import scenario_from_json
@@ -18,6 +22,20 @@ from schedspec.spec.properties import check_step
 # vLLM's tests/v1/core/utils.py create_scheduler defaults.
 VLLM_TEST_CONFIG = {"max_num_seqs": 16, "max_num_batched_tokens": 8192, "max_model_len": 8192,
                     "block_size": 16, "num_gpu_blocks": 10000}
+
+
+@lru_cache(maxsize=1)
+def vllm_impl():
+    """The real vLLM scheduler, when installed: every catalogue scenario is also
+    diffed against it.  CI (CI=true) must have it."""
+    try:
+        from schedspec.reference.vllm_adapter import VllmScheduler
+
+        return VllmScheduler()
+    except ImportError:
+        if os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
+            raise
+        return None
 
 
 def run(requests, aborts=(), max_steps=200, **config):
@@ -29,9 +47,14 @@ def run(requests, aborts=(), max_steps=200, **config):
         violations.extend((t.step, n, v.detail) for n, v in check_step(t.before, t.output, t.after).items()
                           if not v.holds)
 
-    trace = run_scenario(scenario_from_json(data), SpecScheduler(), on_step=on_step)
+    scenario = scenario_from_json(data)
+    trace = run_scenario(scenario, SpecScheduler(), on_step=on_step)
     assert "error" not in trace, trace.get("error")
     assert violations == []
+    vllm = vllm_impl()
+    if vllm is not None:
+        divergence = compare_traces(trace, run_scenario(scenario, vllm))
+        assert divergence is None, str(divergence)
     return trace
 
 
