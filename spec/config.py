@@ -90,7 +90,8 @@ def _is_int(v: Any) -> bool:
 
 
 def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
-    """Build and validate a config from a scenario's `config` object."""
+    """Build a config from a scenario's `config` object: JSON types here, every
+    value condition in `validate_config`."""
     if not isinstance(raw, dict):
         raise ConfigError(where, f"must be an object, got {type(raw).__name__}")
     unknown = sorted(set(raw) - set(CONFIG_FIELDS))
@@ -102,13 +103,11 @@ def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
     for name, value in raw.items():
         path = f"{where}.{name}"
         if name in _INT_FIELDS:
-            minimum, nullable = _INT_FIELDS[name]
+            _, nullable = _INT_FIELDS[name]
             if value is None and nullable:
                 continue
             if not _is_int(value):
                 raise ConfigError(path, f"must be an integer{' or null' if nullable else ''}, got {value!r}")
-            if value < minimum:
-                raise ConfigError(path, f"= {value}, must be >= {minimum}")
         elif name in _BOOL_FIELDS:
             if not isinstance(value, bool):
                 raise ConfigError(path, f"must be true or false, got {value!r}")
