@@ -6,6 +6,7 @@ Every user error is one line on stderr and exit status 2 (schedspec/errors.py).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -13,6 +14,12 @@ from typing import Any
 
 from .errors import Progress, UsageError, fail
 from .examples import EXAMPLES_DIR, example_names, resolve_scenario_path
+
+
+COMMAND_MODULES = (
+    "schedspec.reference.diff_cli",
+    "schedspec.reference.vllm_install",
+)
 
 
 def _load(path_or_name: str):
@@ -244,12 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=6, help="timeline steps to show per example")
     p.set_defaults(func=cmd_examples)
 
-    for module in ("diff", "vllm_install"):
-        try:
-            mod = __import__(f"schedspec.reference.{module}", fromlist=["register"])
-        except ImportError:
-            continue
-        mod.register(sub)
+    # Each further command lives with the part of the project it belongs to and
+    # registers itself; heavy imports (z3, torch, vLLM) wait until it runs.
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).register(sub)
     return parser
 
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import pytest
 
-from schedspec.reference.diff import compare_traces
+from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import scenario_from_json

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from schedspec.reference import impl as impl_module
-from schedspec.reference.diff import Divergence, compare_traces, main as diff_main, shrink
+from schedspec.reference.compare import Divergence, compare_traces
+from schedspec.reference.diff_cli import main as diff_main
+from schedspec.reference.shrink import shrink
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import (config_rng, generate_config_dict, generate_scenario,
                                            scenario_rng)
@@ -99,7 +101,7 @@ def test_random_campaign_has_no_divergence(vllm):
 def test_campaign_reaches_the_core_scope(vllm):
     """The random scenarios do reach preemption, aborts in every state and
     every finish reason (on the agreed traces)."""
-    from schedspec.reference.diff import _coverage
+    from schedspec.reference.coverage import add_coverage as _coverage
 
     cov: dict[str, int] = {}
     spec = SpecScheduler()
