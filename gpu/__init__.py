@@ -1,1 +1,16 @@
-"""The torch implementation of the scheduler: to come in the next issues."""
+"""The torch implementation of the scheduler: S scenarios x R request slots as
+tensors on one device (CUDA when present, else the CPU), written from the rule
+book, differential-tested against the spec.
+
+- `state.py`: the tensors (`Batch`: configs and static request fields; `State`).
+- `step.py`: one engine step of all scenarios (aborts, arrivals, schedule, the
+  fake model, update).
+- `batch.py`: `run_batch(scenarios)` -> one schedspec.trace/1 per scenario;
+  `run_one(scenario)`.
+- `impl.py`: `TorchScheduler`, the same step code at S = 1 behind the
+  implementation protocol (`--impl torch`).
+- `limits.py`: dtype limits and the check that rejects a scenario beyond them.
+- `device.py`: `resolve_device`.
+
+torch is imported by these modules; import them inside functions in CLI code.
+"""

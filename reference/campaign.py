@@ -85,9 +85,9 @@ def _run_guarded(scenario: Scenario, a, b) -> tuple[dict, dict, Divergence | Non
     return ta, tb, compare_traces(ta, tb)
 
 
-def _load_impl(name: str):
+def _load_impl(name: str, device: str | None = None):
     try:
-        return load_impl(name)
+        return load_impl(name, device=device) if device is not None else load_impl(name)
     except ImplementationError as e:
         raise UsageError(str(e)) from None
 

@@ -36,9 +36,16 @@ def cmd_diff(args) -> int:
     outdir = Path(args.out)
     if outdir.exists() and not outdir.is_dir():
         raise UsageError(f"-o {args.out} exists and is not a folder")
+    from ..gpu.campaign import is_batched_pair, run_batched_campaign
+    from ..gpu.device_flag import device_for, impl_device
+
+    device = device_for(args.device, (args.impl, args.against))
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     # Load the scenario files first, so a bad file fails before the slow imports.
     scenarios = list(_scenarios(argparse.Namespace(files=args.files, num_scenarios=None, seed=args.seed)))
-    impl_a, impl_b = _load_impl(args.impl), _load_impl(args.against)
+    impl_a = _load_impl(args.impl, impl_device(args.impl, device))
+    impl_b = _load_impl(args.against, impl_device(args.against, device))
     a, b = _Timed(impl_a), _Timed(impl_b)
     report: dict[str, Any] = {"implementations": [args.impl, args.against]}
     status = 0
@@ -51,7 +58,12 @@ def cmd_diff(args) -> int:
             if not args.json:
                 print(f"configs: {res['configs']}  both accept: {res['both_accept']}  both reject: "
                       f"{res['both_reject']}  disagreements: {len(res['disagreements'])}", file=out)
-        if args.files or args.num_scenarios:
+        if (args.files or args.num_scenarios) and is_batched_pair(args.impl, args.against):
+            res = run_batched_campaign(args, scenarios, outdir, out, device)  # torch steps whole batches
+            report.update(res)
+            if res["divergences"]:
+                status = 1
+        elif args.files or args.num_scenarios:
             res = _run_scenarios(args, scenarios, a, b, outdir, out)
             report.update(res)
             if res["divergences"]:
@@ -83,6 +95,11 @@ def register(subparsers) -> None:
     p.add_argument("--no-shrink", action="store_true", help="do not shrink diverging random scenarios")
     p.add_argument("--shrink-seconds", type=float, default=120.0, metavar="S",
                    help="time budget for shrinking one divergence (default 120)")
+    from ..gpu.device_flag import add_device_argument
+
+    add_device_argument(p)
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="torch against the spec: scenarios stepped at once by torch (default 1024)")
     p.set_defaults(func=cmd_diff)
 
 

@@ -81,11 +81,14 @@ class SpecScheduler:
 
 
 BUILTIN_IMPLS = {"spec": "schedspec.reference.impl:SpecScheduler",
-                 "vllm": "schedspec.reference.vllm_adapter:VllmScheduler"}
+                 "vllm": "schedspec.reference.vllm_adapter:VllmScheduler",
+                 "torch": "schedspec.gpu.impl:TorchScheduler"}
 
 
-def load_impl(name: str) -> SchedulerImpl:
-    """`spec`, `vllm`, or `module:Class` for your own."""
+def load_impl(name: str, device: str | None = None) -> SchedulerImpl:
+    """`spec`, `vllm`, `torch`, or `module:Class` for your own; `device` only for torch."""
+    if device is not None and name != "torch":
+        raise ImplementationError(f"implementation {name!r} takes no device; --device is for --impl torch")
     target = BUILTIN_IMPLS.get(name, name)
     if ":" not in target:
         raise ImplementationError(
@@ -99,7 +102,13 @@ def load_impl(name: str) -> SchedulerImpl:
     cls = getattr(module, cls_name, None)
     if cls is None:
         raise ImplementationError(f"{module_name} has no class {cls_name}")
-    impl = cls()
+    if device is None:
+        impl = cls()
+    else:
+        try:
+            impl = cls(device=device)
+        except ValueError as e:  # e.g. CUDA asked for and not available
+            raise ImplementationError(str(e)) from None
     missing = [m for m in ("reset", "add_request", "finish_requests", "schedule",
                            "update_from_output", "observe") if not callable(getattr(impl, m, None))]
     if missing:

@@ -19,6 +19,8 @@ from .examples import EXAMPLES_DIR, example_names, resolve_scenario_path
 COMMAND_MODULES = (
     "schedspec.reference.diff_cli",
     "schedspec.reference.vllm_install",
+    "schedspec.proofs.counterexample_cli",
+    "schedspec.gpu.sweep_cli",
 )
 
 
@@ -31,11 +33,11 @@ def _load(path_or_name: str):
         raise UsageError(str(e)) from None
 
 
-def _impl(name: str):
+def _impl(name: str, device: str | None = None):
     from .reference.impl import ImplementationError, load_impl
 
     try:
-        return load_impl(name)
+        return load_impl(name, device=device) if device is not None else load_impl(name)
     except ImplementationError as e:
         raise UsageError(str(e)) from None
 
@@ -60,14 +62,14 @@ def _safe_output_path(path: str, inputs: list[Path], kind: str) -> Path:
     return out
 
 
-def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None):
+def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, device: str | None = None):
     if baseline:
         from .reference.baselines import run_baseline
 
         return run_baseline(scenario, baseline)
     from .reference.engine import run_scenario
 
-    impl = _impl(impl_name)
+    impl = _impl(impl_name, device)
     progress = Progress(f"{scenario.name}", scenario.max_steps, min_total=2000)
     try:
         return run_scenario(scenario, impl, on_step=on_step, progress=progress)
@@ -104,8 +106,11 @@ def print_timeline(trace: dict[str, Any], mode: str, out=sys.stdout) -> None:
 
 
 def cmd_run(args) -> int:
+    from .gpu.device_flag import device_for
+
+    device = device_for(args.device, [args.impl] if not args.policy_baseline else [args.policy_baseline])
     scenario = _load(args.scenario)
-    trace = _run_trace(scenario, args.impl, args.policy_baseline)
+    trace = _run_trace(scenario, args.impl, args.policy_baseline, device=device)
     if "error" in trace:
         raise UsageError(f"{trace['implementation']} rejects {args.scenario}: {trace['error']}")
     inputs = [Path(resolve_scenario_path(args.scenario))]
@@ -159,6 +164,9 @@ def cmd_validate(args) -> int:
 def cmd_check(args) -> int:
     from .spec.properties import PROPERTIES, check_step
 
+    from .gpu.device_flag import device_for
+
+    device = device_for(args.device, [args.impl])
     scenario = _load(args.scenario)
     applicable = {name: 0 for name in PROPERTIES}
     first_violation: dict[str, tuple[int, Any]] = {}
@@ -172,7 +180,7 @@ def cmd_check(args) -> int:
                 violations[name] += 1
                 first_violation.setdefault(name, (t.step, verdict))
 
-    trace = _run_trace(scenario, args.impl, None, on_step=on_step)
+    trace = _run_trace(scenario, args.impl, None, on_step=on_step, device=device)
     if "error" in trace:
         raise UsageError(f"{trace['implementation']} rejects {args.scenario}: {trace['error']}")
     steps = len(trace["steps"])
@@ -223,6 +231,8 @@ def cmd_examples(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .gpu.device_flag import add_device_argument
+
     parser = argparse.ArgumentParser(prog="schedspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -236,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", choices=["auto", "all", "none"], default="auto")
     p.add_argument("--step-ms", type=float, default=20.0, help="step-time model: ms per step (default 20)")
     p.add_argument("--token-ms", type=float, default=0.0, help="step-time model: extra ms per scheduled token")
+    add_device_argument(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="check a scenario file and whether vLLM 0.33.0 accepts its config")
@@ -245,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="run a scenario and evaluate every property at every step")
     p.add_argument("scenario")
     p.add_argument("--impl", default="spec")
+    add_device_argument(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("examples", help="run the shipped examples (the seeds' numbers)")

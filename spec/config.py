@@ -1,7 +1,7 @@
 """Scheduler configuration: vLLM 0.33.0's defaults and its acceptance conditions.
 
 One frozen dataclass holds every `config` field of a scenario file
-(../shared/docs/formats.md).  `validate_config` accepts exactly what vLLM 0.33.0
+(docs/formats.md).  `validate_config` accepts exactly what vLLM 0.33.0
 accepts for the core scope and says, for the first condition that fails, which
 field, which value, which condition and how to fix it.
 """

@@ -35,6 +35,14 @@ def allocate_slots(
     tokens, or None when the pool cannot hold them (K:380-627).
 
     None is the only failure: there is no partial allocation.
+
+    Contracts (PEP 316, checked by CrossHair: tests/test_crosshair.py):
+    pre: 1 <= config.block_size <= 16 and 2 <= config.max_model_len <= 64 and 1 <= config.num_gpu_blocks <= 64
+    pre: 0.0 <= config.watermark < 1.0 and 0 <= request.num_computed_tokens <= request.num_tokens
+    pre: 0 < num_new_tokens <= 64 and 0 <= num_blocks_held <= 8 and 0 <= num_free_blocks <= 64
+    post: __return__ is None or (0 <= __return__ <= num_free_blocks and (has_scheduled_reqs is False or request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED) or __return__ + config.watermark_blocks <= num_free_blocks))
+    post: __return__ is None or (num_blocks_held + __return__) * config.block_size >= min(request.num_computed_tokens + num_new_tokens, config.max_model_len) and (__return__ == 0 or (num_blocks_held + __return__ - 1) * config.block_size < min(request.num_computed_tokens + num_new_tokens, config.max_model_len))
+    post: __return__ is not None or full_sequence_must_fit or config.watermark_blocks > 0 or (num_blocks_held + num_free_blocks) * config.block_size < min(request.num_computed_tokens + num_new_tokens, config.max_model_len)
     """
     if num_new_tokens <= 0:
         raise ValueError("num_new_tokens must be greater than 0")  # K:486-496

@@ -36,7 +36,15 @@ def _enqueue(policy: str, waiting: deque[str], requests: Mapping[str, Request], 
 
 
 def add_request(state: SchedulerState, request: Request) -> SchedulerState:
-    """A new request joins the waiting queue (S:2931-2962)."""
+    """A new request joins the waiting queue (S:2931-2962).
+
+    Contracts (PEP 316, checked by CrossHair: tests/test_crosshair.py):
+    pre: len(state.waiting) <= 3 and all(w in state.requests for w in state.waiting)
+    pre: request.request_id not in state.requests
+    post: len(__return__.waiting) == len(state.waiting) + 1 and set(__return__.waiting) == set(state.waiting) | {request.request_id}
+    post: __return__.requests[request.request_id] is request and len(__return__.requests) == len(state.requests) + 1
+    post: __return__.running == state.running and __return__.num_free_blocks == state.num_free_blocks and __return__.req_to_num_blocks == state.req_to_num_blocks
+    """
     if request.request_id in state.requests:
         raise ConfigError("id", f"duplicate request id {request.request_id!r}")
     requests = {**state.requests, request.request_id: request}
@@ -48,7 +56,21 @@ def add_request(state: SchedulerState, request: Request) -> SchedulerState:
 
 def schedule(state: SchedulerState) -> tuple[SchedulerOutput, SchedulerState]:
     """One `Scheduler.schedule()` (S:699-1784) followed by `_update_after_schedule`
-    (S:1845-1877), which advances num_computed_tokens optimistically."""
+    (S:1845-1877), which advances num_computed_tokens optimistically.
+
+    Contracts (PEP 316, checked by CrossHair: tests/test_crosshair.py); the
+    preconditions are the state invariant on a small state:
+    pre: len(state.requests) <= 3 and state.num_free_blocks >= 0 and 1 <= state.config.block_size <= 4 and state.config.max_model_len <= 32
+    pre: all(k in state.requests for k in state.running + state.waiting) and len(set(state.running + state.waiting)) == len(state.running + state.waiting)
+    pre: all(0 <= r.num_computed_tokens < r.num_tokens < state.config.max_model_len for r in state.requests.values()) and all(v >= 0 for v in state.req_to_num_blocks.values())
+    pre: 1 <= state.config.token_budget <= 16 and 1 <= state.config.max_num_batched_tokens <= 16 and len(state.running) <= state.config.max_num_active_reqs <= state.config.max_num_seqs and state.config.policy in ("fcfs", "priority")
+    pre: 0.0 <= state.config.watermark < 1.0 and 1 <= state.config.num_gpu_blocks <= 64
+    post: __return__[0].total_num_scheduled_tokens <= min(state.config.token_budget, state.config.max_num_batched_tokens)
+    post: all(n >= 1 for _, n in __return__[0].num_scheduled_tokens) and len(__return__[0].scheduled) == len(__return__[0].num_scheduled_tokens)
+    post: __return__[1].num_free_blocks >= 0 and __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values())
+    post: len(__return__[1].running) <= state.config.max_num_active_reqs and (not __return__[0].preempted_req_ids or not __return__[0].admitted)
+    post: sorted(__return__[1].running + __return__[1].waiting) == sorted(state.running + state.waiting)
+    """
     c = state.config
     reqs = dict(state.requests)
     running = list(state.running)
@@ -221,6 +243,13 @@ def update_from_output(
     """Append sampled tokens, stop requests, free their blocks (S:2259-2551).
 
     Returns the requests finished, in scheduled order, with their status.
+
+    Contracts (PEP 316, checked by CrossHair: tests/test_crosshair.py):
+    pre: len(state.requests) <= 2 and len(state.req_to_num_blocks) <= 2 and state.config.max_model_len <= 32
+    pre: all(len(v) <= 2 for v in sampled_token_ids.values()) and len(output.num_scheduled_tokens) <= 2
+    post: {rid for rid, _ in __return__[0]} <= {rid for rid, _ in output.num_scheduled_tokens} and all(st.is_finished for _, st in __return__[0])
+    post: set(__return__[1].requests) == set(state.requests) - {rid for rid, _ in __return__[0]}
+    post: __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values())
     """
     c = state.config
     reqs = dict(state.requests)
@@ -248,7 +277,15 @@ def finish_requests(
     state: SchedulerState, request_ids: Iterable[str], finished_status: RequestStatus
 ) -> tuple[tuple[str, ...], SchedulerState]:
     """Finish requests from outside, e.g. an abort, from running or waiting
-    (S:2964-3029).  Unknown and already-finished ids are ignored."""
+    (S:2964-3029).  Unknown and already-finished ids are ignored.
+
+    Contracts (PEP 316, checked by CrossHair: tests/test_crosshair.py):
+    pre: len(state.requests) <= 3 and len(state.running) + len(state.waiting) <= 3 and len(state.req_to_num_blocks) <= 3
+    pre: finished_status.is_finished and len(request_ids) <= 3
+    post: set(__return__[0]) == set(request_ids) & set(state.requests) and len(set(__return__[0])) == len(__return__[0])
+    post: set(__return__[1].requests) == set(state.requests) - set(request_ids) and __return__[1].running == tuple(k for k in state.running if k not in __return__[0]) and __return__[1].waiting == tuple(k for k in state.waiting if k not in __return__[0])
+    post: __return__[1].num_free_blocks == state.num_free_blocks + sum(state.req_to_num_blocks.get(k, 0) for k in __return__[0]) and sum(__return__[1].req_to_num_blocks.values()) + __return__[1].num_free_blocks == sum(state.req_to_num_blocks.values()) + state.num_free_blocks
+    """
     assert finished_status.is_finished
     done: list[str] = []
     for rid in request_ids:

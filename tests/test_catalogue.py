@@ -1,5 +1,5 @@
 """vLLM's own core-scope (★) scheduler tests, re-expressed as scenarios run through
-the engine (../shared/docs/vllm-tests-catalogue.md).  Their asserted outcomes are
+the engine (vLLM's own scheduler tests, restated as scenario -> outcome).  Their asserted outcomes are
 checked on the traces, and every registered property is checked at every step.
 
 Not here, because they are outside the synchronous core scope: the async-only

@@ -1,0 +1,209 @@
+"""Scenario-steps per second: the executable spec against the batched torch
+implementation, at S = 1, 64, 1024 and 8192 scenarios, measured in the same run.
+
+Both sides do the whole engine loop of formats.md and return the same traces:
+the spec runs each scenario alone (reference/engine.py `run_scenario`); torch
+steps all S scenarios at once (gpu/batch.py `run_batch`).  A scenario-step is
+one step of one scenario's trace, counted on the torch traces (the spec's are
+equal, which the differential campaign checks).
+
+Workloads (fixed, so runs compare):
+- `generator` (default): campaign scenarios 0..S-1 of seed 0 (reference/generator.py),
+  the workload `schedspec diff --impl torch` runs: mixed configs, preemption, aborts;
+- `decode`: a steady decode-heavy workload, 32 requests per scenario that keep
+  decoding for all 200 steps (4 arrive per step over the first 8 steps).
+
+The spec side of a large S is estimated from its first `--spec-sample` scenarios
+(the output marks it `est.`): the spec handles scenarios one by one, so its rate
+does not depend on S.  Each torch size runs in a fresh child process, which
+reports its peak RSS growth during run_batch (traces included) and the bytes
+of tensor state per scenario (the static Batch and one State, padding included).
+Torch is timed twice: with full traces, and with `record_steps=False` (the
+stepping and the per-request summaries, no per-step records), which is what a
+sweep or a throughput run needs.
+
+    python benchmarks/torch_vs_spec.py [--device cpu|cuda] [--workload generator|decode]
+                                       [--sizes 1,64,1024,8192] [--spec-sample 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing as mp
+import random
+import resource
+import subprocess
+import sys
+import time
+
+from schedspec.reference.engine import run_scenario
+from schedspec.reference.impl import SpecScheduler
+from schedspec.reference.scenario import RequestSpec, Scenario
+
+
+def generator_workload(n: int) -> list[Scenario]:
+    from schedspec.reference.generator import generate_scenario, scenario_rng
+
+    return [dataclasses.replace(generate_scenario(scenario_rng(0, i), i), name=f"random-s0-{i}") for i in range(n)]
+
+
+def decode_workload(n: int) -> list[Scenario]:
+    out = []
+    for i in range(n):
+        rng = random.Random(f"bench-decode/{i}")
+        reqs = tuple(RequestSpec(id=f"r{j}", prompt_len=rng.randint(16, 256), arrival_step=j // 4,
+                                 max_tokens=1000, arrival_time=float(j)) for j in range(32))
+        out.append(Scenario(name=f"decode-{i}", config={
+            "max_num_batched_tokens": 1024, "max_num_seqs": 64, "max_model_len": 2048,
+            "block_size": 16, "num_gpu_blocks": 8192, "policy": rng.choice(["fcfs", "priority"])},
+            requests=reqs, max_steps=200))
+    return out
+
+
+WORKLOADS = {"generator": generator_workload, "decode": decode_workload}
+
+
+def _rss_kb() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+
+
+def _tensor_bytes(scenarios, device) -> int | None:
+    """Bytes of the batch's tensors (the static Batch and one step State) for
+    the accepted scenarios, built as gpu/batch.py builds them."""
+    from schedspec.gpu.batch import build_batch, config_row, prepare
+    from schedspec.gpu.device import resolve_device
+    from schedspec.gpu.state import initial_state
+
+    prepared = [p for p in map(prepare, scenarios) if not isinstance(p, str)]
+    if not prepared:
+        return None
+    b = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared],
+                    resolve_device(device))
+    total = 0
+    for obj in (b, initial_state(b)):
+        for f in dataclasses.fields(obj):
+            t = getattr(obj, f.name)
+            total += t.element_size() * t.nelement()
+    return total
+
+
+def summaries_only(scenarios, device) -> tuple[float, int]:
+    """run_batch without per-step records (`record_steps=False`: the stepping,
+    the compaction of finished scenarios and the summaries, no per-step trace
+    building): what the batched scheduler itself costs."""
+    import torch
+
+    from schedspec.gpu.batch import run_batch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    traces = run_batch(scenarios, device=device, record_steps=False)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t, sum(tr["summary"]["steps"] for tr in traces if "summary" in tr)
+
+
+def torch_child(workload: str, n: int, device: str | None, conn) -> None:
+    """One torch measurement in a fresh process: (seconds, scenario-steps, rss growth kB, tensor bytes)."""
+    import torch
+
+    from schedspec.gpu.batch import run_batch
+
+    scenarios = WORKLOADS[workload](n)
+    run_batch(WORKLOADS[workload](2), device=device)  # warm-up: imports, first kernels
+    tensor_bytes = _tensor_bytes(scenarios, device)
+    before = _rss_kb()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    traces = run_batch(scenarios, device=device)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t
+    steps = sum(len(tr.get("steps", [])) for tr in traces)
+    errors = sum(1 for tr in traces if "error" in tr)
+    rss = _rss_kb() - before
+    del traces
+    eng = summaries_only(scenarios, device)
+    if eng[1] != steps:
+        raise AssertionError(f"run_batch without records stepped {eng[1]} scenario-steps, with records {steps}")
+    conn.send((seconds, steps, rss, tensor_bytes, errors, eng))
+    conn.close()
+
+
+def measure_torch(workload: str, n: int, device: str | None):
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=torch_child, args=(workload, n, device, child))
+    p.start()
+    child.close()
+    res = parent.recv()
+    p.join()
+    return res
+
+
+def measure_spec(scenarios: list[Scenario]) -> tuple[float, int]:
+    t = time.perf_counter()
+    steps = sum(len(run_scenario(s, SpecScheduler()).get("steps", [])) for s in scenarios)
+    return time.perf_counter() - t, steps
+
+
+def _num(x, width: int, digits: int = 0) -> str:
+    return f"{x:>{width}.{digits}f}" if x is not None else f"{'-':>{width}}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="generator")
+    ap.add_argument("--sizes", default="1,64,1024,8192")
+    ap.add_argument("--spec-sample", type=int, default=1024,
+                    help="largest S the spec runs in full; above it the spec rate is estimated from this many")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    import torch
+
+    print(f"# torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} CPU threads; "
+          f"workload {args.workload}; python {sys.version.split()[0]}", flush=True)
+    print(f"{'S':>6} {'scen-steps':>11} {'spec steps/s':>14} {'torch steps/s':>14} {'torch/spec':>11} "
+          f"{'torch s':>8} {'no-rec steps/s':>15} {'no-rec/spec':>12} {'tensor B/scen':>14} {'RSS kB/scen':>12}",
+          flush=True)
+    rows = []
+    spec_cache: dict[int, tuple[float, int]] = {}
+    for n in sizes:
+        ts, tsteps, rss_kb, tbytes, errors, eng = measure_torch(args.workload, n, args.device)
+        sample = min(n, args.spec_sample)
+        if sample not in spec_cache:
+            spec_cache[sample] = measure_spec(WORKLOADS[args.workload](sample))
+        ss, ssteps = spec_cache[sample]
+        spec_rate = ssteps / ss
+        torch_rate = tsteps / ts
+        est = sample < n
+        row = {"S": n, "scenario_steps": tsteps, "spec_steps_per_s": spec_rate, "spec_estimated_from": sample if est else None,
+               "torch_steps_per_s": torch_rate, "ratio": torch_rate / spec_rate, "torch_seconds": ts,
+               "tensor_bytes_per_scenario": tbytes / n if tbytes else None, "rss_kb_per_scenario": rss_kb / n,
+               "rejected_scenarios": errors,
+               "engine_steps_per_s": eng[1] / eng[0] if eng else None,
+               "engine_ratio": eng[1] / eng[0] / spec_rate if eng else None}
+        rows.append(row)
+        spec_txt = f"{spec_rate:>10.0f}" + (" est" if est else "    ")
+        tb = f"{tbytes / n:>14.0f}" if tbytes else f"{'-':>14}"
+        print(f"{n:>6} {tsteps:>11} {spec_txt:>14} {torch_rate:>14.0f} {torch_rate / spec_rate:>10.1f}x "
+              f"{ts:>8.2f} {_num(row['engine_steps_per_s'], 15)} {_num(row['engine_ratio'], 11, 1)}x "
+              f"{tb} {rss_kb / n:>12.1f}", flush=True)
+    if any(r["spec_estimated_from"] for r in rows):
+        print(f"# est: the spec's rate measured on the first {args.spec_sample} scenarios of the same workload "
+              "(the spec runs scenarios one by one, so its rate does not depend on S)")
+    print("# torch steps/s: run_batch with full traces; no-rec: run_batch(record_steps=False), the batched "
+          "stepping with summaries only (no per-step records); spec: run_scenario, the whole engine loop")
+    print("# RSS kB/scen: peak RSS growth of the torch child during run_batch, traces included, per scenario")
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

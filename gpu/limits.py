@@ -1,0 +1,55 @@
+"""The torch implementation's size limits, in one place, and the check that
+rejects a scenario beyond them.
+
+Dtypes (gpu/state.py):
+- per-request token and block counters (`num_computed_tokens`,
+  `num_output_tokens`, `num_prompt_tokens`, `max_tokens`, blocks held) are int32.
+  The largest value one holds is `num_computed_tokens + n <= max_model_len`, and
+  the step code adds two token counts at most before comparing, so
+  `max_model_len <= 2**30` keeps every per-request value below 2**31.
+- sums over requests (the running loop's and the admissions' prefix sums of
+  token needs and of block needs) are int64: at most R * max_model_len, below
+  2**63 for any R that fits in memory (4096 * 2**30 = 2**42).
+- per-scenario budgets and pool counters (`token_budget`, free blocks,
+  `max_num_seqs`, the watermark) are int64; a config value must be below 2**62
+  so that adding a refund or a freed request's blocks cannot overflow.
+- running-order and FCFS waiting-order keys are int64 counters that grow by one
+  per admission or preemption: at most max_steps * R, below 2**62.
+- step numbers (`first_token_step`, `finish_step`, arrival and abort steps) are
+  int32, so `max_steps <= 2**31 - 1`.
+- `priority` and `arrival_time` never reach the device: the host turns them
+  into ranks. `max_tokens` and `output_len` above `max_model_len` are clamped
+  on the host (a request can never produce more than max_model_len tokens, so
+  the clamp changes no decision).
+- R (requests per scenario) has no dtype limit; memory is the limit
+  (about 120 bytes of device state per request slot).
+
+The brief's sizes, R = 4096 and max_model_len = 1M (2**20), are well inside.
+"""
+
+from __future__ import annotations
+
+MAX_MODEL_LEN = 2**30
+MAX_CONFIG_INT = 2**62 - 1
+MAX_STEPS = 2**31 - 1
+
+# config fields that land in int64 per-scenario tensors
+_INT64_FIELDS = ("max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs",
+                 "max_num_active_seqs", "num_gpu_blocks", "block_size", "long_prefill_token_threshold")
+
+
+def limit_violation(config, max_steps: int) -> str | None:
+    """A one-line message naming the first field beyond the torch limits, or None.
+    `config` is a validated spec SchedulerConfig."""
+    if config.max_model_len > MAX_MODEL_LEN:
+        return (f"config.max_model_len: = {config.max_model_len} exceeds the torch implementation's "
+                f"limit {MAX_MODEL_LEN} (2**30; int32 token counters, gpu/limits.py)")
+    for name in _INT64_FIELDS:
+        value = getattr(config, name)
+        if value is not None and value > MAX_CONFIG_INT:
+            return (f"config.{name}: = {value} exceeds the torch implementation's limit "
+                    f"{MAX_CONFIG_INT} (2**62 - 1; int64 counters, gpu/limits.py)")
+    if max_steps > MAX_STEPS:
+        return (f"max_steps: = {max_steps} exceeds the torch implementation's limit {MAX_STEPS} "
+                "(2**31 - 1; int32 step numbers, gpu/limits.py)")
+    return None

@@ -1,0 +1,183 @@
+"""`schedspec counterexample`: the goals, the search, the shrinker and the CLI, on the spec.
+
+The committed regression files (tests/counterexamples/) were written by the
+search; here each must still reach its goal on the spec, and stop reaching it
+when its condition is taken away (one step fewer, or a larger budget), so no
+goal predicate is true of everything.  The same files are replayed on vLLM in
+tests/test_counterexample_vllm.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+from schedspec.proofs.counterexample_search import evaluate, search
+from schedspec.proofs.goals import GOALS, get_goal
+from schedspec.reference.engine import run_scenario
+from schedspec.reference.impl import SpecScheduler
+from schedspec.reference.scenario import load_scenario
+
+from schedspec.cli import main as cli_main
+
+HERE = Path(__file__).parent / "counterexamples"
+FILES = sorted(HERE.glob("*.json"))
+
+
+def goal_of(scenario):
+    """(goal name, K) from the description the search wrote."""
+    m = re.match(r"Counterexample for goal (\S+?)(?: \(K=(\d+)\))?: ", scenario.description)
+    assert m, scenario.description
+    return m.group(1), int(m.group(2) or 3)
+
+
+class ReversedRunning(SpecScheduler):
+    """A deliberately broken spec: its running loop serves the running list from the tail."""
+
+    name = "broken-reversed-running"
+
+    def schedule(self):
+        st = self.state
+        self.state = dataclasses.replace(st, running=tuple(reversed(st.running)))
+        out = super().schedule()
+        back = [r for r in st.running if r in self.state.running]
+        self.state = dataclasses.replace(self.state, running=tuple(back) + tuple(
+            r for r in self.state.running if r not in back))
+        return out
+
+
+class BudgetPlusOne(SpecScheduler):
+    """A deliberately broken spec: one token more than the budget, reporting the real config."""
+
+    name = "broken-budget-plus-one"
+
+    def reset(self, config):
+        self.real = config
+        super().reset(dataclasses.replace(config, max_num_scheduled_tokens=config.token_budget + 1,
+                                          max_num_batched_tokens=config.max_num_batched_tokens + 1))
+
+    def observe(self):
+        return dataclasses.replace(self.state, config=self.real)
+
+
+def test_every_goal_has_a_regression_file():
+    goals = {goal_of(load_scenario(f))[0] for f in FILES}
+    # running-starved: none within the bound on the spec (see proofs/LIVENESS.md).
+    assert set(GOALS) - {"running-starved"} <= goals
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_committed_file_reaches_its_goal_and_only_with_its_condition(path):
+    s = load_scenario(path)
+    name, k = goal_of(s)
+    goal = get_goal(name)
+    hit = evaluate(s, SpecScheduler(), goal, k)
+    assert hit is not None, f"{path.name} no longer reaches {name}"
+    # The description names the reproducing commands with this very file.
+    assert f"--replay tests/counterexamples/{path.name}" in s.description
+    assert f"schedspec run tests/counterexamples/{path.name}" in s.description
+    # Shrunk to the end of the condition: one step fewer and it is not reached.
+    assert hit.last_step == s.max_steps - 1
+    assert evaluate(dataclasses.replace(s, max_steps=s.max_steps - 1), SpecScheduler(), goal, k) is None
+
+
+def test_starvation_is_the_d_ge_b_scenario():
+    s = load_scenario(HERE / "starvation.json")
+    hit = evaluate(s, SpecScheduler(), get_goal("starvation"), 3)
+    assert len(s.requests) == 2 and hit.values == {"D": 1, "B": 1}
+    assert [r.prompt_len for r in s.requests] == [1, 1]
+    # D < B: the waiting prompt gets tokens, the goal is gone.
+    roomy = dataclasses.replace(s, config={**s.config, "max_num_scheduled_tokens": 2})
+    assert evaluate(roomy, SpecScheduler(), get_goal("starvation"), 3) is None
+    # A larger K is not reached in the same steps.
+    assert evaluate(s, SpecScheduler(), get_goal("starvation"), 4) is None
+
+
+def test_liveness_cycle_is_real_not_a_long_run():
+    """The repeated state proves the run never ends: 2000 steps leave the same request unfinished."""
+    for name in ("liveness-finishes.json", "liveness-finishes-resume.json"):
+        s = load_scenario(HERE / name)
+        hit = evaluate(s, SpecScheduler(), get_goal("liveness:finishes"), 3)
+        long = run_scenario(dataclasses.replace(s, max_steps=2000), SpecScheduler())
+        assert long["summary"]["steps"] == 2000
+        assert set(hit.requests) <= set(long["summary"]["unfinished"])
+    # A request that merely runs long is not a livelock: no repeated state.
+    s = load_scenario(HERE / "starvation.json")
+    assert evaluate(s, SpecScheduler(), get_goal("liveness:finishes"), 3) is None
+
+
+def test_broken_variants_are_caught():
+    # running-starved is never reached by the spec within the bound, but a reversed running loop reaches it.
+    r = search(get_goal("running-starved"), 3, ReversedRunning(), tries=3000, budget_s=60, seed=1)
+    assert r.found is not None and len(r.found.requests) <= 3
+    assert evaluate(r.found, ReversedRunning(), get_goal("running-starved"), 3) is not None
+    assert evaluate(r.found, SpecScheduler(), get_goal("running-starved"), 3) is None
+    # A property the spec keeps is violated by a budget off by one, and the search says so.
+    r = search(get_goal("property:token_budget_respected"), 3, BudgetPlusOne(), tries=3000, budget_s=60)
+    assert r.found is not None and len(r.found.requests) == 1
+
+
+def test_spec_keeps_a_property_within_the_bound():
+    r = search(get_goal("property:kv_blocks_conserved"), 3, SpecScheduler(), tries=300, budget_s=60)
+    assert r.found is None and r.tried == 300
+
+
+def _cli(args, capsys):
+    try:
+        code = cli_main(args)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("goal", ["starvation", "stall", "priority-inversion"])
+def test_cli_finds_writes_and_replays(goal, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _cli(["counterexample", goal, "--budget-seconds", "60"], capsys)
+    assert code == 0, err
+    path = tmp_path / f"counterexample-{goal}.json"
+    s = load_scenario(path)
+    assert "random search + shrinking" in s.description and "random search + shrinking" in out
+    assert f"--replay {path.name}" in s.description and f"schedspec run {path.name}" in s.description
+    code, out, _ = _cli(["counterexample", goal, "--replay", str(path)], capsys)
+    assert code == 0 and "reached" in out
+    # Never overwritten: a second search writes a new file, -o onto it is refused.
+    code, _, _ = _cli(["counterexample", goal], capsys)
+    assert code == 0 and (tmp_path / f"counterexample-{goal}-2.json").exists()
+    before = path.read_text()
+    code, _, err = _cli(["counterexample", goal, "-o", str(path)], capsys)
+    assert code == 2 and "not overwriting" in err and path.read_text() == before
+
+
+def test_cli_fixed_config_none_within_bound_and_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"max_num_batched_tokens": 64, "max_num_seqs": 8, "max_model_len": 16,
+                               "block_size": 4, "num_gpu_blocks": 100}))
+    code, out, _ = _cli(["counterexample", "starvation", "--config", str(cfg), "--tries", "200"], capsys)
+    # A budget of 64 tokens: at most 6 decodes can never take it all.
+    assert code == 0 and "none within the bound" in out and "200 scenarios" in out
+    code, out, _ = _cli(["counterexample", "property:grants_positive", "--tries", "100"], capsys)
+    assert code == 0 and "none within the bound" in out
+    # The search keeps the fixed config.
+    cfg.write_text(json.dumps({"max_num_batched_tokens": 4, "max_num_scheduled_tokens": 1, "max_num_seqs": 4,
+                               "max_model_len": 16, "block_size": 4, "num_gpu_blocks": 100}))
+    code, out, _ = _cli(["counterexample", "starvation", "--config", str(cfg), "-o", "s.json"], capsys)
+    assert code == 0 and load_scenario(tmp_path / "s.json").config == json.loads(cfg.read_text())
+    for args, word in ((["counterexample", "nosuchgoal"], "unknown goal"),
+                       (["counterexample", "property:nosuch"], "unknown property"),
+                       (["counterexample", "stall", "--k", "0"], "--k"),
+                       (["counterexample", "stall", "--config", "missing.json"], "cannot read"),
+                       (["counterexample", "stall", "--replay", "missing.json"], "cannot read")):
+        code, _, err = _cli(args, capsys)
+        assert code == 2 and word in err and len(err.strip().splitlines()) == 1, (args, err)
+    cfg.write_text(json.dumps({"max_num_seqs": 0}))
+    code, _, err = _cli(["counterexample", "stall", "--config", str(cfg)], capsys)
+    assert code == 2 and "max_num_seqs" in err
+    # --replay on a file that does not reach the goal: exit 1.
+    code, out, _ = _cli(["counterexample", "thrash", "--replay", str(tmp_path / "s.json")], capsys)
+    assert code == 1 and "NOT reached" in out

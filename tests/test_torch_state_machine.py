@@ -1,0 +1,115 @@
+"""The spec and the torch implementation (S = 1, CPU) driven by the same random
+actions (add_request, abort, step = schedule + fake model + update_from_output);
+their outputs and observations must be equal after every action."""
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+
+from machine import configs
+from torch_mutants import MUTANTS, load_torch_mutant
+
+from schedspec.gpu.impl import TorchScheduler
+from schedspec.reference.impl import SpecScheduler
+from schedspec.spec.request import EOS_TOKEN_ID, RequestStatus, make_request
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def _tight(c):
+    """The smallest pool vLLM starts with: preemption and self-preemption."""
+    return replace(c, num_gpu_blocks=math.ceil(c.max_model_len / c.block_size) + 1)
+
+
+# machine.py's configs, half of them with the smallest pool
+machine_configs = st.one_of(configs(), configs().map(_tight))
+
+
+def make_machine(torch_impl=TorchScheduler):
+    class SpecVsTorch(RuleBasedStateMachine):
+        @initialize(config=machine_configs)
+        def start(self, config):
+            self.spec, self.torch = SpecScheduler(), torch_impl(device="cpu")
+            self.spec.reset(config)
+            self.torch.reset(config)
+            self.config = config
+            self.next_id = 0
+            self.output_len: dict[str, int | None] = {}
+
+        @rule(requests=st.lists(st.tuples(
+            st.integers(1, 24), st.one_of(st.none(), st.integers(1, 12)), st.one_of(st.none(), st.integers(1, 12)),
+            st.integers(-1, 3), st.booleans()), min_size=1, max_size=3))
+        def add_requests(self, requests):
+            for prompt_len, max_tokens, output_len, priority, arrival_tie in requests:
+                c = self.config
+                rid = f"r{self.next_id}"
+                arrival = float(self.next_id - 1 if arrival_tie and self.next_id else self.next_id)
+                self.next_id += 1
+                self.output_len[rid] = output_len
+                r = make_request(c, rid, min(prompt_len, c.max_model_len - 1), max_tokens, priority, arrival)
+                self.spec.add_request(r)
+                self.torch.add_request(r)
+
+        @precondition(lambda self: self.next_id > 0)
+        @rule(data=st.data())
+        def abort(self, data):
+            if data.draw(st.integers(0, 2)):  # abort less often than the other rules act
+                return
+            # any id ever added: waiting, running, preempted or already finished
+            rid = f"r{data.draw(st.integers(0, self.next_id - 1))}"
+            a = self.spec.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+            b = self.torch.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+            if tuple(a) != tuple(b):
+                raise Mismatch(f"finish_requests({rid}): spec {a} torch {b}")
+
+        @rule(times=st.integers(1, 4))
+        def step(self, times):
+            for _ in range(times):
+                self.one_step()
+                self.same_state()
+
+        def one_step(self):
+            a, b = self.spec.schedule(), self.torch.schedule()
+            if a != b:
+                raise Mismatch(f"schedule():\n spec  {a}\n torch {b}")
+            mid = self.spec.observe()
+            sampled = {}
+            for rid, _ in a.num_scheduled_tokens:
+                r = mid.requests[rid]
+                if r.num_computed_tokens >= r.num_tokens:
+                    sampled[rid] = [EOS_TOKEN_ID if self.output_len[rid] == r.num_output_tokens + 1 else 100]
+            fa = self.spec.update_from_output(a, sampled)
+            fb = self.torch.update_from_output(b, sampled)
+            if tuple(fa) != tuple(fb):
+                raise Mismatch(f"update_from_output: spec {fa} torch {fb}")
+
+        @invariant()
+        def same_state(self):
+            if not hasattr(self, "spec"):
+                return
+            a, b = self.spec.observe(), self.torch.observe()
+            if a != b:
+                raise Mismatch(f"observe():\n spec  {a}\n torch {b}")
+
+    return SpecVsTorch
+
+
+TestSpecVsTorch = make_machine().TestCase
+TestSpecVsTorch.settings = settings(max_examples=80, stateful_step_count=50, deadline=None,
+                                    suppress_health_check=[HealthCheck.too_slow])
+
+
+# The machine is not blind: mutants it must catch (the rest are caught by the campaign test).
+@pytest.mark.parametrize("name", ["preempt_keeps_computed_tokens", "requeue_at_back", "null_block_forgotten"])
+def test_machine_catches_mutant(name):
+    mutant = load_torch_mutant(MUTANTS[name], name=f"sm_{name}")
+    with pytest.raises(Mismatch):
+        run_state_machine_as_test(make_machine(mutant.impl.TorchScheduler), settings=settings(
+            max_examples=400, stateful_step_count=40, deadline=None, database=None,
+            phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
