@@ -34,7 +34,6 @@ import json
 import multiprocessing as mp
 import random
 import resource
-import subprocess
 import sys
 import time
 
@@ -94,7 +93,6 @@ def summaries_only(scenarios, device) -> tuple[float, int]:
     the compaction of finished scenarios and the summaries, no per-step trace
     building): what the batched scheduler itself costs."""
     import torch
-
     from schedspec.gpu.batch import run_batch
 
     if device == "cuda":
@@ -106,9 +104,12 @@ def summaries_only(scenarios, device) -> tuple[float, int]:
     return time.perf_counter() - t, sum(tr["summary"]["steps"] for tr in traces if "summary" in tr)
 
 
-def torch_child(workload: str, n: int, device: str | None, conn) -> None:
+def torch_child(workload: str, n: int, device: str | None, threads: int, conn) -> None:
     """One torch measurement in a fresh process: (seconds, scenario-steps, rss growth kB, tensor bytes)."""
     import torch
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from schedspec.gpu.batch import run_batch
 
@@ -134,10 +135,10 @@ def torch_child(workload: str, n: int, device: str | None, conn) -> None:
     conn.close()
 
 
-def measure_torch(workload: str, n: int, device: str | None):
+def measure_torch(workload: str, n: int, device: str | None, threads: int):
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=torch_child, args=(workload, n, device, child))
+    p = ctx.Process(target=torch_child, args=(workload, n, device, threads, child))
     p.start()
     child.close()
     res = parent.recv()
@@ -162,12 +163,17 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,64,1024,8192")
     ap.add_argument("--spec-sample", type=int, default=1024,
                     help="largest S the spec runs in full; above it the spec rate is estimated from this many")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1, like the spec; 0 = torch's default). On a shared "
+                         "machine more threads can be far slower: a parallel reduction waits for a "
+                         "descheduled thread")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     import torch
 
-    print(f"# torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} CPU threads; "
+    threads = args.threads or torch.get_num_threads()
+    print(f"# torch {torch.__version__}, device {args.device}, {threads} torch CPU thread(s) (spec: 1); "
           f"workload {args.workload}; python {sys.version.split()[0]}", flush=True)
     print(f"{'S':>6} {'scen-steps':>11} {'spec steps/s':>14} {'torch steps/s':>14} {'torch/spec':>11} "
           f"{'torch s':>8} {'no-rec steps/s':>15} {'no-rec/spec':>12} {'tensor B/scen':>14} {'RSS kB/scen':>12}",
@@ -175,7 +181,7 @@ def main() -> None:
     rows = []
     spec_cache: dict[int, tuple[float, int]] = {}
     for n in sizes:
-        ts, tsteps, rss_kb, tbytes, errors, eng = measure_torch(args.workload, n, args.device)
+        ts, tsteps, rss_kb, tbytes, errors, eng = measure_torch(args.workload, n, args.device, args.threads)
         sample = min(n, args.spec_sample)
         if sample not in spec_cache:
             spec_cache[sample] = measure_spec(WORKLOADS[args.workload](sample))
@@ -187,13 +193,13 @@ def main() -> None:
                "torch_steps_per_s": torch_rate, "ratio": torch_rate / spec_rate, "torch_seconds": ts,
                "tensor_bytes_per_scenario": tbytes / n if tbytes else None, "rss_kb_per_scenario": rss_kb / n,
                "rejected_scenarios": errors,
-               "engine_steps_per_s": eng[1] / eng[0] if eng else None,
-               "engine_ratio": eng[1] / eng[0] / spec_rate if eng else None}
+               "no_records_steps_per_s": eng[1] / eng[0] if eng else None,
+               "no_records_ratio": eng[1] / eng[0] / spec_rate if eng else None}
         rows.append(row)
         spec_txt = f"{spec_rate:>10.0f}" + (" est" if est else "    ")
         tb = f"{tbytes / n:>14.0f}" if tbytes else f"{'-':>14}"
         print(f"{n:>6} {tsteps:>11} {spec_txt:>14} {torch_rate:>14.0f} {torch_rate / spec_rate:>10.1f}x "
-              f"{ts:>8.2f} {_num(row['engine_steps_per_s'], 15)} {_num(row['engine_ratio'], 11, 1)}x "
+              f"{ts:>8.2f} {_num(row['no_records_steps_per_s'], 15)} {_num(row['no_records_ratio'], 11, 1)}x "
               f"{tb} {rss_kb / n:>12.1f}", flush=True)
     if any(r["spec_estimated_from"] for r in rows):
         print(f"# est: the spec's rate measured on the first {args.spec_sample} scenarios of the same workload "

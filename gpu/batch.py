@@ -293,7 +293,7 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
             continue
         flags = sampled.to(I64) | (aborted.to(I64) << 1)
         chunk.append(torch.stack([
-            decision.num_scheduled_tokens, state.num_computed_tokens.to(I64), state.status.to(I64),
+            decision.num_scheduled_tokens.to(I64), state.num_computed_tokens.to(I64), state.status.to(I64),
             state.run_pos, waiting_key(batch, state), decision.admitted.to(I64),
             decision.preempt_order.to(I64), flags]))
         scalars.append(torch.stack([state.num_free_blocks, decision.num_running, active.to(I64)], dim=1))

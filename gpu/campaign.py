@@ -18,11 +18,18 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from ..errors import Progress
-from ..reference.campaign import _crash_trace, _load_impl, _report_divergence, _scenarios, _Timed
+from ..reference.campaign import (
+    _crash_trace,
+    _load_impl,
+    _report_divergence,
+    _scenarios,
+    _Timed,
+)
 from ..reference.compare import Divergence, compare_traces
 from ..reference.coverage import add_coverage
 from ..reference.engine import run_scenario
@@ -59,7 +66,7 @@ def run_torch_batch(scenarios: list[Scenario], device: str | None, progress=None
         if len(traces) != len(scenarios):
             raise RuntimeError(f"run_batch returned {len(traces)} traces for {len(scenarios)} scenarios")
         return traces
-    except Exception:  # noqa: BLE001 - find the scenario that breaks the batch
+    except Exception:
         if len(scenarios) == 1:
             raise
     out = []
@@ -149,7 +156,7 @@ def run_batched_campaign(args, files: list[tuple[Scenario, bool]], outdir: Path,
             if close:
                 close()
     elapsed = time.monotonic() - t0
-    ms = lambda sec, n: 1000.0 * sec / n if n else None  # noqa: E731
+    ms = lambda sec, n: 1000.0 * sec / n if n else None
     per_step = {"torch": ms(torch_seconds, torch_steps), "spec": ms(spec.seconds, spec.steps)}
     engine_per_step = {"torch": per_step["torch"], "spec": ms(spec_seconds, spec_steps)}
     res = {
@@ -164,7 +171,7 @@ def run_batched_campaign(args, files: list[tuple[Scenario, bool]], outdir: Path,
         "coverage": dict(sorted(coverage.items())),
     }
     if not args.json:
-        fmt = lambda x: f"{x:.4f} ms" if x is not None else "-"  # noqa: E731
+        fmt = lambda x: f"{x:.4f} ms" if x is not None else "-"
         pt, ps, pse = per_step["torch"], per_step["spec"], engine_per_step["spec"]
         print(f"scenarios: {total}  steps compared: {steps}  divergences: {len(divergences)}  "
               f"time: {elapsed:.1f} s", file=out)
@@ -177,4 +184,4 @@ def run_batched_campaign(args, files: list[tuple[Scenario, bool]], outdir: Path,
     return res
 
 
-__all__ = ["run_batched_campaign", "run_torch_batch", "is_batched_pair", "DEFAULT_BATCH_SIZE"]
+__all__ = ["DEFAULT_BATCH_SIZE", "is_batched_pair", "run_batched_campaign", "run_torch_batch"]

@@ -9,7 +9,7 @@ implementation picks cuda when available, else cpu (gpu/device.py).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..errors import UsageError
 
@@ -48,4 +48,4 @@ def impl_device(name: str, device: str | None) -> str | None:
     return device if name == TORCH_IMPL else None
 
 
-__all__ = ["add_device_argument", "device_for", "impl_device", "DEVICE_CHOICES"]
+__all__ = ["DEVICE_CHOICES", "add_device_argument", "device_for", "impl_device"]

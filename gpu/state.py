@@ -87,7 +87,7 @@ class State:
 class Decision:
     """What one schedule() decided, per request slot (S, R), plus per scenario."""
 
-    num_scheduled_tokens: torch.Tensor  # int64, 0 = not scheduled (refunded grants are 0)
+    num_scheduled_tokens: torch.Tensor  # int32, 0 = not scheduled (refunded grants are 0)
     admitted: torch.Tensor  # int8: 0 no, 1 new, 2 resumed
     preempt_order: torch.Tensor  # int32: index of the preemption in this step, -1 = none
     num_running: torch.Tensor  # (S,) int64: len(running) after schedule (slots held)

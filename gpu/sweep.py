@@ -20,8 +20,9 @@ import dataclasses
 import itertools
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import UsageError
 from ..reference.metrics import _percentile
@@ -116,23 +117,30 @@ def _durations(trace: dict[str, Any], step_ms: float, token_ms: float) -> dict[i
 
 def point_figures(workloads: Sequence[Scenario], traces: Sequence[dict[str, Any]], step_ms: float = 20.0,
                   token_ms: float = 0.0) -> dict[str, Any]:
-    """One grid point's row, pooled over its workloads, from each trace's
-    summary (the per-step records are needed only for `token_ms` > 0, where a
-    step's duration depends on its tokens)."""
+    """One grid point's row, pooled over the workloads that accept its config,
+    from each trace's summary (the per-step records are needed only for
+    `token_ms` > 0, where a step's duration depends on its tokens).  The row is
+    rejected when every workload rejects it; otherwise `rejected_workloads`
+    counts the ones that did (a random workload mixes base configs)."""
     errors = [(w.name, t["error"]) for w, t in zip(workloads, traces) if "error" in t]
+    first_error = None
     if errors:
         name, why = errors[0]
-        where = f" (in {len(errors)} of {len(workloads)} workloads; first {name})" if len(workloads) > 1 else ""
-        return {"status": "rejected", "reason": why + where}
+        first_error = why + (f" (in {len(errors)} of {len(workloads)} workloads; first {name})"
+                             if len(workloads) > 1 else "")
+    if len(errors) == len(workloads):
+        return {"status": "rejected", "reason": first_error}
     steps = out_tokens = preemptions = unfinished = 0
     ttft_s, ttft_ms, lat_s, lat_ms = [], [], [], []
     for w, t in zip(workloads, traces):
+        if "error" in t:
+            continue
         summary = t["summary"]
         steps += summary["steps"]
         unfinished += len(summary["unfinished"])
         dur = _durations(t, step_ms, token_ms) if token_ms else {}
 
-        def span_ms(first: int, last: int) -> float:  # steps first .. last inclusive, as metrics.py
+        def span_ms(first: int, last: int, dur=dur) -> float:  # steps first .. last inclusive, as metrics.py
             return sum(dur.get(k, step_ms) for k in range(first, last + 1)) if dur else step_ms * (last - first + 1)
 
         arrival = {r.id: r.arrival_step for r in w.requests}
@@ -156,6 +164,8 @@ def point_figures(workloads: Sequence[Scenario], traces: Sequence[dict[str, Any]
         "latency_ms_p50": _percentile(lat_ms, 50), "latency_ms_p99": _percentile(lat_ms, 99),
         "preemptions": preemptions,
         "unfinished": unfinished,
+        "rejected_workloads": len(errors),
+        "reason": first_error,
     }
 
 
@@ -201,7 +211,8 @@ def _f(x: Any, digits: int = 1) -> str:
 
 def format_table(result: dict[str, Any]) -> str:
     fields = list(result["axes"])
-    head = fields + ["tok/step", "TTFT p50", "TTFT p99", "lat p50", "lat p99", "preempt",
+    several = len(result["workloads"]) > 1
+    head = fields + (["workloads"] if several else []) + ["tok/step", "TTFT p50", "TTFT p99", "lat p50", "lat p99", "preempt",
                      "unfinished", "steps"]
     rows = [head]
     notes = []
@@ -209,9 +220,14 @@ def format_table(result: dict[str, Any]) -> str:
         cells = [json.dumps(r["config"][f]) if not isinstance(r["config"][f], str) else r["config"][f]
                  for f in fields]
         if r["status"] == "rejected":
-            rows.append(cells + ["rejected"] + [""] * (len(head) - len(cells) - 1))
+            rows.append(cells + (["0"] if several else []) + ["rejected"]
+                        + [""] * (len(head) - len(cells) - 1 - several))
             notes.append(f"  rejected {point_label(r['config'])}: {r['reason']}")
             continue
+        if several:
+            cells.append(str(len(result["workloads"]) - r["rejected_workloads"]))
+            if r["rejected_workloads"]:
+                notes.append(f"  partly rejected {point_label(r['config'])}: {r['reason']}")
         rows.append(cells + [_f(r["throughput_tok_per_step"], 2), _f(r["ttft_steps_p50"]), _f(r["ttft_steps_p99"]), _f(r["latency_steps_p50"]),
                              _f(r["latency_steps_p99"]), str(r["preemptions"]), str(r["unfinished"]),
                              str(r["steps"])])
@@ -222,7 +238,8 @@ def format_table(result: dict[str, Any]) -> str:
            + (f" and {len(result['workloads']) - 3} more" if len(result["workloads"]) > 3 else "")
            + f": {len(result['rows'])} grid points, {result['scenarios']} scenarios in one torch batch on "
            f"{result['device']}, {result['scenario_steps']} scenario-steps in {result['seconds']:.2f} s",
-           "# tok/step = output tokens per step; TTFT and lat(ency) in steps, arrival step included"]
+           "# tok/step = output tokens per step; TTFT and lat(ency) in steps, arrival step included"
+           + ("; workloads = how many accept the grid point (the figures pool those)" if several else "")]
     return "\n".join(out + lines + notes)
 
 
@@ -269,14 +286,16 @@ def plot_sweep(result: dict[str, Any], path: str | Path, title: str | None = Non
     def bars(ax, keys, names, ylabel):
         n = len(keys)
         w = 0.8 / n
+        top = 0.0
         for j, (key, name) in enumerate(zip(keys, names)):
             vals = [(r[key] if r["status"] == "ok" and r[key] is not None else 0) for r in rows]
+            top = max([top, *vals])
             ax.bar([x - 0.4 + w * (j + 0.5) for x in xs], vals, width=w, label=name)
         for x, good in zip(xs, ok):
             if not good:
                 ax.text(x, 0, "rejected", rotation=90, ha="center", va="bottom", fontsize=7, color="crimson")
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, top * 1.25 if top else 1)  # headroom for the legend
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
         if n > 1:
@@ -303,5 +322,14 @@ def plot_sweep(result: dict[str, Any], path: str | Path, title: str | None = Non
     return out
 
 
-__all__ = ["Axis", "parse_set", "grid_points", "grid_scenarios", "point_figures", "run_sweep",
-           "format_table", "plot_sweep", "check_plot_path"]
+__all__ = [
+    "Axis",
+    "check_plot_path",
+    "format_table",
+    "grid_points",
+    "grid_scenarios",
+    "parse_set",
+    "plot_sweep",
+    "point_figures",
+    "run_sweep",
+]

@@ -4,13 +4,13 @@ import dataclasses
 import json
 
 import pytest
-
-from schedspec.cli import main
-from schedspec.examples import EXAMPLES_DIR
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.metrics import compute_metrics
 from schedspec.reference.scenario import load_scenario
+
+from schedspec.cli import main
+from schedspec.examples import EXAMPLES_DIR
 
 
 def cli(capsys, *args):
@@ -96,11 +96,31 @@ def test_sweep_figures_are_the_specs_metrics(capsys, token_ms):
     assert any(x is not None for x in lat_seen), "some grid point should finish requests"
 
 
-def test_sweep_random_workload(capsys):
-    rc, out, err = cli(capsys, "sweep", "--seed", "3", "--scenarios", "4", "--set", "watermark=0.0,0.2", "--json")
+def test_sweep_random_workload_pools_the_accepting_workloads(capsys):
+    """--seed N --scenarios K: generator scenarios with their own configs; a grid
+    point pools the workloads that accept it and counts the others."""
+    from schedspec.reference.generator import generate_scenario, scenario_rng
+
+    rc, out, err = cli(capsys, "sweep", "--seed", "7", "--scenarios", "6", "--set", "max_num_seqs=1,8", "--json")
     assert rc == 0, err
     result = json.loads(out)
-    assert result["scenarios"] == 8 and result["workloads"] == [f"random-s3-{i}" for i in range(4)]
+    assert result["scenarios"] == 12 and result["workloads"] == [f"random-s7-{i}" for i in range(6)]
+    partly = 0
+    for row in result["rows"]:
+        tokens, rejected = 0, 0
+        for i in range(6):
+            w = generate_scenario(scenario_rng(7, i), i)
+            trace = run_scenario(dataclasses.replace(w, config={**w.config, **row["config"]}), SpecScheduler())
+            if "error" in trace:
+                rejected += 1
+            else:
+                tokens += sum(r["num_output_tokens"] for r in trace["summary"]["requests"].values())
+        assert row["status"] == "ok" and row["rejected_workloads"] == rejected
+        assert row["output_tokens"] == tokens
+        partly += 0 < rejected
+    assert partly, "seed 7 should have a workload that rejects one grid point"
+    rc, out, err = cli(capsys, "sweep", "--seed", "7", "--scenarios", "6", "--set", "max_num_seqs=1,8")
+    assert "partly rejected max_num_seqs=1" in out
 
 
 @pytest.mark.parametrize("args, words", [
@@ -113,14 +133,14 @@ def test_sweep_random_workload(capsys):
     ((), ["--set"]),
 ])
 def test_sweep_bad_set_is_one_line_exit_2(capsys, args, words):
-    rc, out, err = cli(capsys, "sweep", "table3-b16", *args)
+    rc, _out, err = cli(capsys, "sweep", "table3-b16", *args)
     assert_one_line_error(rc, err, *words)
 
 
 def test_sweep_workload_errors(capsys, tmp_path):
-    rc, out, err = cli(capsys, "sweep", "--set", "max_num_seqs=8")
+    rc, _out, err = cli(capsys, "sweep", "--set", "max_num_seqs=8")
     assert_one_line_error(rc, err, "no workload")
-    rc, out, err = cli(capsys, "sweep", "table3-b16", "--seed", "1", "--set", "max_num_seqs=8")
+    rc, _out, err = cli(capsys, "sweep", "table3-b16", "--seed", "1", "--set", "max_num_seqs=8")
     assert_one_line_error(rc, err, "not both")
-    rc, out, err = cli(capsys, "sweep", tmp_path / "missing.json", "--set", "max_num_seqs=8")
+    rc, _out, err = cli(capsys, "sweep", tmp_path / "missing.json", "--set", "max_num_seqs=8")
     assert_one_line_error(rc, err, "missing.json")

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
+from schedspec.reference.scenario import load_scenario
 
 from schedspec.cli import main
 from schedspec.examples import EXAMPLES_DIR
-from schedspec.reference.scenario import load_scenario
 
 
 def cli(capsys, *args):
@@ -130,7 +130,7 @@ def test_a_crashing_scenario_is_a_divergence_not_the_end(capsys, tmp_path, monke
         return real(scenarios, **kw)
 
     monkeypatch.setattr(batch, "run_batch", crash_on_3)
-    rc, out, err = cli(capsys, "diff", "--impl", "torch", "--scenarios", 6, "--seed", 5, "-o", tmp_path,
+    rc, out, _err = cli(capsys, "diff", "--impl", "torch", "--scenarios", 6, "--seed", 5, "-o", tmp_path,
                        "--device", "cpu", "--json")
     assert rc == 1
     report = json.loads(out)
@@ -160,7 +160,7 @@ def test_vllm_against_torch(capsys, tmp_path):
     (("diff", "--impl", "torch", "--scenarios", "3", "--batch-size", "0"), ["--batch-size"]),
 ])
 def test_device_errors(capsys, args, words):
-    rc, out, err = cli(capsys, *args)
+    rc, _out, err = cli(capsys, *args)
     assert rc == 2
     last = err.strip().splitlines()[-1]  # argparse's own errors come after a usage block
     assert "Traceback" not in err, err
@@ -171,7 +171,7 @@ def test_device_errors(capsys, args, words):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize("cmd", [("run", "table3-b8"), ("check", "preemption"), ("diff", "--scenarios", "2")])
 def test_cuda_without_cuda_is_one_line_exit_2(capsys, cmd):
-    rc, out, err = cli(capsys, *cmd, "--impl", "torch", "--device", "cuda")
+    rc, _out, err = cli(capsys, *cmd, "--impl", "torch", "--device", "cuda")
     assert_one_line_error(rc, err, "--device cuda", "CUDA is not available")
 
 

@@ -3,16 +3,14 @@ reference/generator.py run through `run_batch` as batches and through the spec
 engine, compared field by field with compare_traces: 0 divergences."""
 
 import pytest
-
-from torch_mutants import MUTANTS, load_torch_mutant
-
 from schedspec.gpu.batch import run_batch, run_one
 from schedspec.gpu.limits import MAX_MODEL_LEN, MAX_STEPS
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import generate_scenario, scenario_rng
-from schedspec.reference.impl import SpecScheduler, load_impl, ImplementationError
+from schedspec.reference.impl import ImplementationError, SpecScheduler, load_impl
 from schedspec.reference.scenario import RequestSpec, Scenario
+from torch_mutants import MUTANTS, load_torch_mutant
 
 BATCH = 128
 
@@ -86,8 +84,8 @@ def test_rejected_scenarios_are_error_traces():
 
 
 def test_device_choice():
-    from schedspec.gpu.device import resolve_device
     import torch
+    from schedspec.gpu.device import resolve_device
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match="tpu"):

@@ -6,15 +6,13 @@ A mutant's campaign stops at its first divergence (that is all "caught" needs),
 in batches, in index order."""
 
 import pytest
-
-from torch_mutants import MUTANTS, load_torch_mutant
-
 from schedspec.gpu.batch import run_batch
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import generate_scenario, scenario_rng
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import scenario_from_json
+from torch_mutants import MUTANTS, load_torch_mutant
 
 SEED, COUNT, BATCH = 0, 500, 64
 

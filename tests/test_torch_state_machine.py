@@ -8,14 +8,19 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
-
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from machine import configs
-from torch_mutants import MUTANTS, load_torch_mutant
-
 from schedspec.gpu.impl import TorchScheduler
 from schedspec.reference.impl import SpecScheduler
 from schedspec.spec.request import EOS_TOKEN_ID, RequestStatus, make_request
+from torch_mutants import MUTANTS, load_torch_mutant
 
 
 class Mismatch(AssertionError):
