@@ -11,8 +11,10 @@ of steps rather than one per step and field.
 
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..reference.engine import TRACE_FORMAT, error_trace
@@ -28,6 +30,7 @@ from .step import engine_step, pending, waiting_key
 NAME = "torch"
 _REASON = {STOPPED: "stopped", LENGTH_CAPPED: "length", ABORTED: "aborted"}
 _CHUNK_BYTES = 32 << 20  # step records held on the device before a host copy
+_RECORD_BYTES = 31  # bytes per request slot of one step's record
 
 
 def request_ranks(requests: Sequence[Request]) -> tuple[list[int], list[int]]:
@@ -139,58 +142,105 @@ def prepare(scenario: Scenario) -> _Prepared | str:
     return _Prepared(scenario, config, requests)
 
 
-# The per-step record is one int64 tensor (F, S, R) with the fields grant,
-# num_computed_tokens, status, run_pos, waiting key, admitted, preempt_order, flags
-# (bit 0 sampled, bit 1 aborted this step).
+# The per-step record: these tensors (S, R) of each step, kept as they are (the
+# step builds new tensors, so keeping them copies nothing) and stacked per chunk.
+_RECORD_FIELDS = ("grant", "num_computed_tokens", "status", "run_pos", "wait_key", "admitted",
+                  "preempt_order", "sampled", "aborted")
+_LAST = 2**62  # a sort key after every real one
 
 
-def _records_to_steps(rows_t, first_step: int, scal_t, owners: list[_Prepared]):
-    """Append each active scenario's trace steps of one chunk of steps; rows_t is
-    a numpy array (T, F, S, R), scal_t (T, S, 3), owners the scenario of each row."""
-    for t in range(len(rows_t)):
-        step = first_step + t
-        for s, (free, slots_held, active) in enumerate(scal_t[t].tolist()):
-            if not active:
-                continue
-            p = owners[s]
-            ids = p.ids
-            grant, ncomp_c, status, run_pos, wait_key, admitted, preempt, flags = \
-                rows_t[t][:, s, : len(ids)].tolist()
-            sched, run, wait, pre, aborted, ncomp = [], [], [], [], [], {}
-            for j, st in enumerate(status):
-                if grant[j] > 0:
-                    sched.append(j)
-                if st == RUNNING:
-                    run.append(j)
-                elif st == WAITING or st == PREEMPTED:
-                    wait.append(j)
-                if WAITING <= st <= PREEMPTED:
-                    ncomp[ids[j]] = ncomp_c[j]
-                if preempt[j] >= 0:
-                    pre.append(j)
-                if flags[j] & 2:
-                    aborted.append(j)
-            sched.sort(key=run_pos.__getitem__)
-            run.sort(key=run_pos.__getitem__)
-            wait.sort(key=wait_key.__getitem__)
-            pre.sort(key=preempt.__getitem__)
-            aborted.sort(key=p.abort_rank.__getitem__)
-            finished = [[ids[j], "aborted"] for j in aborted]
-            finished += [[ids[j], _REASON[status[j]]] for j in sched if status[j] in (STOPPED, LENGTH_CAPPED)]
-            p.steps.append({
-                "step": step,
-                "scheduled": [[ids[j], grant[j]] for j in sched],
-                "new": [ids[j] for j in sched if admitted[j] == 1],
-                "resumed": [ids[j] for j in sched if admitted[j] == 2],
-                "preempted": [ids[j] for j in pre],
-                "finished": finished,
-                "running": [ids[j] for j in run],
-                "waiting": [ids[j] for j in wait],
-                "num_computed_tokens": ncomp,
-                "num_free_blocks": free,
-                "sampled": [ids[j] for j in sched if flags[j] & 1],
-                "slots_held": slots_held,
-            })
+def _split(flat: list, counts: np.ndarray) -> list[list]:
+    """`flat` cut into consecutive lists of `counts[m]` items."""
+    ends = np.cumsum(counts).tolist()
+    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _records_to_steps(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray,
+                      owners: list[_Prepared]) -> None:
+    """Append each active scenario's trace steps of one chunk of steps; `rec`
+    holds each record field as an array (T, S, R), `scal` (T, S, 3) the free
+    blocks, slots held and active flag, owners the scenario of each row.
+
+    Vectorised: the lists of every (step, scenario) are sorted and selected on
+    numpy arrays, their ids read as one flat list per kind and cut into rows,
+    so the Python work per trace step is a few slices and one dict."""
+    tt, ss = np.nonzero(scal[:, :, 2])  # step-major: each scenario's steps in order
+    M = len(tt)
+    if M == 0:
+        return
+    R = rec["status"].shape[2]
+    ids_tab = np.full((len(owners), R), None, dtype=object)
+    for s, p in enumerate(owners):
+        ids_tab[s, : len(p.ids)] = p.ids
+    flat_ids = ids_tab.ravel()
+    base = ss[:, None] * R  # a request's code in flat_ids: base + slot (ints are cheaper to move than ids)
+    f = {name: rec[name][tt, ss] for name in _RECORD_FIELDS}
+    status, grant = f["status"], f["grant"]
+    running = status == RUNNING
+    sched = grant > 0
+    live = (status >= WAITING) & (status <= PREEMPTED)
+    rows = np.arange(M)[:, None]
+
+    # Running order (run_pos) for the running list and the grants; the waiting
+    # queue's pop order for waiting.  Both keys are unique among their members.
+    ro = np.argsort(np.where(running | sched, f["run_pos"], _LAST), axis=1, kind="stable")
+    codes_r = base + ro
+    run_r, sched_r = running[rows, ro], sched[rows, ro]
+    waiting = live & ~running
+    wo = np.argsort(np.where(waiting, f["wait_key"], _LAST), axis=1, kind="stable")
+    wait_w = waiting[rows, wo]
+
+    def lists(codes, mask):
+        return _split(flat_ids.take(codes[mask]).tolist(), mask.sum(1))
+
+    run_lists = lists(codes_r, run_r)
+    wait_lists = lists(base + wo, wait_w)
+    grant_r = grant[rows, ro]
+    sched_flat = flat_ids.take(codes_r[sched_r]).tolist()
+    sched_lists = _split(list(map(list, zip(sched_flat, grant_r[sched_r].tolist()))), sched_r.sum(1))
+    adm_r = f["admitted"][rows, ro]
+    new_lists = lists(codes_r, sched_r & (adm_r == 1))
+    resumed_lists = lists(codes_r, sched_r & (adm_r == 2))
+    sampled_lists = lists(codes_r, sched_r & f["sampled"][rows, ro])
+    ncomp_ids = lists(base + np.arange(R), live)
+    ncomp_vals = _split(f["num_computed_tokens"][live].tolist(), live.sum(1))
+
+    # Rare: preemptions, aborts and finishes, per row that has any.
+    preempt = f["preempt_order"]
+    aborted = f["aborted"]
+    status_r = status[rows, ro]
+    stopped_r = sched_r & ((status_r == STOPPED) | (status_r == LENGTH_CAPPED))
+    pre_lists = [[] for _ in range(M)]
+    fin_lists = [[] for _ in range(M)]
+    for m in np.nonzero((preempt >= 0).any(1))[0].tolist():
+        js = np.nonzero(preempt[m] >= 0)[0].tolist()
+        js.sort(key=preempt[m].tolist().__getitem__)
+        pre_lists[m] = flat_ids.take(base[m, 0] + np.asarray(js, dtype=np.int64)).tolist()
+    for m in np.nonzero(aborted.any(1) | stopped_r.any(1))[0].tolist():
+        p = owners[ss[m]]
+        js = sorted(np.nonzero(aborted[m])[0].tolist(), key=p.abort_rank.__getitem__)
+        fin = [[rid, "aborted"] for rid in flat_ids.take(base[m, 0] + np.asarray(js, dtype=np.int64)).tolist()]
+        fin += [[flat_ids[codes_r[m, c]], _REASON[int(status_r[m, c])]]
+                for c in np.nonzero(stopped_r[m])[0].tolist()]
+        fin_lists[m] = fin
+
+    free, held = scal[tt, ss, 0].tolist(), scal[tt, ss, 1].tolist()
+    steps = (tt + first_step).tolist()
+    for m, s in enumerate(ss.tolist()):
+        owners[s].steps.append({
+            "step": steps[m],
+            "scheduled": sched_lists[m],
+            "new": new_lists[m],
+            "resumed": resumed_lists[m],
+            "preempted": pre_lists[m],
+            "finished": fin_lists[m],
+            "running": run_lists[m],
+            "waiting": wait_lists[m],
+            "num_computed_tokens": dict(zip(ncomp_ids[m], ncomp_vals[m])),
+            "num_free_blocks": free[m],
+            "sampled": sampled_lists[m],
+            "slots_held": held[m],
+        })
 
 
 def _summary(p: _Prepared, final: dict[str, list], num_steps: int) -> dict[str, Any]:
@@ -232,11 +282,56 @@ def run_batch(scenarios: Sequence[Scenario], *, device=None,
             prepared.append(p)
             where.append(i)
     if prepared:
-        _run(prepared, dev, progress, record_steps)
+        # The traces are millions of small lists and dicts, none in a cycle; the
+        # cyclic collector would rescan all of them again and again as they grow
+        # (several times the cost of building them), so it pauses meanwhile.
+        collecting = gc.isenabled()
+        gc.disable()
+        # On the CPU, one intra-op thread: the step is some hundred small tensor
+        # ops, and torch's thread pool costs more than it gains on them; on a
+        # busy machine (other processes on the cores) two threads made
+        # run_batch 15-25x slower than one (benchmarks/torch_vs_spec.py numbers).
+        threads = torch.get_num_threads()
+        if dev.type == "cpu":
+            torch.set_num_threads(1)
+        try:
+            groups = _groups(prepared)
+            total = sum(max(p.scenario.max_steps for p in g) for g in groups)
+            done = 0
+            for group in groups:
+                report = None
+                if progress is not None:
+                    report = (lambda step, _h, base=done: progress(base + step, total))
+                _run(group, dev, report, record_steps)
+                done += max(p.scenario.max_steps for p in group)
+        finally:
+            torch.set_num_threads(threads)
+            if collecting:
+                gc.enable()
         for i, p in zip(where, prepared):
             traces[i] = {"format": TRACE_FORMAT, "scenario": p.scenario.name, "implementation": NAME,
                          "steps": p.steps, "summary": p.summary}
     return traces
+
+
+_GROUP_MIN = 2048  # scenarios per sub-batch, at least: below it a step costs its per-op overhead
+
+
+def _groups(prepared: list[_Prepared]) -> list[list[_Prepared]]:
+    """Sub-batches of similar request counts, when the batch is big enough.
+
+    Every scenario is padded to the batch's largest request count R, and a
+    step's tensor work is S x R; sorting by request count and cutting into
+    sub-batches of at least _GROUP_MIN scenarios pads each to its own R.
+    Smaller batches stay whole: there a step's cost is mostly per-op overhead,
+    which sub-batches would pay once each.  Results do not depend on the
+    grouping (scenarios are independent); traces go back in the caller's order."""
+    num_groups = len(prepared) // _GROUP_MIN
+    if num_groups <= 1:
+        return [prepared]
+    ranked = sorted(prepared, key=lambda p: (len(p.ids), p.scenario.max_steps))
+    size = -(-len(ranked) // num_groups)
+    return [ranked[k:k + size] for k in range(0, len(ranked), size)]
 
 
 def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool) -> None:
@@ -254,11 +349,8 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
     def flush():
         nonlocal chunk, scalars, first
         if chunk:
-            if dev.type == "cpu":  # no copy needed: numpy views of the step tensors
-                rows, scal = [c.numpy() for c in chunk], [c.numpy() for c in scalars]
-            else:  # one transfer per chunk
-                rows, scal = torch.stack(chunk).cpu().numpy(), torch.stack(scalars).cpu().numpy()
-            _records_to_steps(rows, first, scal, owners)
+            rec = {name: torch.stack([c[k] for c in chunk]).cpu().numpy() for k, name in enumerate(_RECORD_FIELDS)}
+            _records_to_steps(rec, first, torch.stack(scalars).cpu().numpy(), owners)
             first += len(chunk)
             chunk, scalars = [], []
 
@@ -291,13 +383,10 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
             progress(step, horizon)
         if not record_steps:
             continue
-        flags = sampled.to(I64) | (aborted.to(I64) << 1)
-        chunk.append(torch.stack([
-            decision.num_scheduled_tokens.to(I64), state.num_computed_tokens.to(I64), state.status.to(I64),
-            state.run_pos, waiting_key(batch, state), decision.admitted.to(I64),
-            decision.preempt_order.to(I64), flags]))
+        chunk.append((decision.num_scheduled_tokens, state.num_computed_tokens, state.status, state.run_pos,
+                      waiting_key(batch, state), decision.admitted, decision.preempt_order, sampled, aborted))
         scalars.append(torch.stack([state.num_free_blocks, decision.num_running, active.to(I64)], dim=1))
-        if len(chunk) * chunk[0].numel() * 8 >= _CHUNK_BYTES:
+        if len(chunk) * chunk[0][0].numel() * _RECORD_BYTES >= _CHUNK_BYTES:
             flush()
     flush()
     _finish(owners, range(len(owners)), state, steps_done)

@@ -1,20 +1,27 @@
 """The torch implementation's size limits, in one place, and the check that
 rejects a scenario beyond them.
 
-Dtypes (gpu/state.py):
+Dtypes (gpu/state.py, gpu/step.py):
 - per-request token and block counters (`num_computed_tokens`,
-  `num_output_tokens`, `num_prompt_tokens`, `max_tokens`, blocks held) are int32.
+  `num_output_tokens`, `num_prompt_tokens`, `max_tokens`, blocks held, a step's
+  grants) are int32, and so is the step's per-request arithmetic on them.
   The largest value one holds is `num_computed_tokens + n <= max_model_len`, and
   the step code adds two token counts at most before comparing, so
   `max_model_len <= 2**30` keeps every per-request value below 2**31.
+- block ceilings: every ceiling is of a token count `t <= max_model_len`, so the
+  step uses `bs = min(block_size, max_model_len)` (the same ceilings) and
+  `cdiv(t, bs)` needs `t + bs - 1 < 2**31`; a request's slots `held * bs` are
+  below `max_model_len + bs <= 2**31`.  Both hold for max_model_len <= 2**30.
 - sums over requests (the running loop's and the admissions' prefix sums of
-  token needs and of block needs) are int64: at most R * max_model_len, below
-  2**63 for any R that fits in memory (4096 * 2**30 = 2**42).
+  token needs and of block needs, and a scenario's freed blocks) are int64:
+  at most R * max_model_len, which does exceed 2**31 (4096 * 2**30 = 2**42), so
+  they stay int64, below 2**63 for any R that fits in memory.
 - per-scenario budgets and pool counters (`token_budget`, free blocks,
   `max_num_seqs`, the watermark) are int64; a config value must be below 2**62
   so that adding a refund or a freed request's blocks cannot overflow.
 - running-order and FCFS waiting-order keys are int64 counters that grow by one
-  per admission or preemption: at most max_steps * R, below 2**62.
+  per admission or preemption: at most max_steps * R, below 2**62 (the sort
+  puts non-members at 2**62, after every key).
 - step numbers (`first_token_step`, `finish_step`, arrival and abort steps) are
   int32, so `max_steps <= 2**31 - 1`.
 - `priority` and `arrival_time` never reach the device: the host turns them

@@ -101,8 +101,12 @@ def arrive(batch: Batch, state: State, mask: torch.Tensor) -> State:
 
 def _order(key: torch.Tensor, member: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Slots sorted by `key` with the members first; and how many members.
-    `key` is int64 with |key| < 2**62 (gpu/limits.py)."""
-    order = torch.argsort(key + (_INF - key) * ~member, dim=1, stable=True)
+    `key` is int64 with |key| < 2**62 (gpu/limits.py).  Members' keys are
+    distinct (run_pos: one counter value per admission; FCFS wait_key: the slot
+    index or one front-counter value per preemption; queue_rank: a rank), and
+    the order of the non-members is never read, so an unstable sort (about
+    twice as fast here) gives the same member order."""
+    order = torch.argsort(key + (_INF - key) * ~member, dim=1)
     return order, member.sum(1)
 
 
@@ -183,13 +187,13 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
         b = budget[:, None]
         n = (torch.minimum(cum, b) - torch.minimum(cum - need, b)).to(I32)
         # allocate_slots for a running request: no watermark, no full-ISL gate (K:518).
-        # cdiv(ncomp + n, bs) - held == cdiv(n - room, bs); <= 0 when n = 0.
-        blocks = _cdiv(n - room_s.gather(1, order), bs).clamp_(min=0)
+        # cdiv(ncomp + n, bs) - held == cdiv(n - room, bs); nothing for n = 0 (S:891).
+        blocks = _cdiv(n - room_s.gather(1, order), bs).clamp_(min=0) * (n > 0)
         # The block prefix sums only grow, so the requests whose blocks fit are
         # a prefix of the pass: `keep`; the first one outside it fails (K:584).
         keep = blocks.cumsum(1, dtype=I64) <= free[:, None]
         num_kept = keep.sum(1)
-        has_fail = num_kept < R
+        has_fail = (num_kept < R) & todo
         first_fail = num_kept
         n_kept = n * keep
         blocks_kept = blocks * keep
@@ -267,7 +271,7 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     blocks = _cdiv(n, bs)
     free_k = free[:, None] - (blocks.cumsum(1, dtype=I64) - blocks)
     # The watermark: admissions only, not while running is empty (K:518-525).
-    wm = torch.where(num_running[:, None] + k > 0, batch.watermark_blocks[:, None], 0)
+    wm = batch.watermark_blocks[:, None] * (num_running[:, None] + k > 0)
     # The full-ISL gate: the whole sequence must fit (K:531-548).
     full = _cdiv(w_tokens, bs)
     ok &= ~batch.reserve_full_isl[:, None] | (full + wm <= free_k)
@@ -319,7 +323,8 @@ def _append_and_stop(batch: Batch, state: State, sampled: torch.Tensor, eos: tor
     step_t = torch.as_tensor(step, dtype=I32, device=sampled.device)
     first = torch.where(sampled & (state.first_token_step < 0), step_t, state.first_token_step)
     state = replace(state, num_output_tokens=num_output, first_token_step=first)
-    length = sampled & ~eos & ((batch.num_prompt_tokens + num_output >= batch.max_model_len[:, None])
+    L = batch.max_model_len.to(I32)[:, None]  # <= 2**30 (gpu/limits.py)
+    length = sampled & ~eos & ((batch.num_prompt_tokens + num_output >= L)
                                | (num_output >= batch.max_tokens))
     assert LENGTH_CAPPED == STOPPED + 1
     return finish(state, (sampled & eos) | length, length.to(I8) + STOPPED, step)

@@ -123,3 +123,33 @@ class StepEvaluator:
             if ps != list(range(len(ps))):
                 out["positions_not_dense"] = ps
         return out, extra
+
+
+def to_spec_step(before: SchedulerState, got: dict):
+    """The evaluated encoding's step as spec objects (SchedulerOutput, state after),
+    so the Python predicates can judge the encoding's own step."""
+    from schedspec.spec.state import SchedulerOutput
+
+    out = SchedulerOutput(
+        num_scheduled_tokens=tuple(got["num_scheduled_tokens"]), scheduled_new_reqs=tuple(got["scheduled_new_reqs"]),
+        scheduled_resumed_reqs=tuple(got["scheduled_resumed_reqs"]),
+        scheduled_running_reqs=tuple(got["scheduled_running_reqs"]), preempted_req_ids=tuple(got["preempted_req_ids"]))
+    reqs = {}
+    for rid, (status, ncomp, nout, npre, _) in got["requests"].items():
+        reqs[rid] = before.requests[rid].evolve(status=RequestStatus(status), num_computed_tokens=ncomp,
+                                                num_output_tokens=nout, num_preemptions=npre)
+    after = SchedulerState(before.config, reqs, tuple(got["running"]), tuple(got["waiting"]), dict(got["held"]),
+                           got["num_free_blocks"])
+    return out, after
+
+
+def formula_terms(ev: "StepEvaluator") -> list:
+    """(applicable, holds) of every property formula, then every invariant formula
+    on the state after, for StepEvaluator(extra_terms=...)."""
+    from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS
+
+    terms = []
+    for f in PROPERTY_FORMULAS.values():
+        terms += list(f(ev.before, ev.decision, ev.after))
+    terms += [f(ev.after) for f in INVARIANT_FORMULAS.values()]
+    return terms

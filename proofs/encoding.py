@@ -340,10 +340,12 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
     return decision, SymState(c, tuple(nxt), free)
 
 
-def add_request(st: SymState, s: int, request: SymSlot, cond=True) -> SymState:
+def add_request(st: SymState, s: int, request: SymSlot, cond=True, rules: Rules | str = "correct") -> SymState:
     """S:2931-2962: when `cond`, slot `s` (absent before) receives `request`, a new
     WAITING request with no progress, at the back (FCFS) or at its queue_key place
     (PRIORITY).  `request` supplies the scenario fields (lengths, priority, ...)."""
+    if isinstance(rules, str):
+        rules = VARIANTS[rules]
     cond = z3.BoolVal(cond) if isinstance(cond, bool) else cond
     c = st.config
     new = st.slots[s].evolve(
@@ -354,6 +356,8 @@ def add_request(st: SymState, s: int, request: SymSlot, cond=True) -> SymState:
         num_preemptions=z3.IntVal(0), num_blocks=z3.IntVal(0))
     ahead = [t for t in range(len(st.slots)) if t != s]
     fcfs_pos = z3.Sum([z3.If(st.slots[t].in_waiting, 1, 0) for t in ahead] + [z3.IntVal(0)])
+    if rules.add_at_front:
+        fcfs_pos = z3.IntVal(0)
     prio_pos = z3.Sum([z3.If(z3.And(st.slots[t].in_waiting, key_lt(st.slots[t], new)), 1, 0) for t in ahead]
                       + [z3.IntVal(0)])
     new = new.evolve(pos=z3.If(c.is_priority, prio_pos, fcfs_pos))
@@ -363,11 +367,13 @@ def add_request(st: SymState, s: int, request: SymSlot, cond=True) -> SymState:
             slots.append(_if_slot(cond, new, old))
         else:
             shift = z3.And(cond, c.is_priority, old.in_waiting, key_lt(new, old))
+            if rules.add_at_front:
+                shift = z3.Or(shift, z3.And(cond, z3.Not(c.is_priority), old.in_waiting))
             slots.append(old.evolve(pos=old.pos + z3.If(shift, 1, 0)))
     return SymState(c, tuple(slots), st.num_free_blocks)
 
 
-def abort(st: SymState, s: int, cond=True) -> SymState:
+def abort(st: SymState, s: int, cond=True, rules: Rules | str = "correct") -> SymState:
     """finish_requests([id], FINISHED_ABORTED) for the request in slot `s` (S:2964-3029):
     it leaves its queue and its blocks return to the pool."""
     cond = z3.And(z3.BoolVal(cond) if isinstance(cond, bool) else cond, st.slots[s].present)
@@ -380,7 +386,10 @@ def abort(st: SymState, s: int, cond=True) -> SymState:
         else:
             same_queue = z3.And(old.present, old.running == gone.running, gone.pos < old.pos)
             slots.append(old.evolve(pos=old.pos - z3.If(z3.And(cond, same_queue), 1, 0)))
-    return SymState(st.config, tuple(slots), st.num_free_blocks + z3.If(cond, gone.num_blocks, 0))
+    if isinstance(rules, str):
+        rules = VARIANTS[rules]
+    freed = 0 if rules.abort_leaks_blocks else z3.If(cond, gone.num_blocks, 0)
+    return SymState(st.config, tuple(slots), st.num_free_blocks + freed)
 
 
 def _if_slot(cond, a: SymSlot, b: SymSlot) -> SymSlot:

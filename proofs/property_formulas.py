@@ -56,19 +56,20 @@ def expected_victims(st: SymState, count):
     N = len(st.slots)
     alive = [s.in_running for s in st.slots]
     slots = st.slots
+    # Slots that can never be running (a constant queue flag) are no candidates.
+    cand = [s for s in range(N) if not z3.is_false(z3.simplify(alive[s]))]
     beats = {}
-    for s in range(N):
-        for t in range(N):
+    for s in cand:
+        for t in cand:
             if s != t:
                 a, b = slots[s], slots[t]
                 prio = z3.Or(z3.Not(priority_key_le(a, b)),
                              z3.And(priority_key_le(a, b), priority_key_le(b, a), a.pos < b.pos))
                 beats[s, t] = z3.If(st.config.is_priority, prio, a.pos > b.pos)
     index = [z3.IntVal(-1)] * N
-    for j in range(N):
-        isv = [z3.And([alive[s]] + [z3.Implies(alive[t], beats[s, t]) for t in range(N) if t != s])
-               for s in range(N)]
-        for s in range(N):
+    for j in range(len(cand)):
+        isv = {s: z3.And([alive[s]] + [z3.Implies(alive[t], beats[s, t]) for t in cand if t != s]) for s in cand}
+        for s in cand:
             index[s] = z3.If(z3.And(isv[s], j < count), j, index[s])
             alive[s] = z3.And(alive[s], z3.Not(isv[s]))
     return index
@@ -306,7 +307,7 @@ def waiting_queue_ordered(st: SymState):
     a = st.slots
     N = len(a)
     fcfs = z3.And([z3.Implies(z3.And(a[s].in_waiting, a[t].in_waiting, a[s].status == WAITING,
-                                     a[t].status == PREEMPTED), a[t].pos < a[s].pos)
+                                     a[t].status != WAITING), a[t].pos < a[s].pos)
                    for s in range(N) for t in range(N) if s != t])
     return z3.If(st.config.is_priority, _queue_key_ordered(st), fcfs)
 

@@ -320,3 +320,34 @@ class Evaluator:
             v = int(tok)
             vals.append(bool(v) if self.is_bool[k] else v)
         return vals
+
+
+def concrete_state(data: dict) -> tuple[SchedulerState, dict[str, int | None]]:
+    """The `SchedulerState` (and fake-model output lengths) of a model dump
+    (proofs/obligations.py model_state); ids "q<rank>"."""
+    from schedspec.spec.config import FCFS
+    from schedspec.spec.request import Request
+
+    cfg = data["config"]
+    wm = list(WATERMARKS)[cfg["watermark_index"]]
+    config = SchedulerConfig(
+        max_num_batched_tokens=cfg["max_num_batched_tokens"], max_num_scheduled_tokens=cfg["token_budget"],
+        max_num_seqs=cfg["max_num_seqs"], max_num_active_seqs=cfg["max_num_active_reqs"],
+        enable_chunked_prefill=cfg["enable_chunked_prefill"],
+        long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+        policy=PRIORITY if cfg["is_priority"] else FCFS, watermark=wm,
+        scheduler_reserve_full_isl=cfg["scheduler_reserve_full_isl"], max_model_len=cfg["max_model_len"],
+        block_size=cfg["block_size"], num_gpu_blocks=cfg["num_gpu_blocks"])
+    reqs, blocks, out_len, running, waiting = {}, {}, {}, [], []
+    width = max([len(str(r["rid_rank"])) for r in data["requests"]] + [1])
+    for r in data["requests"]:
+        rid = f"q{r['rid_rank']:0{width}d}"
+        reqs[rid] = Request(rid, r["num_prompt_tokens"], r["max_tokens"], r["priority"], float(r["arrival"]),
+                            RequestStatus(r["status"]), r["num_computed_tokens"], r["num_output_tokens"],
+                            r["num_preemptions"])
+        if r["num_blocks"]:
+            blocks[rid] = r["num_blocks"]
+        out_len[rid] = r["output_len"] or None
+        (running if r["running"] else waiting).append((r["pos"], rid))
+    return (SchedulerState(config, reqs, tuple(x for _, x in sorted(running)), tuple(x for _, x in sorted(waiting)),
+                           blocks, data["num_free_blocks"]), out_len)

@@ -36,6 +36,10 @@ class Rules:
     waiting_first: bool = False  # the waiting loop runs before the running loop
     # _update_after_schedule
     advance_shortfall_over_2: bool = False  # advance by n - (n > 2)
+    # add_request / abort / the initial state
+    add_at_front: bool = False  # FCFS: a new request joins the front of waiting
+    abort_leaks_blocks: bool = False  # an aborted request's blocks never return
+    initial_free_includes_null: bool = False  # the null block counted as free
 
 
 VARIANTS: dict[str, Rules] = {
@@ -60,6 +64,10 @@ VARIANTS: dict[str, Rules] = {
     "victim_head_of_running": Rules(fcfs_victim_head=True),
     "computed_tokens_not_reset": Rules(preempt_resets_progress=False),
     "threshold_with_one_eligible": Rules(threshold_min_eligible=1),
+    # the other transitions
+    "add_at_front": Rules(add_at_front=True),
+    "abort_leaks_blocks": Rules(abort_leaks_blocks=True),
+    "initial_free_includes_null": Rules(initial_free_includes_null=True),
 }
 
 BAD_VARIANTS = tuple(v for v in VARIANTS if v != "correct")

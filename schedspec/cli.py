@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "schedspec.reference.diff_cli",
     "schedspec.reference.vllm_install",
     "schedspec.proofs.counterexample_cli",
+    "schedspec.proofs.prove_cli",
     "schedspec.gpu.sweep_cli",
 )
 

@@ -134,8 +134,9 @@ def running_within_limit(s: SchedulerState) -> Verdict:
 
 @invariant
 def waiting_queue_ordered(s: SchedulerState) -> Verdict:
-    """PRIORITY: the waiting queue is in queue_key order; FCFS: the PREEMPTED requests
-    form its front (they are prepended, S:1838, and admission pops the front)."""
+    """PRIORITY: the waiting queue is in queue_key order; FCFS: the requests that are not
+    WAITING (the PREEMPTED ones) form its front (they are prepended, S:1838, and
+    admission pops the front)."""
     if s.config.policy == PRIORITY:
         keys = [s.requests[w].queue_key for w in s.waiting if w in s.requests]
         if keys != sorted(keys):
@@ -149,7 +150,7 @@ def waiting_queue_ordered(s: SchedulerState) -> Verdict:
             if r.status == RequestStatus.WAITING:
                 seen_waiting = True
             elif seen_waiting:
-                return violated("a PREEMPTED request waits behind a WAITING one", request=w,
+                return violated("a request that is not WAITING waits behind a WAITING one", request=w,
                                 waiting=list(s.waiting))
     return HOLDS
 

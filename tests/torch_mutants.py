@@ -48,7 +48,8 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # the priority cursor not adjusted when the victim sits before it (before #49206).
     "cursor_not_adjusted": [(ST, "        cursor = torch.where(has_fail & (victim_pos < cursor), cursor - 1, cursor)\n", "")],
     # the watermark charged to the first admission too (running empty).
-    "watermark_on_first_admission": [(ST, "num_running[:, None] + k > 0, batch.watermark_blocks", "num_running[:, None] + k >= 0, batch.watermark_blocks")],
+    "watermark_on_first_admission": [(ST, "batch.watermark_blocks[:, None] * (num_running[:, None] + k > 0)",
+                                      "batch.watermark_blocks[:, None] * (num_running[:, None] + k >= 0)")],
     # EOS checked after length: an EOS at the last allowed token reported as "length".
     "length_before_eos": [(ST, "length = sampled & ~eos & (", "length = sampled & (")],
 }

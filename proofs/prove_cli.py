@@ -1,0 +1,143 @@
+"""`schedspec prove`: discharge every proof obligation with z3.
+
+    schedspec prove [--json] [--only NAME] [--bound N] [-o DIR] [--timeout S]
+
+Per obligation: the claim on the spec's rules (expected: proved), a reachable
+witness of its premises written as a scenario file to DIR (default
+./proofs-out), and the claim on each of its bad rule variants (expected:
+refuted).  Exit 0 only when all of that holds; 1 otherwise; 2 on a user error.
+z3 `unknown` (a timeout) is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import Progress, UsageError
+
+WITNESS_MARK = "z3 bounded-model-checking witness"
+
+
+def _witness_path(outdir: Path, name: str) -> Path:
+    """DIR/<name>.json; an existing file is replaced only if schedspec wrote it as a
+    witness, else a fresh name is chosen."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
+    p = outdir / f"{stem}.json"
+    k = 1
+    while p.exists():
+        try:
+            prior = json.loads(p.read_text())
+            ours = isinstance(prior, dict) and str(prior.get("description", "")).startswith(WITNESS_MARK)
+        except (OSError, ValueError):
+            ours = False
+        if ours:
+            return p
+        p = outdir / f"{stem}-{k}.json"
+        k += 1
+    return p
+
+
+def run_obligation(o, outdir: Path) -> dict[str, Any]:
+    from schedspec.reference.scenario import Scenario, save_scenario
+
+    t0 = time.perf_counter()
+    res = o.discharge("correct")
+    row: dict[str, Any] = {"name": o.name, "property": o.property, "kind": o.kind, "bound": str(o.bound),
+                           "expected": o.expected, "result": res.status, "proof_seconds": round(res.seconds, 2)}
+    if res.status == "refuted" and res.model is not None:
+        row["counterexample"] = res.model
+    if res.status == "unknown":
+        row["detail"] = res.detail
+    wres, scenario = o.witness()
+    row["witness_result"] = wres.status
+    row["witness"] = None
+    if wres.status == "proved" and isinstance(scenario, Scenario):
+        path = _witness_path(outdir, o.name)
+        save_scenario(scenario, path, overwrite=path.exists())
+        row["witness"] = str(path)
+        row["witness_step"] = (wres.model or {}).get("step")
+    elif wres.status == "proved" and isinstance(scenario, (str, Path)) and Path(scenario).exists():
+        row["witness"] = str(scenario)
+    else:
+        row["witness_detail"] = wres.detail
+    bad = {}
+    for v in o.bad_variants:
+        r = o.discharge(v)
+        bad[v] = r.status
+    row["bad_variants"] = bad
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    row["ok"] = bool(res.status == o.expected and row["witness"]
+                     and o.bad_variants and all(s == "refuted" for s in bad.values()))
+    return row
+
+
+def cmd_prove(args) -> int:
+    if args.bound is not None and not 1 <= args.bound <= 12:
+        raise UsageError(f"--bound must be between 1 and 12, got {args.bound}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    outdir = Path(args.out)
+    if outdir.exists() and not outdir.is_dir():
+        raise UsageError(f"-o {args.out} exists and is not a folder")
+    from .obligations import build_obligations
+
+    obligations = build_obligations(args.bound, args.timeout)
+    if args.only:
+        chosen = [o for o in obligations if args.only in (o.name, o.property)]
+        if not chosen:
+            raise UsageError(f"--only {args.only}: no obligation or property of that name; known: "
+                             + ", ".join(o.name for o in obligations))
+        obligations = chosen
+    outdir.mkdir(parents=True, exist_ok=True)
+    progress = Progress("prove", len(obligations), min_total=1)
+    rows = []
+    t0 = time.perf_counter()
+    out = sys.stdout
+    if not args.json:
+        print(f"{'obligation':44} {'kind':9} {'bound':14} {'result':8} {'s':>6}  bad  witness", file=out)
+    for i, o in enumerate(obligations):
+        row = run_obligation(o, outdir)
+        rows.append(row)
+        progress(i + 1, len(obligations))
+        if not args.json:
+            nbad = sum(s == "refuted" for s in row["bad_variants"].values())
+            bound = row["bound"].split(",")[0] + ("," + row["bound"].split(",")[1] if "," in row["bound"] else "")
+            print(f"{o.name:44} {o.kind:9} {bound[:14]:14} {row['result']:8} {row['seconds']:6.1f}  "
+                  f"{nbad}/{len(row['bad_variants'])}  {row['witness'] or '-'}"
+                  + ("" if row["ok"] else "   FAILED"), file=out, flush=True)
+    progress.close()
+    total = time.perf_counter() - t0
+    ok = all(r["ok"] for r in rows)
+    if args.json:
+        json.dump({"ok": ok, "seconds": round(total, 2), "obligations": rows}, out, indent=2)
+        out.write("\n")
+    else:
+        by = {}
+        for r in rows:
+            by.setdefault(r["kind"], []).append(r)
+        print("\nsummary", file=out)
+        print(f"  {'kind':10} {'obligations':>11} {'proved':>7} {'witnesses':>9} {'bad refuted':>11}", file=out)
+        for kind, rs in by.items():
+            print(f"  {kind:10} {len(rs):11} {sum(r['result'] == 'proved' for r in rs):7} "
+                  f"{sum(bool(r['witness']) for r in rs):9} "
+                  f"{sum(all(s == 'refuted' for s in r['bad_variants'].values()) and bool(r['bad_variants']) for r in rs):11}",
+                  file=out)
+        print(f"  {len(rows)} obligations, {sum(r['ok'] for r in rows)} ok, {total:.1f} s; witnesses in {outdir}/",
+              file=out)
+    return 0 if ok else 1
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("prove", help="discharge the proof obligations with z3 (witnesses, bad variants)")
+    p.add_argument("--json", action="store_true", help="one JSON report on stdout")
+    p.add_argument("--only", metavar="NAME", help="one obligation, by its name or its property's name")
+    p.add_argument("--bound", type=int, default=None, metavar="N",
+                   help="running and waiting request slots of the one-step claims (default 2)")
+    p.add_argument("-o", "--out", default="proofs-out", metavar="DIR", help="witness scenarios (default ./proofs-out)")
+    p.add_argument("--timeout", type=float, default=20.0, metavar="S", help="per z3 call, seconds (default 20)")
+    p.set_defaults(func=cmd_prove)

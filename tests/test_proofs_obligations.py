@@ -1,0 +1,137 @@
+"""Obligations: every property has one; the z3 property and invariant formulas
+mean what the Python predicates mean; witnesses replay; bad variants are
+refuted with counterexamples a broken spec also exhibits; `schedspec prove`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+
+from machine import load_mutant
+from test_proofs_agreement import SETTINGS, drawn_states
+from schedspec.proofs.agreement import StepEvaluator, formula_terms, spec_step, to_spec_step
+from schedspec.proofs.obligations import STEP_BAD_VARIANTS, build_obligations, covered_properties, step_claim
+from schedspec.proofs.property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS
+from schedspec.proofs.symbolic import concrete_state
+from schedspec.proofs.variants import VARIANTS
+from schedspec.proofs.witness import find_witness
+from schedspec.reference.engine import run_scenario
+from schedspec.reference.impl import load_impl
+from schedspec.spec import properties
+from schedspec.spec.invariants import STATE_INVARIANTS, check_state
+from schedspec.spec.properties import PROPERTIES, Property, check_step
+
+
+def test_every_property_has_an_obligation_and_formula(monkeypatch):
+    obligations = build_obligations()
+    assert set(PROPERTIES) <= covered_properties(obligations)
+    assert set(PROPERTY_FORMULAS) == set(PROPERTIES) and set(INVARIANT_FORMULAS) == set(STATE_INVARIANTS)
+    assert set(STEP_BAD_VARIANTS) == set(PROPERTIES)
+    assert all(o.bad_variants for o in obligations)
+    # A property added to the registry without an obligation is noticed.
+    monkeypatch.setitem(properties.PROPERTIES, "new_property", Property("new_property", "", lambda b, o, a: None))
+    with pytest.raises(KeyError):
+        build_obligations()
+
+
+# Between them these variants violate every property and every invariant.
+FORMULA_VARIANTS = ["correct", "admission_over_budget", "zero_grant", "running_capped_at_1",
+                    "admit_after_preemption", "admission_capped_at_2", "run_slot_check_off_by_one",
+                    "running_need_plus_2", "admitted_to_waiting", "advance_short", "preempted_to_back",
+                    "computed_tokens_not_reset", "preemption_leaks_blocks"]
+# No rule variant breaks these two (a slot cannot hold a request twice; no variant
+# touches the length stop); their formulas are only shown to hold where they hold.
+NOT_BROKEN_BY_VARIANTS = {"queues_partition_requests", "request_lengths_valid"}
+
+
+def test_formulas_agree_with_predicates():
+    """On each variant's own steps, every z3 property formula gives the Python
+    predicate's (applicable, holds), and every invariant formula check_state's."""
+    evs = {v: StepEvaluator(v, 3, 3, extra_terms=formula_terms) for v in FORMULA_VARIANTS}
+    names = list(PROPERTY_FORMULAS)
+    seen = {"violated": set(), "applicable": set(), "inv_violated": set(), "steps": 0}
+
+    @settings(max_examples=300, **SETTINGS)
+    @given(drawn=drawn_states())
+    def run(drawn):
+        state, output_len = drawn
+        for v, ev in evs.items():
+            if not ev.fits(state):
+                return
+            got, extra = ev.evaluate(state, output_len)
+            out, after = to_spec_step(state, got)
+            verdicts = check_step(state, out, after)
+            for i, name in enumerate(names):
+                app, holds = extra[2 * i], extra[2 * i + 1]
+                py = verdicts[name]
+                z = (app, holds or not app)
+                assert (py.applicable, py.holds) == z, (v, name, state, got, py)
+                if not py.holds:
+                    seen["violated"].add(name)
+                if py.applicable:
+                    seen["applicable"].add(name)
+            inv = check_state(after)
+            for k, name in enumerate(INVARIANT_FORMULAS):
+                assert inv[name].holds == extra[2 * len(names) + k], (v, name, state, got)
+                if not inv[name].holds:
+                    seen["inv_violated"].add(name)
+            seen["steps"] += 1
+
+    run()
+    assert seen["steps"] >= 500
+    assert seen["applicable"] == set(names)
+    assert seen["violated"] == set(names), set(names) - seen["violated"]
+    assert seen["inv_violated"] == set(INVARIANT_FORMULAS) - NOT_BROKEN_BY_VARIANTS, seen["inv_violated"]
+
+
+@pytest.mark.parametrize("prop", ["preemption_only_on_allocation_failure", "starvation_condition",
+                                  "running_before_waiting", "preempted_restart_from_zero"])
+def test_witness_replays(prop):
+    result, scenario = find_witness(f"property:{prop}")
+    assert result.status == "proved", result
+    step = result.model["step"]
+    seen = {}
+
+    def on_step(t):
+        seen[t.step] = check_step(t.before, t.output, t.after)[prop]
+
+    run_scenario(scenario, load_impl("spec"), on_step=on_step)
+    assert seen[step].applicable and seen[step].holds
+
+
+def test_bad_variant_refuted_and_spec_mutant_exhibits_it():
+    res = step_claim("kv_blocks_conserved", 2, 2).discharge("preemption_leaks_blocks")
+    assert res.status == "refuted", res
+    state, output_len = concrete_state(res.model)
+    assert all(v.holds for v in check_state(state).values())
+    mutant = load_mutant([("scheduler.py", "free += blocks.pop(victim, 0)", "blocks.pop(victim, 0)")], "leak_cex")
+    _, (out, after) = spec_step(state, output_len, mutant)
+    assert not PROPERTIES["kv_blocks_conserved"].check(state, out, after).holds
+    _, (out, after) = spec_step(state, output_len)
+    assert PROPERTIES["kv_blocks_conserved"].check(state, out, after).holds
+
+
+def _prove(*args):
+    return subprocess.run([sys.executable, "-m", "schedspec", "prove", *args], capture_output=True, text=True)
+
+
+def test_prove_cli(tmp_path):
+    r = _prove("--bound", "2", "--only", "step:computed_tokens_advance_by_grant", "-o", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    row = rep["obligations"][0]
+    assert row["result"] == "proved" and row["bad_variants"] == {"advance_short": "refuted"}
+    assert (tmp_path / "step-computed_tokens_advance_by_grant.json").exists()
+    # the witness is a scenario `schedspec check` accepts, and a rerun replaces only its own file
+    c = subprocess.run([sys.executable, "-m", "schedspec", "check", row["witness"]], capture_output=True, text=True)
+    assert c.returncode == 0, c.stderr
+    (tmp_path / "initial.json").write_text("{}")  # not ours: never overwritten
+    r = _prove("--bound", "2", "--only", "initial", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "initial.json").read_text() == "{}" and (tmp_path / "initial-1.json").exists()
+    r = _prove("--only", "no_such_obligation")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no_such_obligation" in r.stderr
