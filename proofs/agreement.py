@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import z3
 
 from schedspec.spec import scheduler as spec_scheduler
 from schedspec.spec.request import EOS_TOKEN_ID, RequestStatus
 from schedspec.spec.state import SchedulerState
 
 from . import encoding
-from .symbolic import Evaluator, SymState, fixed_roles, slot_assignment, substitution
+from .symbolic import Evaluator, SymState, slot_assignment, substitution
 
 NON_EOS = 100
 

@@ -18,7 +18,7 @@ spec/scheduler.py marks its seams; the comments below name the same seams.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import z3
 

@@ -12,6 +12,7 @@ z3 `unknown` (a timeout) is a failure.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -76,9 +77,36 @@ def run_obligation(o, outdir: Path) -> dict[str, Any]:
     return row
 
 
+def _work(task: tuple[int, int | None, float, str]) -> dict[str, Any]:
+    """One obligation in a worker process: z3 terms do not cross processes, so
+    each worker builds the obligations itself and runs the one it is given."""
+    from .obligations import build_obligations
+
+    index, bound, timeout, outdir = task
+    return run_obligation(build_obligations(bound, timeout)[index], Path(outdir))
+
+
+def _rows(obligations, outdir: Path, jobs: int, bound, timeout):
+    """The rows in the obligations' order, computed `jobs` at a time."""
+    if jobs <= 1:
+        for o in obligations:
+            yield run_obligation(o, outdir)
+        return
+    import multiprocessing
+
+    from .obligations import build_obligations
+
+    index = {o.name: i for i, o in enumerate(build_obligations(bound, timeout))}
+    tasks = [(index[o.name], bound, timeout, str(outdir)) for o in obligations]
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from pool.imap(_work, tasks, chunksize=1)
+
+
 def cmd_prove(args) -> int:
     if args.bound is not None and not 1 <= args.bound <= 12:
         raise UsageError(f"--bound must be between 1 and 12, got {args.bound}")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
     outdir = Path(args.out)
@@ -94,22 +122,21 @@ def cmd_prove(args) -> int:
                              + ", ".join(o.name for o in obligations))
         obligations = chosen
     outdir.mkdir(parents=True, exist_ok=True)
+    jobs = min(args.jobs or os.cpu_count() or 1, len(obligations))
     progress = Progress("prove", len(obligations), min_total=1)
     rows = []
     t0 = time.perf_counter()
     out = sys.stdout
     if not args.json:
-        print(f"{'obligation':44} {'kind':9} {'bound':14} {'result':8} {'s':>6}  bad  witness", file=out)
-    for i, o in enumerate(obligations):
-        row = run_obligation(o, outdir)
+        print(f"{'obligation':44} {'kind':9} {'result':8} {'s':>6}  bad  bound / witness", file=out)
+    for i, row in enumerate(_rows(obligations, outdir, jobs, args.bound, args.timeout)):
         rows.append(row)
         progress(i + 1, len(obligations))
         if not args.json:
             nbad = sum(s == "refuted" for s in row["bad_variants"].values())
-            bound = row["bound"].split(",")[0] + ("," + row["bound"].split(",")[1] if "," in row["bound"] else "")
-            print(f"{o.name:44} {o.kind:9} {bound[:14]:14} {row['result']:8} {row['seconds']:6.1f}  "
-                  f"{nbad}/{len(row['bad_variants'])}  {row['witness'] or '-'}"
-                  + ("" if row["ok"] else "   FAILED"), file=out, flush=True)
+            print(f"{row['name']:44} {row['kind']:9} {row['result']:8} {row['seconds']:6.1f}  "
+                  f"{nbad}/{len(row['bad_variants'])}  {row['bound']}" + ("" if row["ok"] else "   FAILED")
+                  + f"\n{'':75}{row['witness'] or '- (no witness)'}", file=out, flush=True)
     progress.close()
     total = time.perf_counter() - t0
     ok = all(r["ok"] for r in rows)
@@ -140,4 +167,6 @@ def register(subparsers) -> None:
                    help="running and waiting request slots of the one-step claims (default 2)")
     p.add_argument("-o", "--out", default="proofs-out", metavar="DIR", help="witness scenarios (default ./proofs-out)")
     p.add_argument("--timeout", type=float, default=20.0, metavar="S", help="per z3 call, seconds (default 20)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="obligations discharged in parallel (default: one per CPU core)")
     p.set_defaults(func=cmd_prove)

@@ -16,11 +16,10 @@ from typing import Any
 import z3
 
 from schedspec.reference.scenario import RequestSpec, Scenario
-from schedspec.spec.properties import PROPERTIES
 
 from . import encoding
 from .obligation import Result
-from .property_formulas import state_invariant, PROPERTY_FORMULAS
+from .property_formulas import PROPERTY_FORMULAS
 from .symbolic import WATERMARKS, SymConfig, SymSlot, SymState
 
 BMC_REQUESTS = 3

@@ -17,7 +17,6 @@ from schedspec.proofs.agreement import StepEvaluator, formula_terms, spec_step, 
 from schedspec.proofs.obligations import STEP_BAD_VARIANTS, build_obligations, covered_properties, step_claim
 from schedspec.proofs.property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS
 from schedspec.proofs.symbolic import concrete_state
-from schedspec.proofs.variants import VARIANTS
 from schedspec.proofs.witness import find_witness
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import load_impl
