@@ -13,6 +13,10 @@ whole core scope of schedspec/1:
   (and sometimes above) `max_num_batched_tokens`, `max_num_active_seqs`;
 - arrivals spread over steps; aborts at random steps after arrival, so they
   hit waiting, running, preempted and already-finished requests;
+- one scenario in five, drawn after the rest: the priority policy under a
+  token budget of a few tokens and a tight pool, later arrivals of higher
+  priority, so a victim already granted in the step is refunded and the
+  budget then binds for the requests after it;
 - EOS finishes (`output_len`), max_tokens finishes, and max_model_len
   finishes (max_tokens above `max_model_len - prompt_len`, prompts near
   `max_model_len`).
@@ -34,6 +38,7 @@ scenario can be rebuilt without the ones before it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from typing import Any
@@ -159,14 +164,42 @@ def generate_scenario(rng: random.Random, index: int) -> Scenario:
             aborts.append(Abort(f"r{i}", arrivals[i] + delay))
         aborts.sort(key=lambda a: a.step)
 
+    max_steps = rng.choice([150, 300, 600])
+    if rng.random() < 0.2:
+        config, requests, aborts = _budget_bound_priority(rng, config, requests, aborts)
+
     return Scenario(
         name=f"random-{index}",
         description="",
         config=config,
         requests=tuple(requests),
         aborts=tuple(aborts),
-        max_steps=rng.choice([150, 300, 600]),
+        max_steps=max_steps,
     )
+
+
+def _budget_bound_priority(rng: random.Random, config: dict[str, Any], requests: list[RequestSpec],
+                           aborts: list[Abort]):
+    """The priority policy under a token budget of a few tokens and a tight pool,
+    with mixed priorities: a victim already granted in the step gives its tokens
+    back and the budget then decides what the requests after it get (S:951-957).
+    Drawn after everything else, so the rest of the scenario stream is unchanged."""
+    L, bs = config["max_model_len"], config["block_size"]
+    per_seq = math.ceil(L / bs)
+    config = {**config, "policy": "priority", "enable_chunked_prefill": True, "scheduler_reserve_full_isl": False,
+              "max_num_seqs": max(config["max_num_seqs"], 4),
+              "max_num_batched_tokens": max(config["max_num_batched_tokens"], 4),
+              "max_num_scheduled_tokens": rng.randint(2, 6),
+              "num_gpu_blocks": per_seq + 1 + rng.randint(0, max(1, per_seq // 2))}
+    config.pop("max_num_active_seqs", None)
+    config.pop("long_prefill_token_threshold", None)
+    # Later arrivals run first: a running request admitted early is then the
+    # victim of one admitted after it, and it was granted earlier in the step.
+    requests = [dataclasses.replace(r, arrival_step=i // 2, priority=rng.randint(0, 1) - i)
+                for i, r in enumerate(requests)]
+    arrival = {r.id: r.arrival_step for r in requests}
+    aborts = sorted((Abort(a.id, max(a.step, arrival[a.id] + 1)) for a in aborts), key=lambda a: a.step)
+    return config, requests, aborts
 
 
 _POSITIVE = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "num_gpu_blocks")
