@@ -19,11 +19,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bound", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=None)
+    ap.add_argument("--jobs", type=int, default=None, help="obligations in parallel (default: one per core)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "schedspec", "prove", "--json", "-o", out]
         if args.bound:
             cmd += ["--bound", str(args.bound)]
+        if args.jobs:
+            cmd += ["--jobs", str(args.jobs)]
         if args.timeout:
             cmd += ["--timeout", str(args.timeout)]
         t = time.perf_counter()

@@ -134,3 +134,18 @@ def test_prove_cli(tmp_path):
     assert (tmp_path / "initial.json").read_text() == "{}" and (tmp_path / "initial-1.json").exists()
     r = _prove("--only", "no_such_obligation")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no_such_obligation" in r.stderr
+
+
+def test_prove_whole_run(tmp_path):
+    """`schedspec prove` as CI runs it: every obligation has its expected result,
+    a witness file that replays, and every bad variant refuted."""
+    r = _prove("-o", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    rep = json.loads(r.stdout)
+    names = [row["name"] for row in rep["obligations"]]
+    assert len(names) == len(set(names)) and len(names) == len(build_obligations())
+    for row in rep["obligations"]:
+        assert row["ok"] and row["result"] == row["expected"], row
+        assert row["bad_variants"] and set(row["bad_variants"].values()) == {"refuted"}, row
+        witness = row["witness"]
+        assert witness and json.loads(open(witness).read())["format"] == "schedspec.scenario/1", row
