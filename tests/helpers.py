@@ -41,3 +41,22 @@ def step(state: SchedulerState, eos: set[str] = frozenset()):
                if mid.requests[rid].num_computed_tokens >= mid.requests[rid].num_tokens}
     finished, after = S.update_from_output(mid, out, sampled)
     return out, finished, after
+
+
+def cli(capsys, *args):
+    """`schedspec ARGS` in-process: (exit status, stdout, stderr)."""
+    from schedspec.cli import main
+
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc, err, *words):
+    assert rc == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for w in words:
+        assert w in err, err

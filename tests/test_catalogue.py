@@ -8,11 +8,11 @@ caching (`test_prefix_caching_*`, `test_scheduler_reset_prefix_cache`), blocked
 waiting statuses (`test_prepend_skipped_requests_order`, mixed skipped types).
 """
 
-import os
 from functools import lru_cache
 
 import pytest
 
+from conftest import vllm_required
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
@@ -33,7 +33,7 @@ def vllm_impl():
 
         return VllmScheduler()
     except ImportError:
-        if os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
+        if vllm_required():
             raise
         return None
 

@@ -9,7 +9,6 @@ fails), as tests/test_vllm_diff.py does.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 from schedspec.proofs.counterexample_search import evaluate
@@ -17,20 +16,6 @@ from schedspec.proofs.goals import cycle_in, get_goal
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.scenario import load_scenario
 from test_counterexample import FILES, goal_of
-
-
-@pytest.fixture(scope="module")
-def vllm():
-    try:
-        from schedspec.reference.vllm_adapter import VllmScheduler
-
-        impl = VllmScheduler()
-    except ImportError as e:
-        if os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
-            pytest.fail(f"vLLM is required here (SCHEDSPEC_REQUIRE_VLLM=1 or CI=true) but cannot be imported: {e}")
-        pytest.skip(f"vLLM 0.33.0 is not installed ({e}); run `schedspec install-vllm`")
-    yield impl
-    impl.close()
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)

@@ -9,25 +9,9 @@ import pytest
 import torch
 from schedspec.reference.scenario import load_scenario
 
-from schedspec.cli import main
 from schedspec.examples import EXAMPLES_DIR
 
-
-def cli(capsys, *args):
-    try:
-        rc = main([str(a) for a in args])
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc, err, *words):
-    assert rc == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for w in words:
-        assert w in err, err
-
+from helpers import assert_one_line_error, cli
 
 @pytest.fixture
 def batch_calls(monkeypatch):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -31,20 +30,6 @@ EXAMPLES = sorted((Path(impl_module.__file__).parent / "examples").glob("*.json"
 CAMPAIGN_SEED = 7
 CAMPAIGN_SIZE = 400
 CONFIGS = 400
-
-
-@pytest.fixture(scope="module")
-def vllm():
-    try:
-        from schedspec.reference.vllm_adapter import VllmScheduler
-
-        impl = VllmScheduler()
-    except ImportError as e:
-        if os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
-            pytest.fail(f"vLLM is required here (SCHEDSPEC_REQUIRE_VLLM=1 or CI=true) but cannot be imported: {e}")
-        pytest.skip(f"vLLM 0.33.0 is not installed ({e}); run `schedspec install-vllm`")
-    yield impl
-    impl.close()
 
 
 class NoWatermark(SpecScheduler):
