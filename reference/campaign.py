@@ -101,10 +101,12 @@ def _unique_path(directory: Path, stem: str) -> Path:
     return p
 
 
-def _repro_command(impl: str, against: str, path: Path) -> str:
-    cmd = f"schedspec diff --impl {impl}"
-    if against != "spec":
-        cmd += f" --against {against}"
+def _repro_command(args, path: Path) -> str:
+    cmd = f"schedspec diff --impl {args.impl}"
+    if args.against != "spec":
+        cmd += f" --against {args.against}"
+    if getattr(args, "device", None):
+        cmd += f" --device {args.device}"
     return f"{cmd} {path}"
 
 
@@ -226,7 +228,7 @@ def _report_divergence(args, scenario: Scenario, is_random: bool, d: Divergence,
     path = _unique_path(outdir, scenario.name)
     save_scenario(dataclasses.replace(
         scenario, description=(scenario.description + " | " if scenario.description else "")
-        + f"Reproduce: {_repro_command(args.impl, args.against, path)}"), path)
+        + f"Reproduce: {_repro_command(args, path)}"), path)
     entry["file"] = str(path)
     if not args.json:
         print(f"DIVERGENCE in {scenario.name}: {d.describe()}", file=out)
@@ -239,12 +241,12 @@ def _report_divergence(args, scenario: Scenario, is_random: bool, d: Divergence,
             description=(f"Shrunk from {scenario.name} ({scenario.description}): {args.impl} and "
                          f"{args.against} first differ at "
                          + (f"step {sd.step}, " if sd.step is not None else "")
-                         + f"field {sd.field}. Reproduce: {_repro_command(args.impl, args.against, mpath)}"))
+                         + f"field {sd.field}. Reproduce: {_repro_command(args, mpath)}"))
         save_scenario(small, mpath)
         entry["minimal"] = {"file": str(mpath), "requests": len(small.requests),
                             "max_steps": small.max_steps, **sd.to_json()}
         if not args.json:
             print(f"  shrunk to {len(small.requests)} request(s), {small.max_steps} step(s): {mpath}", file=out)
             print(f"  {sd.describe()}".replace("\n", "\n  "), file=out)
-            print(f"  reproduce: {_repro_command(args.impl, args.against, mpath)}", file=out)
+            print(f"  reproduce: {_repro_command(args, mpath)}", file=out)
     return entry

@@ -95,7 +95,8 @@ def format_step(step: dict[str, Any]) -> str:
     return "  | ".join(parts)
 
 
-def print_timeline(trace: dict[str, Any], mode: str, out=sys.stdout) -> None:
+def print_timeline(trace: dict[str, Any], mode: str, out=None) -> None:
+    out = out or sys.stdout  # looked up per call: the stream may be replaced after import
     steps = trace["steps"]
     limit = len(steps) if mode == "all" else 60
     if mode == "none":
