@@ -38,7 +38,7 @@ def _impl(name: str, device: str | None = None):
     from .reference.impl import ImplementationError, load_impl
 
     try:
-        return load_impl(name, device=device) if device is not None else load_impl(name)
+        return load_impl(name, device=device)
     except ImplementationError as e:
         raise UsageError(str(e)) from None
 
