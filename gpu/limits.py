@@ -48,6 +48,10 @@ _INT64_FIELDS = ("max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_
 def limit_violation(config, max_steps: int) -> str | None:
     """A one-line message naming the first field beyond the torch limits, or None.
     `config` is a validated spec SchedulerConfig."""
+    for flag in ("enable_prefix_caching", "async_scheduling"):
+        if getattr(config, flag, False):
+            return (f"config.{flag}: = true is not modelled by the torch implementation (it steps "
+                    "the synchronous scheduler without prefix caching); use --impl spec or vllm")
     if config.max_model_len > MAX_MODEL_LEN:
         return (f"config.max_model_len: = {config.max_model_len} exceeds the torch implementation's "
                 f"limit {MAX_MODEL_LEN} (2**30; int32 token counters, gpu/limits.py)")

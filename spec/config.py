@@ -42,6 +42,8 @@ class SchedulerConfig:
     block_size: int = 16
     num_gpu_blocks: int = 10000  # counts vLLM's null block
     enable_prefix_caching: bool = False
+    # vLLM's default is on; formats.md keeps the synchronous engine unless asked.
+    async_scheduling: bool = False
 
     @property
     def token_budget(self) -> int:
@@ -82,22 +84,46 @@ _INT_FIELDS = {
     "block_size": (1, False),
     "num_gpu_blocks": (1, False),
 }
-_BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching")
+_BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching",
+                "async_scheduling")
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+EXCERPT_CHARS = 40
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """`value` as a message quotes it: repr (so control characters and newlines
+    are escaped and the message stays one line), cut to `limit` characters."""
+    if _is_int(value) and abs(value) >= 10**limit:
+        # repr of a huge int is slow, and beyond 4300 digits refused (sys.set_int_max_str_digits)
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "\u2026"
+
+
+def field_path(where: str, key: Any) -> str:
+    """`where.key`, or `where[<excerpt>]` for a key that is not a short name."""
+    if isinstance(key, str) and key.isidentifier() and key.isascii() and len(key) <= EXCERPT_CHARS:
+        return f"{where}.{key}" if where else key
+    return f"{where}[{excerpt(key)}]"
+
+
 def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
     """Build a config from a scenario's `config` object: JSON types here, every
     value condition in `validate_config`."""
     if not isinstance(raw, dict):
-        raise ConfigError(where, f"must be an object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(CONFIG_FIELDS))
+        raise ConfigError(where, f"must be an object, got {excerpt(raw)}")
+    unknown = [k for k in raw if k not in CONFIG_FIELDS]
     if unknown:
         raise ConfigError(
-            f"{where}.{unknown[0]}",
+            field_path(where, unknown[0]),
             f"unknown field; known fields are {', '.join(CONFIG_FIELDS)}",
         )
     for name, value in raw.items():
@@ -107,16 +133,18 @@ def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
             if value is None and nullable:
                 continue
             if not _is_int(value):
-                raise ConfigError(path, f"must be an integer{' or null' if nullable else ''}, got {value!r}")
+                raise ConfigError(path, f"must be an integer{' or null' if nullable else ''}, got {excerpt(value)}")
         elif name in _BOOL_FIELDS:
             if not isinstance(value, bool):
-                raise ConfigError(path, f"must be true or false, got {value!r}")
+                raise ConfigError(path, f"must be true or false, got {excerpt(value)}")
         elif name == "watermark":
             if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ConfigError(path, f"must be a number, got {value!r}")
+                raise ConfigError(path, f"must be a number, got {excerpt(value)}")
+            if _is_int(value) and not 0 <= value < 1:  # float() of a huge int overflows
+                raise ConfigError(path, f"= {excerpt(value)}, must be in [0, 1); 0.0 disables the watermark")
         elif name == "policy":
             if not isinstance(value, str):
-                raise ConfigError(path, f"must be a string, got {value!r}")
+                raise ConfigError(path, f"must be a string, got {excerpt(value)}")
     config = SchedulerConfig(**{k: (float(v) if k == "watermark" else v) for k, v in raw.items()})
     validate_config(config, where)
     return config
@@ -134,12 +162,12 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
         if value is None and nullable:
             continue
         if not _is_int(value) or value < minimum:
-            fail(name, f"= {value!r}, must be an integer >= {minimum}")
+            fail(name, f"= {excerpt(value)}, must be an integer >= {minimum}")
     if not (0.0 <= c.watermark < 1.0):
         fail("watermark", f"= {c.watermark}, must be in [0, 1) (vLLM config/scheduler.py:196); "
              "0.0 disables the watermark")
     if c.policy not in POLICIES:
-        fail("policy", f"= {c.policy!r}: unknown scheduling policy (vLLM scheduler.py:225); "
+        fail("policy", f"= {excerpt(c.policy)}: unknown scheduling policy (vLLM scheduler.py:225); "
              f"use one of {', '.join(map(repr, POLICIES))}")
     # SchedulerConfig.verify_max_model_len, in vLLM's order (C:317-362).
     if c.max_num_batched_tokens < c.max_model_len and not c.enable_chunked_prefill:
@@ -170,6 +198,3 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
              f"{need} one max_model_len ({c.max_model_len}) sequence needs at block_size "
              f"{c.block_size} (vLLM v1/core/kv_cache_planning.py:151); use num_gpu_blocks >= "
              f"{need + 1} or lower max_model_len")
-    if c.enable_prefix_caching:
-        fail("enable_prefix_caching",
-             "= true is outside schedspec's core scope (wave 2); set it to false")

@@ -6,7 +6,8 @@ registry the hypothesis machine, `schedspec prove` (as the premise of every step
 obligation, and as the claim of the inductive ones) and the proofs' agreement
 tests iterate over.  Only what really holds in every state reachable by
 `add_request`, `schedule` + `update_from_output` and `finish_requests` from the
-empty state belongs here (core scope: no prefix caching, synchronous).
+empty state belongs here, with and without prefix caching and async scheduling
+(the proofs use them in their scope: both off).
 """
 
 from __future__ import annotations
@@ -76,12 +77,15 @@ def request_lengths_valid(s: SchedulerState) -> Verdict:
 
 @invariant
 def computed_tokens_below_num_tokens(s: SchedulerState) -> Verdict:
-    """0 <= num_computed_tokens < num_tokens: a request whose computed tokens reach its
-    length samples a token in that step, which raises num_tokens or finishes it."""
+    """0 <= num_computed_tokens < num_tokens + num_output_placeholders: a request whose
+    computed tokens reach its length samples a token in that step, which raises
+    num_tokens or finishes it; under async scheduling that token is a placeholder
+    until its batch returns."""
     for rid, r in s.requests.items():
-        if not 0 <= r.num_computed_tokens < r.num_tokens:
-            return violated("num_computed_tokens out of [0, num_tokens)", request=rid,
-                            num_computed_tokens=r.num_computed_tokens, num_tokens=r.num_tokens)
+        if not 0 <= r.num_computed_tokens < r.num_tokens + r.num_output_placeholders:
+            return violated("num_computed_tokens out of [0, num_tokens + num_output_placeholders)",
+                            request=rid, num_computed_tokens=r.num_computed_tokens,
+                            num_tokens=r.num_tokens, num_output_placeholders=r.num_output_placeholders)
     return HOLDS
 
 
@@ -115,8 +119,9 @@ def blocks_match_computed_tokens(s: SchedulerState) -> Verdict:
 
 @invariant
 def blocks_conserved(s: SchedulerState) -> Verdict:
-    """free + held == num_gpu_blocks - 1 (the null block is never free), free >= 0."""
-    held = sum(s.req_to_num_blocks.values())
+    """free + held == num_gpu_blocks - 1 (the null block is never free), free >= 0;
+    with prefix caching a block shared by several requests counts once."""
+    held = sum(s.req_to_num_blocks.values()) if s.block_pool is None else len(s.block_pool.ref_cnt)
     if s.num_free_blocks < 0 or held + s.num_free_blocks != s.config.num_usable_blocks:
         return violated("free + held != usable blocks", held=held, num_free_blocks=s.num_free_blocks,
                         usable=s.config.num_usable_blocks)

@@ -30,11 +30,17 @@ def allocate_slots(
     *,
     full_sequence_must_fit: bool = False,
     has_scheduled_reqs: bool = True,
+    num_new_computed_tokens: int = 0,
+    num_hit_blocks: int = 0,
+    num_evictable_hit_blocks: int = 0,
 ) -> int | None:
-    """How many new blocks `request` takes to compute `num_new_tokens` more
-    tokens, or None when the pool cannot hold them (K:380-627).
+    """How many blocks leave the free queue for `request` to compute
+    `num_new_tokens` more tokens, or None when the pool cannot hold them (K:380-627).
 
-    None is the only failure: there is no partial allocation.
+    None is the only failure: there is no partial allocation.  With prefix caching,
+    an admission brings `num_hit_blocks` cached blocks covering
+    `num_new_computed_tokens` tokens; the hit blocks nobody holds
+    (`num_evictable_hit_blocks`) leave the free queue too (T:238-266).
 
     Contracts (PEP 316, checked by CrossHair: tests/test_crosshair.py):
     pre: 1 <= config.block_size <= 16 and 2 <= config.max_model_len <= 64 and 1 <= config.num_gpu_blocks <= 64
@@ -51,14 +57,16 @@ def allocate_slots(
     watermark_blocks = 0
     if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
         watermark_blocks = config.watermark_blocks
+    held = num_blocks_held + num_hit_blocks
     if full_sequence_must_fit:
         # The full-ISL admission gate: the whole sequence, not only this chunk (K:531-548).
-        full = get_num_blocks_to_allocate(config.block_size, num_blocks_held, min(request.num_tokens, L))
-        if full + watermark_blocks > num_free_blocks:
+        full = get_num_blocks_to_allocate(config.block_size, held, min(request.num_tokens, L))
+        if full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks:
             return None
-    total_computed_tokens = min(request.num_computed_tokens, L)
+    total_computed_tokens = min(request.num_computed_tokens + num_new_computed_tokens, L)
     num_tokens_need_slot = min(total_computed_tokens + num_new_tokens, L)  # K:550-553
-    need = get_num_blocks_to_allocate(config.block_size, num_blocks_held, num_tokens_need_slot)
+    need = get_num_blocks_to_allocate(config.block_size, held, num_tokens_need_slot)
+    need += num_evictable_hit_blocks
     if need + watermark_blocks > num_free_blocks:  # K:584-588
         return None
     return need

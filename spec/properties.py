@@ -67,8 +67,13 @@ def get_long_prefill_threshold(state: SchedulerState) -> int:
 
 def get_capped_need(state: SchedulerState, r: Request) -> int:
     """A running request's need after the threshold and model-length caps, before
-    the budget cap (S:839-856)."""
-    n = r.num_tokens - r.num_computed_tokens
+    the budget cap (S:839-856).  Async: an output placeholder counts as a token
+    to compute, and a request whose last allowed token is in flight needs none
+    (S:800-812)."""
+    if (r.num_output_placeholders > 0
+            and r.num_computed_tokens + 2 - r.num_output_placeholders >= r.num_prompt_tokens + r.max_tokens):
+        return 0
+    n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens
     threshold = get_long_prefill_threshold(state)
     if 0 < threshold < n:
         n = threshold
@@ -176,7 +181,7 @@ def starvation_condition(before, output, after):
     if not before.waiting:
         return NOT_APPLICABLE
     c = before.config
-    if any(before.requests[r].num_tokens - before.requests[r].num_computed_tokens != 1 for r in before.running):
+    if any(get_capped_need(before, before.requests[r]) != 1 for r in before.running):
         return NOT_APPLICABLE
     D = len(before.running)
     B = get_step_budget(before)
@@ -190,11 +195,14 @@ def starvation_condition(before, output, after):
         return NOT_APPLICABLE
     head = before.waiting[0]
     r = before.requests[head]
+    if r.num_stale_output_tokens > 0:
+        return NOT_APPLICABLE  # async: skipped until its in-flight output returns
     blocks_needed = (sum(get_block_demand(before, d, 1) for d in before.running)
                      + cdiv(r.num_tokens, c.block_size) + c.watermark_blocks)
     if blocks_needed > before.num_free_blocks:
         return NOT_APPLICABLE
-    need = r.num_tokens - r.num_computed_tokens
+    # A prefix hit is computed already: the head needs what the cache lacks.
+    need = r.num_tokens - dict(output.prefix_hits).get(head, r.num_computed_tokens)
     threshold = get_long_prefill_threshold(before)
     if 0 < threshold < need:
         need = threshold
@@ -219,7 +227,8 @@ def max_num_seqs_respected(before, output, after):
 def kv_blocks_conserved(before, output, after):
     """Blocks held plus free blocks equal the usable pool, and each request holds exactly the blocks its computed tokens fill."""
     c = after.config
-    held = sum(after.req_to_num_blocks.values())
+    # With prefix caching a block several requests share counts once.
+    held = sum(after.req_to_num_blocks.values()) if after.block_pool is None else len(after.block_pool.ref_cnt)
     if after.num_free_blocks < 0 or held + after.num_free_blocks != c.num_usable_blocks:
         return violated("blocks held + free != usable blocks", held=held,
                         num_free_blocks=after.num_free_blocks, usable=c.num_usable_blocks)
@@ -234,11 +243,12 @@ def kv_blocks_conserved(before, output, after):
 
 @prop
 def computed_tokens_bounded(before, output, after):
-    """Every request keeps 0 <= num_computed_tokens <= num_tokens."""
+    """Every request keeps 0 <= num_computed_tokens <= num_tokens + num_output_placeholders (async: tokens in flight are computed but not yet appended)."""
     for rid, r in after.requests.items():
-        if not 0 <= r.num_computed_tokens <= r.num_tokens:
-            return violated("num_computed_tokens out of [0, num_tokens]", request=rid,
-                            num_computed_tokens=r.num_computed_tokens, num_tokens=r.num_tokens)
+        if not 0 <= r.num_computed_tokens <= r.num_tokens + r.num_output_placeholders:
+            return violated("num_computed_tokens out of [0, num_tokens + num_output_placeholders]",
+                            request=rid, num_computed_tokens=r.num_computed_tokens, num_tokens=r.num_tokens,
+                            num_output_placeholders=r.num_output_placeholders)
     return HOLDS
 
 
@@ -257,11 +267,12 @@ def scheduled_requests_run(before, output, after):
 
 @prop
 def computed_tokens_advance_by_grant(before, output, after):
-    """A scheduled request that did not finish advances by exactly its grant, from 0 if it was preempted before."""
+    """A scheduled request that did not finish advances by exactly its grant, from 0 if it was preempted before, or from its prefix hit when admitted."""
+    hits = dict(output.prefix_hits)
     for rid, n in output.num_scheduled_tokens:
         if rid not in after.requests:
             continue
-        start = before.requests[rid].num_computed_tokens
+        start = hits.get(rid, before.requests[rid].num_computed_tokens)
         if after.requests[rid].num_computed_tokens != start + n:
             return violated("num_computed_tokens did not advance by the grant", request=rid,
                             before=start, granted=n, after=after.requests[rid].num_computed_tokens)
@@ -290,6 +301,8 @@ def preempted_restart_from_zero(before, output, after):
         return NOT_APPLICABLE
     for rid in output.preempted_req_ids:
         r = after.requests.get(rid)
+        if r is None and after.config.async_scheduling:
+            continue  # async: its in-flight token finished it while it waited
         if r is None or rid not in after.waiting:
             return violated("a preempted request is not waiting", request=rid)
         if (r.num_computed_tokens != 0 or after.num_blocks(rid) != 0 or r.status != RequestStatus.PREEMPTED
@@ -297,6 +310,105 @@ def preempted_restart_from_zero(before, output, after):
             return violated("a preempted request was not reset", request=rid,
                             num_computed_tokens=r.num_computed_tokens, blocks=after.num_blocks(rid),
                             status=r.status.name, num_preemptions=r.num_preemptions)
+    return HOLDS
+
+
+@prop
+def placeholders_never_negative(before, output, after):
+    """Async bookkeeping stays sane: num_output_placeholders, num_in_flight_tokens and num_stale_output_tokens are never negative, and stale tokens are in-flight tokens."""
+    for rid, r in after.requests.items():
+        if (r.num_output_placeholders < 0 or r.num_in_flight_tokens < 0 or r.num_stale_output_tokens < 0
+                or r.num_stale_output_tokens > r.num_in_flight_tokens):
+            return violated("async counters out of range", request=rid,
+                            num_output_placeholders=r.num_output_placeholders,
+                            num_in_flight_tokens=r.num_in_flight_tokens,
+                            num_stale_output_tokens=r.num_stale_output_tokens)
+    return HOLDS
+
+
+@prop
+def scheduled_within_known_tokens(before, output, after):
+    """No request is scheduled beyond num_tokens + num_output_placeholders, counted from its num_computed_tokens, or from its prefix hit when admitted: a token is computed at most once per admission."""
+    hits = dict(output.prefix_hits)
+    for rid, n in output.num_scheduled_tokens:
+        r = before.requests.get(rid)
+        if r is None:
+            continue
+        start = hits.get(rid, r.num_computed_tokens)
+        if start + n > r.num_tokens + r.num_output_placeholders:
+            return violated("scheduled past num_tokens + num_output_placeholders", request=rid,
+                            start=start, granted=n, num_tokens=r.num_tokens,
+                            num_output_placeholders=r.num_output_placeholders)
+    return HOLDS
+
+
+@prop
+def block_ref_counts_match_holders(before, output, after):
+    """Prefix caching: every block's reference count equals the number of requests holding it, and only live requests hold blocks."""
+    pool = after.block_pool
+    if pool is None:
+        return NOT_APPLICABLE
+    holders: dict[int, int] = {}
+    for rid, blocks in pool.req_to_blocks.items():
+        if blocks and rid not in after.requests:
+            return violated("a finished request still holds blocks", request=rid, blocks=list(blocks))
+        for b in blocks:
+            holders[b] = holders.get(b, 0) + 1
+    if holders != dict(pool.ref_cnt):
+        wrong = sorted(b for b in set(holders) | set(pool.ref_cnt) if holders.get(b, 0) != pool.ref_cnt.get(b, 0))
+        return violated("a block's ref_cnt is not its number of holders", block=wrong[0],
+                        ref_cnt=pool.ref_cnt.get(wrong[0], 0), holders=holders.get(wrong[0], 0))
+    return HOLDS
+
+
+@prop
+def kv_pool_partitioned(before, output, after):
+    """Prefix caching: held blocks, cached free blocks and uncached free blocks partition the usable pool; the free queue holds each free block once, cached ones behind uncached ones, and num_free_blocks is its length."""
+    pool = after.block_pool
+    if pool is None:
+        return NOT_APPLICABLE
+    queue = pool.free_queue()
+    held = set(pool.ref_cnt)
+    usable = set(range(1, after.config.num_gpu_blocks))
+    if len(queue) != len(set(queue)) or held & set(queue) or held | set(queue) != usable:
+        return violated("held + free blocks are not a partition of the usable pool",
+                        held=len(held), free=len(queue), distinct_free=len(set(queue)), usable=len(usable))
+    if after.num_free_blocks != len(queue):
+        return violated("num_free_blocks is not the free queue's length", num_free_blocks=after.num_free_blocks,
+                        free_queue=len(queue))
+    hashed = [b in pool.block_hash for b in queue]
+    if hashed != sorted(hashed):
+        return violated("a cached free block is ahead of an uncached one in the free queue")
+    for h, blocks in pool.cached.items():
+        if not blocks or any(pool.block_hash.get(b) != h for b in blocks):
+            return violated("the hash map and the blocks' hashes disagree", blocks=list(blocks))
+    if sum(len(v) for v in pool.cached.values()) != len(pool.block_hash):
+        return violated("a hashed block is missing from the hash map")
+    return HOLDS
+
+
+@prop
+def prefix_hit_within_shared_prefix(before, output, after):
+    """Prefix caching: a hit is whole blocks, leaves at least one token to compute, and covers only blocks whose whole prefix was in the cache (before the step, or cached earlier in it by another request)."""
+    if not output.prefix_hits:
+        return NOT_APPLICABLE
+    c = before.config
+    pool_before, pool_after = before.block_pool, after.block_pool
+    cached = set(pool_before.cached) if pool_before is not None else set()
+    for rid, h in output.prefix_hits:
+        r = before.requests[rid]
+        if h % c.block_size or h > r.num_tokens - 1 or h < 0:
+            return violated("a hit is not whole blocks leaving a token to compute", request=rid, hit=h,
+                            num_tokens=r.num_tokens, block_size=c.block_size)
+        available = set(cached)
+        if pool_after is not None:
+            own = set(pool_after.req_to_blocks.get(rid, ()))
+            available |= {pool_after.block_hash[b] for b in pool_after.block_hash
+                          if not (b in own and pool_after.ref_cnt.get(b, 0) == 1)}
+        for i in range(h // c.block_size):
+            if i >= len(r.block_hashes) or r.block_hashes[i] not in available:
+                return violated("a hit covers a block whose prefix was not cached", request=rid, hit=h,
+                                block_index=i)
     return HOLDS
 
 
