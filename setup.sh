@@ -29,4 +29,5 @@ fi
 if [ "$with_vllm" = 1 ]; then
   PYTHON=.venv/bin/python bash scripts/install-vllm.sh
 fi
+bash scripts/install-browser.sh   # Chromium for the explore page's browser tests; never fails
 .venv/bin/schedspec examples

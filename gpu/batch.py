@@ -227,6 +227,8 @@ def _records_to_steps(rec: dict[str, np.ndarray], first_step: int, scal: np.ndar
     free, held = scal[tt, ss, 0].tolist(), scal[tt, ss, 1].tolist()
     steps = (tt + first_step).tolist()
     for m, s in enumerate(ss.tolist()):
+        if not (sched_lists[m] or fin_lists[m] or run_lists[m] or wait_lists[m]):
+            continue  # an idle step: not listed (engine.is_idle_record, formats.md Trace)
         owners[s].steps.append({
             "step": steps[m],
             "scheduled": sched_lists[m],

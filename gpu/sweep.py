@@ -29,7 +29,7 @@ from ..reference.metrics import _percentile
 from ..reference.scenario import Scenario
 from ..spec.config import _BOOL_FIELDS, _INT_FIELDS, CONFIG_FIELDS
 
-PLOT_SOFTWARE = "schedspec sweep"
+PLOT_SOFTWARE = "schedspec-plot/1 (schedspec sweep)"  # schedspec/outputs.py PLOT_MARKER: ours to replace
 MAX_SCENARIOS = 100_000  # one batch; beyond this the tensors and traces outgrow a laptop
 
 

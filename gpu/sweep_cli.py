@@ -43,15 +43,23 @@ def _workloads(args):
 
 def cmd_sweep(args) -> int:
     from .device_flag import device_for
-    from .sweep import check_plot_path, format_table, parse_set, plot_sweep, run_sweep
+    from ..errors import shown
+    from .sweep import format_table, parse_set, plot_sweep, run_sweep
 
     axes = parse_set(args.set or [])
     device = device_for(args.device, ["torch"])
     workloads, inputs = _workloads(args)
-    plot_path = check_plot_path(args.plot, inputs) if args.plot else None
+    plot_path = None
+    if args.plot is not None:
+        from ..errors import UsageError
+        from ..outputs import check_plot_path as check_output_plot, plot_format
+
+        if plot_format(args.plot) != "png":
+            raise UsageError(f"--plot {shown(args.plot)}: sweep draws PNG only; end the name in .png")
+        plot_path = check_output_plot(args.plot, "--plot", inputs)
     from ..errors import Progress
 
-    bar = Progress("sweep: torch batch, step", 1, enabled=sys.stderr.isatty())
+    bar = Progress("sweep: torch batch, step", 1, min_total=1)
     try:
         result = run_sweep(workloads, axes, device=device, step_ms=args.step_ms, token_ms=args.token_ms,
                            progress=bar if bar.enabled else None)
@@ -70,6 +78,7 @@ def cmd_sweep(args) -> int:
 
 
 def register(subparsers) -> None:
+    from ..errors import float_arg, int_arg
     from .device_flag import add_device_argument
 
     p = subparsers.add_parser(
@@ -77,16 +86,20 @@ def register(subparsers) -> None:
         description="Run one workload (a scenario, or --seed N random ones) under every combination of the "
                     "--set values, all scenarios stepped at once by the torch implementation; print "
                     "throughput, TTFT and latency percentiles and preemptions per grid point.")
-    p.add_argument("scenario", nargs="?", metavar="SCENARIO", help="a scenario file or shipped example name")
-    p.add_argument("--seed", type=int, help="a random workload: generator scenarios of this seed")
-    p.add_argument("--scenarios", dest="num_scenarios", type=int, metavar="K",
+    p.add_argument("scenario", nargs="?", metavar="SCENARIO",
+                   help="a scenario file or the name of a shipped example (`schedspec examples` lists them)")
+    p.add_argument("--seed", type=int_arg(0, 2**63 - 1), metavar="N", help="a random workload: generator scenarios of this seed")
+    p.add_argument("--scenarios", dest="num_scenarios", type=int_arg(1, 100_000), metavar="K",
                    help="with --seed: K random scenarios pooled per grid point (default 1)")
     p.add_argument("--set", action="append", metavar="FIELD=V1,V2,...",
                    help="a config field and its values (JSON scalars); repeat for more axes; the grid is the product")
-    p.add_argument("--plot", metavar="FILE.png", help="write the four-panel chart here")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="write the four-panel chart here (PNG; an existing file is replaced only if schedspec drew it)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--step-ms", type=float, default=20.0, help="step-time model for the ms figures (default 20)")
-    p.add_argument("--token-ms", type=float, default=0.0, help="step-time model: extra ms per scheduled token")
+    p.add_argument("--step-ms", type=float_arg(0.0, 1e9, lo_open=True), default=20.0, metavar="MS",
+                   help="step-time model for the ms figures: milliseconds per step (default 20, more than 0)")
+    p.add_argument("--token-ms", type=float_arg(0.0, 1e9), default=0.0, metavar="MS",
+                   help="step-time model: extra milliseconds per scheduled token (default 0)")
     add_device_argument(p)
     p.set_defaults(func=cmd_sweep)
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import Progress, UsageError
+from ..errors import Progress, UsageError, float_arg, int_arg, status
 
 DEFAULT_K = 3
 DEFAULT_MAX_STEPS = 64
@@ -43,7 +43,7 @@ def _impl(name: str):
     from ..reference.impl import ImplementationError, load_impl
 
     try:
-        return load_impl(name)
+        return load_impl(name, status=status)
     except ImplementationError as e:
         raise UsageError(str(e)) from None
 
@@ -122,22 +122,15 @@ def cmd_counterexample(args) -> int:
     if not args.goal:
         raise UsageError(f"give a GOAL: one of {', '.join(GOALS)} or property:NAME (--list shows them)")
     goal = _goal(args.goal)
-    for flag, v, lo in (("--k", args.k, 1), ("--max-steps", args.max_steps, 1),
-                        ("--max-requests", args.max_requests, 1), ("--tries", args.tries, 1),
-                        ("--max-prompt-len", args.max_prompt_len, 1), ("--candidates", args.candidates, 1)):
-        if v is not None and v < lo:
-            raise UsageError(f"{flag} must be at least {lo}, got {v}")
-    if args.budget_seconds <= 0:
-        raise UsageError(f"--budget-seconds must be positive, got {args.budget_seconds}")
+    # The numeric flags are checked by their argparse types (register below).
     if args.replay:
         return _replay(args, goal)
     fixed = _fixed_config(args.config) if args.config else None
-    out = Path(args.out) if args.out else _default_path(goal.name)
-    if args.out:
-        if out.exists():
-            raise UsageError(f"-o {args.out} exists; not overwriting it (choose another file)")
-        if not out.parent.exists():
-            raise UsageError(f"-o {args.out}: folder {out.parent} does not exist")
+    from ..outputs import check_output_path
+
+    # Never replaces a file, not even an earlier counterexample: each search writes a new one.
+    out = check_output_path(args.out if args.out is not None else _default_path(goal.name), "-o",
+                            [args.config] if args.config else [], ours=lambda _path: False)
     max_steps = args.max_steps or (DEFAULT_LIVENESS_MAX_STEPS if goal.liveness else DEFAULT_MAX_STEPS)
 
     from .counterexample_search import METHOD, search
@@ -229,24 +222,25 @@ def register(subparsers) -> None:
                     "Exit 0: found, or none within the bound; with --replay, 1 when the file does not reach "
                     "the goal; 2: user error.")
     p.add_argument("goal", nargs="?", metavar="GOAL", help="a goal name or property:NAME (--list shows them)")
-    p.add_argument("--k", type=int, default=DEFAULT_K, metavar="K", help="the goal's count (default 3)")
+    p.add_argument("--k", type=int_arg(1, 10_000), default=DEFAULT_K, metavar="K", help="the goal's count (default 3)")
     p.add_argument("-o", "--out", metavar="FILE",
                    help="where to write the scenario (default ./counterexample-GOAL.json, never overwritten)")
-    p.add_argument("--max-steps", type=int, metavar="S",
+    p.add_argument("--max-steps", type=int_arg(1, 1_000_000), metavar="S",
                    help=f"steps per scenario (default {DEFAULT_MAX_STEPS}; {DEFAULT_LIVENESS_MAX_STEPS} for liveness)")
-    p.add_argument("--max-prompt-len", type=int, metavar="P",
+    p.add_argument("--max-prompt-len", type=int_arg(1, 10_000_000), metavar="P",
                    help="longest prompt drawn (default: up to max_model_len - 1)")
-    p.add_argument("--max-requests", type=int, default=6, metavar="N", help="requests per scenario (default 6)")
+    p.add_argument("--max-requests", type=int_arg(1, 10_000), default=6, metavar="N", help="requests per scenario (default 6)")
     p.add_argument("--config", metavar="FILE",
                    help="fix the config: a scenario file's, or a JSON object of config fields")
-    p.add_argument("--impl", default="spec", help="spec (default), vllm, or module:Class")
-    p.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
-    p.add_argument("--budget-seconds", type=float, default=60.0, metavar="T",
+    p.add_argument("--impl", default="spec",
+                   help="spec (default), vllm (loading takes about 20 s), torch, or module:Class")
+    p.add_argument("--seed", type=int_arg(0, 2**63 - 1), default=0, metavar="N", help="seed of the search (default 0)")
+    p.add_argument("--budget-seconds", type=float_arg(0.0, 86400.0, lo_open=True), default=60.0, metavar="T",
                    help="time limit of the search (default 60)")
-    p.add_argument("--tries", type=int, default=20000, metavar="N", help="scenarios to draw at most (default 20000)")
-    p.add_argument("--shrink-seconds", type=float, default=20.0, metavar="T",
+    p.add_argument("--tries", type=int_arg(1, 100_000_000), default=20000, metavar="N", help="scenarios to draw at most (default 20000)")
+    p.add_argument("--shrink-seconds", type=float_arg(0.0, 86400.0, lo_open=True), default=20.0, metavar="T",
                    help="time limit of the shrinking (default 20)")
-    p.add_argument("--candidates", type=int, default=5, metavar="N",
+    p.add_argument("--candidates", type=int_arg(1, 10_000), default=5, metavar="N",
                    help="hits to shrink before keeping the smallest (default 5)")
     p.add_argument("--replay", metavar="FILE", help="evaluate the goal on a scenario file instead of searching")
     p.add_argument("--list", action="store_true", help="list the goals")

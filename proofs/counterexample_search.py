@@ -160,7 +160,7 @@ def draw_scenario(rng: random.Random, goal_name: str, max_requests: int, max_ste
 
         s = generate_scenario(rng, 0)
         if len(s.requests) <= max_requests:
-            return dataclasses.replace(s, name=f"search-{goal_name}", max_steps=max_steps)
+            return dataclasses.replace(s, name=f"search-{goal_name}", max_steps=max_steps).without_late_arrivals()
     while True:
         config = dict(fixed_config) if fixed_config is not None else draw_config(rng, p)
         try:
@@ -173,7 +173,8 @@ def draw_scenario(rng: random.Random, goal_name: str, max_requests: int, max_ste
             raise ConfigError("config.max_model_len", "must be at least 2 for a request to fit")
         L = min(c.max_model_len, 64)
         reqs = draw_requests(rng, p, L, max_requests, c.policy == "priority", max_prompt_len)
-        return Scenario(name=f"search-{goal_name}", config=config, requests=reqs, max_steps=max_steps)
+        return Scenario(name=f"search-{goal_name}", config=config, requests=reqs,
+                        max_steps=max_steps).without_late_arrivals()
 
 
 # --- the goal-preserving shrinker -------------------------------------------------------
@@ -235,7 +236,8 @@ def shrink_goal(scenario: Scenario, reached: Callable[[Scenario], Hit | None], h
     best, best_hit = scenario, hit
 
     def cut_steps(s: Scenario, h: Hit) -> Scenario:
-        return dataclasses.replace(s, max_steps=min(s.max_steps, h.last_step + 1))
+        # a file with an arrival at or after max_steps does not load (formats.md)
+        return dataclasses.replace(s, max_steps=min(s.max_steps, h.last_step + 1)).without_late_arrivals()
 
     def attempt(s: Scenario) -> bool:
         nonlocal best, best_hit

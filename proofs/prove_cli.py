@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import Progress, UsageError
+from ..errors import Progress, UsageError, float_arg, int_arg, shown
 
 WITNESS_MARK = "z3 bounded-model-checking witness"
 
@@ -114,22 +114,17 @@ _SLOW = {"step:preemption_only_on_allocation_failure": 40, "inductive:schedule+u
 
 
 def cmd_prove(args) -> int:
-    if args.bound is not None and not 1 <= args.bound <= 12:
-        raise UsageError(f"--bound must be between 1 and 12, got {args.bound}")
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout}")
-    outdir = Path(args.out)
-    if outdir.exists() and not outdir.is_dir():
-        raise UsageError(f"-o {args.out} exists and is not a folder")
+    # The numeric flags are checked by their argparse types (register below).
+    from ..outputs import check_output_dir
+
+    outdir = check_output_dir(args.out, "-o")
     from .obligations import build_obligations
 
     obligations = build_obligations(args.bound, args.timeout)
     if args.only:
         chosen = [o for o in obligations if args.only in (o.name, o.property)]
         if not chosen:
-            raise UsageError(f"--only {args.only}: no obligation or property of that name; known: "
+            raise UsageError(f"--only {shown(args.only)}: no obligation or property of that name; known: "
                              + ", ".join(o.name for o in obligations))
         obligations = chosen
     outdir.mkdir(parents=True, exist_ok=True)
@@ -171,13 +166,21 @@ def cmd_prove(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("prove", help="discharge the proof obligations with z3 (witnesses, bad variants)")
+    p = subparsers.add_parser(
+        "prove", help="prove each scheduler property with z3, with a witness scenario for each",
+        description="Discharge one z3 proof obligation per scheduler property (it holds in every step "
+                    "from any valid state, up to a bound), show each is not vacuous by a reachable witness "
+                    "scenario written to -o DIR, and check it fails on deliberately wrong variants of the "
+                    "rules. Exit 1 when an obligation fails.")
     p.add_argument("--json", action="store_true", help="one JSON report on stdout")
     p.add_argument("--only", metavar="NAME", help="one obligation, by its name or its property's name")
-    p.add_argument("--bound", type=int, default=None, metavar="N",
+    p.add_argument("--bound", type=int_arg(1, 12), default=None, metavar="N",
                    help="running and waiting request slots of the one-step claims (default 2)")
-    p.add_argument("-o", "--out", default="proofs-out", metavar="DIR", help="witness scenarios (default ./proofs-out)")
-    p.add_argument("--timeout", type=float, default=20.0, metavar="S", help="per z3 call, seconds (default 20)")
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
+    p.add_argument("-o", "--out", default="proofs-out", metavar="DIR",
+                   help="folder for the witness scenarios, one per obligation, each replayable with "
+                        "`schedspec check` (default ./proofs-out)")
+    p.add_argument("--timeout", type=float_arg(0.0, 86400.0, lo_open=True), default=20.0, metavar="S",
+                   help="time limit of each z3 call, seconds (default 20)")
+    p.add_argument("--jobs", type=int_arg(1, 1024), default=None, metavar="N",
                    help="obligations discharged in parallel (default: one per CPU core)")
     p.set_defaults(func=cmd_prove)

@@ -73,7 +73,9 @@ import math
 from typing import Any
 
 from ..spec.config import ConfigError
-from .engine import TRACE_FORMAT, error_trace
+import bisect
+
+from .engine import TRACE_FORMAT, error_trace, is_idle_record
 from .scenario import Scenario, validate_scenario
 
 KINDS = ("static", "request", "iteration")
@@ -87,17 +89,23 @@ def _length_and_reason(r, max_model_len: int) -> tuple[int, str]:
     return limit, "length"
 
 
-def run_baseline(scenario: Scenario, kind: str) -> dict[str, Any]:
+def run_baseline(scenario: Scenario, kind: str, *, sink=None) -> dict[str, Any]:
     """Run `scenario` under the `kind` batching baseline ("static", "request",
     "iteration"); return its trace.  A scenario the spec rejects gives an error
-    trace, as the engine does."""
+    trace, as the engine does.  `sink` and idle steps as in the engine's
+    run_scenario: records go to the sink instead of the returned trace, and
+    steps in which nothing is held are skipped, not listed."""
     if kind not in KINDS:
         raise ValueError(f"unknown baseline {kind!r}; use one of {', '.join(KINDS)}")
     name = f"baseline-{kind}"
     try:
         config = validate_scenario(scenario)
     except ConfigError as e:
-        return error_trace(scenario, name, str(e))
+        trace = error_trace(scenario, name, str(e))
+        if sink is not None:
+            sink.begin({k: trace[k] for k in ("format", "scenario", "implementation")})
+            sink.end(trace)
+        return trace
 
     cap = config.max_num_seqs
     block_size = config.block_size
@@ -125,9 +133,18 @@ def run_baseline(scenario: Scenario, kind: str) -> dict[str, Any]:
     free_blocks = config.num_usable_blocks
     reserved: dict[str, int] = {}
     steps: list[dict[str, Any]] = []
+    if sink is not None:
+        sink.begin({"format": TRACE_FORMAT, "scenario": scenario.name, "implementation": name})
+    emit = sink.step if sink is not None else steps.append
+    event_steps = sorted(set(arrivals) | set(aborts))
 
     step = 0
     while step < scenario.max_steps and pending:
+        if not running and not waiting and step not in arrivals and step not in aborts:
+            # Idle: nothing changes before the next arrival or abort.
+            k = bisect.bisect_right(event_steps, step)
+            step = min(event_steps[k] if k < len(event_steps) else scenario.max_steps, scenario.max_steps)
+            continue
         finished: list[list[str]] = []
         # 1. aborts (before arrivals)
         for rid in aborts.get(step, ()):
@@ -209,21 +226,25 @@ def run_baseline(scenario: Scenario, kind: str) -> dict[str, Any]:
             record["num_free_blocks"] = free_blocks
         record["sampled"] = sampled
         record["slots_held"] = slots_held
-        steps.append(record)
+        if not is_idle_record(record):
+            emit(record)
         step += 1
 
-    return {
+    trace = {
         "format": TRACE_FORMAT,
         "scenario": scenario.name,
         "implementation": name,
         "steps": steps,
         "summary": {
-            "steps": len(steps),
+            "steps": step,
             "finished": len(order) - len(pending),
             "unfinished": [rid for rid in order if rid in pending],
             "requests": summary,
         },
     }
+    if sink is not None:
+        sink.end(trace)
+    return trace
 
 
 __all__ = ["KINDS", "run_baseline"]

@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import Progress, UsageError
+from ..errors import Progress, UsageError, shown
 from ..spec.config import ConfigError, SchedulerConfig, config_from_dict
 from .compare import Divergence, compare_traces
-from .coverage import add_coverage
+from .coverage import StepCoverage, add_coverage
 from .engine import run_scenario
-from .impl import ImplementationError, load_impl
+from .impl import ImplementationError, SpecScheduler, load_impl
 from .scenario import Scenario, ScenarioError, load_scenario, save_scenario
 from .shrink import shrink
 
@@ -69,13 +69,18 @@ def _crash_trace(scenario: Scenario, impl, e: BaseException) -> dict[str, Any]:
             "crash": f"{type(e).__name__}: {e}"}
 
 
-def _run_guarded(scenario: Scenario, a, b) -> tuple[dict, dict, Divergence | None]:
+def _is_spec(impl) -> bool:
+    return isinstance(getattr(impl, "impl", impl), SpecScheduler)
+
+
+def _run_guarded(scenario: Scenario, a, b, on_step=(None, None)) -> tuple[dict, dict, Divergence | None]:
     """Like run_pair, but an implementation that raises is a divergence
-    (field "crash"), not the end of the campaign."""
+    (field "crash"), not the end of the campaign.  `on_step`: the engine
+    observers of a's run and of b's."""
     traces = []
-    for impl in (a, b):
+    for impl, observer in zip((a, b), on_step):
         try:
-            traces.append(run_scenario(scenario, impl))
+            traces.append(run_scenario(scenario, impl, on_step=observer))
         except Exception as e:  # noqa: BLE001 - report it with the scenario
             traces.append(_crash_trace(scenario, impl, e))
     ta, tb = traces
@@ -92,7 +97,24 @@ def _load_impl(name: str, device: str | None = None):
         raise UsageError(str(e)) from None
 
 
+def safe_stem(name: str, limit: int = 80) -> str:
+    """A scenario name made into a file name that stays inside its folder: only
+    letters, digits, `.`, `_` and `-`; no leading dot (`..`, hidden files); at
+    most `limit` characters (names longer than 255 bytes fail with "File name
+    too long").  A changed name gets a short hash of the original so that two
+    names never map to the same file stem by accident."""
+    import hashlib
+    import re
+
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip(".") or "scenario"
+    if stem != name or len(stem) > limit:
+        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        stem = f"{stem[:limit - 9]}-{digest}"
+    return stem
+
+
 def _unique_path(directory: Path, stem: str) -> Path:
+    stem = safe_stem(stem)
     p = directory / f"{stem}.json"
     k = 2
     while p.exists():
@@ -119,21 +141,53 @@ def _resolve(path: str) -> str:
 
 
 def _scenarios(args) -> Iterator[tuple[Scenario, bool]]:
-    """(scenario, is_random) in run order."""
+    """(scenario, is_random) in run order.  Random scenarios draw the engine
+    flags `args.flags` (generator.py; absent: none, as torch campaigns need)."""
     for f in args.files:
         try:
             yield load_scenario(_resolve(f)), False
         except ScenarioError as e:
             raise UsageError(str(e)) from None
     if args.num_scenarios:
-        from .generator import generate_scenario, scenario_rng
+        from .generator import FLAG_NAMES, FLAGS_ALL, FLAGS_OFF, generate_scenario, scenario_rng
 
+        flags = getattr(args, "flags", None) or FLAGS_OFF
+        # The flags drawn change the scenario of an index: say which were drawn.
+        which = (" --flags all, not with torch" if flags == FLAGS_ALL
+                 else " --flags " + ",".join(n for n, f in FLAG_NAMES.items() if f in flags))
         for i in range(args.num_scenarios):
-            s = generate_scenario(scenario_rng(args.seed, i), i)
+            s = generate_scenario(scenario_rng(args.seed, i), i, flags)
             yield dataclasses.replace(
                 s, name=f"random-s{args.seed}-{i}",
                 description=f"random scenario {i} of seed {args.seed} (schedspec diff --scenarios N --seed "
-                            f"{args.seed}, N > {i})"), True
+                            f"{args.seed}{which}, N > {i})"), True
+
+
+def flags_arg(text: str):
+    """argparse type of `--flags`."""
+    from .generator import parse_flags
+
+    try:
+        return parse_flags(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def campaign_flags(args):
+    """The engine-flag combinations random scenarios draw: `--flags`, else every
+    combination unless torch, which models neither flag, takes part.  Asking torch
+    for a flag is a user error."""
+    from .generator import FLAGS_OFF, IMPLS_WITHOUT_FLAGS, flags_for
+
+    impls = (args.impl, args.against)
+    flags = getattr(args, "flags", None)
+    if flags is None:
+        return flags_for(*impls)
+    without = sorted(IMPLS_WITHOUT_FLAGS.intersection(impls))
+    if without and flags != FLAGS_OFF:
+        raise UsageError(f"--flags: {without[0]} models neither prefix caching nor async scheduling; "
+                         "use --flags sync")
+    return flags
 
 
 def _accepts(impl_name: str, impl, raw: dict[str, Any]) -> tuple[bool, str]:
@@ -187,10 +241,15 @@ def _run_scenarios(args, files: list[tuple[Scenario, bool]], a: _Timed, b: _Time
     coverage: dict[str, int] = {}
     t0 = time.monotonic()
     source: Iterator[tuple[Scenario, bool]] = iter(files) if files else _scenarios(
-        argparse.Namespace(files=[], num_scenarios=args.num_scenarios, seed=args.seed))
+        argparse.Namespace(files=[], num_scenarios=args.num_scenarios, seed=args.seed,
+                           flags=campaign_flags(args)))
+    # Prefix-cache and async coverage reads the spec's states: b's, or a's when a is the spec.
+    observed = 0 if _is_spec(a) and not _is_spec(b) else 1
     try:
         for k, (scenario, is_random) in enumerate(source, 1):
-            ta, tb, d = _run_guarded(scenario, a, b)
+            observers = [None, None]
+            observers[observed] = StepCoverage(coverage)
+            ta, tb, d = _run_guarded(scenario, a, b, tuple(observers))
             steps += min(len(ta.get("steps", [])), len(tb.get("steps", [])))
             add_coverage(scenario, tb, coverage)
             if d is not None:
@@ -231,7 +290,7 @@ def _report_divergence(args, scenario: Scenario, is_random: bool, d: Divergence,
         + f"Reproduce: {_repro_command(args, path)}"), path)
     entry["file"] = str(path)
     if not args.json:
-        print(f"DIVERGENCE in {scenario.name}: {d.describe()}", file=out)
+        print(f"DIVERGENCE in {shown(scenario.name)}: {d.describe()}", file=out)
         print(f"  scenario written to {path}", file=out)
     if is_random and not args.no_shrink and d.kind != "crash":
         small, sd = shrink(scenario, impl_a, impl_b, d, budget_s=args.shrink_seconds)

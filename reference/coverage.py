@@ -1,14 +1,32 @@
 """Coverage of a differential campaign: which scheduler situations the agreeing
-traces exercised (preemptions, resumptions, aborts by queue, finish reasons)."""
+traces exercised (preemptions, resumptions, aborts by queue, finish reasons),
+and, from the spec's own states step by step (`StepCoverage`), what prefix
+caching and async scheduling exercised."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .scenario import Scenario
+
+if TYPE_CHECKING:
+    from .engine import Transition
+
+
+def _bump(cov: dict[str, int], key: str, n: int = 1) -> None:
+    cov[key] = cov.get(key, 0) + n
+
+
+def flag_label(prefix_caching: bool, async_scheduling: bool) -> str:
+    """"sync", "async", "sync + prefix caching" or "async + prefix caching"."""
+    return ("async" if async_scheduling else "sync") + (" + prefix caching" if prefix_caching else "")
 
 
 def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
     if "error" in trace:
         cov["rejected scenarios"] = cov.get("rejected scenarios", 0) + 1
+        return
+    if "crash" in trace:
         return
     L = scenario.config.get("max_model_len", 8192)
     specs = {r.id: r for r in scenario.requests}
@@ -16,8 +34,10 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
     prev_running: list[str] = []
 
     def bump(key: str, n: int = 1) -> None:
-        cov[key] = cov.get(key, 0) + n
+        _bump(cov, key, n)
 
+    bump("scenarios (" + flag_label(bool(scenario.config.get("enable_prefix_caching")),
+                                    bool(scenario.config.get("async_scheduling"))) + ")")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -49,3 +69,87 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
             bump(f"finished: {reason}")
         else:
             bump("unfinished at max_steps")
+
+
+class StepCoverage:
+    """An engine `on_step` observer (reference/engine.py `Transition`) that counts,
+    from the states of the spec, what prefix caching and async scheduling did:
+
+    - `prefix hits` / `prefix hits on resumption`: admissions, new or resumed, that
+      found at least one cached block; `prefix tokens saved`: the tokens those hits
+      skipped;
+    - `evicted blocks`: cached blocks whose hash was dropped because the pool
+      handed them out again (spec/block_pool.py `_uncache`, vLLM block_pool.py
+      `_maybe_evict_cached_block`): hashed before the step, not (or differently)
+      after it;
+    - `steps with shared blocks`: some block held by two requests or more;
+    - `in-flight preemptions`: requests preempted while a batch holding their
+      tokens was still in flight (num_in_flight_tokens > 0 before the step), whose
+      output then arrives stale;
+    - `stale outputs applied`: batches applied to a request preempted meanwhile;
+      `finished while preempted`: such a stale output finished the request;
+    - `aborts with a batch in flight`: aborts of requests with tokens in flight;
+    - `async max_tokens guard`: running requests left unscheduled in a step that
+      began with the last token max_tokens allows in flight, the condition under
+      which vLLM passes them over (sched/scheduler.py:800-812);
+      `empty async batches`: schedule() called with nothing to schedule, a batch
+      that still takes a place in flight;
+    - `steps (<flags>)`: steps per combination of the two flags.
+
+    Make one per scenario run; counts go into `cov`."""
+
+    def __init__(self, cov: dict[str, int]):
+        self.cov = cov
+        self._prev_after = None  # the state after the previous listed step
+
+    def __call__(self, t: Transition) -> None:
+        cov, before, after, out = self.cov, t.before, t.after, t.output
+        c = before.config
+        _bump(cov, "steps (" + flag_label(c.enable_prefix_caching, c.async_scheduling) + ")")
+        prev = self._prev_after
+        self._prev_after = after
+        for rid, reason in t.record.get("finished", ()):
+            if reason == "aborted" and prev is not None:
+                r = prev.requests.get(rid)
+                if r is not None and r.num_in_flight_tokens > 0:
+                    _bump(cov, "aborts with a batch in flight")
+        if c.async_scheduling:
+            scheduled = out.scheduled
+            for rid in before.running:
+                r = before.requests[rid]
+                if (rid not in scheduled and r.num_output_placeholders > 0 and r.num_computed_tokens + 2
+                        - r.num_output_placeholders >= r.num_prompt_tokens + r.max_tokens):
+                    _bump(cov, "async max_tokens guard")
+            if t.record.get("schedule_called") and not out.num_scheduled_tokens:
+                _bump(cov, "empty async batches")
+        resumed = set(out.scheduled_resumed_reqs)
+        for rid, hit in out.prefix_hits:
+            if hit > 0:
+                _bump(cov, "prefix hits on resumption" if rid in resumed else "prefix hits")
+                _bump(cov, "prefix tokens saved", hit)
+        # Stale outputs: pending before the step, or made stale by this step's preemptions.
+        stale = {rid: r.num_stale_output_tokens for rid, r in before.requests.items()
+                 if r.num_stale_output_tokens > 0}
+        for rid in out.preempted_req_ids:
+            r = before.requests.get(rid)
+            if r is not None and r.num_in_flight_tokens > 0:
+                _bump(cov, "in-flight preemptions")
+                stale[rid] = stale.get(rid, 0) + r.num_in_flight_tokens
+        finished = {rid for rid, _ in t.record.get("finished", ())}
+        for rid, n in stale.items():
+            r = after.requests.get(rid)
+            if r is None:
+                if rid in finished:
+                    _bump(cov, "stale outputs applied")
+                    if not any(rid == x and reason == "aborted" for x, reason in t.record["finished"]):
+                        _bump(cov, "finished while preempted")
+            elif r.num_stale_output_tokens < n:
+                _bump(cov, "stale outputs applied")
+        pa, pb = before.block_pool, after.block_pool
+        if pa is not None and pb is not None:
+            if pa.block_hash is not pb.block_hash:
+                evicted = sum(1 for b, h in pa.block_hash.items() if pb.block_hash.get(b) != h)
+                if evicted:
+                    _bump(cov, "evicted blocks", evicted)
+            if any(n > 1 for n in pb.ref_cnt.values()):
+                _bump(cov, "steps with shared blocks")

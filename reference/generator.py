@@ -21,12 +21,30 @@ whole core scope of schedspec/1:
   finishes (max_tokens above `max_model_len - prompt_len`, prompts near
   `max_model_len`).
 
-Excluded, because they are outside the core scope of schedspec/1 (the spec
-rejects them by design):
-- `enable_prefix_caching: true` (wave 2; scenarios never enable it, and
-  `generate_config_dict` leaves it false or absent);
-- in `generate_config_dict` only: `max_model_len = -1`, vLLM's model-dependent
-  "auto-fit" sentinel (formats.md fixes max_model_len's default instead).
+With `flags=FLAGS_ALL` (what `schedspec diff` draws unless torch takes part),
+vLLM's two engine flags, drawn after everything above so that the scenario
+without them is exactly the one `flags=FLAGS_OFF` gives:
+
+- `enable_prefix_caching` and `async_scheduling`, each of the four
+  combinations with probability 1/4;
+- prefix groups (formats.md "Additions"): shared system prompts (several
+  requests of a group with one `prefix_len` and their own suffixes), exact
+  duplicates (`prefix_len == prompt_len`, same length), prompts that are a
+  prefix of the group's prompt, with shared lengths block-aligned and not
+  (less often also without prefix caching, where groups must not matter);
+  block sizes drawn smaller so that prompts span several blocks;
+- pools at or a few blocks above the start-up minimum, so that freed cached
+  blocks are evicted and running requests preempted;
+- under async scheduling, extra aborts one to three steps after arrival,
+  while the request's batches are in flight.
+
+`FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the torch
+implementation and the proofs model neither flag, and the scenario streams
+pinned by their tests stay as they were.
+
+Excluded: in `generate_config_dict` only, `max_model_len = -1`, vLLM's
+model-dependent "auto-fit" sentinel (formats.md fixes max_model_len's default
+instead).
 
 `generate_config_dict(rng, valid_bias)` draws raw `config` objects near the
 acceptance boundaries, valid or invalid, for the config-agreement check.
@@ -41,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from .scenario import Abort, RequestSpec, Scenario
@@ -118,8 +137,47 @@ def _valid_config(rng: random.Random) -> dict[str, Any]:
     return config
 
 
-def generate_scenario(rng: random.Random, index: int) -> Scenario:
-    """One random valid scenario; `index` only names it."""
+# (enable_prefix_caching, async_scheduling)
+FlagCombination = tuple[bool, bool]
+FLAG_COMBINATIONS: tuple[FlagCombination, ...] = ((False, False), (True, False), (False, True), (True, True))
+FLAGS_OFF: tuple[FlagCombination, ...] = ((False, False),)
+FLAGS_ALL = FLAG_COMBINATIONS
+# Implementations that model neither flag: campaigns they take part in draw none.
+IMPLS_WITHOUT_FLAGS = frozenset({"torch"})
+
+
+# Names of the combinations on the command line (`schedspec diff --flags`) and in coverage.
+FLAG_NAMES: dict[str, FlagCombination] = {"sync": (False, False), "sync+prefix": (True, False),
+                                          "async": (False, True), "async+prefix": (True, True)}
+
+
+def flags_for(*impl_names: str) -> tuple[FlagCombination, ...]:
+    """The flag combinations a campaign between these implementations draws."""
+    return FLAGS_OFF if IMPLS_WITHOUT_FLAGS.intersection(impl_names) else FLAGS_ALL
+
+
+def parse_flags(text: str) -> tuple[FlagCombination, ...]:
+    """`all`, or a comma-separated list of FLAG_NAMES (`sync,async+prefix`)."""
+    names = [t.strip() for t in text.split(",")]
+    if names == ["all"]:
+        return FLAGS_ALL
+    bad = [n for n in names if n not in FLAG_NAMES]
+    if bad:
+        raise ValueError(f"unknown flag combination {bad[0][:40]!r}; use all or a comma-separated list of "
+                         + ", ".join(FLAG_NAMES))
+    # In FLAG_COMBINATIONS order whatever the list's: the draw depends on the order.
+    chosen = {FLAG_NAMES[n] for n in names}
+    return tuple(f for f in FLAG_COMBINATIONS if f in chosen)
+
+
+def generate_scenario(rng: random.Random, index: int,
+                      flags: Sequence[FlagCombination] = FLAGS_OFF) -> Scenario:
+    """One random valid scenario; `index` only names it.  `flags`: the
+    (enable_prefix_caching, async_scheduling) combinations to draw from, equally
+    likely; with FLAGS_OFF nothing is drawn after the flag-free scenario."""
+    flags = tuple(flags)
+    if not flags or any(f not in FLAG_COMBINATIONS for f in flags):
+        raise ValueError(f"flags: {flags!r} must be a non-empty sequence of (bool, bool) pairs")
     config = _valid_config(rng)
     L = config["max_model_len"]
     priority_policy = config["policy"] == "priority"
@@ -167,6 +225,10 @@ def generate_scenario(rng: random.Random, index: int) -> Scenario:
     max_steps = rng.choice([150, 300, 600])
     if rng.random() < 0.2:
         config, requests, aborts = _budget_bound_priority(rng, config, requests, aborts)
+    if flags != FLAGS_OFF:
+        prefix_caching, async_scheduling = flags[0] if len(flags) == 1 else rng.choice(flags)
+        config, requests, aborts = _engine_flags(rng, config, requests, aborts, prefix_caching,
+                                                 async_scheduling)
 
     return Scenario(
         name=f"random-{index}",
@@ -200,6 +262,72 @@ def _budget_bound_priority(rng: random.Random, config: dict[str, Any], requests:
     arrival = {r.id: r.arrival_step for r in requests}
     aborts = sorted((Abort(a.id, max(a.step, arrival[a.id] + 1)) for a in aborts), key=lambda a: a.step)
     return config, requests, aborts
+
+
+def _engine_flags(rng: random.Random, config: dict[str, Any], requests: list[RequestSpec], aborts: list[Abort],
+                  prefix_caching: bool, async_scheduling: bool):
+    """vLLM's engine flags on a drawn scenario, with what makes them matter:
+    prefix groups, small blocks and tight pools, aborts with batches in flight."""
+    config = dict(config)
+    for name, on in (("enable_prefix_caching", prefix_caching), ("async_scheduling", async_scheduling)):
+        if on:
+            config[name] = True
+        elif name not in config and rng.random() < 0.3:
+            config[name] = False
+    L = config["max_model_len"]
+    if prefix_caching and rng.random() < 0.6:
+        # A hit is whole blocks and leaves one token to compute: with big blocks and
+        # short prompts nothing could ever hit.  Keep the pool's capacity in tokens.
+        bs = config["block_size"]
+        small = rng.choice([1, 2, 3, 4, 4, 8])
+        if small < bs:
+            config["block_size"] = small
+            config["num_gpu_blocks"] = -(-(config["num_gpu_blocks"] - 1) * bs // small) + 1
+    bs = config["block_size"]
+    if (prefix_caching or async_scheduling) and rng.random() < 0.4:
+        # At the start-up minimum or a few blocks above (vLLM's kv_cache_planning.py:151):
+        # cached blocks get evicted, running requests preempted with outputs in flight.
+        config["num_gpu_blocks"] = -(-L // bs) + 1 + rng.randint(0, 3)
+    if L >= 2 and rng.random() < (0.85 if prefix_caching else 0.3):
+        requests = _prefix_groups(rng, L, bs, requests)
+    if async_scheduling and requests and rng.random() < 0.4:
+        aborts = list(aborts)
+        aborted = {a.id for a in aborts}
+        free = [r for r in requests if r.id not in aborted]
+        for r in rng.sample(free, min(len(free), rng.randint(1, 3))):
+            aborts.append(Abort(r.id, r.arrival_step + rng.randint(1, 3)))
+        aborts = sorted(aborts, key=lambda a: a.step)
+    return config, requests, aborts
+
+
+def _prefix_groups(rng: random.Random, L: int, bs: int, requests: list[RequestSpec]) -> list[RequestSpec]:
+    """Put some requests into prefix groups (formats.md "Additions").  Each group
+    has a prompt of length P (its system prompt), block-aligned or not; a member
+    is that prompt plus its own suffix (prefix_len P), an exact duplicate of it
+    (prefix_len == prompt_len == P), or a prefix of it (prefix_len == prompt_len < P)."""
+    lengths = []
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        if L - 1 >= bs and rng.random() < 0.45:
+            lengths.append(bs * rng.randint(1, (L - 1) // bs))
+        else:
+            lengths.append(rng.randint(1, L - 1))
+    share = rng.choice([0.5, 0.8, 1.0])
+    out = []
+    for r in requests:
+        if rng.random() >= share:
+            out.append(r)
+            continue
+        g = rng.randrange(len(lengths))
+        P = lengths[g]
+        kind = rng.random()
+        if kind < 0.25 or P >= L - 1:  # an exact duplicate of the group's prompt
+            p = shared = P
+        elif kind < 0.35:  # a prefix of it
+            p = shared = rng.randint(1, P)
+        else:  # the system prompt and a suffix of its own
+            p, shared = rng.randint(P + 1, min(L - 1, P + rng.choice([1, 4, bs, L]))), P
+        out.append(dataclasses.replace(r, prompt_len=p, prefix_group=f"g{g}", prefix_len=shared))
+    return out
 
 
 _POSITIVE = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "num_gpu_blocks")
@@ -259,7 +387,13 @@ def generate_config_dict(rng: random.Random, valid_bias: float = 0.5) -> dict[st
     else:  # the pool exactly at, or one block under, a full sequence at another block size
         c["block_size"] = rng.randint(1, 16)
         c["num_gpu_blocks"] = math.ceil(L / c["block_size"]) + 1 - side
+    # vLLM's engine flags, drawn last so the configs above stay as they were: the
+    # boundaries must sit where they are whatever the flags say.
+    for name in ("enable_prefix_caching", "async_scheduling"):
+        if rng.random() < 0.5:
+            c[name] = rng.random() < 0.5
     return c
 
 
-__all__ = ["generate_scenario", "generate_config_dict", "scenario_rng", "config_rng"]
+__all__ = ["FLAGS_ALL", "FLAGS_OFF", "FLAG_COMBINATIONS", "FLAG_NAMES", "config_rng", "flags_for", "generate_config_dict",
+           "generate_scenario", "parse_flags", "scenario_rng"]

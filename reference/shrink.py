@@ -71,6 +71,8 @@ def shrink(scenario: Scenario, a, b, divergence: Divergence, *, budget_s: float 
         best, best_div = s, d
         if d.step is not None and best.max_steps > d.step + 1:
             best = dataclasses.replace(best, max_steps=d.step + 1)
+        # a file with an arrival at or after max_steps does not load (formats.md)
+        best = best.without_late_arrivals()
         return True
 
     def without_requests(s: Scenario, drop: set[str]) -> Scenario:

@@ -4,8 +4,12 @@
 vLLM's own unit tests build it (tests/v1/core/utils.py `create_scheduler`): an
 offline OPT-125m model config (reference/vllm_model/config.json, its
 `max_position_embeddings` raised to cover `max_model_len`), no tokenizer, one
-full-attention KV cache group of `num_gpu_blocks` blocks, synchronous
-scheduling (the CPU platform forces `async_scheduling=False`).
+full-attention KV cache group of `num_gpu_blocks` blocks.  With
+`async_scheduling` the scheduler is vLLM's `AsyncScheduler` (the CPU platform
+switches async scheduling off, so the requested value is put back after the
+VllmConfig is built); with `enable_prefix_caching` requests carry the block
+hasher EngineCore gives them, and `observe()` reads the block pool block by
+block (spec/block_pool.py).
 
 vLLM is imported lazily, on the first `reset()`, so the rest of schedspec never
 needs it.  Install it with `schedspec install-vllm` (scripts/install-vllm.sh).
@@ -24,6 +28,7 @@ is applied here too, since building a Scheduler directly skips it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -33,6 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..spec.block_pool import BlockPool
 from ..spec.config import SchedulerConfig
 from ..spec.request import EOS_TOKEN_ID, Request, RequestStatus
 from ..spec.state import SchedulerOutput, SchedulerState
@@ -65,7 +71,10 @@ def _import_vllm() -> dict[str, Any]:
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig as VSchedulerConfig, VllmConfig
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.kv_cache_planning import check_enough_kv_cache_memory
+    from vllm.v1.core.kv_cache_utils import get_block_hash, get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request as VRequest
@@ -80,6 +89,9 @@ def _import_vllm() -> dict[str, Any]:
         torch=torch, CacheConfig=CacheConfig, ModelConfig=ModelConfig,
         SchedulerConfig=VSchedulerConfig, VllmConfig=VllmConfig, SamplingParams=SamplingParams,
         check_enough_kv_cache_memory=check_enough_kv_cache_memory, Scheduler=Scheduler,
+        AsyncScheduler=AsyncScheduler, get_block_hash=get_block_hash,
+        get_request_block_hasher=get_request_block_hasher, init_none_hash=init_none_hash,
+        get_hash_fn_by_name=get_hash_fn_by_name,
         FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec, ModelRunnerOutput=ModelRunnerOutput,
         Request=VRequest, RequestStatus=VRequestStatus,
@@ -111,6 +123,30 @@ def _model_dir(max_model_len: int) -> str:
     return _model_dirs[mpe]
 
 
+@contextlib.contextmanager
+def _platform_keeps_async_scheduling():
+    """While a VllmConfig is built: the CPU platform hook switches async
+    scheduling off whatever was asked (platforms/cpu.py:348, called from
+    config/vllm.py:2067), and no other platform touches it.  The scheduler does
+    not depend on the device, so the value VllmConfig resolved before the hook
+    (an explicit value, checked at config/vllm.py:1668-1684, or None resolved
+    at 1685-1719) is put back, as a GPU platform would leave it."""
+    from vllm.platforms import current_platform
+
+    hook = current_platform.check_and_update_config
+
+    def check_and_update_config(vllm_config):
+        resolved = vllm_config.scheduler_config.async_scheduling
+        hook(vllm_config)
+        vllm_config.scheduler_config.async_scheduling = resolved
+
+    current_platform.check_and_update_config = check_and_update_config  # shadows the classmethod
+    try:
+        yield
+    finally:
+        del current_platform.check_and_update_config
+
+
 def _one_line(e: BaseException) -> str:
     """vLLM's rejection as one line (pydantic messages span several)."""
     errors = getattr(e, "errors", None)
@@ -132,7 +168,8 @@ def _one_line(e: BaseException) -> str:
 
 
 class VllmScheduler:
-    """vLLM 0.33.0's `Scheduler` behind the implementation protocol (reference/impl.py)."""
+    """vLLM 0.33.0's `Scheduler` (or `AsyncScheduler`) behind the implementation
+    protocol (reference/impl.py)."""
 
     name = "vllm"
 
@@ -140,8 +177,14 @@ class VllmScheduler:
         self._v = _import_vllm()
         self.config: SchedulerConfig | None = None
         self.sched = None
-        self._last_output = None
+        self._block_hasher = None
+        # Every vLLM SchedulerOutput not yet applied, by the identity of the spec
+        # output made from it: under async scheduling two batches are in flight
+        # and update_from_output() may be handed the older one.
+        self._in_flight: dict[int, tuple[SchedulerOutput, Any]] = {}
         self._preempted: list[str] = []
+        # vLLM keeps finished ids in a set (S:3052); the order they finished in.
+        self._finish_order: list[str] = []
         self._token_seq = 0
 
     # -- construction -------------------------------------------------------
@@ -165,7 +208,7 @@ class VllmScheduler:
                 policy=c.policy,
                 watermark=c.watermark,
                 scheduler_reserve_full_isl=c.scheduler_reserve_full_isl,
-                async_scheduling=False,
+                async_scheduling=getattr(c, "async_scheduling", False),
             )
             model_config = v["ModelConfig"](
                 model=_model_dir(c.max_model_len) if isinstance(c.max_model_len, int) else "",
@@ -178,11 +221,12 @@ class VllmScheduler:
                 block_size=c.block_size,
                 enable_prefix_caching=c.enable_prefix_caching,
             )
-            vllm_config = v["VllmConfig"](
-                scheduler_config=scheduler_config,
-                model_config=model_config,
-                cache_config=cache_config,
-            )
+            with _platform_keeps_async_scheduling():
+                vllm_config = v["VllmConfig"](
+                    scheduler_config=scheduler_config,
+                    model_config=model_config,
+                    cache_config=cache_config,
+                )
             # The engine core resolves the physical KV layout before sizing the
             # pool (v1/attention/backends/utils.py:293); a pre-set value is
             # honoured as is.  One block is one page whatever the layout.
@@ -206,8 +250,20 @@ class VllmScheduler:
                     f"vLLM says: {e}") from None
         except ValueError as e:  # pydantic's ValidationError is a ValueError
             raise ValueError(_one_line(e)) from None
-        if vllm_config.scheduler_config.async_scheduling:
-            raise RuntimeError("vLLM chose async scheduling; schedspec/1 models the synchronous scheduler")
+
+        # What vLLM resolved (pydantic takes 1, "yes", ... as true; None = auto).
+        want_async = bool(vllm_config.scheduler_config.async_scheduling)
+        want_caching = bool(vllm_config.cache_config.enable_prefix_caching)
+        scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
+        expected_cls = v["AsyncScheduler"] if want_async else v["Scheduler"]
+        # EngineCore keeps max_concurrent_batches batches in flight (core.py:208);
+        # formats.md's async engine loop is written for two.
+        expected_batches = 2 if want_async else 1
+        if scheduler_cls is not expected_cls or vllm_config.max_concurrent_batches != expected_batches:
+            raise RuntimeError(
+                f"vLLM adapter: async_scheduling={want_async} gives {scheduler_cls.__name__} with "
+                f"max_concurrent_batches={vllm_config.max_concurrent_batches}; expected "
+                f"{expected_cls.__name__} with {expected_batches}")
 
         kv_cache_config = v["KVCacheConfig"](
             num_blocks=c.num_gpu_blocks,
@@ -215,22 +271,23 @@ class VllmScheduler:
             kv_cache_groups=[v["KVCacheGroupSpec"](["layer"], kv_spec)],
         )
         vllm_config.cache_config.num_gpu_blocks = c.num_gpu_blocks
-        sched = v["Scheduler"](
+        sched = scheduler_cls(
             vllm_config=vllm_config,
             kv_cache_config=kv_cache_config,
             structured_output_manager=v["StructuredOutputManager"](vllm_config),
             block_size=block_size,
+            # One full-attention group: EngineCore's resolve_kv_cache_block_sizes
+            # (core.py:176) gives hash block size = block size.
+            hash_block_size=block_size,
             log_stats=True,
         )
         self._block_hasher = None
-        if vllm_config.cache_config.enable_prefix_caching:
-            # As EngineCore does (v1/engine/core.py:219-230); outside the core scope.
-            from vllm.utils.hashing import get_hash_fn_by_name
-            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-
-            hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
-            init_none_hash(hash_fn)
-            self._block_hasher = get_request_block_hasher(block_size, hash_fn)
+        if want_caching:
+            # As EngineCore does (v1/engine/core.py:219-230).
+            hash_fn = v["get_hash_fn_by_name"](vllm_config.cache_config.prefix_caching_hash_algo)
+            v["init_none_hash"](hash_fn)
+            self._block_hasher = v["get_request_block_hasher"](
+                block_size, hash_fn, vllm_config.num_hash_lookahead_tokens)
 
         # vLLM keeps the ids preempted in a step in a set; record the order of
         # `_preempt_request` calls instead (S:1799).
@@ -245,7 +302,8 @@ class VllmScheduler:
         self.sched = sched
         self.config = config
         self._vllm_config = vllm_config
-        self._last_output = None
+        self._in_flight = {}
+        self._finish_order = []
         self._token_seq = 0
 
     # -- the four scheduler calls ------------------------------------------
@@ -257,13 +315,19 @@ class VllmScheduler:
         # into SamplingParams (sampling_params.py:775, `_eos_token_id`), which
         # check_stop reads (sched/utils.py:121).
         params.update_from_generation_config({}, eos_token_id=EOS_TOKEN_ID)
-        # Distinct first tokens: no two requests share a prompt prefix.
-        self._token_seq += 1
-        first = 3 + (self._token_seq % 50000)
-        prompt = [first] + [(first + k) % 50000 + 3 for k in range(1, request.num_prompt_tokens)]
         kwargs = {}
         if self._block_hasher is not None:
+            # The prompt decides which blocks are shared: the spec's own tokens.
+            if len(request.prompt_token_ids) != request.num_prompt_tokens:
+                raise ValueError(f"request {request.request_id}: prefix caching needs its "
+                                 f"{request.num_prompt_tokens} prompt token ids")
+            prompt = list(request.prompt_token_ids)
             kwargs["block_hasher"] = self._block_hasher
+        else:
+            # Distinct first tokens: no two requests share a prompt prefix.
+            self._token_seq += 1
+            first = 3 + (self._token_seq % 50000)
+            prompt = [first] + [(first + k) % 50000 + 3 for k in range(1, request.num_prompt_tokens)]
         req = v["Request"](
             request_id=request.request_id,
             prompt_token_ids=prompt,
@@ -279,7 +343,9 @@ class VllmScheduler:
         ids = list(request_ids)
         done = self.sched.finish_requests(ids, self._v["RequestStatus"][status.name])
         finished = {r.request_id for r in done}
-        return [rid for rid in dict.fromkeys(ids) if rid in finished]
+        out = [rid for rid in dict.fromkeys(ids) if rid in finished]
+        self._finish_order.extend(out)
+        return out
 
     def schedule(self) -> SchedulerOutput:
         sched = self.sched
@@ -288,12 +354,20 @@ class VllmScheduler:
             pre_status = {rid: r.status.name for rid, r in sched.requests.items()}
         self._preempted.clear()
         out = sched.schedule()
-        self._last_output = out
+        # schedule() hands the finished ids to this batch and starts a new set
+        # (S:1870); keep only those finished since.
+        self._finish_order = [rid for rid in self._finish_order if rid in sched.finished_req_ids]
         grants = tuple(out.num_scheduled_tokens.items())  # insertion order = grant order
         new = [d.req_id for d in out.scheduled_new_reqs]
         cached = out.scheduled_cached_reqs
         resumed = [rid for rid in cached.req_ids if rid in cached.resumed_req_ids]
         running = [rid for rid in cached.req_ids if rid not in cached.resumed_req_ids]
+        # The tokens each admitted request found in the prefix cache: its
+        # num_computed_tokens as admission set it, which the output records
+        # before _update_after_schedule advances it (S:1641-1677, 1937-1966).
+        hits_at = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+        hits_at.update((rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens)
+                       if rid in cached.resumed_req_ids)
         if pre_status is not None:
             resumed = [rid for rid in new if pre_status.get(rid) == "PREEMPTED"] + resumed
             new = [rid for rid in new if pre_status.get(rid) != "PREEMPTED"]
@@ -304,32 +378,41 @@ class VllmScheduler:
                                f"vLLM's preempted_req_ids {sorted(out.preempted_req_ids)}")
         granted = [rid for rid, _ in grants]
         admitted = set(new) | set(resumed)
-        if granted != running + [rid for rid in granted if rid in admitted] or \
+        admission_order = [rid for rid in granted if rid in admitted]
+        if granted != running + admission_order or \
                 sorted(granted) != sorted(running + new + resumed):
             raise RuntimeError(f"vLLM adapter: grant order {granted} is not the running loop's "
                                f"{running} followed by admissions {new + resumed}")
-        return SchedulerOutput(
+        prefix_hits = ()
+        if self._block_hasher is not None:
+            prefix_hits = tuple((rid, hits_at[rid]) for rid in admission_order)
+        output = SchedulerOutput(
             num_scheduled_tokens=grants,
             scheduled_new_reqs=tuple(new),
             scheduled_resumed_reqs=tuple(resumed),
             scheduled_running_reqs=tuple(running),
             preempted_req_ids=preempted,
+            prefix_hits=prefix_hits,
         )
+        self._in_flight[id(output)] = (output, out)
+        return output
 
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]
     ) -> list[tuple[str, RequestStatus]]:
-        vout = self._last_output
-        if vout is None:
-            raise RuntimeError("update_from_output() without a schedule() before it")
-        self._last_output = None
+        entry = self._in_flight.pop(id(output), None)
+        if entry is None or entry[0] is not output:
+            raise RuntimeError("update_from_output() for an output this scheduler did not return "
+                               "from schedule(), or one already applied")
+        vout = entry[1]
         req_ids = list(vout.num_scheduled_tokens)
         held = {rid: self.sched.requests.get(rid) for rid in req_ids}
         was_finished = {rid for rid, r in held.items() if r is None or r.is_finished()}
         runner_output = self._v["ModelRunnerOutput"](
+            # The model runner reports every request of the batch; one that
+            # samples nothing (a prefill chunk, or dropped meanwhile) gets [].
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-            # A non-final prefill chunk samples nothing: an empty list.
             sampled_token_ids=[list(sampled_token_ids.get(rid, ())) for rid in req_ids],
             logprobs=None,
             prompt_logprobs_dict={},
@@ -342,16 +425,23 @@ class VllmScheduler:
             if rid in was_finished or not r.is_finished():
                 continue
             finished.append((rid, RequestStatus[r.status.name]))
+        self._finish_order.extend(rid for rid, _ in finished)
         return finished
 
     # -- state --------------------------------------------------------------
 
     def observe(self) -> SchedulerState:
         sched = self.sched
+        caching = self._block_hasher is not None
         requests = {}
         for rid, r in sched.requests.items():
             if r.is_finished():
                 continue
+            extra = {}
+            if caching:
+                extra = dict(prompt_token_ids=tuple(r.prompt_token_ids),
+                             output_token_ids=tuple(r.output_token_ids),
+                             block_hashes=tuple(r.block_hashes))
             requests[rid] = Request(
                 request_id=rid,
                 num_prompt_tokens=r.num_prompt_tokens,
@@ -362,6 +452,11 @@ class VllmScheduler:
                 num_computed_tokens=r.num_computed_tokens,
                 num_output_tokens=r.num_output_tokens,
                 num_preemptions=r.num_preemptions,
+                num_output_placeholders=r.num_output_placeholders,
+                num_in_flight_tokens=r.num_in_flight_tokens,
+                num_stale_output_tokens=r.num_stale_output_tokens,
+                is_prefill_chunk=r.is_prefill_chunk,
+                **extra,
             )
         # Pop order: block holders are drained first (S:1064-1066); iterating
         # a priority queue yields heap order (request_queue.py:193).
@@ -373,6 +468,9 @@ class VllmScheduler:
             for rid, blks in manager.req_to_blocks.items():
                 if blks:
                     blocks[rid] = max(blocks.get(rid, 0), len(blks))
+        vset = sched.finished_req_ids
+        finished_ids = [rid for rid in dict.fromkeys(self._finish_order) if rid in vset]
+        finished_ids += sorted(set(vset) - set(finished_ids))
         return SchedulerState(
             config=self.config,
             requests=requests,
@@ -380,6 +478,47 @@ class VllmScheduler:
             waiting=waiting,
             req_to_num_blocks=blocks,
             num_free_blocks=kv.block_pool.get_num_free_blocks(),
+            block_pool=self._block_pool() if caching else None,
+            finished_req_ids=tuple(finished_ids),
+        )
+
+    def _block_pool(self) -> BlockPool:
+        """vLLM's pool in the spec's terms (spec/block_pool.py): the whole free
+        queue in pop order as `free_front` (kv_cache_utils.py:486), block ids and
+        hashes as vLLM has them, hash keys without their group id."""
+        kv = self.sched.kv_cache_manager
+        pool = kv.block_pool
+        (manager,) = kv.coordinator.single_type_managers  # one full-attention group
+        get_hash = self._v["get_block_hash"]
+        if pool.cached_block_hashes_by_block:
+            # Only partial-block caching (hash block < block size) adds these.
+            raise RuntimeError("vLLM adapter: a block carries a second prefix-cache hash")
+        # Held blocks are those in some block table; hashed ones those in the
+        # hash map (a block's hash and its map entry are set and reset together,
+        # block_pool.py:630-686), so neither needs a pass over the whole pool.
+        req_to_blocks = {rid: tuple(blks) for rid, blks in manager.req_to_blocks.items() if blks}
+        ref_cnt = {b.block_id: b.ref_cnt for blks in req_to_blocks.values() for b in blks if not b.is_null}
+        block_hash, cached = {}, {}
+        for key, entry in pool.cached_block_hash_to_block._cache.items():
+            blks = (entry,) if hasattr(entry, "block_id") else tuple(entry.values())
+            h = get_hash(key)
+            cached[h] = tuple(b.block_id for b in blks)
+            block_hash.update((b.block_id, h) for b in blks)
+        free = []
+        b = pool.free_block_queue.fake_free_list_head.next_free_block
+        while b.next_free_block is not None:  # the fake tail has none (kv_cache_utils.py:486-505)
+            free.append(b.block_id)
+            b = b.next_free_block
+        return BlockPool(
+            num_gpu_blocks=pool.num_gpu_blocks,
+            free_front=tuple(free),
+            next_fresh=pool.num_gpu_blocks,
+            free_back=(),
+            ref_cnt=ref_cnt,
+            block_hash=block_hash,
+            cached=cached,
+            req_to_blocks={rid: tuple(b.block_id for b in blks) for rid, blks in req_to_blocks.items()},
+            num_cached_block=dict(manager.num_cached_block),
         )
 
     def close(self) -> None:
@@ -389,4 +528,4 @@ class VllmScheduler:
             except Exception:  # noqa: BLE001 - nothing to release in the core scope
                 pass
         self.sched = None
-        self._last_output = None
+        self._in_flight = {}

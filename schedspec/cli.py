@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import Progress, UsageError, fail
+from .errors import Progress, UsageError, fail, float_arg, int_arg, shown, status
 from .examples import EXAMPLES_DIR, example_names, resolve_scenario_path
 
 
@@ -22,6 +21,7 @@ COMMAND_MODULES = (
     "schedspec.proofs.counterexample_cli",
     "schedspec.proofs.prove_cli",
     "schedspec.gpu.sweep_cli",
+    "schedspec.explore_cli",
 )
 
 
@@ -38,42 +38,40 @@ def _impl(name: str, device: str | None = None):
     from .reference.impl import ImplementationError, load_impl
 
     try:
-        return load_impl(name, device=device)
+        impl = load_impl(name, device=device, status=status)
     except ImplementationError as e:
         raise UsageError(str(e)) from None
+    if name == "vllm":
+        # Said apart so the load is not mistaken for the run's own time.
+        status(f"vLLM loaded in {getattr(impl, 'load_seconds', 0.0):.1f} s (not part of the run's figures)")
+    return impl
 
 
 def _safe_output_path(path: str, inputs: list[Path], kind: str) -> Path:
-    """An output may replace an earlier output of ours, never an input or a
-    file we did not write."""
-    out = Path(path)
-    for p in inputs:
-        if p.exists() and out.exists() and out.resolve() == p.resolve():
-            raise UsageError(f"{kind} {path} is an input of this command; choose another file")
-    if out.exists() and kind == "--trace-out":
-        try:
-            prior = json.loads(out.read_text())
-            ok = isinstance(prior, dict) and str(prior.get("format", "")).startswith("schedspec.trace/")
-        except (OSError, ValueError):
-            ok = False
-        if not ok:
-            raise UsageError(f"--trace-out {path} exists and is not a schedspec trace; not overwriting it")
-    if out.parent and not out.parent.exists():
-        raise UsageError(f"{kind} {path}: folder {out.parent} does not exist")
-    return out
+    """Kept for callers of the old name: schedspec/outputs.py does the checks."""
+    from .outputs import check_output_path, check_plot_path, check_trace_path
+
+    if kind == "--trace-out":
+        return check_trace_path(path, kind, inputs)
+    if kind == "--plot":
+        return check_plot_path(path, kind, inputs)
+    return check_output_path(path, kind, inputs)
 
 
-def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, device: str | None = None):
+def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, device: str | None = None,
+               sink=None):
+    """The run's trace; with `sink` (reference/trace_io.py) the steps stream to
+    it and the returned trace lists none."""
     if baseline:
         from .reference.baselines import run_baseline
 
-        return run_baseline(scenario, baseline)
+        return run_baseline(scenario, baseline, sink=sink)
     from .reference.engine import run_scenario
 
     impl = _impl(impl_name, device)
     progress = Progress(f"{scenario.name}", scenario.max_steps, min_total=2000)
     try:
-        return run_scenario(scenario, impl, on_step=on_step, progress=progress)
+        return run_scenario(scenario, impl, on_step=on_step, progress=progress, sink=sink)
     finally:
         progress.close()
         close = getattr(impl, "close", None)
@@ -82,17 +80,71 @@ def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, dev
 
 
 def format_step(step: dict[str, Any]) -> str:
-    grants = " ".join(f"{rid}:{n}" for rid, n in step["scheduled"]) or "-"
+    # Ids are the user's text: escaped, so a newline or an escape code cannot
+    # break the timeline or the terminal.
+    grants = " ".join(f"{shown(rid, 40)}:{n}" for rid, n in step["scheduled"]) or "-"
     total = sum(n for _, n in step["scheduled"])
     parts = [f"step {step['step']:>4}  {total:>5} tok  {grants}"]
     for key, label in (("new", "new"), ("resumed", "resumed"), ("preempted", "PREEMPTED")):
         if step[key]:
-            parts.append(f"{label} {','.join(step[key])}")
+            parts.append(f"{label} {','.join(shown(r, 40) for r in step[key])}")
+    hits = {rid: h for rid, h in (step.get("prefix_hits") or {}).items() if h}
+    if hits:
+        parts.append("cache hit " + ",".join(f"{shown(rid, 40)}:{h}" for rid, h in hits.items()))
+    if step.get("schedule_called") is False:
+        parts.append("no schedule()")
+    if step.get("applied_step") is not None and step["applied_step"] != step["step"]:
+        parts.append(f"applied batch {step['applied_step']}")
     if step["finished"]:
-        parts.append("finished " + ",".join(f"{rid}({why})" for rid, why in step["finished"]))
+        parts.append("finished " + ",".join(f"{shown(rid, 40)}({why})" for rid, why in step["finished"]))
     if step["waiting"]:
         parts.append(f"waiting {len(step['waiting'])}")
     return "  | ".join(parts)
+
+
+class _Timeline:
+    """The timeline as a trace sink: the first TIMELINE_STEPS steps in memory,
+    or with mode "all" every line spooled to a temporary file, so that the
+    run's output order stays the same without keeping the trace."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.count = 0
+        self.lines: list[str] = []
+        self.spool = None
+        if mode == "all":
+            import tempfile
+
+            self.spool = tempfile.TemporaryFile("w+", encoding="utf-8")
+
+    def begin(self, header) -> None:
+        pass
+
+    def step(self, record) -> None:
+        self.count += 1
+        if self.spool is not None:
+            self.spool.write(format_step(record) + "\n")
+        elif self.mode == "auto" and self.count <= TIMELINE_STEPS:
+            self.lines.append(format_step(record))
+
+    def end(self, trace) -> None:
+        pass
+
+    def print(self, out=None) -> None:
+        out = out or sys.stdout
+        if self.spool is not None:
+            self.spool.seek(0)
+            for line in self.spool:
+                out.write(line)
+            self.spool.close()
+            return
+        for line in self.lines:
+            print(line, file=out)
+        if self.mode == "auto" and self.count > TIMELINE_STEPS:
+            print(f"... {self.count - TIMELINE_STEPS} more steps (--timeline all shows them)", file=out)
+
+
+TIMELINE_STEPS = 60
 
 
 def print_timeline(trace: dict[str, Any], mode: str, out=None) -> None:
@@ -107,34 +159,64 @@ def print_timeline(trace: dict[str, Any], mode: str, out=None) -> None:
         print(f"... {len(steps) - limit} more steps (--timeline all shows them)", file=out)
 
 
+class _no_writer:
+    """`with` stand-in for TraceWriter when no trace is written."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
 def cmd_run(args) -> int:
     from .gpu.device_flag import device_for
 
     device = device_for(args.device, [args.impl] if not args.policy_baseline else [args.policy_baseline])
     scenario = _load(args.scenario)
-    trace = _run_trace(scenario, args.impl, args.policy_baseline, device=device)
-    if "error" in trace:
-        raise UsageError(f"{trace['implementation']} rejects {args.scenario}: {trace['error']}")
+    # Every output path is checked before the run: a bad one costs nothing.
+    from .outputs import check_plot_path, check_trace_path
+
     inputs = [Path(resolve_scenario_path(args.scenario))]
-    if args.trace_out:
-        out = _safe_output_path(args.trace_out, inputs, "--trace-out")
-        out.write_text(json.dumps(trace, indent=1) + "\n")
-    if args.plot:
-        from .reference.plot import plot_budget
+    trace_path = check_trace_path(args.trace_out, "--trace-out", inputs) if args.trace_out is not None else None
+    plot_path = check_plot_path(args.plot, "--plot", inputs) if args.plot is not None else None
+    # Everything the run prints or writes is built as the steps stream by
+    # (trace file, metrics, timeline, plot data), so a long run never holds
+    # its trace in memory.
+    from .reference.metrics import MetricsAccumulator, format_metrics
+    from .reference.trace_io import Tee, TraceWriter
 
-        plot_path = _safe_output_path(args.plot, inputs, "--plot")
-        plot_budget(trace, plot_path, token_budget=_token_budget(scenario), title=f"{scenario.name} ({trace['implementation']})")
-    print(f"# {scenario.name} on {trace['implementation']}")
+    metrics = MetricsAccumulator(scenario, step_ms=args.step_ms, token_ms=args.token_ms)
+    timeline = _Timeline(args.timeline)
+    plot_data = None
+    if plot_path is not None:
+        from .reference.plot import PlotData
+
+        plot_data = PlotData(scenario)
+    # The writer replaces trace_path only when the run ends with a trace.
+    with TraceWriter(trace_path) if trace_path is not None else _no_writer() as writer:
+        trace = _run_trace(scenario, args.impl, args.policy_baseline, device=device,
+                           sink=Tee(writer, metrics, timeline, plot_data))
+        if "error" in trace:
+            raise UsageError(f"{trace['implementation']} rejects {shown(args.scenario)}: {trace['error']}")
+    if plot_path is not None:
+        from .reference.plot import draw
+
+        progress = Progress("drawing the plot", 4, min_total=1)
+        try:
+            draw(plot_data, plot_path, token_budget=_token_budget(scenario),
+                 title=f"{scenario.name} ({trace['implementation']})", progress=progress)
+        finally:
+            progress.close()
+    print(f"# {shown(scenario.name)} on {trace['implementation']}")
     if scenario.description:
-        print(f"# {scenario.description}")
-    print_timeline(trace, args.timeline)
-    from .reference.metrics import compute_metrics, format_metrics
-
-    print(format_metrics(compute_metrics(scenario, trace, step_ms=args.step_ms, token_ms=args.token_ms)))
-    if args.trace_out:
-        print(f"trace written to {args.trace_out}")
-    if args.plot:
-        print(f"plot written to {args.plot}")
+        print(f"# {shown(scenario.description, 2000)}")
+    timeline.print()
+    print(format_metrics(metrics.result()))
+    if trace_path is not None:
+        print(f"trace written to {shown(str(trace_path), 300)}")
+    if plot_path is not None:
+        print(f"plot written to {shown(str(plot_path), 300)}")
     return 0
 
 
@@ -156,8 +238,8 @@ def cmd_validate(args) -> int:
     try:
         config = validate_scenario(scenario)
     except ConfigError as e:
-        raise UsageError(f"{args.scenario}: {e}") from None
-    print(f"{args.scenario}: valid ({len(scenario.requests)} requests, {len(scenario.aborts)} aborts, "
+        raise UsageError(f"{shown(args.scenario)}: {e}") from None
+    print(f"{shown(args.scenario)}: valid ({len(scenario.requests)} requests, {len(scenario.aborts)} aborts, "
           f"token budget {config.token_budget}, max_num_seqs {config.max_num_seqs}, "
           f"{config.num_usable_blocks} usable KV blocks of {config.block_size} tokens)")
     return 0
@@ -184,9 +266,9 @@ def cmd_check(args) -> int:
 
     trace = _run_trace(scenario, args.impl, None, on_step=on_step, device=device)
     if "error" in trace:
-        raise UsageError(f"{trace['implementation']} rejects {args.scenario}: {trace['error']}")
+        raise UsageError(f"{trace['implementation']} rejects {shown(args.scenario)}: {trace['error']}")
     steps = len(trace["steps"])
-    print(f"# {scenario.name} on {trace['implementation']}: {steps} steps, {len(PROPERTIES)} properties")
+    print(f"# {shown(scenario.name)} on {trace['implementation']}: {steps} steps, {len(PROPERTIES)} properties")
     width = max(map(len, PROPERTIES))
     for name, p in PROPERTIES.items():
         if violations[name]:
@@ -198,7 +280,15 @@ def cmd_check(args) -> int:
         else:
             print(f"{name:<{width}}  vacuous   premise held in no step: not tested by this scenario")
     bad = sum(1 for n in violations if violations[n])
-    print(f"{len(PROPERTIES) - bad} properties hold, {bad} violated")
+    tested = sum(1 for n in PROPERTIES if applicable[n] and not violations[n])
+    vacuous = len(PROPERTIES) - bad - tested
+    if tested == 0 and bad == 0:
+        # Nothing was tested: "hold" would be a claim the run cannot back.
+        print(f"vacuous: no property's premise held in any of the {steps} steps, so this scenario tests "
+              "none of them (nothing violated, nothing shown); add requests that reach the situations "
+              "the properties are about")
+    else:
+        print(f"{tested} properties hold, {bad} violated, {vacuous} vacuous (premise held in no step: untested)")
     return 1 if bad else 0
 
 
@@ -213,7 +303,7 @@ def cmd_examples(args) -> int:
     for name in example_names():
         scenario = load_scenario(EXAMPLES_DIR / f"{name}.json")
         trace = run_scenario(scenario, SpecScheduler())
-        print(f"== {name}: {scenario.description}")
+        print(f"== {name}: {shown(scenario.description, 2000)}")
         for step in trace["steps"][: args.steps]:
             print("   " + format_step(step))
         if len(trace["steps"]) > args.steps:
@@ -232,37 +322,77 @@ def cmd_examples(args) -> int:
     return 0
 
 
+DESCRIPTION = """Run, validate and check scheduler scenarios against an executable
+specification of vLLM 0.33.0's V1 scheduler, and compare implementations
+step by step.  A user error is one line on stderr and exit status 2."""
+
+SCENARIO_HELP = ("a scenario file (JSON, see docs/formats.md) or the name of a shipped example "
+                 "(`schedspec examples` lists them)")
+IMPL_HELP = ("the scheduler to run: spec (default, the executable specification), vllm (vLLM 0.33.0's "
+             "own scheduler; loading it takes about 20 s), torch, or module:Class for your own class")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's promise: an error is one line and exit 2."""
+
+    def error(self, message: str) -> "NoReturn":  # noqa: F821
+        command = self.prog.partition(" ")[2]
+        fail(f"{command + ': ' if command else ''}{message} (`{self.prog} --help` for usage)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .gpu.device_flag import add_device_argument
 
-    parser = argparse.ArgumentParser(prog="schedspec", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="schedspec", description=DESCRIPTION)
+    parser.add_argument("--version", action="version",
+                        version=f"schedspec {__version__} (specification of vLLM 0.33.0's V1 scheduler)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("run", help="run a scenario, print the per-step timeline and the metrics")
-    p.add_argument("scenario", help="a scenario file, or the name of a shipped example")
-    p.add_argument("--impl", default="spec", help="spec (default), vllm, or module:Class")
-    p.add_argument("--trace-out", metavar="FILE", help="write the trace (schedspec.trace/1) here")
-    p.add_argument("--plot", metavar="FILE.png", help="draw the per-step token-budget chart")
+    p = sub.add_parser("run", help="run a scenario, print the per-step timeline and the metrics",
+                       description="Run a scenario on an implementation and print what it scheduled at "
+                                   "each step and the latency, throughput and waste figures.")
+    p.add_argument("scenario", help=SCENARIO_HELP)
+    p.add_argument("--impl", default="spec", help=IMPL_HELP)
+    p.add_argument("--trace-out", metavar="FILE",
+                   help="also write the step-by-step trace (format schedspec.trace/1) to FILE; an existing "
+                        "FILE is replaced only if it is a schedspec trace")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw the tokens each request got at each step to FILE (.png, .pdf or .svg); an "
+                        "existing FILE is replaced only if schedspec drew it")
     p.add_argument("--policy-baseline", choices=["static", "request", "iteration"],
-                   help="run a batching baseline of the seeds' Table 1 instead of the V1 scheduler")
-    p.add_argument("--timeline", choices=["auto", "all", "none"], default="auto")
-    p.add_argument("--step-ms", type=float, default=20.0, help="step-time model: ms per step (default 20)")
-    p.add_argument("--token-ms", type=float, default=0.0, help="step-time model: extra ms per scheduled token")
+                   help="instead of vLLM's scheduler, run a textbook batching policy: static (a fixed batch "
+                        "runs until its longest request ends), request (a finished request's slot is "
+                        "refilled only at batch boundaries) or iteration (refilled every step)")
+    p.add_argument("--timeline", choices=["auto", "all", "none"], default="auto",
+                   help="steps printed: auto (the first 60, default), all, or none")
+    p.add_argument("--step-ms", type=float_arg(0.0, 1e9, lo_open=True), default=20.0, metavar="MS",
+                   help="step-time model for the ms figures: milliseconds per step (default 20, more than 0)")
+    p.add_argument("--token-ms", type=float_arg(0.0, 1e9), default=0.0, metavar="MS",
+                   help="step-time model: extra milliseconds per scheduled token (default 0)")
     add_device_argument(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("validate", help="check a scenario file and whether vLLM 0.33.0 accepts its config")
-    p.add_argument("scenario")
+    p = sub.add_parser("validate", help="check a scenario file and whether vLLM 0.33.0 accepts its config",
+                       description="Check a scenario file against its format and vLLM 0.33.0's config "
+                                   "rules without running it.")
+    p.add_argument("scenario", help=SCENARIO_HELP)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("check", help="run a scenario and evaluate every property at every step")
-    p.add_argument("scenario")
-    p.add_argument("--impl", default="spec")
+    p = sub.add_parser("check", help="run a scenario and evaluate every property at every step",
+                       description="Run a scenario and evaluate each scheduler property at each step. A "
+                                   "property whose premise holds in no step is reported vacuous (untested). "
+                                   "Exit 1 when a property is violated.")
+    p.add_argument("scenario", help=SCENARIO_HELP)
+    p.add_argument("--impl", default="spec", help=IMPL_HELP)
     add_device_argument(p)
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("examples", help="run the shipped examples (the seeds' numbers)")
-    p.add_argument("--steps", type=int, default=6, help="timeline steps to show per example")
+    p = sub.add_parser("examples", help="run the shipped example scenarios and print their figures",
+                       description="Run every shipped example on the specification and print its first "
+                                   "steps (and, for static-waste, the batching baselines' waste).")
+    p.add_argument("--steps", type=int_arg(0, 1_000_000), default=6, metavar="N",
+                   help="timeline steps to show per example (default 6; 0 shows none)")
     p.set_defaults(func=cmd_examples)
 
     # Each further command lives with the part of the project it belongs to and
@@ -274,8 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    # argparse's own errors already print one usage line and exit 2.
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # its errors: _Parser.error, one line, exit 2
     try:
         return int(args.func(args) or 0)
     except UsageError as e:

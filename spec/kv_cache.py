@@ -1,9 +1,11 @@
-"""The KV block pool and `allocate_slots` for one full-attention group, no prefix caching.
+"""`allocate_slots`'s counting rule for one full-attention group (K:380-627).
 
 K = vllm/v1/core/kv_cache_manager.py, T = single_type_kv_cache_manager.py,
-P = block_pool.py.  The pool is two numbers the scheduler state carries: how many
-blocks each request holds and how many are free.  Without prefix caching every
-freed block is plainly free again, so `free + sum(held) == num_gpu_blocks - 1`.
+P = block_pool.py.  Whether a request gets its slots depends only on counts: the
+blocks it holds, the prefix-hit blocks it brings, how many of those sit in the
+free queue, and the free queue's length.  Without prefix caching those counts
+are the whole pool (`free + sum(held) == num_gpu_blocks - 1`); with it,
+block_pool.py moves the blocks themselves once this rule has said yes.
 """
 
 from __future__ import annotations

@@ -402,9 +402,10 @@ def prefix_hit_within_shared_prefix(before, output, after):
                             num_tokens=r.num_tokens, block_size=c.block_size)
         available = set(cached)
         if pool_after is not None:
-            own = set(pool_after.req_to_blocks.get(rid, ()))
-            available |= {pool_after.block_hash[b] for b in pool_after.block_hash
-                          if not (b in own and pool_after.ref_cnt.get(b, 0) == 1)}
+            # Blocks hashed during the step count, except the request's own new ones
+            # (those past its hit): a lookup cannot hit what it allocates after it.
+            own = set(pool_after.req_to_blocks.get(rid, ())[h // c.block_size:])
+            available |= {pool_after.block_hash[b] for b in pool_after.block_hash if b not in own}
         for i in range(h // c.block_size):
             if i >= len(r.block_hashes) or r.block_hashes[i] not in available:
                 return violated("a hit covers a block whose prefix was not cached", request=rid, hit=h,

@@ -319,7 +319,7 @@ def update_from_output(
 
     Contracts (PEP 316, checked by CrossHair: tests/test_crosshair.py):
     pre: len(state.requests) <= 2 and len(state.req_to_num_blocks) <= 2 and state.config.max_model_len <= 32
-    pre: all(len(v) <= 2 for v in sampled_token_ids.values()) and len(output.num_scheduled_tokens) <= 2
+    pre: all(len(v) <= 2 for v in sampled_token_ids.values()) and len(output.num_scheduled_tokens) <= 2 and state.block_pool is None
     post: {rid for rid, _ in __return__[0]} <= {rid for rid, _ in output.num_scheduled_tokens} and all(st.is_finished for _, st in __return__[0])
     post: set(__return__[1].requests) == set(state.requests) - {rid for rid, _ in __return__[0]}
     post: state.block_pool is not None or __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values())
@@ -369,7 +369,7 @@ def finish_requests(
 
     Contracts (PEP 316, checked by CrossHair: tests/test_crosshair.py):
     pre: len(state.requests) <= 3 and len(state.running) + len(state.waiting) <= 3 and len(state.req_to_num_blocks) <= 3
-    pre: finished_status.is_finished and len(request_ids) <= 3
+    pre: finished_status.is_finished and len(request_ids) <= 3 and state.block_pool is None
     post: set(__return__[0]) == set(request_ids) & set(state.requests) and len(set(__return__[0])) == len(__return__[0])
     post: set(__return__[1].requests) == set(state.requests) - set(request_ids) and __return__[1].running == tuple(k for k in state.running if k not in __return__[0]) and __return__[1].waiting == tuple(k for k in state.waiting if k not in __return__[0])
     post: state.block_pool is not None or __return__[1].num_free_blocks == state.num_free_blocks + sum(state.req_to_num_blocks.get(k, 0) for k in __return__[0]) and sum(__return__[1].req_to_num_blocks.values()) + __return__[1].num_free_blocks == sum(state.req_to_num_blocks.values()) + state.num_free_blocks

@@ -74,8 +74,8 @@ MUTANTS = {
                               ("scheduler.py", "assert token_budget >= 0 and input_budget >= 0", "pass")],
     "preemption leaks blocks": [("scheduler.py", "free += blocks.pop(victim, 0)", "blocks.pop(victim, 0)")],
     "admission after preemption": [("scheduler.py", "if not preempted:", "if True:")],
-    "finished request kept": [("scheduler.py", "return tuple(finished), _without(after, {rid for rid, _ in finished})",
-                               "return tuple(finished), after")],
+    "finished request kept": [("scheduler.py", "return tuple(finished), _without(state, reqs, [rid for rid, _ in finished], pool)",
+                               "return tuple(finished), _without(state, reqs, [], pool)")],
 }
 
 

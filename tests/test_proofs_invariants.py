@@ -44,7 +44,7 @@ INVARIANT_MUTANTS = {
     "queues_partition_requests": [(S, "            running.append(rid)\n", "            running.append(rid); waiting.append(rid)\n")],
     "statuses_match_queues": [(S, "reqs[victim] = r.evolve(status=RequestStatus.PREEMPTED,", "reqs[victim] = r.evolve(status=RequestStatus.RUNNING,")],
     "request_lengths_valid": [(S, "if request.num_tokens >= max_model_len or", "if request.num_tokens > max_model_len or")],
-    "computed_tokens_below_num_tokens": [(S, "n = r.num_tokens - r.num_computed_tokens  # S:839 ", "n = r.num_tokens - r.num_computed_tokens + 1  # ")],
+    "computed_tokens_below_num_tokens": [(S, "n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens  # S:839 ", "n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens + 1  # ")],
     "waiting_requests_hold_nothing": [(S, "reqs[victim] = r.evolve(status=RequestStatus.PREEMPTED, num_computed_tokens=0,", "reqs[victim] = r.evolve(status=RequestStatus.PREEMPTED,")],
     "blocks_match_computed_tokens": [(K, "num_tokens_need_slot = min(total_computed_tokens + num_new_tokens, L)", "num_tokens_need_slot = min(total_computed_tokens + num_new_tokens + 1, L)")],
     "blocks_conserved": [(S, "free += blocks.pop(victim, 0)", "blocks.pop(victim, 0)")],

@@ -267,7 +267,7 @@ MUTANTS = {
     "threshold with one eligible": [(S, "threshold = c.long_prefill_token_threshold if num_eligible > 1 else 0",
                                      "threshold = c.long_prefill_token_threshold")],
     "watermark off": [(K, "watermark_blocks = config.watermark_blocks", "watermark_blocks = 0")],
-    "full-ISL gate off": [(K, "if full + watermark_blocks > num_free_blocks:", "if False:")],
+    "full-ISL gate off": [(K, "if full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks:", "if False:")],
 }
 
 

@@ -39,7 +39,7 @@ def test_sweep_table_plot_and_rejected_point(capsys, tmp_path):
     foreign = tmp_path / "mine.png"
     foreign.write_bytes(b"not ours")
     rc, out, err = cli(capsys, "sweep", "table3-b16", "--set", "max_num_seqs=16", "--plot", foreign)
-    assert_one_line_error(rc, err, "not a schedspec sweep plot")
+    assert_one_line_error(rc, err, "not a schedspec plot")
     assert foreign.read_bytes() == b"not ours"
 
 

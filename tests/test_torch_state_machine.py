@@ -33,7 +33,17 @@ def _tight(c):
 
 
 # machine.py's configs, half of them with the smallest pool
-machine_configs = st.one_of(configs(), configs().map(_tight))
+machine_configs = st.one_of(configs(wave2=False), configs(wave2=False).map(_tight))
+
+
+def _core(state):
+    """The state less the bookkeeping torch does not model: which requests finished
+    since the last schedule() and whether a request's last grant was a prefill
+    chunk (both only steer the async engine)."""
+    from dataclasses import replace
+
+    return replace(state, finished_req_ids=(),
+                   requests={k: replace(r, is_prefill_chunk=False) for k, r in state.requests.items()})
 
 
 def make_machine(torch_impl=TorchScheduler):
@@ -98,7 +108,7 @@ def make_machine(torch_impl=TorchScheduler):
         def same_state(self):
             if not hasattr(self, "spec"):
                 return
-            a, b = self.spec.observe(), self.torch.observe()
+            a, b = _core(self.spec.observe()), _core(self.torch.observe())
             if a != b:
                 raise Mismatch(f"observe():\n spec  {a}\n torch {b}")
 

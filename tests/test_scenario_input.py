@@ -1,0 +1,347 @@
+"""Reading scenario files (docs/formats.md, "Reading a scenario file"): strict
+JSON, integer fields that take integers only, schedspec's bounds, the rules a
+schema cannot say, and one-line errors that name the field."""
+
+import copy
+import json
+import re
+
+import pytest
+
+from helpers import assert_one_line_error, cli
+from schedspec.examples import EXAMPLES_DIR
+from schedspec.reference.scenario import (ABORT_STEP_BOUNDS, ARRIVAL_TIME_BOUND, CONFIG_BOUNDS, MAX_DEPTH,
+                                          MAX_FILE_BYTES, MAX_STEPS_BOUNDS, REQUEST_BOUNDS, SCHEMA_DIR,
+                                          TOKEN_ID_BOUNDS, Abort, RequestSpec, Scenario, ScenarioError,
+                                          check_bounds, load_scenario, save_scenario, scenario_from_json)
+
+BASE = json.loads((EXAMPLES_DIR / "group-a.json").read_text())  # 11 requests, max_steps 12
+
+
+def write(tmp_path, data, name="s.json"):
+    f = tmp_path / name
+    f.write_bytes(data if isinstance(data, bytes) else
+                  (data if isinstance(data, str) else json.dumps(data)).encode("utf-8"))
+    return f
+
+
+def mutated(fn):
+    d = copy.deepcopy(BASE)
+    fn(d)
+    return d
+
+
+def error_of(capsys, f):
+    rc, _, err = cli(capsys, "validate", f)
+    assert_one_line_error(rc, err)
+    return err.strip()
+
+
+# --- pass 1: bytes to JSON --------------------------------------------------------------
+
+
+BASE_TEXT = json.dumps(BASE)
+
+
+@pytest.mark.parametrize("raw, words", [
+    (BASE_TEXT.encode()[:40] + b"\xff" + BASE_TEXT.encode()[40:], ["not UTF-8", "0xff", "offset 40"]),
+    (BASE_TEXT.encode("utf-16"), ["not UTF-8"]),
+    (b"[" * 100_000, ["nested more than"]),
+    (("[" * 1000 + "]" * 1000).encode(), ["nested more than"]),
+    (BASE_TEXT.replace('"max_steps": 12', '"max_steps": ' + "9" * 5000).encode(), ["max_steps", "5000 digits"]),
+    (BASE_TEXT.replace('"max_steps": 12', '"max_steps": NaN').encode(), ["max_steps", "NaN"]),
+    (BASE_TEXT.replace('"max_steps": 12', '"max_steps": -Infinity').encode(), ["max_steps", "Infinity"]),
+    (BASE_TEXT.replace('"max_steps": 12', '"max_steps": 1e999').encode(), ["max_steps", "infinity"]),
+    (BASE_TEXT.replace('"max_num_seqs": 32', '"max_num_seqs": 32, "max_num_seqs": 33').encode(),
+     ["config.max_num_seqs", "more than once"]),
+    (BASE_TEXT.replace('"name": "group-a"', '"name": "\\ud800"').encode(), ["name", "surrogate"]),
+    (b"", ["not valid JSON"]),
+    (BASE_TEXT.encode()[:-7], ["not valid JSON"]),
+])
+def test_bad_bytes_are_one_line_errors(tmp_path, capsys, raw, words):
+    f = write(tmp_path, raw)
+    for command in ("validate", "run", "check"):
+        rc, _, err = cli(capsys, command, f)
+        assert_one_line_error(rc, err, *words)
+        assert len(err) < 400, err
+
+
+def test_nesting_inside_a_field_names_the_field(tmp_path, capsys):
+    d = mutated(lambda d: d.update(description=json.loads("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1))))
+    assert "description[0][0]" in error_of(capsys, write(tmp_path, d))
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path, capsys):
+    rc, _, err = cli(capsys, "validate", write(tmp_path, b"\xef\xbb\xbf" + BASE_TEXT.encode()))
+    assert rc == 0, err
+
+
+def test_file_size_cap(tmp_path, capsys):
+    f = tmp_path / "big.json"
+    with open(f, "wb") as fh:  # a sparse file: no disk used
+        fh.truncate(MAX_FILE_BYTES + 1)
+    assert "64 MiB" in error_of(capsys, f)
+    assert "cannot read" in error_of(capsys, tmp_path)  # a folder
+
+
+# --- the one path style, excerpts -------------------------------------------------------
+
+
+@pytest.mark.parametrize("mutate, prefix", [
+    (lambda d: d["config"].update(max_num_seqs="many"), "config.max_num_seqs: "),
+    (lambda d: d["config"].update(max_num_seqs=0), "config.max_num_seqs: "),  # vLLM's check
+    (lambda d: d["requests"][3].update(prompt_len=[]), "requests[3].prompt_len: "),
+    (lambda d: d["requests"][3].update(prompt_len=9000), "requests[3].prompt_len: "),  # vLLM's check
+    (lambda d: d["requests"][3].update(max_tokens=0), "requests[3].max_tokens: "),  # vLLM's check
+    (lambda d: d["requests"][3].pop("prompt_len"), "requests[3].prompt_len: missing"),
+    (lambda d: d["requests"][3].update(colour="red"), "requests[3].colour: unknown field"),
+    (lambda d: d.update(aborts=[{"id": "d0", "step": "x"}]), "aborts[0].step: "),
+    (lambda d: d.update(aborts=[{"id": "d0", "step": 0}]), "aborts[0].step: "),
+    (lambda d: d.update(max_steps=0), "max_steps: "),
+    (lambda d: d.pop("name"), "name: missing"),
+    (lambda d: d.update(format="schedspec.scenario/2"), "format: "),
+])
+def test_one_path_style(tmp_path, capsys, mutate, prefix):
+    f = write(tmp_path, mutated(mutate))
+    err = error_of(capsys, f)
+    assert err.startswith(f"schedspec: error: {f}: {prefix}"), err
+    assert "$" not in err
+
+
+def test_long_values_and_keys_are_cut(tmp_path, capsys):
+    long = "x" * 100_000
+    for mutate, field in [(lambda d: d["requests"][0].update(prompt_len=long), "requests[0].prompt_len"),
+                          (lambda d: d["config"].update(policy=long), "config.policy"),
+                          (lambda d: d["config"].update({long: 1}), "config['xxx"),
+                          (lambda d: d["requests"][0].update(id="\n\x1b[31m" + long), "requests[0].id")]:
+        d = mutated(mutate)
+        if field == "requests[0].id":
+            d["requests"][1]["id"] = d["requests"][0]["id"]  # a duplicate quotes it
+            field = "requests[1].id"
+        err = error_of(capsys, write(tmp_path, d))
+        assert field in err and len(err) < 600 and "\u2026" in err, err
+        assert "\x1b" not in err
+
+
+# --- integers ---------------------------------------------------------------------------
+
+
+INT_FIELDS = ([("config", k) for k in CONFIG_BOUNDS]
+              + [("request", k) for k in REQUEST_BOUNDS] + [("abort", "step"), ("top", "max_steps")])
+
+
+def put(d, where, key, value):
+    if where == "config":
+        d["config"][key] = value
+    elif where == "request":
+        d["requests"][0][key] = value
+        if key == "prefix_len":
+            d["requests"][0]["prefix_group"] = "g"
+    elif where == "abort":
+        d["aborts"] = [{"id": "d0", "step": value}]
+    else:
+        d[key] = value
+
+
+@pytest.mark.parametrize("where, key", INT_FIELDS)
+@pytest.mark.parametrize("value", [4.0, 1e30, -0.0, True])
+def test_integer_fields_take_integers_only(tmp_path, capsys, where, key, value):
+    d = copy.deepcopy(BASE)
+    put(d, where, key, value)
+    err = error_of(capsys, write(tmp_path, d))
+    assert "must be an integer" in err and key in err, err
+
+
+def test_integral_floats_are_never_silently_converted():
+    d = copy.deepcopy(BASE)
+    d["requests"][0]["arrival_time"] = 3  # a number field: an integer is a number
+    assert scenario_from_json(d).requests[0].arrival_time == 3.0
+    d["requests"][0]["prompt_len"] = 1.0
+    with pytest.raises(ScenarioError, match=r"requests\[0\]\.prompt_len: must be an integer, got 1\.0"):
+        scenario_from_json(d)
+
+
+# --- bounds -----------------------------------------------------------------------------
+
+
+def _schema():
+    return json.loads((SCHEMA_DIR / "scenario.schema.json").read_text())
+
+
+def test_schema_and_python_bounds_agree():
+    s = _schema()
+    cfg = s["properties"]["config"]["properties"]
+    for name, (lo, hi) in CONFIG_BOUNDS.items():
+        assert cfg[name]["maximum"] == hi and cfg[name].get("minimum") == lo, name
+    req = s["properties"]["requests"]["items"]["properties"]
+    for name, (lo, hi) in REQUEST_BOUNDS.items():
+        assert req[name]["maximum"] == hi and req[name].get("minimum") == lo, name
+    assert (req["arrival_time"]["minimum"], req["arrival_time"]["maximum"]) == (-ARRIVAL_TIME_BOUND,
+                                                                               ARRIVAL_TIME_BOUND)
+    tok = req["prompt_token_ids"]["items"]
+    assert (tok["minimum"], tok["maximum"]) == TOKEN_ID_BOUNDS
+    step = s["properties"]["aborts"]["items"]["properties"]["step"]
+    assert (step["minimum"], step["maximum"]) == ABORT_STEP_BOUNDS
+    ms = s["properties"]["max_steps"]
+    assert (ms["minimum"], ms["maximum"]) == MAX_STEPS_BOUNDS
+    # every integer field of the schema has a maximum
+    def walk(node, path):
+        if isinstance(node, dict):
+            types = node.get("type")
+            if types == "integer" or (isinstance(types, list) and "integer" in types):
+                assert "maximum" in node, path
+            for k, v in node.items():
+                walk(v, f"{path}.{k}")
+    walk(s, "")
+
+
+def test_bounds_are_documented():
+    doc = (SCHEMA_DIR.parents[1] / "docs" / "formats.md").read_text()
+    for text in ("2 147 483 647", "4 194 304", "1 073 741 824", "64 MiB", "must be an integer"):
+        assert text in doc, text
+
+
+@pytest.mark.parametrize("where, key", INT_FIELDS)
+def test_one_above_a_bound_is_rejected(tmp_path, capsys, where, key):
+    d = copy.deepcopy(BASE)
+    hi = {"config": CONFIG_BOUNDS, "request": REQUEST_BOUNDS}.get(where, {}).get(key) or \
+        (ABORT_STEP_BOUNDS if where == "abort" else MAX_STEPS_BOUNDS)
+    put(d, where, key, hi[1] + 1)
+    err = error_of(capsys, write(tmp_path, d))
+    assert f"must be <= {hi[1]}" in err and key in err, err
+
+
+def test_at_the_bounds_run(tmp_path, capsys):
+    """The largest values validate accepts run on the spec and the torch
+    implementation, fast: a pool of 2**22 blocks is a count."""
+    pytest.importorskip("torch")
+    d = copy.deepcopy(BASE)
+    d["config"].update(num_gpu_blocks=CONFIG_BOUNDS["num_gpu_blocks"][1], max_model_len=(2**22 - 1) * 16,
+                       max_num_batched_tokens=2**31 - 1, max_num_scheduled_tokens=16,
+                       max_num_seqs=2**31 - 1, block_size=16)
+    d["requests"][0].update(max_tokens=2**31 - 1, output_len=2**31 - 1, priority=-2**31,
+                            arrival_time=-float(ARRIVAL_TIME_BOUND))
+    d["requests"][1].update(priority=2**31 - 1, arrival_time=float(ARRIVAL_TIME_BOUND))
+    d["aborts"] = [{"id": "d0", "step": 2**31 - 1}]
+    f = write(tmp_path, d)
+    rc, _, err = cli(capsys, "validate", f)
+    assert rc == 0, err
+    for impl in ("spec", "torch"):
+        for command in ("run", "check"):
+            rc, _, err = cli(capsys, command, f, "--impl", impl, "--device", "cpu") if impl == "torch" \
+                else cli(capsys, command, f, "--impl", impl)
+            assert rc == 0 and "Traceback" not in err, err
+
+
+def test_check_bounds_on_a_scenario_built_in_code():
+    ok = Scenario("s", {}, (RequestSpec("a", 4),))
+    check_bounds(ok)
+    with pytest.raises(ScenarioError, match=r"^requests\[0\]\.priority: = 2147483648, must be <= 2147483647"):
+        check_bounds(Scenario("s", {}, (RequestSpec("a", 4, priority=2**31),)))
+    with pytest.raises(ScenarioError, match=r"^config\.num_gpu_blocks: "):
+        check_bounds(Scenario("s", {"num_gpu_blocks": 10**400}, (RequestSpec("a", 4),)))
+    with pytest.raises(ScenarioError, match=r"^requests\[0\]\.arrival_time: "):
+        check_bounds(Scenario("s", {}, (RequestSpec("a", 4, arrival_time=float("nan")),)))
+
+
+# --- rules ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_steps", [None, 12])
+def test_a_request_that_would_never_arrive_is_rejected(tmp_path, capsys, max_steps):
+    d = copy.deepcopy(BASE)
+    if max_steps is None:
+        d.pop("max_steps")
+    d["requests"][-1]["arrival_step"] = 10000 if max_steps is None else 12
+    err = error_of(capsys, write(tmp_path, d))
+    assert "requests[10].arrival_step" in err and "never arrive" in err, err
+    assert ("the default" in err) == (max_steps is None)
+    d["requests"][-1]["arrival_step"] = 9999 if max_steps is None else 11
+    assert cli(capsys, "validate", write(tmp_path, d))[0] == 0
+
+
+def test_an_abort_after_the_run_is_accepted_and_never_applied(tmp_path, capsys):
+    d = mutated(lambda d: d.update(aborts=[{"id": "d0", "step": 50}]))
+    f = write(tmp_path, d)
+    rc, _, err = cli(capsys, "run", f, "--trace-out", tmp_path / "t.json")
+    assert rc == 0, err
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert all(why != "aborted" for s in trace["steps"] for _, why in s["finished"])
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda r: r.update(prefix_len=1), ["requests[0].prefix_len", "prefix_group"]),
+    (lambda r: r.update(prefix_group="g", prefix_len=2), ["requests[0].prefix_len", "prompt_len (1)"]),
+    (lambda r: r.update(prefix_group="g", prefix_len=-1), ["requests[0].prefix_len", ">= 0"]),
+    (lambda r: r.update(prefix_group=""), ["requests[0].prefix_group", "empty"]),
+    (lambda r: r.update(prefix_group=3), ["requests[0].prefix_group", "string or null"]),
+    (lambda r: r.update(prompt_token_ids=[1, 2]), ["requests[0].prompt_token_ids", "prompt_len (1)"]),
+    (lambda r: r.update(prompt_token_ids=[-1]), ["requests[0].prompt_token_ids[0]", ">= 0"]),
+    (lambda r: r.update(prompt_token_ids=[2**31]), ["requests[0].prompt_token_ids[0]", "<= 2147483647"]),
+    (lambda r: r.update(prompt_token_ids=[1.0]), ["requests[0].prompt_token_ids[0]", "must be an integer"]),
+    (lambda r: r.update(prompt_token_ids=[5], prefix_group="g"), ["requests[0].prompt_token_ids", "prefix_group"]),
+])
+def test_prefix_fields_rules(tmp_path, capsys, mutate, words):
+    d = mutated(lambda d: mutate(d["requests"][0]))
+    err = error_of(capsys, write(tmp_path, d))
+    for w in words:
+        assert w in err, err
+
+
+def test_prefix_fields_round_trip(tmp_path):
+    d = copy.deepcopy(BASE)
+    d["requests"][0]["prompt_token_ids"] = [7]
+    d["requests"][1].update(prefix_group="sys", prefix_len=1)
+    d["requests"][2].update(prefix_group="sys", prefix_len=0, prompt_len=3)
+    s = load_scenario(write(tmp_path, d))
+    assert s.requests[0].prompt_token_ids == (7,) and s.requests[0].prefix_group is None
+    assert (s.requests[1].prefix_group, s.requests[1].prefix_len) == ("sys", 1)
+    assert s.requests[3] == RequestSpec("d3", 1, 0, 100, None, 0, 3.0)
+    out = save_scenario(s, tmp_path / "again.json")
+    again = json.loads(out.read_text())
+    assert load_scenario(out) == s
+    assert again["requests"][0]["prompt_token_ids"] == [7]
+    assert again["requests"][2]["prefix_group"] == "sys" and "prefix_len" not in again["requests"][2]
+    assert not {"prefix_group", "prefix_len", "prompt_token_ids"} & set(again["requests"][3])
+
+
+def test_without_late_arrivals():
+    s = Scenario("s", {}, (RequestSpec("a", 4), RequestSpec("b", 4, arrival_step=5)),
+                 (Abort("a", 2), Abort("b", 6)), max_steps=5)
+    t = s.without_late_arrivals()
+    assert [r.id for r in t.requests] == ["a"] and t.aborts == (Abort("a", 2),)
+    assert t.without_late_arrivals() is t
+
+
+def test_shipped_examples_still_load():
+    for f in sorted(EXAMPLES_DIR.glob("*.json")):
+        s = load_scenario(f)
+        assert re.fullmatch(r"[a-z0-9-]+", s.name)
+
+
+def test_the_quick_structural_check_covers_the_schema():
+    """The reader skips jsonschema for a file its quick check accepts (20 000
+    requests: seconds otherwise); that needs a schema of the keywords it knows."""
+    from schedspec.reference.scenario import _fast_valid, _schema_allows_fast_check, _scenario_validator
+
+    assert _schema_allows_fast_check()
+    schema = _scenario_validator().schema
+    assert _fast_valid(schema, BASE)
+    for bad in (mutated(lambda d: d["requests"][0].update(prompt_len=1.0)),
+                mutated(lambda d: d["requests"][0].update(extra=1)),
+                mutated(lambda d: d["config"].update(num_gpu_blocks=2**22 + 1)),
+                mutated(lambda d: d.update(format="x")),
+                mutated(lambda d: d["requests"][0].pop("id"))):
+        assert not _fast_valid(schema, bad) and not _scenario_validator().is_valid(bad)
+
+
+def test_prompts_with_prefix_caching_are_bounded_in_total(tmp_path, capsys):
+    from schedspec.reference.scenario import MAX_CACHED_PROMPT_TOKENS
+
+    d = mutated(lambda d: d["config"].update(enable_prefix_caching=True, max_model_len=2**23,
+                                             num_gpu_blocks=2**22, max_num_batched_tokens=2**23))
+    d["requests"][0]["prompt_len"] = MAX_CACHED_PROMPT_TOKENS  # + 10 one-token prompts
+    err = error_of(capsys, write(tmp_path, d))
+    assert "requests[1].prompt_len" in err and "enable_prefix_caching" in err, err
+    d["config"]["enable_prefix_caching"] = False  # counts only: accepted
+    assert cli(capsys, "validate", write(tmp_path, d))[0] == 0
