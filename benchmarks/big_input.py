@@ -5,7 +5,8 @@
 Cases, each a fresh `python -m schedspec run ... --timeline none` process:
   * --trace-out with N requests (default 20 000), FCFS and priority policy,
     plain .json and compressed .json.gz;
-  * --plot with M requests (default 2 000), FCFS.
+  * --plot with M requests (default 2 000), FCFS;
+  * the same runs without outputs, for comparison.
 
 Prints one line per case: wall seconds, the process's peak resident memory
 (ru_maxrss of that child alone), and the output's size.  The scenarios are
@@ -76,6 +77,10 @@ def main() -> int:
     for policy in a.policies.split(","):
         sc = work / f"big-{a.requests}-{policy}.json"
         sc.write_text(json.dumps(big_scenario(a.requests, policy)))
+        if policy == "fcfs":  # the run alone, to see what writing the trace adds
+            wall, rss, _ = measure(["run", str(sc), "--timeline", "none"])
+            print(f"{f'run (no outputs), {a.requests} req, {policy}':<44} {wall:>8.1f} {rss:>9.0f} {'-':>11}",
+                  flush=True)
         for suffix in (".json", ".json.gz"):
             out = work / f"big-{a.requests}-{policy}.trace{suffix}"
             wall, rss, rc = measure(["run", str(sc), "--timeline", "none", "--trace-out", str(out)])

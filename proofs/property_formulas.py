@@ -178,6 +178,14 @@ def computed_tokens_bounded(before, d, after):
 
 
 @formula
+def scheduled_within_known_tokens(before, d, after):
+    # Flags off: no prefix hits and no placeholders, so a grant starts at the
+    # request's num_computed_tokens (0 for an admission) and ends by num_tokens.
+    return T, z3.And([z3.Implies(d.scheduled[s], before.slots[s].num_computed_tokens + d.num_scheduled_tokens[s]
+                                 <= before.slots[s].num_tokens) for s in range(len(before.slots))])
+
+
+@formula
 def scheduled_requests_run(before, d, after):
     N = len(before.slots)
     return T, z3.And([z3.Implies(d.scheduled[s], z3.And(

@@ -128,7 +128,7 @@ class PlotData:
             self.num_steps = max(self.num_steps, summary["steps"])
 
     @classmethod
-    def from_trace(cls, trace: dict[str, Any], scenario=None) -> "PlotData":
+    def from_trace(cls, trace: dict[str, Any], scenario=None) -> PlotData:
         data = cls(scenario)
         data.begin(trace)
         for st in trace.get("steps", ()):
@@ -281,11 +281,9 @@ def _draw_grid(ax, data: PlotData, g: dict[str, Any]):
     return norm
 
 
-def draw(data: PlotData, path: str | Path, token_budget: int | None = None, title: str | None = None,
-         max_legend: int = 16, progress: Callable[[int, int], None] | None = None) -> Path:
-    """Write the chart of `data` to `path` under exactly that name; the format
-    follows the suffix (.png, .pdf, .svg; PNG without one).  `progress(done, 4)`
-    is called as the drawing goes."""
+def build_figure(data: PlotData, token_budget: int | None = None, title: str | None = None,
+                 max_legend: int = 16, progress: Callable[[int, int], None] | None = None):
+    """The matplotlib figure of the chart (two axes: tokens per step, the grant grid)."""
     if data.error is not None:
         raise ValueError(f"cannot plot an error trace: {data.error}")
     tick = progress or (lambda done, total: None)
@@ -348,12 +346,22 @@ def draw(data: PlotData, path: str | Path, token_budget: int | None = None, titl
                            Patch(facecolor=ABSENT, edgecolor="#999999", label="not arrived yet,\nor finished")],
                   loc="upper left", bbox_to_anchor=(1.10, 1.0), fontsize=7, frameon=False)
     if g["row_bin"] > 1 or g["col_bin"] > 1:
-        bottom.set_title(f"tokens per request and step (each cell: {g['row_bin']} requests x "
-                         f"{g['col_bin']} steps)", fontsize=9)
+        rb, cb = g["row_bin"], g["col_bin"]
+        bottom.set_title(f"tokens per request and step (each cell: {rb} request{'s' if rb > 1 else ''} x "
+                         f"{cb} step{'s' if cb > 1 else ''})", fontsize=9)
     else:
         bottom.set_title("tokens per request and step", fontsize=9)
     tick(3, 4)
+    return fig
 
+
+def draw(data: PlotData, path: str | Path, token_budget: int | None = None, title: str | None = None,
+         max_legend: int = 16, progress: Callable[[int, int], None] | None = None) -> Path:
+    """Write the chart of `data` to `path` under exactly that name; the format
+    follows the suffix (.png, .pdf, .svg; PNG without one).  `progress(done, 4)`
+    is called as the drawing goes."""
+    tick = progress or (lambda done, total: None)
+    fig = build_figure(data, token_budget, title, max_legend, progress)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fmt = out.suffix.lower().lstrip(".") or "png"
@@ -382,4 +390,4 @@ def plot_budget(trace: dict[str, Any], path: str | Path, token_budget: int | Non
     return draw(PlotData.from_trace(trace, scenario), path, token_budget, title, max_legend, progress)
 
 
-__all__ = ["PlotData", "draw", "plot_budget"]
+__all__ = ["PlotData", "build_figure", "draw", "plot_budget"]

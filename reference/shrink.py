@@ -29,6 +29,8 @@ def _valid_structure(s: Scenario) -> bool:
             return False
         if r.output_len is not None and r.output_len < 1:
             return False
+        if not 0 <= getattr(r, "prefix_len", 0) <= r.prompt_len:
+            return False
         last = r.arrival_step
         ids[r.id] = r
     return all(a.id in ids and a.step > ids[a.id].arrival_step for a in s.aborts) and s.max_steps >= 1
@@ -154,7 +156,14 @@ def _request_edits(s: Scenario, idx: int) -> list[Callable[[Scenario], Scenario 
                 return None
             for v in values(reqs[i], cur, i):
                 reqs2 = list(reqs)
-                reqs2[i] = dataclasses.replace(reqs[i], **{field: v})
+                changes = {field: v}
+                if field == "prefix_group":  # no group, no shared prefix
+                    changes["prefix_len"] = 0
+                if field == "prompt_len":  # keep the prefix fields consistent with the prompt
+                    changes["prefix_len"] = min(getattr(reqs[i], "prefix_len", 0), v)
+                    if getattr(reqs[i], "prompt_token_ids", None) is not None:
+                        changes["prompt_token_ids"] = reqs[i].prompt_token_ids[:v]
+                reqs2[i] = dataclasses.replace(reqs[i], **changes)
                 cand = dataclasses.replace(cur, requests=tuple(reqs2))
                 if cand != cur:
                     return cand
@@ -190,6 +199,8 @@ def _request_edits(s: Scenario, idx: int) -> list[Callable[[Scenario], Scenario 
         edit("output_len", lambda r, cur, i: [None] if r.output_len is not None else []),
         edit("priority", lambda r, cur, i: [0] if r.priority else []),
         edit("arrival_time", lambda r, cur, i: [float(i)] if r.arrival_time != float(i) else []),
+        edit("prefix_group", lambda r, cur, i: [None] if getattr(r, "prefix_group", None) is not None else []),
+        edit("prefix_len", halving("prefix_len", 0)),
         edit("prompt_len", ints("prompt_len", 1)),
         edit("prompt_len", halving("prompt_len", 1)),
         edit("prompt_len", minus_one("prompt_len", 1)),

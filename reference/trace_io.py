@@ -48,7 +48,7 @@ import os
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 HEADER_BYTES = 4096
 GZIP_MAGIC = b"\x1f\x8b"
@@ -169,7 +169,7 @@ class TraceWriter:
                 pass
             self._tmp = None
 
-    def __enter__(self) -> "TraceWriter":
+    def __enter__(self) -> TraceWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -242,7 +242,7 @@ def read_trace_header(path: str | Path, limit: int = HEADER_BYTES) -> dict[str, 
     text = _head_text(path, limit)
     dec = json.JSONDecoder()
     i = len(text) - len(text.lstrip())
-    if not text[i:i + 1] == "{":
+    if text[i:i + 1] != "{":
         return {}
     i += 1
     header: dict[str, Any] = {}

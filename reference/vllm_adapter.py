@@ -1,15 +1,18 @@
 """The real vLLM 0.33.0 V1 scheduler behind schedspec's implementation protocol.
 
-`VllmScheduler` drives `vllm.v1.core.sched.scheduler.Scheduler`, built the way
+`VllmScheduler` drives `vllm.v1.core.sched.scheduler.Scheduler` (or
+`AsyncScheduler`, sched/async_scheduler.py), built the way
 vLLM's own unit tests build it (tests/v1/core/utils.py `create_scheduler`): an
 offline OPT-125m model config (reference/vllm_model/config.json, its
 `max_position_embeddings` raised to cover `max_model_len`), no tokenizer, one
 full-attention KV cache group of `num_gpu_blocks` blocks.  With
-`async_scheduling` the scheduler is vLLM's `AsyncScheduler` (the CPU platform
-switches async scheduling off, so the requested value is put back after the
-VllmConfig is built); with `enable_prefix_caching` requests carry the block
-hasher EngineCore gives them, and `observe()` reads the block pool block by
-block (spec/block_pool.py).
+`async_scheduling` the scheduler is `AsyncScheduler` with two batches in flight
+(the CPU platform would switch async scheduling off; the adapter keeps the
+value VllmConfig resolved, as a GPU platform does), and `update_from_output`
+takes whichever batch the engine completes.  With `enable_prefix_caching`
+requests carry the spec's prompt tokens and the block hasher EngineCore gives
+them, and `observe()` reports the block pool block by block, with vLLM's block
+ids and hashes (spec/block_pool.py).
 
 vLLM is imported lazily, on the first `reset()`, so the rest of schedspec never
 needs it.  Install it with `schedspec install-vllm` (scripts/install-vllm.sh).
@@ -45,6 +48,7 @@ from ..spec.state import SchedulerOutput, SchedulerState
 
 MODEL_CONFIG = Path(__file__).parent / "vllm_model" / "config.json"
 VLLM_VERSION = "0.33.0"
+MAX_MODEL_LEN = 2**24  # prompts up to 16 M tokens: a 128 MiB token list per request at most
 
 _vllm: dict[str, Any] | None = None  # the lazily imported vLLM names
 _model_dirs: dict[int, str] = {}  # max_position_embeddings -> model folder
@@ -195,6 +199,10 @@ class VllmScheduler:
         self.close()
         v = self._v
         c = config
+        if c.max_model_len > MAX_MODEL_LEN:
+            # vLLM's Request holds every prompt token id in a Python list.
+            raise ValueError(f"config.max_model_len: = {c.max_model_len} is beyond what the vLLM adapter "
+                             f"runs ({MAX_MODEL_LEN}): vLLM keeps every token id of a prompt in memory")
         try:
             scheduler_config = v["SchedulerConfig"](
                 max_model_len=c.max_model_len,

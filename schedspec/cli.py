@@ -264,10 +264,11 @@ def cmd_check(args) -> int:
                 violations[name] += 1
                 first_violation.setdefault(name, (t.step, verdict))
 
-    trace = _run_trace(scenario, args.impl, None, on_step=on_step, device=device)
+    counted = _Timeline("none")  # counts the steps; the trace itself is not kept
+    trace = _run_trace(scenario, args.impl, None, on_step=on_step, device=device, sink=counted)
     if "error" in trace:
         raise UsageError(f"{trace['implementation']} rejects {shown(args.scenario)}: {trace['error']}")
-    steps = len(trace["steps"])
+    steps = counted.count
     print(f"# {shown(scenario.name)} on {trace['implementation']}: {steps} steps, {len(PROPERTIES)} properties")
     width = max(map(len, PROPERTIES))
     for name, p in PROPERTIES.items():
@@ -355,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", help=SCENARIO_HELP)
     p.add_argument("--impl", default="spec", help=IMPL_HELP)
     p.add_argument("--trace-out", metavar="FILE",
-                   help="also write the step-by-step trace (format schedspec.trace/1) to FILE; an existing "
+                   help="also write the step-by-step trace (format schedspec.trace/1) to FILE, streamed as the "
+                        "run goes; a name ending in .gz is written gzip-compressed; an existing "
                         "FILE is replaced only if it is a schedspec trace")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw the tokens each request got at each step to FILE (.png, .pdf or .svg); an "

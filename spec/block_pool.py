@@ -7,9 +7,10 @@ Without prefix caching no block's identity is observable, so the scheduler keeps
 counts (kv_cache.py).  With it, which block holds which tokens decides hits and
 eviction, so this module keeps the smallest block-level model that is step-exact:
 
-- A block hash is the chain `(parent hash, the block's token ids)`: two blocks
-  match only when their whole prefixes match, as with vLLM's chained digest, minus
-  its (negligible) collisions.  Only full blocks are hashed (RQ:285-288).
+- A block hash is a digest chained over the parent block's hash and the block's
+  token ids (128-bit BLAKE2b, where vLLM chains sha256 or xxhash): two blocks match
+  only when their whole prefixes match.  Collisions are ignored, as vLLM ignores
+  its own.  Only full blocks are hashed (RQ:285-288).
 - Block ids are vLLM's: 1 .. num_gpu_blocks - 1 (0 is the null block), handed out
   from the free queue (KU FreeKVCacheBlockQueue) in the same order, so a trace can
   name blocks and be compared with vLLM's.
@@ -22,11 +23,21 @@ eviction, so this module keeps the smallest block-level model that is step-exact
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-BlockHash = tuple  # (parent BlockHash | None, tuple[int, ...] of block_size token ids)
+BlockHash = bytes
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
+    """The hash of a full block: its parent's hash and its token ids (KU hash_block_tokens).
+    A fixed-size digest, so a deep prefix costs no more to compare than a short one."""
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
 
 
 def extend_block_hashes(hashes: tuple, token_ids: Sequence[int], block_size: int) -> tuple:
@@ -34,7 +45,7 @@ def extend_block_hashes(hashes: tuple, token_ids: Sequence[int], block_size: int
     out = list(hashes)
     parent = out[-1] if out else None
     for i in range(len(out), len(token_ids) // block_size):
-        parent = (parent, tuple(token_ids[i * block_size:(i + 1) * block_size]))
+        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])
         out.append(parent)
     return tuple(out)
 

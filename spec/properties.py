@@ -45,15 +45,23 @@ class Property:
     name: str
     doc: str
     check: Callable[[SchedulerState, SchedulerOutput, SchedulerState], Verdict]
+    # The engine flags without which the property has nothing to judge (it is
+    # then not applicable, or trivially true): the z3 encoding, which models the
+    # engine with both flags off, leaves these properties to the other checkers.
+    engine_flags: tuple[str, ...] = ()
 
 
 PROPERTIES: dict[str, Property] = {}
 
 
-def prop(fn: Callable[[SchedulerState, SchedulerOutput, SchedulerState], Verdict]):
-    doc = " ".join((fn.__doc__ or "").split())
-    PROPERTIES[fn.__name__] = Property(fn.__name__, doc, fn)
-    return fn
+def prop(fn: Callable[[SchedulerState, SchedulerOutput, SchedulerState], Verdict] | None = None, *,
+         engine_flags: tuple[str, ...] = ()):
+    def register(fn):
+        doc = " ".join((fn.__doc__ or "").split())
+        PROPERTIES[fn.__name__] = Property(fn.__name__, doc, fn, engine_flags)
+        return fn
+
+    return register(fn) if fn is not None else register
 
 
 # --- quantities the properties share -------------------------------------------------
@@ -65,15 +73,20 @@ def get_long_prefill_threshold(state: SchedulerState) -> int:
     return state.config.long_prefill_token_threshold if eligible > 1 else 0
 
 
-def get_capped_need(state: SchedulerState, r: Request) -> int:
-    """A running request's need after the threshold and model-length caps, before
-    the budget cap (S:839-856).  Async: an output placeholder counts as a token
-    to compute, and a request whose last allowed token is in flight needs none
-    (S:800-812)."""
+def get_need(r: Request) -> int:
+    """A running request's tokens to compute, before any cap (S:839).  Async: an output
+    placeholder counts as a token to compute, and a request whose last allowed token
+    is in flight needs none (S:800-812)."""
     if (r.num_output_placeholders > 0
             and r.num_computed_tokens + 2 - r.num_output_placeholders >= r.num_prompt_tokens + r.max_tokens):
         return 0
-    n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens
+    return r.num_tokens + r.num_output_placeholders - r.num_computed_tokens
+
+
+def get_capped_need(state: SchedulerState, r: Request) -> int:
+    """A running request's need after the threshold and model-length caps, before
+    the budget cap (S:839-856)."""
+    n = get_need(r)
     threshold = get_long_prefill_threshold(state)
     if 0 < threshold < n:
         n = threshold
@@ -181,7 +194,7 @@ def starvation_condition(before, output, after):
     if not before.waiting:
         return NOT_APPLICABLE
     c = before.config
-    if any(get_capped_need(before, before.requests[r]) != 1 for r in before.running):
+    if any(get_need(before.requests[r]) != 1 for r in before.running):
         return NOT_APPLICABLE
     D = len(before.running)
     B = get_step_budget(before)
@@ -313,7 +326,7 @@ def preempted_restart_from_zero(before, output, after):
     return HOLDS
 
 
-@prop
+@prop(engine_flags=("async_scheduling",))
 def placeholders_never_negative(before, output, after):
     """Async bookkeeping stays sane: num_output_placeholders, num_in_flight_tokens and num_stale_output_tokens are never negative, and stale tokens are in-flight tokens."""
     for rid, r in after.requests.items():
@@ -342,7 +355,7 @@ def scheduled_within_known_tokens(before, output, after):
     return HOLDS
 
 
-@prop
+@prop(engine_flags=("enable_prefix_caching",))
 def block_ref_counts_match_holders(before, output, after):
     """Prefix caching: every block's reference count equals the number of requests holding it, and only live requests hold blocks."""
     pool = after.block_pool
@@ -361,7 +374,7 @@ def block_ref_counts_match_holders(before, output, after):
     return HOLDS
 
 
-@prop
+@prop(engine_flags=("enable_prefix_caching",))
 def kv_pool_partitioned(before, output, after):
     """Prefix caching: held blocks, cached free blocks and uncached free blocks partition the usable pool; the free queue holds each free block once, cached ones behind uncached ones, and num_free_blocks is its length."""
     pool = after.block_pool
@@ -387,29 +400,30 @@ def kv_pool_partitioned(before, output, after):
     return HOLDS
 
 
-@prop
+@prop(engine_flags=("enable_prefix_caching",))
 def prefix_hit_within_shared_prefix(before, output, after):
-    """Prefix caching: a hit is whole blocks, leaves at least one token to compute, and covers only blocks whose whole prefix was in the cache (before the step, or cached earlier in it by another request)."""
+    """Prefix caching: a hit is whole blocks, leaves at least one token to compute, and covers only blocks whose whole prefix was in the cache when the request was looked up (cached before the step, or by a request granted earlier in it)."""
     if not output.prefix_hits:
         return NOT_APPLICABLE
     c = before.config
-    pool_before, pool_after = before.block_pool, after.block_pool
-    cached = set(pool_before.cached) if pool_before is not None else set()
-    for rid, h in output.prefix_hits:
+    b = c.block_size
+    available = set(before.block_pool.cached) if before.block_pool is not None else set()
+    hits = dict(output.prefix_hits)
+    # In grant order: each grant hashes the request's known full blocks up to what it
+    # will have computed (K:621-625), before any later admission's lookup.
+    for rid, n in output.num_scheduled_tokens:
         r = before.requests[rid]
-        if h % c.block_size or h > r.num_tokens - 1 or h < 0:
-            return violated("a hit is not whole blocks leaving a token to compute", request=rid, hit=h,
-                            num_tokens=r.num_tokens, block_size=c.block_size)
-        available = set(cached)
-        if pool_after is not None:
-            # Blocks hashed during the step count, except the request's own new ones
-            # (those past its hit): a lookup cannot hit what it allocates after it.
-            own = set(pool_after.req_to_blocks.get(rid, ())[h // c.block_size:])
-            available |= {pool_after.block_hash[b] for b in pool_after.block_hash if b not in own}
-        for i in range(h // c.block_size):
-            if i >= len(r.block_hashes) or r.block_hashes[i] not in available:
+        if rid in hits:
+            h = hits[rid]
+            if h % b or h > r.num_tokens - 1 or h < 0:
+                return violated("a hit is not whole blocks leaving a token to compute", request=rid, hit=h,
+                                num_tokens=r.num_tokens, block_size=b)
+            missing = [i for i in range(h // b) if i >= len(r.block_hashes) or r.block_hashes[i] not in available]
+            if missing:
                 return violated("a hit covers a block whose prefix was not cached", request=rid, hit=h,
-                                block_index=i)
+                                block_index=missing[0])
+        start = hits.get(rid, r.num_computed_tokens)
+        available.update(r.block_hashes[:min(start + n, r.num_tokens) // b])
     return HOLDS
 
 

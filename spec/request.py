@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from typing import Sequence
 
-from .block_pool import extend_block_hashes
+from .block_pool import extend_block_hashes, hash_block
 from .config import ConfigError, SchedulerConfig
 
 
@@ -96,7 +96,7 @@ class Request:
             tail = outputs[-block_size:]
             if len(tail) < block_size:
                 tail = self.prompt_token_ids[len(tail) - block_size:] + tail
-            hashes = hashes + ((hashes[-1] if hashes else None, tail),)
+            hashes = hashes + (hash_block(hashes[-1] if hashes else None, tail),)
         return replace(self, num_output_tokens=self.num_output_tokens + 1,
                        output_token_ids=outputs, block_hashes=hashes)
 

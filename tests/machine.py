@@ -46,8 +46,10 @@ def configs(draw, wave2: bool = True) -> SchedulerConfig:
         scheduler_reserve_full_isl=draw(st.booleans()),
         max_model_len=max_model_len,
         block_size=block_size,
-        # Half the pools are as small as vLLM allows, so preemption is common.
-        num_gpu_blocks=draw(st.one_of(st.integers(need + 1, need + 2), st.integers(need + 1, 4 * need + 2))),
+        # With the engine flags drawn, half the pools are as small as vLLM allows, so
+        # preemption (and with it stale outputs and eviction) is common.
+        num_gpu_blocks=draw(st.one_of(st.integers(need + 1, need + 2), st.integers(need + 1, 4 * need + 2))
+                            if wave2 else st.integers(need + 1, 4 * need + 2)),
         enable_prefix_caching=draw(st.booleans()) if wave2 else False,
         async_scheduling=draw(st.booleans()) if wave2 else False,
     )

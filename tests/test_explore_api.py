@@ -208,6 +208,13 @@ def test_structural_error_names_the_path(client):
     (b"{not json", "not valid JSON"),
     (b"[]", "must be an object with 'scenario'"),
     (b'{"scenario": 3}', "must be an object"),
+    # The scenario file reader's JSON rules apply to bodies too: none of these may
+    # raise inside the server.
+    (b'{"scenario": ' + b"[" * 100000, "nest"),
+    (b'{"scenario": {"max_steps": ' + b"9" * 5000 + b"}}", "digits"),
+    (b'{"scenario": {"max_steps": NaN}}', "NaN"),
+    (b'{"scenario": 1, "scenario": 2}', "more than once"),
+    (b'{"scenario": "\xff"}', "UTF-8"),
 ])
 def test_bad_bodies(client, body, needle):
     assert needle in assert_one_line_error(client.post("/api/run", content=body))

@@ -128,7 +128,29 @@ def refund_state():
     return s, {}
 
 
-EXPLICIT_STATES = [refund_state]
+def input_budget_state():
+    """The input budget (max_num_batched_tokens 4) binds below the token budget (8):
+    a config the random draws reach only now and then."""
+    c = SchedulerConfig(max_num_batched_tokens=4, max_num_scheduled_tokens=8, max_num_seqs=4, max_model_len=16,
+                        block_size=2, num_gpu_blocks=16)
+    reqs = {"a": Request("a", 10, 4, 0, 0.0, RequestStatus.RUNNING, 2, 0)}
+    s = SchedulerState(c, reqs, ("a",), (), {"a": 1}, 14)
+    assert all(v.holds for v in check_state(s).values())
+    return s, {}
+
+
+def exact_fit_state():
+    """Chunked prefill off, and the waiting prompt is exactly the step's budget: it is
+    admitted (S:1342 stops only on n > budget)."""
+    c = SchedulerConfig(max_num_batched_tokens=8, max_num_scheduled_tokens=7, max_num_seqs=4, max_model_len=8,
+                        block_size=2, num_gpu_blocks=12, enable_chunked_prefill=False)
+    reqs = {"w": Request("w", 7, 1, 0, 0.0, RequestStatus.WAITING, 0, 0)}
+    s = SchedulerState(c, reqs, (), ("w",), {}, 11)
+    assert all(v.holds for v in check_state(s).values())
+    return s, {}
+
+
+EXPLICIT_STATES = [refund_state, input_budget_state, exact_fit_state]
 
 
 # --- which rule paths a batch of steps exercised ---------------------------------------------------

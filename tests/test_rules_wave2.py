@@ -134,3 +134,32 @@ def test_async_output_of_an_aborted_request_is_dropped():
     s3 = step(t, 3)
     assert s3["finished"] == [["a", "aborted"]] and s3["schedule_called"] is True
     assert t["summary"]["requests"]["a"]["num_output_tokens"] == 2  # batches 0-1 applied; 2 dropped
+
+
+def test_stale_output_in_flight_keeps_a_preempted_request_waiting():
+    """S:1084: a preempted request whose old output is still in flight is skipped, not
+    admitted, even with room to spare.  With two batches in flight that output always
+    returns in the step of the preemption, so only a deeper pipeline (here: three
+    schedule() calls before any output) reaches this rule."""
+    from schedspec.spec import scheduler as S
+    from schedspec.spec.config import SchedulerConfig
+    from schedspec.spec.request import RequestStatus, make_request
+    from schedspec.spec.state import SchedulerState
+
+    c = SchedulerConfig(max_num_batched_tokens=160, max_num_seqs=16, max_model_len=160, block_size=16,
+                        num_gpu_blocks=11, async_scheduling=True)
+    st = SchedulerState(c)
+    for rid in ("r0", "r1"):
+        st = S.add_request(st, make_request(c, rid, 80, 20))
+    batch0, st = S.schedule(st)  # both prefills
+    batch1, st = S.schedule(st)  # r0's decode needs a 6th block: r1 is preempted
+    assert batch1.preempted_req_ids == ("r1",) and st.requests["r1"].num_stale_output_tokens == 80
+    _, st = S.finish_requests(st, ["r0"], RequestStatus.FINISHED_ABORTED)  # the pool is free again
+    batch2, st = S.schedule(st)
+    assert batch2.num_scheduled_tokens == () and st.waiting == ("r1",)  # skipped: output in flight
+    _, st = S.update_from_output(st, batch0, {"r1": [100]})  # the stale token still counts
+    assert st.requests["r1"].num_output_tokens == 1 and st.requests["r1"].num_stale_output_tokens == 0
+    _, st = S.update_from_output(st, batch1, {})
+    _, st = S.update_from_output(st, batch2, {})
+    batch3, st = S.schedule(st)
+    assert batch3.scheduled_resumed_reqs == ("r1",) and batch3.num_scheduled_tokens == (("r1", 81),)

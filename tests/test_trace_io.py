@@ -8,15 +8,13 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-
 from helpers import cli
 from schedspec.reference.baselines import run_baseline
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.metrics import MetricsAccumulator, compute_metrics
 from schedspec.reference.scenario import load_scenario
-from schedspec.reference.trace_io import (HEADER_BYTES, Tee, TraceWriter, read_trace, read_trace_header,
-                                          write_trace)
+from schedspec.reference.trace_io import HEADER_BYTES, Tee, TraceWriter, read_trace, read_trace_header, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "reference" / "examples"
@@ -117,7 +115,7 @@ def test_read_trace_refuses_what_is_not_a_trace(tmp_path):
 @pytest.mark.parametrize("suffix", [".json", ".json.gz"])
 def test_run_trace_out_writes_the_engine_trace(tmp_path, capsys, suffix):
     out = tmp_path / f"t{suffix}"
-    rc, stdout, err = cli(capsys, "run", "group-b", "--trace-out", out)
+    rc, _, err = cli(capsys, "run", "group-b", "--trace-out", out)
     assert rc == 0, err
     assert read_trace(out) == _trace("group-b")
     # a second run may replace its own earlier output, compressed or not
@@ -126,8 +124,9 @@ def test_run_trace_out_writes_the_engine_trace(tmp_path, capsys, suffix):
 
 
 def test_run_prints_the_same_timeline_and_metrics_as_from_the_whole_trace(capsys):
-    from schedspec.cli import format_step
     from schedspec.reference.metrics import format_metrics
+
+    from schedspec.cli import format_step
 
     sc = load_scenario(EXAMPLES / "static-waste.json")
     trace = run_scenario(sc, SpecScheduler())

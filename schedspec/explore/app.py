@@ -16,7 +16,6 @@ the browser saves where the user says.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,11 +48,14 @@ async def _body(request: Request) -> Any:
         if len(raw) > core.MAX_BODY_BYTES:
             raise core.ApiError(f"request body: more than {core.MAX_BODY_BYTES} bytes, the explorer's "
                                 "limit", "body", status=413)
+    from ..reference.scenario import ScenarioError, parse_scenario_bytes
+
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-        raise core.ApiError(f"request body: not valid JSON: {getattr(e, 'msg', e)}{where}", "body") from None
+        # The scenario file reader's JSON rules: UTF-8, no NaN, no duplicate keys,
+        # bounded nesting and integer sizes, so no body can raise past this point.
+        return parse_scenario_bytes(raw)
+    except ScenarioError as e:
+        raise core.ApiError(f"request body: {e}", "body") from None
 
 
 def _member(body: Any, key: str) -> Any:

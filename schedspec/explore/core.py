@@ -123,15 +123,14 @@ def example_json(name: str) -> dict[str, Any]:
 def load_text(name: Any, text: Any) -> Any:
     """A file the user opened in the page: its JSON, or the message
     reference/scenario.py's `load_scenario` gives for a file that is not JSON."""
-    import json
+    from ..reference.scenario import ScenarioError, parse_scenario_bytes
 
     if not isinstance(name, str) or not isinstance(text, str):
         raise ApiError("request body: 'name' and 'text' must be strings", "body")
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ApiError(one_line(f"{name}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"),
-                       "file") from None
+        return parse_scenario_bytes(text)
+    except ScenarioError as e:
+        raise ApiError(one_line(f"{name}: {e}"), "file") from None
 
 
 def parse_scenario(data: Any) -> Scenario:
