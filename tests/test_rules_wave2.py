@@ -163,3 +163,16 @@ def test_stale_output_in_flight_keeps_a_preempted_request_waiting():
     _, st = S.update_from_output(st, batch2, {})
     batch3, st = S.schedule(st)
     assert batch3.scheduled_resumed_reqs == ("r1",) and batch3.num_scheduled_tokens == (("r1", 81),)
+
+
+def test_wave2_traces_follow_the_trace_schema():
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "reference" / "schemas" / "trace.schema.json")
+                        .read_text())
+    t = run({**ASYNC, "enable_prefix_caching": True}, TWO_80)
+    jsonschema.validate(t, schema)
+    assert all("prefix_hits" in s and "applied_step" in s and "schedule_called" in s for s in t["steps"])
