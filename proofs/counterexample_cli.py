@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import Progress, UsageError, float_arg, int_arg, status
+from ..errors import Progress, UsageError, float_arg, int_arg
 
 DEFAULT_K = 3
 DEFAULT_MAX_STEPS = 64
@@ -40,12 +40,9 @@ def _goal(name: str):
 
 
 def _impl(name: str):
-    from ..reference.impl import ImplementationError, load_impl
+    from ..cli import load_impl_or_fail
 
-    try:
-        return load_impl(name, status=status)
-    except ImplementationError as e:
-        raise UsageError(str(e)) from None
+    return load_impl_or_fail(name)
 
 
 def _fixed_config(path: str) -> dict[str, Any]:

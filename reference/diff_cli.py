@@ -18,20 +18,13 @@ import sys
 from typing import Any
 
 from ..errors import UsageError, float_arg, int_arg, shown
-from ..errors import status as print_status
 from .campaign import _run_scenarios, _scenarios, _Timed, campaign_flags, flags_arg, run_config_agreement
 
 
 def _load_impl(name: str, device: str | None):
-    from .impl import ImplementationError, load_impl
+    from ..cli import load_impl_or_fail  # one loader for every command: errors, the vLLM status line
 
-    try:
-        impl = load_impl(name, device=device, status=print_status)
-    except ImplementationError as e:
-        raise UsageError(str(e)) from None
-    if name == "vllm":
-        print_status(f"vLLM loaded in {getattr(impl, 'load_seconds', 0.0):.1f} s")
-    return impl
+    return load_impl_or_fail(name, device)
 
 
 def cmd_diff(args) -> int:

@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import Progress, UsageError, fail, float_arg, int_arg, shown, status
 from .examples import EXAMPLES_DIR, example_names, resolve_scenario_path
@@ -34,7 +34,9 @@ def _load(path_or_name: str):
         raise UsageError(str(e)) from None
 
 
-def _impl(name: str, device: str | None = None):
+def load_impl_or_fail(name: str, device: str | None = None):
+    """The implementation `--impl` names; a UsageError (one line) when it cannot be
+    loaded, and a status line while vLLM loads."""
     from .reference.impl import ImplementationError, load_impl
 
     try:
@@ -68,7 +70,7 @@ def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, dev
         return run_baseline(scenario, baseline, sink=sink)
     from .reference.engine import run_scenario
 
-    impl = _impl(impl_name, device)
+    impl = load_impl_or_fail(impl_name, device)
     progress = Progress(f"{scenario.name}", scenario.max_steps, min_total=2000)
     try:
         return run_scenario(scenario, impl, on_step=on_step, progress=progress, sink=sink)
@@ -336,7 +338,7 @@ IMPL_HELP = ("the scheduler to run: spec (default, the executable specification)
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's promise: an error is one line and exit 2."""
 
-    def error(self, message: str) -> "NoReturn":  # noqa: F821
+    def error(self, message: str) -> NoReturn:
         command = self.prog.partition(" ")[2]
         fail(f"{command + ': ' if command else ''}{message} (`{self.prog} --help` for usage)")
 

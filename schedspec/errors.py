@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+from typing import NoReturn
 
 
 class UsageError(Exception):
@@ -39,7 +40,7 @@ def shown(text: object, limit: int = 80) -> str:
     return "".join(out)
 
 
-def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+def fail(message: str, code: int = 2) -> NoReturn:
     # The message may quote user text: keep it one line whatever it holds.
     one_line = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
     print(f"schedspec: error: {one_line}", file=sys.stderr)
