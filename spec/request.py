@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-
 from typing import Sequence
 
 from .block_pool import extend_block_hashes, hash_block
