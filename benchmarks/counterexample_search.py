@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from schedspec.proofs.counterexample_cli import (
+from schedspec.cli.counterexample import (
     DEFAULT_LIVENESS_MAX_STEPS,
     DEFAULT_MAX_STEPS,
 )
-from schedspec.proofs.counterexample_search import search
-from schedspec.proofs.goals import GOALS, get_goal
-from schedspec.reference.impl import load_impl
+from schedspec.search.counterexample import search
+from schedspec.search.goals import GOALS, get_goal
+from schedspec.base.loader import load_impl
 
 
 def main() -> None:

@@ -12,7 +12,9 @@ import time
 
 from schedspec.spec import scheduler as S
 from schedspec.spec.config import SchedulerConfig
-from schedspec.spec.request import Request, RequestStatus, make_request
+from schedspec.spec.request import Request, RequestStatus
+from schedspec.spec.input_processor import make_request
+from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 
 
@@ -24,7 +26,7 @@ def decode_state(n: int) -> SchedulerState:
     reqs = {f"d{i}": Request(f"d{i}", 16, max_tokens=10**6, arrival_time=float(i), status=RequestStatus.RUNNING,
                              num_computed_tokens=16, num_output_tokens=1) for i in range(n)}
     blocks = {rid: 1 for rid in reqs}
-    state = SchedulerState(c, reqs, tuple(reqs), (), blocks, c.num_usable_blocks - n)
+    state = SchedulerState(config=c, requests=reqs, running=tuple(reqs), waiting=(), kv_cache=BlockCounts(c.num_usable_blocks - n, blocks))
     return S.add_request(state, make_request(c, "prompt", 4000, 10))
 
 

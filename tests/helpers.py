@@ -5,7 +5,9 @@ from __future__ import annotations
 from schedspec.spec import scheduler as S
 from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.kv_cache import cdiv
-from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus, make_request
+from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
+from schedspec.spec.input_processor import make_request
+from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 
 
@@ -25,7 +27,7 @@ def running_state(c: SchedulerConfig, decodes: int, prompt_len: int = 1, **req_k
         reqs[rid] = r
         blocks[rid] = cdiv(prompt_len, c.block_size)
     used = sum(blocks.values())
-    return SchedulerState(c, reqs, tuple(reqs), (), blocks, c.num_usable_blocks - used)
+    return SchedulerState(config=c, requests=reqs, running=tuple(reqs), waiting=(), kv_cache=BlockCounts(c.num_usable_blocks - used, blocks))
 
 
 def add(state: SchedulerState, rid: str, prompt_len: int, max_tokens: int | None = None, **kw) -> SchedulerState:
@@ -45,7 +47,7 @@ def step(state: SchedulerState, eos: set[str] = frozenset()):
 
 def cli(capsys, *args):
     """`schedspec ARGS` in-process: (exit status, stdout, stderr)."""
-    from schedspec.cli import main
+    from schedspec.cli.main import main
 
     try:
         rc = main([str(a) for a in args])

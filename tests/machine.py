@@ -1,26 +1,23 @@
 """A hypothesis state machine over the spec's four scheduler calls, checking every
-registered property after every step, and a loader for deliberately broken
-("mutant") variants of the spec, to show the machine catches them."""
+registered property after every step, and that no call changes the state it was
+given (states are values); tests/mutants.py breaks rules to show it notices."""
 
 from __future__ import annotations
 
+import copy
 import math
-import sys
-import types
-from collections import Counter
-from pathlib import Path
+from collections import Counter, deque
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from schedspec.spec import scheduler as spec_scheduler
+from schedspec.reference.engine import engine_step
+from schedspec.reference.impl import SpecScheduler
 from schedspec.spec.config import SchedulerConfig, validate_config
 from schedspec.spec.properties import PROPERTIES, check_step
-from schedspec.spec.request import EOS_TOKEN_ID, RequestStatus, make_request
-from schedspec.spec.state import SchedulerOutput, SchedulerState
-
-SPEC_DIR = Path(spec_scheduler.__file__).parent
-
+from schedspec.spec.request import RequestStatus
+from schedspec.spec.input_processor import make_request
+from schedspec.spec.state import SchedulerState
 
 @st.composite
 def configs(draw, wave2: bool = True) -> SchedulerConfig:
@@ -57,32 +54,6 @@ def configs(draw, wave2: bool = True) -> SchedulerConfig:
     return c
 
 
-def load_mutant(replacements: list[tuple[str, str, str]], name: str = "mutant") -> types.ModuleType:
-    """A copy of spec/scheduler.py with textual replacements (file, old, new); a
-    replacement in kv_cache.py builds a mutant kv_cache the scheduler imports.
-    Every `old` must occur exactly once, so a mutant cannot silently be the spec."""
-    sources = {f: (SPEC_DIR / f).read_text() for f in ("scheduler.py", "kv_cache.py", "block_pool.py")}
-    for file, old, new in replacements:
-        count = sources[file].count(old)
-        assert count == 1, f"mutation target occurs {count} times in {file}: {old!r}"
-        sources[file] = sources[file].replace(old, new)
-    package = "schedspec.spec"
-    kv = types.ModuleType(f"{package}.kv_cache_{name}")
-    kv.__package__ = package
-    exec(compile(sources["kv_cache.py"], f"<{name}:kv_cache.py>", "exec"), kv.__dict__)
-    sys.modules[kv.__name__] = kv
-    pool = types.ModuleType(f"{package}.block_pool_{name}")
-    pool.__package__ = package
-    sys.modules[pool.__name__] = pool  # before exec: its dataclasses look their module up
-    exec(compile(sources["block_pool.py"], f"<{name}:block_pool.py>", "exec"), pool.__dict__)
-    sched_src = sources["scheduler.py"].replace("from .kv_cache import", f"from .kv_cache_{name} import")
-    sched_src = sched_src.replace("from .block_pool import", f"from .block_pool_{name} import")
-    mod = types.ModuleType(f"{package}.scheduler_{name}")
-    mod.__package__ = package
-    exec(compile(sched_src, f"<{name}:scheduler.py>", "exec"), mod.__dict__)
-    return mod
-
-
 class PropertyViolation(AssertionError):
     pass
 
@@ -111,18 +82,24 @@ def count_coverage(before: SchedulerState, output, after: SchedulerState) -> Non
         COVERAGE["shared blocks"] += sum(1 for n in after.block_pool.ref_cnt.values() if n > 1)
 
 
-def make_machine(scheduler=spec_scheduler, watch: str | None = None):
-    """The state machine class, driving `scheduler` (the spec or a mutant); with
-    `watch`, only that property fails the run."""
+def make_machine(watch: str | None = None):
+    """The state machine class, driving the spec (under `tests/mutants.py mutated`, a
+    mutant of it) through the engine's own step; with `watch`, only that property
+    fails the run."""
 
     class SchedulerMachine(RuleBasedStateMachine):
         @initialize(config=configs())
         def start(self, config):
-            self.state = SchedulerState(config)
+            self.impl = SpecScheduler()
+            self.impl.reset(config)
             self.next_id = 0
             self.output_len: dict[str, int | None] = {}
             self.steps = 0
-            self.in_flight: list = []  # async: batches in flight, oldest first
+            self.in_flight = deque() if config.async_scheduling else None
+
+        @property
+        def state(self) -> SchedulerState:
+            return self.impl.state
 
         @rule(prompt_len=st.integers(1, 47), max_tokens=st.one_of(st.none(), st.integers(1, 12)),
               output_len=st.one_of(st.none(), st.integers(1, 12)), priority=st.integers(0, 3),
@@ -137,19 +114,16 @@ def make_machine(scheduler=spec_scheduler, watch: str | None = None):
             arrival = float(self.next_id - 1 if arrival_tie and self.next_id else self.next_id)
             self.next_id += 1
             self.output_len[rid] = output_len
-            self.state = scheduler.add_request(self.state, make_request(
+            self.impl.add_request(make_request(
                 c, rid, prompt_len, max_tokens, priority, arrival, tokens[:prompt_len] if c.enable_prefix_caching else None))
 
         @precondition(lambda self: bool(self.state.requests))
         @rule(data=st.data())
         def abort(self, data):
             rid = data.draw(st.sampled_from(sorted(self.state.requests)))
-            done, self.state = scheduler.finish_requests(self.state, [rid], RequestStatus.FINISHED_ABORTED)
-            assert done == (rid,)
+            done = self.impl.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+            assert tuple(done) == (rid,)
             assert rid not in self.state.requests
-
-        def token(self, r):
-            return EOS_TOKEN_ID if self.output_len[r.request_id] == r.num_output_tokens + 1 else 100
 
         @rule(count=st.integers(1, 4))
         def steps_(self, count):
@@ -158,33 +132,13 @@ def make_machine(scheduler=spec_scheduler, watch: str | None = None):
                 self.step()
 
         def step(self):
-            """One engine step of formats.md, synchronous or async (two batches in flight)."""
-            before = self.state
-            if not before.config.async_scheduling:
-                output, mid = scheduler.schedule(before)
-                sampled = {rid: [self.token(mid.requests[rid])] for rid, _ in output.num_scheduled_tokens
-                           if mid.requests[rid].num_computed_tokens >= mid.requests[rid].num_tokens}
-                _, after = scheduler.update_from_output(mid, output, sampled)
-            else:
-                output, after = SchedulerOutput(), before
-                done = False
-                if before.has_requests():
-                    output, after = scheduler.schedule(before)
-                    self.in_flight.append((output, [rid for rid, _ in output.num_scheduled_tokens
-                                                    if not after.requests[rid].is_prefill_chunk]))
-                    done = len(self.in_flight) < 2 and (output.total_num_scheduled_tokens > 0
-                                                        or after.has_requests())
-                elif not self.in_flight:
-                    done = True
-                if not done:
-                    batch, sampling = self.in_flight.pop(0)
-                    sampled = {rid: [self.token(after.requests[rid])] for rid in sampling
-                               if rid in after.requests}
-                    _, after = scheduler.update_from_output(after, batch, sampled)
-            self.state = after
+            """One engine step of formats.md, the engine's own (reference/engine.py)."""
+            snapshot = copy.deepcopy(self.state)
+            e = engine_step(self.impl, self.steps, self.output_len, self.in_flight)
+            assert e.before == snapshot, "a scheduler call changed the state it was given"
             self.steps += 1
-            count_coverage(before, output, after)
-            bad = {n: v for n, v in check_step(before, output, after).items()
+            count_coverage(e.before, e.output, e.after)
+            bad = {n: v for n, v in check_step(e.before, e.output, e.after).items()
                    if not v.holds and (watch is None or n == watch)}
             if bad:
                 raise PropertyViolation("; ".join(f"{n}: {v.detail} {dict(v.values)}" for n, v in bad.items()))
@@ -198,4 +152,4 @@ def make_machine(scheduler=spec_scheduler, watch: str | None = None):
 
 
 SpecMachine = make_machine()
-__all__ = ["COVERAGE", "PROPERTIES", "PropertyViolation", "SpecMachine", "configs", "load_mutant", "make_machine"]
+__all__ = ["COVERAGE", "PROPERTIES", "PropertyViolation", "SpecMachine", "configs", "make_machine"]

@@ -7,7 +7,7 @@ import sys
 import jsonschema
 import pytest
 
-from schedspec.examples import EXAMPLES_DIR
+from schedspec.reference.example_files import EXAMPLES_DIR
 from schedspec.reference.scenario import SCHEMA_DIR
 
 

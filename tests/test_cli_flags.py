@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import assert_one_line_error, cli
-from schedspec.examples import EXAMPLES_DIR, example_names
+from schedspec.reference.example_files import EXAMPLES_DIR, example_names
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -160,7 +160,7 @@ def test_version_and_help(capsys):
 def _all_actions():
     import argparse
 
-    from schedspec.cli import build_parser
+    from schedspec.cli.main import build_parser
 
     def walk(parser, prefix):
         for a in parser._actions:
@@ -249,7 +249,7 @@ def test_user_impl_from_the_current_folder_with_the_installed_script(sandbox):
 def test_slow_vllm_load_is_announced_and_timed_apart(capsys, sandbox, monkeypatch):
     """`--impl vllm` says it is loading and how long it took (vLLM itself is
     replaced by the spec here: what is tested is the announcement)."""
-    from schedspec.reference import impl
+    from schedspec.base import loader as impl
 
     monkeypatch.setitem(impl.BUILTIN_IMPLS, "vllm", "schedspec.reference.impl:SpecScheduler")
     rc, out, err = cli(capsys, "run", "s.json", "--impl", "vllm", "--timeline", "none")
@@ -258,7 +258,7 @@ def test_slow_vllm_load_is_announced_and_timed_apart(capsys, sandbox, monkeypatc
 
 
 def test_diff_announces_the_vllm_load_and_reports_it_apart(capsys, sandbox, monkeypatch):
-    from schedspec.reference import impl
+    from schedspec.base import loader as impl
 
     monkeypatch.setitem(impl.BUILTIN_IMPLS, "vllm", "schedspec.reference.impl:SpecScheduler")
     rc, out, err = cli(capsys, "diff", "--impl", "vllm", "s.json", "-o", "div")
@@ -268,11 +268,11 @@ def test_diff_announces_the_vllm_load_and_reports_it_apart(capsys, sandbox, monk
 
 
 def test_every_numeric_flag_has_a_checked_type():
-    """New numeric flags must use errors.int_arg/float_arg (plain int/float
+    """New numeric flags must use args.int_arg/float_arg (plain int/float
     accept -1, nan, inf)."""
     import argparse
 
-    from schedspec.cli import build_parser
+    from schedspec.cli.main import build_parser
 
     loose = []
 
@@ -415,7 +415,7 @@ def test_check_with_no_applicable_property_says_vacuous(capsys, sandbox):
 def test_trace_marker_is_read_from_the_header_only(tmp_path):
     import gzip
 
-    from schedspec.outputs import HEADER_BYTES, is_schedspec_trace
+    from schedspec.base.outputs import HEADER_BYTES, is_schedspec_trace
 
     head = '{"format": "schedspec.trace/1", "steps": []}'
     (tmp_path / "t.json").write_text(head)
@@ -437,7 +437,7 @@ def test_plot_marker_round_trip(tmp_path, fmt):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from schedspec.outputs import check_plot_path, is_schedspec_plot, plot_metadata
+    from schedspec.base.outputs import check_plot_path, is_schedspec_plot, plot_metadata
 
     ours, theirs = tmp_path / f"ours.{fmt}", tmp_path / f"theirs.{fmt}"
     for path, meta in ((ours, plot_metadata(fmt)), (theirs, None)):
@@ -450,7 +450,7 @@ def test_plot_marker_round_trip(tmp_path, fmt):
 
 
 def test_plain_status_line_when_not_a_terminal(capsys, monkeypatch):
-    from schedspec import errors
+    from schedspec.base import progress as errors
 
     monkeypatch.delenv("SCHEDSPEC_PROGRESS", raising=False)
     monkeypatch.setattr(errors, "STATUS_EVERY_S", 0.0)

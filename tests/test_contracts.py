@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from machine import load_mutant
+from mutants import Mutation, mutated
 from schedspec.reference.engine import fake_model, run_scenario
 from schedspec.reference.generator import generate_scenario, scenario_rng
 from schedspec.reference.impl import SpecScheduler
@@ -69,17 +69,20 @@ def test_contracts_hold_on_campaign_steps(scenarios):
 
 # Each a broken rule (with the spec's own assertion on it removed, so that only
 # the contracts can notice).
+M = Mutation
 MUTANTS = {
-    "admission over budget": [("scheduler.py", "n = min(n, request_token_budget)", "n = min(n, request_token_budget + 1)"),
-                              ("scheduler.py", "assert token_budget >= 0 and input_budget >= 0", "pass")],
-    "preemption leaks blocks": [("scheduler.py", "free += blocks.pop(victim, 0)", "blocks.pop(victim, 0)")],
-    "admission after preemption": [("scheduler.py", "if not preempted:", "if True:")],
-    "finished request kept": [("scheduler.py", "return tuple(finished), _without(state, reqs, [rid for rid, _ in finished], pool)",
-                               "return tuple(finished), _without(state, reqs, [], pool)")],
+    "admission over budget": [M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget + 1)"),
+                              M("scheduler.schedule", "assert s.token_budget >= 0 and s.input_budget >= 0", "pass")],
+    "preemption leaks blocks": [M("kv_cache.BlockCountsWork.free",
+                                  "self.num_free_blocks += self.req_to_num_blocks.pop(request_id, 0)",
+                                  "self.req_to_num_blocks.pop(request_id, 0)")],
+    "admission after preemption": [M("scheduler.schedule", "not s.preempted", "True")],
+    "finished request kept": [M("scheduler.update_from_output", "remove_finished(w, [rid for rid, _ in finished])",
+                                "remove_finished(w, [])")],
 }
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_contracts_catch_a_broken_spec(name, scenarios):
-    mutant = load_mutant(MUTANTS[name], name=f"contract_{name.replace(' ', '_')}")
-    assert broken_posts(mutant, scenarios), f"no contract caught {name!r}"
+    with mutated(MUTANTS[name]) as mutant:
+        assert broken_posts(mutant, scenarios), f"no contract caught {name!r}"

@@ -15,13 +15,13 @@ import re
 from pathlib import Path
 
 import pytest
-from schedspec.proofs.counterexample_search import evaluate, search
-from schedspec.proofs.goals import GOALS, get_goal
+from schedspec.search.counterexample import GoalFailed, ImplementationFailed, evaluate, search
+from schedspec.search.goals import GOALS, get_goal
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
-from schedspec.reference.scenario import load_scenario
+from schedspec.reference.scenario import RequestSpec, Scenario, load_scenario, save_scenario
 
-from schedspec.cli import main as cli_main
+from schedspec.cli.main import main as cli_main
 
 HERE = Path(__file__).parent / "counterexamples"
 FILES = sorted(HERE.glob("*.json"))
@@ -181,3 +181,78 @@ def test_cli_fixed_config_none_within_bound_and_errors(tmp_path, monkeypatch, ca
     # --replay on a file that does not reach the goal: exit 1.
     code, out, _ = _cli(["counterexample", "thrash", "--replay", str(tmp_path / "s.json")], capsys)
     assert code == 1 and "NOT reached" in out
+
+
+# --- steps by number: the engine lists no idle step -------------------------------------
+
+# Both requests arrive at step 2, so the run lists no step 0 or 1: r0 (15 tokens,
+# chunked prefill off, a budget of 1) never fits and r1 waits behind it forever.
+LATE = Scenario("late-arrivals", {"max_num_batched_tokens": 16, "max_num_seqs": 1, "max_model_len": 16,
+                                  "block_size": 4, "num_gpu_blocks": 5, "enable_chunked_prefill": False,
+                                  "max_num_scheduled_tokens": 1},
+                (RequestSpec("r0", 15, arrival_step=2),
+                 RequestSpec("r1", 1, arrival_step=2, max_tokens=1, arrival_time=1.0)), max_steps=4)
+
+
+def later(s: Scenario, shift: int) -> Scenario:
+    """The same run, `shift` steps later."""
+    return dataclasses.replace(
+        s, max_steps=s.max_steps + shift,
+        requests=tuple(dataclasses.replace(r, arrival_step=r.arrival_step + shift) for r in s.requests),
+        aborts=tuple(dataclasses.replace(a, step=a.step + shift) for a in s.aborts))
+
+
+def test_a_late_first_arrival_is_judged_by_step_number():
+    """Regression: the finders indexed the transitions by step number, so a run whose
+    first arrival is after step 0 raised IndexError (reported as "spec raised on a
+    drawn scenario") or described the wrong steps."""
+    hit = evaluate(LATE, SpecScheduler(), get_goal("liveness:waits-while-fits"), 3)
+    assert hit is not None and (hit.requests, hit.first_step, hit.last_step) == (("r1",), 2, 3)
+    assert "in step 2 of the cycle" in hit.detail
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_the_same_run_later_reaches_the_same_goal_later(path):
+    s = load_scenario(path)
+    name, k = goal_of(s)
+    hit = evaluate(s, SpecScheduler(), get_goal(name), k)
+    late = evaluate(later(s, 5), SpecScheduler(), get_goal(name), k)
+    assert late is not None
+    assert (late.requests, late.first_step, late.last_step, late.values) == \
+        (hit.requests, hit.first_step + 5, hit.last_step + 5, hit.values)
+
+
+def test_cli_search_and_replay_with_late_arrivals(tmp_path, monkeypatch, capsys):
+    # Seed 11 drew a scenario with late arrivals in its first draws: exit 2, "spec raised ...: IndexError".
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _cli(["counterexample", "liveness:waits-while-fits", "--seed", "11", "--tries", "20",
+                           "--shrink-seconds", "2"], capsys)
+    assert code == 0, err
+    save_scenario(LATE, tmp_path / "late.json")
+    code, out, err = _cli(["counterexample", "liveness:waits-while-fits", "--replay", "late.json"], capsys)
+    assert code == 0 and "reached" in out, err
+
+
+class Raises(SpecScheduler):
+    name = "raises"
+
+    def schedule(self):
+        raise ZeroDivisionError("boom")
+
+
+def test_a_failure_is_blamed_on_whoever_raised(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ImplementationFailed, match="raises raised on scenario 'late-arrivals': ZeroDivisionError"):
+        evaluate(LATE, Raises(), get_goal("stall"), 3)
+    with pytest.raises(ImplementationFailed):
+        search(get_goal("stall"), 3, Raises(), tries=5)
+
+    def broken(scenario, transitions, k):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setitem(GOALS, "stall", dataclasses.replace(GOALS["stall"], find=broken))
+    with pytest.raises(GoalFailed) as e:
+        evaluate(LATE, SpecScheduler(), get_goal("stall"), 3)
+    assert "internal error: goal stall raised" in str(e.value) and "not of spec" in str(e.value)
+    code, _, err = _cli(["counterexample", "stall", "--tries", "5"], capsys)
+    assert code == 3 and "internal error" in err and "spec raised" not in err

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from schedspec.proofs.counterexample_search import evaluate
-from schedspec.proofs.goals import cycle_in, get_goal
+from schedspec.search.counterexample import evaluate
+from schedspec.search.goals import at_step, cycle_in, get_goal, state_key, steps_between
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.scenario import load_scenario
 from test_counterexample import FILES, goal_of
@@ -47,11 +47,9 @@ def test_vllm_livelock_persists(vllm, path):
     trace = run_scenario(s, vllm, on_step=transitions.append)
     assert trace["summary"]["steps"] == 500
     first, repeat = cycle_in(s, transitions)
-    stuck = set(transitions[first].before.requests)
+    stuck = set(at_step(transitions, first).before.requests)
     assert stuck and stuck <= set(trace["summary"]["unfinished"])
     # Every later step repeats the cycle: the period holds to the end.
     period = repeat - first
-    from schedspec.proofs.goals import state_key
-
-    keys = [state_key(t.before) for t in transitions[first:]]
+    keys = [state_key(t.before) for t in steps_between(transitions, first, s.max_steps)]
     assert all(keys[i] == keys[i + period] for i in range(len(keys) - period))

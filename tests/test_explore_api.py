@@ -17,8 +17,8 @@ pytest.importorskip("httpx", reason="starlette's TestClient needs httpx (pip ins
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from schedspec.cli import main as cli_main  # noqa: E402
-from schedspec.examples import EXAMPLES_DIR  # noqa: E402
+from schedspec.cli.main import main as cli_main  # noqa: E402
+from schedspec.reference.example_files import EXAMPLES_DIR  # noqa: E402
 from schedspec.explore import core  # noqa: E402
 from schedspec.explore.app import create_app  # noqa: E402
 from schedspec.reference.engine import run_scenario  # noqa: E402

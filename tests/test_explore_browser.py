@@ -30,7 +30,7 @@ if not os.access(CHROMIUM, os.X_OK):
     pytest.skip(f"browser tests skipped: no Chromium at {CHROMIUM}; run scripts/install-browser.sh as root "
                 "(Debian's chromium package) or set SCHEDSPEC_CHROMIUM", allow_module_level=True)
 
-from schedspec.examples import EXAMPLES_DIR  # noqa: E402
+from schedspec.reference.example_files import EXAMPLES_DIR  # noqa: E402
 from schedspec.explore import core  # noqa: E402
 from schedspec.reference.engine import run_scenario  # noqa: E402
 from schedspec.reference.impl import SpecScheduler  # noqa: E402

@@ -5,14 +5,13 @@ exercised (reference/coverage.py).  No vLLM needed."""
 
 from __future__ import annotations
 
-import argparse
 import collections
 import hashlib
 import json
 
 import pytest
 from helpers import assert_one_line_error, cli
-from schedspec.reference.campaign import _scenarios
+from schedspec.reference.campaign import random_scenarios
 from schedspec.reference.coverage import StepCoverage, add_coverage
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import (
@@ -137,10 +136,10 @@ PINNED = {0: "0050669921399a6a", 7: "e07864e555e7775a"}
 def test_torch_campaigns_draw_no_flags():
     assert flags_for("torch", "spec") == FLAGS_OFF and flags_for("spec", "torch") == FLAGS_OFF
     assert flags_for("vllm", "spec") == FLAGS_ALL and flags_for("mymod:Sched", "spec") == FLAGS_ALL
-    # gpu/campaign.py draws through _scenarios without `flags`: none.
-    plain = list(_scenarios(argparse.Namespace(files=[], num_scenarios=80, seed=SEED)))
+    # gpu/campaign.py draws through random_scenarios without `flags`: none.
+    plain = list(random_scenarios(80, SEED))
     assert all(_flags(s) == (False, False) for s, _ in plain)
-    flagged = list(_scenarios(argparse.Namespace(files=[], num_scenarios=80, seed=SEED, flags=FLAGS_ALL)))
+    flagged = list(random_scenarios(80, SEED, FLAGS_ALL))
     assert len({_flags(s) for s, _ in flagged}) == 4
 
 

@@ -26,7 +26,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis_jsonschema import from_schema
 
 from helpers import cli
-from schedspec.examples import EXAMPLES_DIR
+from schedspec.reference.example_files import EXAMPLES_DIR
 from schedspec.reference.scenario import (SCHEMA_DIR, ScenarioError, _fast_valid, _scenario_validator,
                                           load_scenario, parse_scenario_bytes)
 

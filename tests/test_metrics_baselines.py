@@ -12,13 +12,13 @@ import pytest
 from schedspec.reference.baselines import run_baseline
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
-from schedspec.reference.metrics import _percentile, compute_metrics, format_metrics
+from schedspec.reference.metrics import compute_metrics, format_metrics, percentile
 from schedspec.reference.plot import plot_budget
 from schedspec.reference.scenario import Abort, RequestSpec, Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "reference" / "examples"
-TRACE_SCHEMA = json.loads((ROOT / "reference" / "schemas" / "trace.schema.json").read_text())
+EXAMPLES = ROOT / "schedspec" / "reference" / "examples"
+TRACE_SCHEMA = json.loads((ROOT / "schedspec" / "reference" / "schemas" / "trace.schema.json").read_text())
 
 
 def scenario(requests, aborts=(), **config):
@@ -250,9 +250,9 @@ def test_error_trace_is_refused():
 
 
 def test_percentiles_interpolate():
-    assert _percentile([1, 2, 3, 4], 50) == 2.5
-    assert _percentile([10, 0, 20], 99) == pytest.approx(19.8)
-    assert _percentile([], 50) is None
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10, 0, 20], 99) == pytest.approx(19.8)
+    assert percentile([], 50) is None
 
 
 # --- the plot --------------------------------------------------------------------

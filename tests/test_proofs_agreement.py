@@ -20,13 +20,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from machine import configs, load_mutant
+from machine import configs
+from mutants import Mutation, mutated
 from schedspec.proofs.agreement import StepEvaluator, spec_step
 from schedspec.spec import scheduler as S
 from schedspec.spec.config import PRIORITY, SchedulerConfig, validate_config
 from schedspec.spec.invariants import check_state
 from schedspec.spec.kv_cache import cdiv
-from schedspec.spec.request import Request, RequestStatus, make_request
+from schedspec.spec.request import Request, RequestStatus
+from schedspec.spec.input_processor import make_request
+from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 
 MAX_RUNNING = MAX_WAITING = 6
@@ -109,7 +112,7 @@ def drawn_states(draw):
         waiting.sort(key=lambda w: reqs[w].queue_key)
     else:
         waiting.sort(key=lambda w: reqs[w].status != RequestStatus.PREEMPTED)
-    s = SchedulerState(c, reqs, tuple(running), tuple(waiting), blocks, G - 1 - held)
+    s = SchedulerState(config=c, requests=reqs, running=tuple(running), waiting=tuple(waiting), kv_cache=BlockCounts(G - 1 - held, blocks))
     assert all(v.holds for v in check_state(s).values()), {k: v for k, v in check_state(s).items() if not v.holds}
     return s, output_len
 
@@ -123,7 +126,7 @@ def refund_state():
     R = RequestStatus.RUNNING
     reqs = {"a": Request("a", 5, 4, 3, 0.0, R, 5, 1), "b": Request("b", 4, 4, 0, 1.0, R, 4, 1),
             "c": Request("c", 10, 4, 0, 2.0, R, 4, 0)}
-    s = SchedulerState(c, reqs, ("a", "b", "c"), (), {"a": 3, "b": 2, "c": 2}, 0)
+    s = SchedulerState(config=c, requests=reqs, running=("a", "b", "c"), waiting=(), kv_cache=BlockCounts(0, {"a": 3, "b": 2, "c": 2}))
     assert all(v.holds for v in check_state(s).values())
     return s, {}
 
@@ -134,7 +137,7 @@ def input_budget_state():
     c = SchedulerConfig(max_num_batched_tokens=4, max_num_scheduled_tokens=8, max_num_seqs=4, max_model_len=16,
                         block_size=2, num_gpu_blocks=16)
     reqs = {"a": Request("a", 10, 4, 0, 0.0, RequestStatus.RUNNING, 2, 0)}
-    s = SchedulerState(c, reqs, ("a",), (), {"a": 1}, 14)
+    s = SchedulerState(config=c, requests=reqs, running=("a",), waiting=(), kv_cache=BlockCounts(14, {"a": 1}))
     assert all(v.holds for v in check_state(s).values())
     return s, {}
 
@@ -145,12 +148,25 @@ def exact_fit_state():
     c = SchedulerConfig(max_num_batched_tokens=8, max_num_scheduled_tokens=7, max_num_seqs=4, max_model_len=8,
                         block_size=2, num_gpu_blocks=12, enable_chunked_prefill=False)
     reqs = {"w": Request("w", 7, 1, 0, 0.0, RequestStatus.WAITING, 0, 0)}
-    s = SchedulerState(c, reqs, (), ("w",), {}, 11)
+    s = SchedulerState(config=c, requests=reqs, running=(), waiting=("w",), kv_cache=BlockCounts(11, {}))
     assert all(v.holds for v in check_state(s).values())
     return s, {}
 
 
-EXPLICIT_STATES = [refund_state, input_budget_state, exact_fit_state]
+def full_isl_watermark_state():
+    """The full-ISL gate counts the watermark too (K:531-548): `w`'s whole sequence
+    (10 blocks) fits the 10 free blocks, but not with the watermark's 1 on top,
+    while its first chunk (3 blocks + 1) would.  Random draws rarely meet that window."""
+    c = SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=2, max_model_len=12, block_size=1,
+                        num_gpu_blocks=14, watermark=0.1)
+    reqs = {"a": Request("a", 2, 8, 0, 0.0, RequestStatus.RUNNING, 2, 1),
+            "w": Request("w", 10, 1, 0, 1.0, RequestStatus.WAITING, 0, 0)}
+    s = SchedulerState(config=c, requests=reqs, running=("a",), waiting=("w",), kv_cache=BlockCounts(11, {"a": 2}))
+    assert all(v.holds for v in check_state(s).values())
+    return s, {}
+
+
+EXPLICIT_STATES = [refund_state, input_budget_state, exact_fit_state, full_isl_watermark_state]
 
 
 # --- which rule paths a batch of steps exercised ---------------------------------------------------
@@ -256,55 +272,65 @@ def test_encoding_agrees_with_spec(evaluator):
 
 # --- sensitivity: a one-line change to the spec must show up as a disagreement ---------------------
 
+M = Mutation
 SPEC_MUTANTS = {
-    "budget_off_by_one": [("scheduler.py", "token_budget = c.token_budget  # S:716", "token_budget = c.token_budget + 1")],
-    "threshold_one_eligible": [("scheduler.py", "if num_eligible > 1 else 0", "if num_eligible > 0 else 0")],
-    "fcfs_victim_head": [("scheduler.py", "victim = running.pop()  # FCFS", "victim = running.pop(0)  #")],
-    "no_cursor_fix": [("scheduler.py", "                if v < i:  # the cursor fix", "                if False:  #")],
-    "no_refund": [("scheduler.py", "token_budget += refund\n                    input_budget += refund", "pass")],
-    "watermark_on_first_admission": [("kv_cache.py", "if has_scheduled_reqs and request.status", "if request.status")],
-    "full_isl_without_watermark": [("kv_cache.py", "if full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks:", "if full + num_evictable_hit_blocks > num_free_blocks:")],
-    "allocation_needs_spare_block": [("kv_cache.py", "if need + watermark_blocks > num_free_blocks:", "if need + watermark_blocks >= num_free_blocks:")],
-    "chunked_off_fit_strict": [("scheduler.py", "if not c.enable_chunked_prefill and n > request_token_budget:", "if not c.enable_chunked_prefill and n >= request_token_budget:")],
-    "admit_after_preemption": [("scheduler.py", "if not preempted:", "if True:")],
-    "length_check_strict": [("scheduler.py", "if request.num_tokens >= max_model_len or", "if request.num_tokens > max_model_len or")],
-    "preempted_to_back": [("scheduler.py", "_enqueue(c.policy, waiting, reqs, victim, front=True)", "_enqueue(c.policy, waiting, reqs, victim, front=False)")],
+    "budget_off_by_one": [M("scheduler.ScheduleWork.__init__", "c.token_budget", "c.token_budget + 1")],
+    "threshold_one_eligible": [M("scheduler.ScheduleWork.__init__", "len(self.running) + len(self.waiting) > 1",
+                                 "len(self.running) + len(self.waiting) > 0")],
+    "fcfs_victim_head": [M("scheduler.choose_victim", "s.running[-1]", "s.running[0]")],
+    "no_cursor_fix": [M("scheduler.preempt", "v < s.cursor", "False")],
+    "no_refund": [M("scheduler.preempt", "s.token_budget += refund\ns.input_budget += refund", "pass")],
+    "watermark_on_first_admission": [M("kv_cache.allocate_slots",
+                                       "has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)",
+                                       "request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)")],
+    "full_isl_without_watermark": [M("kv_cache.allocate_slots",
+                                     "full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
+                                     "full + num_evictable_hit_blocks > num_free_blocks")],
+    "allocation_needs_spare_block": [M("kv_cache.allocate_slots",
+                                       "new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
+                                       "new_blocks + num_evictable_hit_blocks + watermark_blocks >= num_free_blocks")],
+    "chunked_off_fit_strict": [M("scheduler.num_new_tokens_waiting", "n > budget", "n >= budget")],
+    "admit_after_preemption": [M("scheduler.schedule", "not s.preempted", "True")],
+    "length_check_strict": [M("scheduler.check_stop", "request.num_tokens >= max_model_len",
+                              "request.num_tokens > max_model_len")],
+    "preempted_to_back": [M("scheduler.preempt", "enqueue(s.config.policy, s.waiting, s.requests, victim, front=True)",
+                            "enqueue(s.config.policy, s.waiting, s.requests, victim, front=False)")],
 }
 
 
 @pytest.mark.parametrize("name", sorted(SPEC_MUTANTS))
 def test_agreement_detects_spec_mutant(evaluator, name):
-    mutant = load_mutant(SPEC_MUTANTS[name], name=f"agree_{name}")
-    found = []
+    with mutated(SPEC_MUTANTS[name]) as mutant:
+        found = []
 
-    def check(state, output_len):
-        if found or not evaluator.fits(state):
-            return
-        try:
-            got, exp = compare(evaluator, state, output_len, mutant)
-        except (AssertionError, ValueError, KeyError, IndexError):
-            found.append("the mutant crashed")  # a crash is a disagreement too
-            return
-        if got != exp:
-            found.append((state, got, exp))
-
-    @settings(max_examples=300, **SETTINGS)
-    @given(config=configs(wave2=False), acts=actions)
-    def reached(config, acts):
-        for state, output_len in reached_states(config, acts):
-            check(state, output_len)
-            if found:
+        def check(state, output_len):
+            if found or not evaluator.fits(state):
                 return
+            try:
+                got, exp = compare(evaluator, state, output_len, mutant)
+            except (AssertionError, ValueError, KeyError, IndexError):
+                found.append("the mutant crashed")  # a crash is a disagreement too
+                return
+            if got != exp:
+                found.append((state, got, exp))
 
-    @settings(max_examples=300, **SETTINGS)
-    @given(drawn=drawn_states())
-    def direct(drawn):
-        check(*drawn)
+        @settings(max_examples=300, **SETTINGS)
+        @given(config=configs(wave2=False), acts=actions)
+        def reached(config, acts):
+            for state, output_len in reached_states(config, acts):
+                check(state, output_len)
+                if found:
+                    return
 
-    for make in EXPLICIT_STATES:
-        check(*make())
-    if not found:
-        direct()
-    if not found:
-        reached()
+        @settings(max_examples=300, **SETTINGS)
+        @given(drawn=drawn_states())
+        def direct(drawn):
+            check(*drawn)
+
+        for make in EXPLICIT_STATES:
+            check(*make())
+        if not found:
+            direct()
+        if not found:
+            reached()
     assert found, f"the spec mutant {name} agrees with the encoding on every state tried"

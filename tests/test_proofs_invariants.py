@@ -5,8 +5,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import invariant, run_state_machine_as_test
 
-from machine import load_mutant, make_machine
-from schedspec.spec import scheduler as spec_scheduler
+from machine import make_machine
+from mutants import Mutation, mutated
 from schedspec.spec.invariants import STATE_INVARIANTS, check_state
 
 
@@ -14,8 +14,8 @@ class InvariantViolation(AssertionError):
     pass
 
 
-def invariant_machine(scheduler=spec_scheduler, watch=None):
-    base = make_machine(scheduler, watch="__none__")  # only the state invariant fails the run
+def invariant_machine(watch=None):
+    base = make_machine(watch="__none__")  # only the state invariant fails the run
 
     class InvariantMachine(base):
         def queues_partition_requests(self):
@@ -40,16 +40,25 @@ def test_invariant_holds_in_every_reachable_state():
 
 S, K = "scheduler.py", "kv_cache.py"
 # invariant -> a one-line break of the spec that must violate it.
+M = Mutation
 INVARIANT_MUTANTS = {
-    "queues_partition_requests": [(S, "            running.append(rid)\n", "            running.append(rid); waiting.append(rid)\n")],
-    "statuses_match_queues": [(S, "reqs[victim] = r.evolve(status=RequestStatus.PREEMPTED,", "reqs[victim] = r.evolve(status=RequestStatus.RUNNING,")],
-    "request_lengths_valid": [(S, "if request.num_tokens >= max_model_len or", "if request.num_tokens > max_model_len or")],
-    "computed_tokens_below_num_tokens": [(S, "n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens  # S:839 ", "n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens + 1  # ")],
-    "waiting_requests_hold_nothing": [(S, "reqs[victim] = r.evolve(status=RequestStatus.PREEMPTED, num_computed_tokens=0,", "reqs[victim] = r.evolve(status=RequestStatus.PREEMPTED,")],
-    "blocks_match_computed_tokens": [(K, "num_tokens_need_slot = min(total_computed_tokens + num_new_tokens, L)", "num_tokens_need_slot = min(total_computed_tokens + num_new_tokens + 1, L)")],
-    "blocks_conserved": [(S, "free += blocks.pop(victim, 0)", "blocks.pop(victim, 0)")],
-    "running_within_limit": [(S, "if len(running) >= c.max_num_active_reqs:", "if len(running) > c.max_num_active_reqs:"), (S, "assert len(running) <= c.max_num_seqs", "pass")],
-    "waiting_queue_ordered": [(S, "_enqueue(c.policy, waiting, reqs, victim, front=True)", "waiting.append(victim)")],
+    "queues_partition_requests": [M("scheduler.admit", "s.running.append(rid)", "s.running.append(rid)\ns.waiting.append(rid)")],
+    "statuses_match_queues": [M("scheduler.preempt", "r.status = RequestStatus.PREEMPTED", "r.status = RequestStatus.RUNNING")],
+    "request_lengths_valid": [M("scheduler.check_stop", "request.num_tokens >= max_model_len", "request.num_tokens > max_model_len")],
+    "computed_tokens_below_num_tokens": [M("scheduler.num_new_tokens_running",
+                                           "r.num_tokens + r.num_output_placeholders - r.num_computed_tokens",
+                                           "r.num_tokens + r.num_output_placeholders - r.num_computed_tokens + 1")],
+    "waiting_requests_hold_nothing": [M("scheduler.preempt", "r.num_computed_tokens = 0", "pass")],
+    "blocks_match_computed_tokens": [M("kv_cache.allocate_slots", "min(total_computed_tokens + num_new_tokens, L)",
+                                       "min(total_computed_tokens + num_new_tokens + 1, L)")],
+    "blocks_conserved": [M("kv_cache.BlockCountsWork.free",
+                           "self.num_free_blocks += self.req_to_num_blocks.pop(request_id, 0)",
+                           "self.req_to_num_blocks.pop(request_id, 0)")],
+    "running_within_limit": [M("scheduler.schedule_waiting", "len(s.running) < s.config.max_num_active_reqs",
+                               "len(s.running) <= s.config.max_num_active_reqs"),
+                             M("scheduler.schedule", "assert len(s.running) <= s.config.max_num_seqs", "pass")],
+    "waiting_queue_ordered": [M("scheduler.preempt", "enqueue(s.config.policy, s.waiting, s.requests, victim, front=True)",
+                                "s.waiting.append(victim)")],
 }
 
 
@@ -59,8 +68,7 @@ def test_every_invariant_has_a_mutant():
 
 @pytest.mark.parametrize("name", sorted(INVARIANT_MUTANTS))
 def test_invariant_catches_broken_rule(name):
-    mutant = load_mutant(INVARIANT_MUTANTS[name], name=f"inv_{name}")
-    with pytest.raises(InvariantViolation, match=name):
-        run_state_machine_as_test(invariant_machine(mutant, watch=name), settings=settings(
+    with mutated(INVARIANT_MUTANTS[name]), pytest.raises(InvariantViolation, match=name):
+        run_state_machine_as_test(invariant_machine(watch=name), settings=settings(
             max_examples=2000, stateful_step_count=60, deadline=None, database=None,
             phases=[Phase.generate], suppress_health_check=list(HealthCheck)))

@@ -11,7 +11,7 @@ import sys
 import pytest
 from hypothesis import given, settings
 
-from machine import load_mutant
+from mutants import Mutation, mutated
 from test_proofs_agreement import SETTINGS, drawn_states
 from schedspec.proofs.agreement import StepEvaluator, formula_terms, spec_step, to_spec_step
 from schedspec.proofs.obligations import (OUTSIDE_ENCODING, STEP_BAD_VARIANTS, build_obligations, covered_properties,
@@ -20,7 +20,7 @@ from schedspec.proofs.property_formulas import INVARIANT_FORMULAS, PROPERTY_FORM
 from schedspec.proofs.symbolic import concrete_state
 from schedspec.proofs.witness import find_witness
 from schedspec.reference.engine import run_scenario
-from schedspec.reference.impl import load_impl
+from schedspec.base.loader import load_impl
 from schedspec.spec import properties
 from schedspec.spec.invariants import STATE_INVARIANTS, check_state
 from schedspec.spec.properties import PROPERTIES, Property, check_step
@@ -113,8 +113,10 @@ def test_bad_variant_refuted_and_spec_mutant_exhibits_it():
     assert res.status == "refuted", res
     state, output_len = concrete_state(res.model)
     assert all(v.holds for v in check_state(state).values())
-    mutant = load_mutant([("scheduler.py", "free += blocks.pop(victim, 0)", "blocks.pop(victim, 0)")], "leak_cex")
-    _, (out, after) = spec_step(state, output_len, mutant)
+    leak = Mutation("kv_cache.BlockCountsWork.free", "self.num_free_blocks += self.req_to_num_blocks.pop(request_id, 0)",
+                    "self.req_to_num_blocks.pop(request_id, 0)")
+    with mutated([leak]) as mutant:
+        _, (out, after) = spec_step(state, output_len, mutant)
     assert not PROPERTIES["kv_blocks_conserved"].check(state, out, after).holds
     _, (out, after) = spec_step(state, output_len)
     assert PROPERTIES["kv_blocks_conserved"].check(state, out, after).holds

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mutants import Mutation, mutated
+
 from schedspec.proofs import starvation as st
 from schedspec.proofs.obligation import Obligation
 from schedspec.reference.engine import run_scenario
@@ -22,6 +24,7 @@ from schedspec.spec.kv_cache import cdiv
 from schedspec.spec.properties import PROPERTIES
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.scheduler import schedule, update_from_output
+from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +158,7 @@ def _state(D, B, P, *, chunked, threshold, M, block_size=16, free=None, watermar
         waiting.append(f"w{j}")
     if free is None:
         free = c.num_usable_blocks - sum(blocks.values())
-    return SchedulerState(c, reqs, tuple(running), tuple(waiting), blocks, free)
+    return SchedulerState(config=c, requests=reqs, running=tuple(running), waiting=tuple(waiting), kv_cache=BlockCounts(free, blocks))
 
 
 def _per_request(s: SchedulerState, prompt_computed: int) -> st.PerRequestState:
@@ -256,28 +259,27 @@ def test_encodings_agree_with_the_spec_exhaustively():
 
 S, K = "scheduler.py", "kv_cache.py"
 # One-line rule changes in the spec the concrete comparison must notice.
+M = Mutation
 MUTANTS = {
-    "chunk capped": [(S, "n = min(n, request_token_budget)", "n = min(n, request_token_budget, 2)")],
-    "budget +1": [(S, "n = min(n, request_token_budget)", "n = min(n, request_token_budget + 1)")],
-    "no run-slot check": [(S, "if len(running) >= c.max_num_active_reqs:", "if False:")],
-    "chunked-off skip": [(S, "if not c.enable_chunked_prefill and n > request_token_budget:",
-                          "if not c.enable_chunked_prefill and n > request_token_budget + 1:")],
-    "decode cap 1 short": [(S, "n = min(n, token_budget, input_budget)", "n = min(n, token_budget - 1, input_budget)")],
-    "admission after preemption": [(S, "if not preempted:", "if True:")],
-    "threshold with one eligible": [(S, "threshold = c.long_prefill_token_threshold if num_eligible > 1 else 0",
-                                     "threshold = c.long_prefill_token_threshold")],
-    "watermark off": [(K, "watermark_blocks = config.watermark_blocks", "watermark_blocks = 0")],
-    "full-ISL gate off": [(K, "if full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks:", "if False:")],
+    "chunk capped": [M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget, 2)")],
+    "budget +1": [M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget + 1)")],
+    "no run-slot check": [M("scheduler.schedule_waiting", "len(s.running) < s.config.max_num_active_reqs", "True")],
+    "chunked-off skip": [M("scheduler.num_new_tokens_waiting", "n > budget", "n > budget + 1")],
+    "decode cap 1 short": [M("scheduler.num_new_tokens_running", "min(n, s.token_budget, s.input_budget)",
+                             "min(n, s.token_budget - 1, s.input_budget)")],
+    "admission after preemption": [M("scheduler.schedule", "not s.preempted", "True")],
+    "threshold with one eligible": [M("scheduler.ScheduleWork.__init__",
+                                      "c.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0",
+                                      "c.long_prefill_token_threshold")],
+    "watermark off": [M("kv_cache.allocate_slots", "watermark_blocks = config.watermark_blocks", "watermark_blocks = 0")],
+    "full-ISL gate off": [M("kv_cache.allocate_slots", "full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
+                            "False")],
 }
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_the_concrete_comparison_catches_a_broken_rule(mutant):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from machine import load_mutant
-
-    mod = load_mutant(MUTANTS[mutant], name="starv_" + mutant.replace(" ", "_").replace("-", "_").replace("+", "p"))
-    with pytest.raises(AssertionError):
+    with mutated(MUTANTS[mutant]) as mod, pytest.raises(AssertionError):
         _grid(mod.schedule, small=True)
 
 

@@ -6,6 +6,7 @@ from helpers import add, config, running_state, step
 from schedspec.spec import scheduler as S
 from schedspec.spec.kv_cache import allocate_slots
 from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
+from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 
 W, R, P = RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED
@@ -69,8 +70,7 @@ def test_model_length_cap_gives_zero_and_skips_not_stops():
     # A hand-made running request whose next position would reach max_model_len.
     full = Request("full", 63, max_tokens=10, status=R, num_computed_tokens=63, num_output_tokens=1)
     other = Request("other", 4, max_tokens=10, status=R, num_computed_tokens=4, num_output_tokens=1)
-    state = SchedulerState(c, {"full": full, "other": other}, ("full", "other"), (), {"full": 4, "other": 1},
-                           c.num_usable_blocks - 5)
+    state = SchedulerState(config=c, requests={"full": full, "other": other}, running=("full", "other"), waiting=(), kv_cache=BlockCounts(c.num_usable_blocks - 5, {"full": 4, "other": 1}))
     out, _ = S.schedule(state)
     assert out.scheduled == {"other": 1}  # cap 3 = L - ncomp - 1 = 0: skipped, scan goes on
 
@@ -144,7 +144,7 @@ def test_self_preemption_fcfs_breaks():
     c = config(max_num_batched_tokens=64, max_model_len=32, block_size=4, num_gpu_blocks=9)
     a = Request("a", 24, 100, status=R, num_computed_tokens=24, num_output_tokens=1)
     b = Request("b", 4, 100, arrival_time=1, status=R, num_computed_tokens=4, num_output_tokens=1)
-    state = SchedulerState(c, {"a": a, "b": b}, ("a", "b"), (), {"a": 6, "b": 1}, 1)
+    state = SchedulerState(config=c, requests={"a": a, "b": b}, running=("a", "b"), waiting=(), kv_cache=BlockCounts(1, {"a": 6, "b": 1}))
     out, after = S.schedule(state)
     assert out.preempted_req_ids == ("b",) and out.scheduled == {"a": 1}
     assert after.running == ("a",) and after.waiting == ("b",)
@@ -171,7 +171,7 @@ def test_priority_cursor_fix_keeps_the_next_request_scheduled():
     A = Request("A", 64, 100, priority=9, arrival_time=0, status=R, num_computed_tokens=48)
     B = Request("B", 15, 100, priority=0, arrival_time=1, status=R, num_computed_tokens=15, num_output_tokens=1)
     C = Request("C", 1, 100, priority=1, arrival_time=2, status=R, num_computed_tokens=1, num_output_tokens=1)
-    state = SchedulerState(c, {"A": A, "B": B, "C": C}, ("A", "B", "C"), (), {"A": 3, "B": 1, "C": 1}, 0)
+    state = SchedulerState(config=c, requests={"A": A, "B": B, "C": C}, running=("A", "B", "C"), waiting=(), kv_cache=BlockCounts(0, {"A": 3, "B": 1, "C": 1}))
     out, after = S.schedule(state)
     assert out.preempted_req_ids == ("A",)
     assert out.scheduled == {"B": 1, "C": 1} and after.running == ("B", "C")
@@ -181,7 +181,7 @@ def test_priority_self_preemption_continues_with_the_next():
     c = config(max_num_batched_tokens=64, max_model_len=32, block_size=4, num_gpu_blocks=9, policy="priority")
     a = Request("a", 31, 100, priority=5, status=R, num_computed_tokens=24)
     b = Request("b", 3, 100, priority=0, arrival_time=1, status=R, num_computed_tokens=3, num_output_tokens=1)
-    state = SchedulerState(c, {"a": a, "b": b}, ("a", "b"), (), {"a": 6, "b": 1}, 1)
+    state = SchedulerState(config=c, requests={"a": a, "b": b}, running=("a", "b"), waiting=(), kv_cache=BlockCounts(1, {"a": 6, "b": 1}))
     out, after = S.schedule(state)
     assert out.preempted_req_ids == ("a",)
     assert out.scheduled == {"b": 1}  # R continues after self-preemption (S:982-992)

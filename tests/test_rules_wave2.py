@@ -7,7 +7,7 @@ replays such scenarios on vLLM itself."""
 from __future__ import annotations
 
 from schedspec.reference.engine import run_scenario
-from schedspec.reference.impl import load_impl
+from schedspec.base.loader import load_impl
 from schedspec.reference.scenario import scenario_from_json
 from schedspec.spec.properties import check_step
 
@@ -84,7 +84,8 @@ def test_resumed_request_hits_its_own_cached_blocks():
 def test_freed_blocks_are_evicted_tail_first():
     from schedspec.spec import scheduler as S
     from schedspec.spec.config import SchedulerConfig
-    from schedspec.spec.request import RequestStatus, make_request
+    from schedspec.spec.request import RequestStatus
+    from schedspec.spec.input_processor import make_request
     from schedspec.spec.state import SchedulerState
 
     c = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=48, block_size=16,
@@ -143,7 +144,8 @@ def test_stale_output_in_flight_keeps_a_preempted_request_waiting():
     schedule() calls before any output) reaches this rule."""
     from schedspec.spec import scheduler as S
     from schedspec.spec.config import SchedulerConfig
-    from schedspec.spec.request import RequestStatus, make_request
+    from schedspec.spec.request import RequestStatus
+    from schedspec.spec.input_processor import make_request
     from schedspec.spec.state import SchedulerState
 
     c = SchedulerConfig(max_num_batched_tokens=160, max_num_seqs=16, max_model_len=160, block_size=16,
@@ -171,7 +173,7 @@ def test_wave2_traces_follow_the_trace_schema():
 
     import jsonschema
 
-    schema = json.loads((Path(__file__).resolve().parents[1] / "reference" / "schemas" / "trace.schema.json")
+    schema = json.loads((Path(__file__).resolve().parents[1] / "schedspec" / "reference" / "schemas" / "trace.schema.json")
                         .read_text())
     t = run({**ASYNC, "enable_prefix_caching": True}, TWO_80)
     jsonschema.validate(t, schema)

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from helpers import assert_one_line_error, cli
-from schedspec.examples import EXAMPLES_DIR
+from schedspec.reference.example_files import EXAMPLES_DIR
 from schedspec.reference.scenario import (ABORT_STEP_BOUNDS, ARRIVAL_TIME_BOUND, CONFIG_BOUNDS, MAX_DEPTH,
                                           MAX_FILE_BYTES, MAX_STEPS_BOUNDS, REQUEST_BOUNDS, SCHEMA_DIR,
                                           TOKEN_ID_BOUNDS, Abort, RequestSpec, Scenario, ScenarioError,
@@ -196,7 +196,7 @@ def test_schema_and_python_bounds_agree():
 
 
 def test_bounds_are_documented():
-    doc = (SCHEMA_DIR.parents[1] / "docs" / "formats.md").read_text()
+    doc = (SCHEMA_DIR.parents[2] / "docs" / "formats.md").read_text()
     for text in ("2 147 483 647", "4 194 304", "1 073 741 824", "64 MiB", "must be an integer"):
         assert text in doc, text
 
@@ -345,3 +345,25 @@ def test_prompts_with_prefix_caching_are_bounded_in_total(tmp_path, capsys):
     assert "requests[1].prompt_len" in err and "enable_prefix_caching" in err, err
     d["config"]["enable_prefix_caching"] = False  # counts only: accepted
     assert cli(capsys, "validate", write(tmp_path, d))[0] == 0
+
+
+@pytest.mark.parametrize("extra", [{}, {"prefix_group": "g"}, {"prompt_token_ids": []}])
+@pytest.mark.parametrize("prompt_len", [-1, -7, 0])
+def test_a_prompt_len_below_one_is_reported_as_prompt_len(tmp_path, capsys, prompt_len, extra):
+    """Not as an error of prefix_len (or prompt_token_ids), fields the request may not have."""
+    d = mutated(lambda d: d["requests"][3].update(prompt_len=prompt_len, **extra))
+    err = error_of(capsys, write(tmp_path, d))
+    assert f"requests[3].prompt_len: = {prompt_len}" in err and "prefix_len" not in err, err
+    assert "prompt_token_ids" not in err, err
+    # The same words from the one validity check on a Scenario built in code.
+    from schedspec.reference.scenario import scenario_problem
+
+    s = scenario_from_json(d)
+    assert err.endswith(f": {scenario_problem(s)}"), err
+
+
+def test_scenario_problem_is_none_for_the_shipped_examples():
+    from schedspec.reference.scenario import scenario_problem
+
+    for f in sorted(EXAMPLES_DIR.glob("*.json")):
+        assert scenario_problem(load_scenario(f)) is None, f

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from machine import COVERAGE, PROPERTIES, PropertyViolation, SpecMachine, load_mutant, make_machine
+from machine import COVERAGE, PROPERTIES, PropertyViolation, SpecMachine, make_machine
+from mutants import Mutation, mutated
 
 MACHINE_SETTINGS = settings(max_examples=250, stateful_step_count=60, deadline=None,
                             suppress_health_check=[HealthCheck.too_slow])
@@ -16,72 +17,82 @@ MACHINE_SETTINGS = settings(max_examples=250, stateful_step_count=60, deadline=N
 TestSpecMachine = SpecMachine.TestCase
 TestSpecMachine.settings = MACHINE_SETTINGS
 
-S, K, P = "scheduler.py", "kv_cache.py", "block_pool.py"
+M = Mutation
 
-# property -> one broken rule it must catch (file, original text, broken text).
+# property -> the broken rule(s) it must catch: the function, its code, the broken code.
 MUTANTS = {
     "token_budget_respected": [
-        (S, "n = min(n, request_token_budget)", "n = min(n, request_token_budget + 1)"),
-        (S, "assert token_budget >= 0 and input_budget >= 0", "pass"),
+        M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget + 1)"),
+        M("scheduler.schedule", "assert s.token_budget >= 0 and s.input_budget >= 0", "pass"),
     ],
     "grants_positive": [
-        (S, "n = min(n, c.max_model_len - r.num_computed_tokens - 1)", "n = min(n, c.max_model_len - r.num_computed_tokens - 2)"),
-        (S, "if n == 0:  # S:891-909", "if n < 0:  #"),
-        (K, "if num_new_tokens <= 0:", "if num_new_tokens < 0:"),
+        M("scheduler.num_new_tokens_running", "s.config.max_model_len - r.num_computed_tokens - 1",
+          "s.config.max_model_len - r.num_computed_tokens - 2"),
+        M("scheduler.schedule_running", "n == 0", "n < 0"),
+        M("kv_cache.allocate_slots", "num_new_tokens <= 0", "num_new_tokens < 0"),
     ],
     "running_before_waiting": [
-        (S, "n = min(n, token_budget, input_budget)", "n = min(n, token_budget, input_budget, 1)"),
+        M("scheduler.num_new_tokens_running", "min(n, s.token_budget, s.input_budget)",
+          "min(n, s.token_budget, s.input_budget, 1)"),
     ],
     "preemption_only_on_allocation_failure": [
-        (S, "if not preempted:", "if True:"),
+        M("scheduler.schedule", "not s.preempted", "True"),
     ],
     "starvation_condition": [
-        (S, "n = min(n, request_token_budget)", "n = min(n, request_token_budget, 2)"),
+        M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget, 2)"),
     ],
     "max_num_seqs_respected": [
-        (S, "if len(running) >= c.max_num_active_reqs:", "if len(running) > c.max_num_active_reqs:"),
-        (S, "assert len(running) <= c.max_num_seqs", "pass"),
+        M("scheduler.schedule_waiting", "len(s.running) < s.config.max_num_active_reqs",
+          "len(s.running) <= s.config.max_num_active_reqs"),
+        M("scheduler.schedule", "assert len(s.running) <= s.config.max_num_seqs", "pass"),
     ],
     "kv_blocks_conserved": [
-        (S, "free += blocks.pop(victim, 0)", "blocks.pop(victim, 0)"),
+        M("kv_cache.BlockCountsWork.free", "self.num_free_blocks += self.req_to_num_blocks.pop(request_id, 0)",
+          "self.req_to_num_blocks.pop(request_id, 0)"),
     ],
     "computed_tokens_bounded": [
-        (S, "n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens  # S:839 ",
-         "n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens + 2  # "),
+        M("scheduler.num_new_tokens_running", "r.num_tokens + r.num_output_placeholders - r.num_computed_tokens",
+          "r.num_tokens + r.num_output_placeholders - r.num_computed_tokens + 2"),
     ],
     "scheduled_requests_run": [
-        (S, "            running.append(rid)\n", "            waiting.append(rid)\n"),
+        M("scheduler.admit", "s.running.append(rid)", "s.waiting.append(rid)"),
     ],
     "computed_tokens_advance_by_grant": [
-        (S, "ncomp = r.num_computed_tokens + n\n", "ncomp = r.num_computed_tokens + n - (n > 2)\n"),
+        M("scheduler.update_after_schedule", "r.num_computed_tokens += n", "r.num_computed_tokens += n - (n > 2)"),
     ],
     "waiting_order_preserved": [
-        (S, "_enqueue(c.policy, waiting, reqs, victim, front=True)", "_enqueue(c.policy, waiting, reqs, victim, front=False)\n        if c.policy != 'fcfs': waiting.rotate(1)"),
+        M("scheduler.preempt", "enqueue(s.config.policy, s.waiting, s.requests, victim, front=True)",
+          "enqueue(s.config.policy, s.waiting, s.requests, victim, front=False)\n"
+          "if s.config.policy != 'fcfs': s.waiting.rotate(1)"),
     ],
     "preempted_restart_from_zero": [
-        (S, "num_preemptions=r.num_preemptions + 1,", "num_preemptions=r.num_preemptions,"),
+        M("scheduler.preempt", "r.num_preemptions += 1", "pass"),
     ],
     # Async scheduling: vLLM asserts placeholders never go below 0 (S:2769).
     "placeholders_never_negative": [
-        (S, "if tokens and not stale and r.num_output_placeholders > 0:", "if tokens and not stale:"),
+        M("scheduler.deliver_output", "tokens and had_placeholders", "tokens"),
     ],
     # Prefix caching: an admission that forgets its hit recomputes cached tokens past num_tokens.
     "scheduled_within_known_tokens": [
-        (S, "n = r.num_tokens - num_computed_tokens\n", "n = r.num_tokens - r.num_computed_tokens\n"),
+        M("scheduler.num_new_tokens_waiting", "r.num_tokens - num_computed_tokens",
+          "r.num_tokens - r.num_computed_tokens"),
     ],
     # A hit on a block another request holds must raise its count, not reset it.
     "block_ref_counts_match_holders": [
-        (P, "            self.ref_cnt[b] = self.ref_cnt.get(b, 0) + 1\n", "            self.ref_cnt[b] = 1\n"),
+        M("block_pool.PoolWork.add_hits", "self.ref_cnt.get(b, 0) + 1", "1"),
     ],
     # Freed blocks without a hash must go back to the free queue.
     "kv_pool_partitioned": [
-        (P, "(last if b in self.block_hash else first).append(b)", "(last if b in self.block_hash else []).append(b)"),
+        M("block_pool.PoolWork.free", "(last if b in self.block_hash else first).append(b)",
+          "(last if b in self.block_hash else []).append(b)"),
     ],
     # A full-prompt hit must leave a token to compute (K:295-302): without the cap, a
     # block-aligned prompt is "all cached" and only a forced token is scheduled.
     "prefix_hit_within_shared_prefix": [
-        (P, "block_hashes[:(num_tokens - 1) // block_size]", "block_hashes[:num_tokens // block_size]"),
-        (S, "n = r.num_tokens - num_computed_tokens\n", "n = max(r.num_tokens - num_computed_tokens, 1)\n"),
+        M("block_pool.PoolWork.get_computed_blocks", "block_hashes[:(num_tokens - 1) // block_size]",
+          "block_hashes[:num_tokens // block_size]"),
+        M("scheduler.num_new_tokens_waiting", "r.num_tokens - num_computed_tokens",
+          "max(r.num_tokens - num_computed_tokens, 1)"),
     ],
 }
 
@@ -108,9 +119,8 @@ def test_every_property_has_a_mutant():
 
 @pytest.mark.parametrize("prop", sorted(MUTANTS))
 def test_machine_catches_broken_rule(prop):
-    mutant = load_mutant(MUTANTS[prop], name=prop)
-    machine = make_machine(mutant, watch=prop)
-    with pytest.raises(PropertyViolation, match=prop):
+    with mutated(MUTANTS[prop]), pytest.raises(PropertyViolation, match=prop):
+        machine = make_machine(watch=prop)
         run_state_machine_as_test(machine, settings=settings(
             max_examples=3000, stateful_step_count=60, deadline=None, database=None, derandomize=True,
             phases=[Phase.generate],  # finding the violation is the point; shrinking only costs time

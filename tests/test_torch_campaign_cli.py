@@ -9,7 +9,7 @@ import pytest
 import torch
 from schedspec.reference.scenario import load_scenario
 
-from schedspec.examples import EXAMPLES_DIR
+from schedspec.reference.example_files import EXAMPLES_DIR
 
 from helpers import assert_one_line_error, cli
 

@@ -8,7 +8,8 @@ from schedspec.gpu.limits import MAX_MODEL_LEN, MAX_STEPS
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import generate_scenario, scenario_rng
-from schedspec.reference.impl import ImplementationError, SpecScheduler, load_impl
+from schedspec.base.loader import ImplementationError, load_impl
+from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import RequestSpec, Scenario
 from torch_mutants import MUTANTS, load_torch_mutant
 

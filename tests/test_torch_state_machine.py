@@ -19,7 +19,8 @@ from hypothesis.stateful import (
 from machine import configs
 from schedspec.gpu.impl import TorchScheduler
 from schedspec.reference.impl import SpecScheduler
-from schedspec.spec.request import EOS_TOKEN_ID, RequestStatus, make_request
+from schedspec.spec.request import EOS_TOKEN_ID, RequestStatus
+from schedspec.spec.input_processor import make_request
 from torch_mutants import MUTANTS, load_torch_mutant
 
 

@@ -17,8 +17,8 @@ from schedspec.reference.scenario import load_scenario
 from schedspec.reference.trace_io import HEADER_BYTES, Tee, TraceWriter, read_trace, read_trace_header, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "reference" / "examples"
-TRACE_SCHEMA = json.loads((ROOT / "reference" / "schemas" / "trace.schema.json").read_text())
+EXAMPLES = ROOT / "schedspec" / "reference" / "examples"
+TRACE_SCHEMA = json.loads((ROOT / "schedspec" / "reference" / "schemas" / "trace.schema.json").read_text())
 
 
 def _trace(name: str = "preemption") -> dict:
@@ -126,7 +126,7 @@ def test_run_trace_out_writes_the_engine_trace(tmp_path, capsys, suffix):
 def test_run_prints_the_same_timeline_and_metrics_as_from_the_whole_trace(capsys):
     from schedspec.reference.metrics import format_metrics
 
-    from schedspec.cli import format_step
+    from schedspec.cli.main import format_step
 
     sc = load_scenario(EXAMPLES / "static-waste.json")
     trace = run_scenario(sc, SpecScheduler())

@@ -26,7 +26,8 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import scenario_from_json
 from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.properties import check_step
-from schedspec.spec.request import RequestStatus, make_request
+from schedspec.spec.request import RequestStatus
+from schedspec.spec.input_processor import make_request
 
 FLAG_IDS = {(False, False): "sync", (True, False): "prefix", (False, True): "async", (True, True): "prefix+async"}
 

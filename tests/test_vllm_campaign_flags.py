@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from schedspec.reference.diff_cli import main as diff_main
+from schedspec.cli.diff import main as diff_main
 
 SEED, SCENARIOS = 11, 400
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from schedspec.reference import impl as impl_module
+from schedspec.base import loader as loader_module
+from schedspec.reference.example_files import EXAMPLES_DIR
 from schedspec.reference.compare import Divergence, compare_traces
-from schedspec.reference.diff_cli import main as diff_main
+from schedspec.cli.diff import main as diff_main
 from schedspec.reference.shrink import shrink
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import (config_rng, generate_config_dict, generate_scenario,
@@ -26,7 +27,7 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import load_scenario
 from schedspec.spec.config import ConfigError, SchedulerConfig, config_from_dict
 
-EXAMPLES = sorted((Path(impl_module.__file__).parent / "examples").glob("*.json"))
+EXAMPLES = sorted(EXAMPLES_DIR.glob("*.json"))
 CAMPAIGN_SEED = 7
 CAMPAIGN_SIZE = 400
 CONFIGS = 400
@@ -201,7 +202,7 @@ def test_broken_spec_is_caught_and_shrunk(tmp_path):
 
 
 def test_diff_command_exit_codes_and_files(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(impl_module.BUILTIN_IMPLS, "broken", f"{__name__}:NoWatermark")
+    monkeypatch.setitem(loader_module.BUILTIN_IMPLS, "broken", f"{__name__}:NoWatermark")
     out = tmp_path / "div"
     rc = diff_main(["--impl", "broken", "--scenarios", "40", "--seed", str(CAMPAIGN_SEED), "-o", str(out),
                     "--shrink-seconds", "5"])

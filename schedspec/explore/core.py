@@ -17,12 +17,12 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from ..examples import EXAMPLES_DIR, example_names
-from ..reference.engine import run_scenario
-from ..reference.impl import SpecScheduler
-from ..reference.scenario import SCENARIO_FORMAT, Scenario, ScenarioError, scenario_from_json, validate_scenario
-from ..spec.config import ConfigError, SchedulerConfig
-from ..spec.properties import PROPERTIES, check_step
+from schedspec.reference.example_files import EXAMPLES_DIR, example_names
+from schedspec.reference.engine import run_scenario
+from schedspec.reference.impl import SpecScheduler
+from schedspec.reference.scenario import SCENARIO_FORMAT, Scenario, ScenarioError, scenario_from_json, validate_scenario
+from schedspec.spec.config import ConfigError, SchedulerConfig
+from schedspec.spec.properties import PROPERTIES, check_step
 
 # Bounds on what one API call may ask for, so a page (or anything else that can
 # reach 127.0.0.1) cannot make the server build an unbounded response.
@@ -36,7 +36,13 @@ MAX_COMPARE = 3
 # step 0 as 1-token prompts, the P-token prompt arrives at step 1, so when it
 # arrives every decode needs exactly one token.  The shipped examples
 # reference/examples/group-*.json and table3-*.json are these scenarios.
-SEED_DECODE_MAX_TOKENS = 100
+#
+# The closed form is about D decodes that stay running for the whole run: a
+# decode that finishes frees budget and a slot, and from then on the prompt gets
+# tokens the closed form says it never gets.  So each decode's max_tokens is at
+# least the steps run plus one (none finishes within the run), and never below
+# the shipped examples' 100, so the presets stay those files request for request.
+SEED_DECODE_MIN_MAX_TOKENS = 100
 SEED_PROMPT_ID = "prompt"
 SEED_PROMPT_ARRIVAL = 1
 SEED_PROMPT_MAX_TOKENS = 4
@@ -123,7 +129,7 @@ def example_json(name: str) -> dict[str, Any]:
 def load_text(name: Any, text: Any) -> Any:
     """A file the user opened in the page: its JSON, or the message
     reference/scenario.py's `load_scenario` gives for a file that is not JSON."""
-    from ..reference.scenario import ScenarioError, parse_scenario_bytes
+    from schedspec.reference.scenario import ScenarioError, parse_scenario_bytes
 
     if not isinstance(name, str) or not isinstance(text, str):
         raise ApiError("request body: 'name' and 'text' must be strings", "body")
@@ -244,6 +250,13 @@ def seed_knobs(raw: Any) -> dict[str, Any]:
     return knobs
 
 
+def seed_decode_max_tokens(steps: int) -> int:
+    """The decodes' max_tokens for a run of `steps` steps: a decode arriving at
+    step 0 with a 1-token prompt samples its n-th token at step n - 1, so with
+    steps + 1 it is still running after the last step."""
+    return max(SEED_DECODE_MIN_MAX_TOKENS, steps + 1)
+
+
 def seed_scenario(k: dict[str, Any]) -> dict[str, Any]:
     """The seeds' problem as a scenario file.  B is the step budget
     (max_num_scheduled_tokens); vLLM requires max_num_batched_tokens >= max_num_seqs
@@ -257,7 +270,8 @@ def seed_scenario(k: dict[str, Any]) -> dict[str, Any]:
         config["enable_chunked_prefill"] = False
     if k["policy"] != "fcfs":
         config["policy"] = k["policy"]
-    requests = [{"id": f"d{i}", "arrival_step": 0, "prompt_len": 1, "max_tokens": SEED_DECODE_MAX_TOKENS}
+    decode_max_tokens = seed_decode_max_tokens(k["steps"])
+    requests = [{"id": f"d{i}", "arrival_step": 0, "prompt_len": 1, "max_tokens": decode_max_tokens}
                 for i in range(D)]
     requests.append({"id": SEED_PROMPT_ID, "arrival_step": SEED_PROMPT_ARRIVAL, "prompt_len": P,
                      "max_tokens": SEED_PROMPT_MAX_TOKENS})
@@ -266,7 +280,8 @@ def seed_scenario(k: dict[str, Any]) -> dict[str, Any]:
         "name": f"minimal-D{D}-P{P}-B{B}-M{M}-{k['policy']}-{'chunked' if k['chunked'] else 'unchunked'}",
         "description": (f"The minimal starvation problem: D={D} decodes, a P={P}-token prompt arriving at "
                         f"step 1, token budget B={B}, max_num_seqs M={M}, policy {k['policy']}, "
-                        f"chunked prefill {'on' if k['chunked'] else 'off'}."),
+                        f"chunked prefill {'on' if k['chunked'] else 'off'}. Each decode's max_tokens is "
+                        f"{decode_max_tokens}, so none finishes within the {k['steps']} steps run."),
         "config": config,
         "requests": requests,
         "max_steps": k["steps"],
@@ -276,7 +291,7 @@ def seed_scenario(k: dict[str, Any]) -> dict[str, Any]:
 def closed_form(k: dict[str, Any]) -> dict[str, Any]:
     """The starvation theorems' prediction (proofs/starvation.py), for the
     prompt's first step in waiting: its grant, and how many steps its prefill takes."""
-    from ..proofs.starvation import AggChoice, AggState, PyOps, aggregate_step, chunk_cap
+    from schedspec.proofs.starvation import AggChoice, AggState, PyOps, aggregate_step, chunk_cap
 
     D, P, B, M = k["D"], k["P"], k["B"], k["M"]
     # Running decodes when the prompt arrives: at most M fit the running list, and
@@ -355,4 +370,5 @@ def seed(raw: Any) -> dict[str, Any]:
         agreement = "beyond the steps shown"  # the run stopped before the predicted step
     else:
         agreement = "differ"
-    return {"knobs": k, "closed_form": cf, "simulated": sim, "agreement": agreement, "result": result}
+    return {"knobs": k, "decode_max_tokens": seed_decode_max_tokens(k["steps"]), "closed_form": cf,
+            "simulated": sim, "agreement": agreement, "result": result}

@@ -10,7 +10,9 @@ const el = (tag, attrs = {}, ...kids) => {
   for (const [k, v] of Object.entries(attrs)) {
     if (k === "class") e.className = v;
     else if (k === "text") e.textContent = v;
-    else if (k.startsWith("data-")) e.setAttribute(k, v);
+    // aria-*, data-* and role exist only as attributes: set as properties they
+    // would be plain JS fields that the accessibility tree never sees.
+    else if (k.startsWith("data-") || k.startsWith("aria-") || k === "role") e.setAttribute(k, v);
     else e[k] = v;
   }
   for (const kid of kids) e.append(kid);
@@ -27,15 +29,28 @@ const S = {
   gen: 0,              // bumped per request; stale answers are dropped
   inflight: 0,
   compare: null,       // {field, values} while side by side
+  stale: null,         // why the results shown are not the current scenario's, or null
 };
+
+// The token the server wrote into the page; every POST carries it (schedspec/explore/app.py).
+const TOKEN = (document.querySelector('meta[name="schedspec-token"]') || {}).content || "";
 
 // ---------------------------------------------------------------- server calls
 
 async function api(path, body) {
   const opts = body === undefined ? {} : {
-    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)};
+    method: "POST", headers: {"Content-Type": "application/json", "X-Schedspec-Token": TOKEN},
+    body: JSON.stringify(body)};
   const t0 = performance.now();
-  const r = await fetch(path, opts);
+  let r;
+  try {
+    r = await fetch(path, opts);
+  } catch (e) {
+    // fetch rejects only when no answer came at all; the browser's words for that
+    // ("Failed to fetch") do not say that the server is the one to look at.
+    throw new Error(`the schedspec server at ${location.origin} is not answering ` +
+      "(was it stopped? restart it with `schedspec explore`, then reload this page)");
+  }
   let data;
   try { data = await r.json(); } catch (e) { data = {error: `server answered ${r.status} without JSON`}; }
   document.body.dataset.fetchMs = String(Math.round(performance.now() - t0));  // for benchmarks/explore_page.py
@@ -82,7 +97,7 @@ function buildKnobs() {
     const range = el("input", {type: "range", id: `knob-${name}`, min: k.min,
       max: Math.min(k.max, SLIDER_MAX[name]), value: k.default});
     const num = el("input", {type: "number", id: `knob-${name}-num`, min: k.min, max: k.max,
-      value: k.default, "aria-label": name});
+      value: k.default, "aria-label": `${KNOB_LABELS[name]}, exact value`});
     range.addEventListener("input", () => { num.value = range.value; seedChanged(); });
     num.addEventListener("input", () => {
       if (num.value !== "" && Number(num.value) <= Number(range.max)) range.value = num.value;
@@ -116,13 +131,21 @@ function setPreset(name) {
   }
   $("#knob-policy").value = p.policy;
   $("#knob-chunked").checked = p.chunked;
-  for (const b of document.querySelectorAll("[data-preset]")) b.classList.toggle("on", b.dataset.preset === name);
+  pressPreset(name);
   runSeed();
+}
+
+// The preset buttons are toggles: the one whose knobs are set shows pressed, to the eye and to a screen reader.
+function pressPreset(name) {
+  for (const b of document.querySelectorAll("[data-preset]")) {
+    b.classList.toggle("on", b.dataset.preset === name);
+    b.setAttribute("aria-pressed", String(b.dataset.preset === name));
+  }
 }
 
 let seedTimer = null;
 function seedChanged() {
-  for (const b of document.querySelectorAll("[data-preset]")) b.classList.remove("on");
+  pressPreset(null);
   clearTimeout(seedTimer);
   seedTimer = setTimeout(runSeed, 120);
 }
@@ -142,13 +165,14 @@ function runSeed() {
     $("#closed-form").textContent = "";
     $("#simulated").textContent = "";
     $("#prompt-grants").replaceChildren();
-    $("#seed-result").classList.add("stale");
     $("#closed-form").append(el("span", {class: "error", text: e.message}));
+    failed(e);
   });
 }
 
 function showSeed(data) {
   $("#seed-result").classList.remove("stale");
+  $("#decode-max-tokens").textContent = String(data.decode_max_tokens);
   $("#closed-form").textContent = data.closed_form.text;
   $("#simulated").textContent = data.simulated.text;
   $("#seed-result").dataset.agree = data.agreement === "differ" ? "no" : "yes";
@@ -248,11 +272,40 @@ function showError(e, where = "#scenario-error") {
   } else {
     $(where).textContent = e.message;
   }
-  $("#panels").classList.add("stale");
+  failed(e);
+}
+
+// A request failed: say so in the status line, and mark what is shown as the
+// last good run's, so nothing reads or exports as the current scenario's.
+function failed(e) {
   $("#status").classList.add("error-status");
   $("#status").dataset.done = "not run: " + e.message;
   $("#status").textContent = $("#status").dataset.done;
   document.body.dataset.error = e.message;
+  markStale(e.message);
+}
+
+const STALE_PARTS = ["#panels", "#step-detail", "#seed-result"];
+
+function markStale(why) {
+  S.stale = why;
+  for (const sel of STALE_PARTS) $(sel).classList.add("stale");
+  $("#step-detail").setAttribute("aria-disabled", "true");
+  for (const t of timelines) t.setStale(true);
+  for (const b of ["#export-trace", "#step-prev", "#step-next"]) $(b).disabled = true;
+  const note = $("#stale-note");
+  note.hidden = S.results.length === 0;  // nothing shown, nothing to mark
+  note.textContent = `stale: the timeline and step details below are from the last run that succeeded, ` +
+    `not from the scenario now on the page (${why}); Export trace is off until a run succeeds`;
+}
+
+function clearStale() {
+  S.stale = null;
+  for (const sel of STALE_PARTS.slice(0, 2)) $(sel).classList.remove("stale");
+  $("#step-detail").removeAttribute("aria-disabled");
+  for (const b of ["#step-prev", "#step-next"]) $(b).disabled = false;
+  $("#stale-note").hidden = true;
+  $("#stale-note").textContent = "";
 }
 
 function showScenarioInfo() {
@@ -283,7 +336,7 @@ function openScenario(obj, source) {
   S.source = source;
   S.compare = null;
   $("#seed-result").classList.add("stale");
-  for (const b of document.querySelectorAll("[data-preset]")) b.classList.remove("on");
+  pressPreset(null);
   fillConfigForm(obj && typeof obj.config === "object" ? obj.config : {});
   runCurrent();
 }
@@ -316,7 +369,7 @@ function startCompare(field, text) {
 const COLORS = {
   decode: "#2f6fdb", prefill: "#e8912d", zeroWait: "#8a8f98", zeroRun: "#c8372d",
   pre: "#c8372d", fin: "#1e8a4c", unused: "#e9ebef", grid: "#eef0f3", text: "#1d2129",
-  sel: "rgba(255, 205, 40, 0.28)", label: "#3d4450",
+  sel: "rgba(255, 205, 40, 0.28)", label: "#3d4450", cursor: "#1d2129",
 };
 const LABEL_W = 96, HEAD_H = 58;
 
@@ -376,11 +429,21 @@ class Timeline {
         (s.unfinished.length ? ` · ${s.unfinished.length} unfinished` : "") + ` · ${result.num_usable_blocks} usable KV blocks`}),
       el("span", {class: "panel-verdict " + (this.violations() ? "bad" : "ok"),
         text: this.violations() ? `${this.violations()} property violations` : "every property holds"}));
-    this.scroll = el("div", {class: "tl-scroll"});
+    // The canvas is a picture; what a keyboard and a screen reader use is the
+    // listbox around it.  Its one option element stands for the step under the
+    // cursor (aria-posinset of aria-setsize), so ten thousand steps stay one node.
+    this.cursor = 0;
+    this.scroll = el("div", {class: "tl-scroll", role: "listbox", tabIndex: 0,
+      "aria-label": `steps of ${title}`, "aria-orientation": "horizontal",
+      "aria-describedby": "tl-keys stale-note", "aria-activedescendant": `tl-opt-${panelIndex}`});
     this.spacer = el("div", {class: "tl-spacer"});
-    this.canvas = el("canvas", {class: "tl-canvas"});
-    this.scroll.append(this.canvas, this.spacer);
+    this.canvas = el("canvas", {class: "tl-canvas", "aria-hidden": "true"});
+    this.option = el("div", {class: "sr-only", role: "option", id: `tl-opt-${panelIndex}`,
+      "aria-setsize": String(result.trace.steps.length)});
+    this.scroll.append(this.canvas, this.spacer, this.option);
     this.root.append(head, this.scroll);
+    this.setStale(S.stale !== null);
+    this.describe();
     const totalW = LABEL_W + result.trace.steps.length * this.colW + 8;
     const totalH = HEAD_H + n * this.rowH + 6;
     this.spacer.style.width = totalW + "px";
@@ -392,6 +455,9 @@ class Timeline {
     this.canvas.dataset.rowHeight = this.rowH;
     this.canvas.dataset.steps = result.trace.steps.length;
     this.scroll.addEventListener("scroll", () => this.schedule());
+    this.scroll.addEventListener("keydown", (e) => this.key(e));
+    this.scroll.addEventListener("focus", () => this.schedule());  // the cursor is drawn only while focused
+    this.scroll.addEventListener("blur", () => this.schedule());
     this.canvas.addEventListener("click", (e) => this.click(e));
     this.canvas.addEventListener("mousemove", (e) => this.hover(e));
     this.canvas.addEventListener("mouseleave", () => { $("#tooltip").hidden = true; });
@@ -420,6 +486,57 @@ class Timeline {
   click(e) {
     const h = this.hit(e);
     if (h.step !== null) select(this.i, h.step);
+  }
+
+  setStale(on) {
+    if (on) this.scroll.setAttribute("aria-disabled", "true"); else this.scroll.removeAttribute("aria-disabled");
+  }
+
+  // The option's words: what the tooltip says of the step's column, and whether its details are shown.
+  describe() {
+    const k = this.cursor, st = this.r.trace.steps[k];
+    if (!st) { this.option.textContent = "no steps"; return; }
+    const p = this.ix.perStep[k], v = this.r.verdicts[k];
+    const bad = (v.codes.match(/v/g) || []).length;
+    const shown = S.selected && S.selected.panel === this.i && S.selected.step === k;
+    this.option.setAttribute("aria-posinset", String(k + 1));
+    this.option.setAttribute("aria-selected", String(Boolean(shown)));
+    this.option.textContent = `step ${st.step}: ${p.total} of ${this.budget} tokens granted, ` +
+      `${st.running.length} running, ${st.waiting.length} waiting, ` +
+      (bad ? `${bad} property violation${bad === 1 ? "" : "s"}` : "every property holds") +
+      (shown ? ", details shown" : "");
+  }
+
+  setCursor(k) {
+    const n = this.r.trace.steps.length;
+    this.cursor = Math.max(0, Math.min(n - 1, k));
+    this.reveal(this.cursor);
+    this.describe();
+    this.schedule();
+  }
+
+  // Scrolls the timeline so step k's column is in view.
+  reveal(k) {
+    const x = k * this.colW, sc = this.scroll;
+    if (x < sc.scrollLeft || x > sc.scrollLeft + sc.clientWidth - LABEL_W - this.colW) {
+      sc.scrollLeft = Math.max(0, x - (sc.clientWidth - LABEL_W) / 2);
+    }
+  }
+
+  key(e) {
+    if (S.stale !== null) return;  // an old run's steps are not offered as the current scenario's
+    const steps = {ArrowLeft: -1, ArrowRight: +1, PageUp: -10, PageDown: +10};
+    if (e.key in steps || e.key === "Home" || e.key === "End") {
+      e.preventDefault();
+      const k = e.key === "Home" ? 0 : e.key === "End" ? this.r.trace.steps.length - 1 : this.cursor + steps[e.key];
+      this.setCursor(k);
+      // With this panel's details open, they follow the cursor, as the arrows do elsewhere on the page.
+      if (S.selected && S.selected.panel === this.i) showStep(this.i, this.cursor);
+    } else if (e.key === "Enter" || e.key === " ") {
+      e.preventDefault();
+      showStep(this.i, this.cursor);
+      $("#detail-title").focus();
+    }
   }
 
   hover(e) {
@@ -466,6 +583,7 @@ class Timeline {
     const X = (k) => LABEL_W + k * colW - x0;
     const Y = (r) => HEAD_H + r * rowH - y0;
     const sel = S.selected && S.selected.panel === this.i ? S.selected.step : null;
+    const cur = document.activeElement === this.scroll ? this.cursor : null;
     g.font = `${Math.min(12, Math.max(9, rowH - 7))}px system-ui, sans-serif`;
     g.textBaseline = "middle";
 
@@ -551,6 +669,14 @@ class Timeline {
     g.fillText("step", 6, 10); g.fillText("budget used", 6, 35);
     g.fillStyle = "#d5d9e0"; g.fillRect(0, HEAD_H - 1, w, 1);
 
+    // the keyboard's cursor: a frame around its column, over everything
+    if (cur !== null && cur >= s0 && cur < s1) {
+      g.save(); g.beginPath(); g.rect(LABEL_W, 0, w - LABEL_W, h); g.clip();
+      g.strokeStyle = COLORS.cursor; g.lineWidth = 2; g.setLineDash([]);
+      g.strokeRect(X(cur) + 1, 1, colW - 2, h - 2);
+      g.restore();
+    }
+
     // row labels
     g.fillStyle = "#fff"; g.fillRect(0, HEAD_H, LABEL_W, h);
     g.fillStyle = "#d5d9e0"; g.fillRect(LABEL_W - 1, 0, 1, h);
@@ -572,21 +698,14 @@ class Timeline {
 
 let timelines = [];
 
+// A run that succeeded: its results replace what is shown, which is current again.
 function showResults(results, titles) {
   const t0 = performance.now();
-  $("#panels").classList.remove("stale");
+  clearStale();
   $("#status").classList.remove("error-status");
   S.results = results;
   S.titles = titles;
-  const panels = $("#panels");
-  const widths = colWidths(results);
-  timelines = results.map((r, i) => new Timeline(i, r, titles[i], widths[i]));
-  panels.replaceChildren(...timelines.map((t) => t.root));
-  panels.classList.toggle("multi", results.length > 1);
-  for (const t of timelines) t.draw();
-  const keep = S.selected && S.selected.panel < results.length &&
-    S.selected.step < results[S.selected.panel].trace.steps.length ? S.selected : null;
-  if (keep) select(keep.panel, keep.step); else { S.selected = null; $("#step-detail").hidden = true; }
+  render();
   const r = results[0];
   $("#status").dataset.done = results.length > 1 ? `${results.length} configs side by side` :
     `${r.trace.steps.length} steps of ${r.scenario.requests.length} requests on the spec`;
@@ -596,11 +715,31 @@ function showResults(results, titles) {
   document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
 }
 
+// Lays out S.results (again, after a zoom or a row size change: stale ones stay stale).
+function render() {
+  const results = S.results, titles = S.titles;
+  const panels = $("#panels");
+  const widths = colWidths(results);
+  timelines = results.map((r, i) => new Timeline(i, r, titles[i], widths[i]));
+  panels.replaceChildren(...timelines.map((t) => t.root));
+  panels.classList.toggle("multi", results.length > 1);
+  for (const t of timelines) t.draw();
+  const keep = S.selected && S.selected.panel < results.length &&
+    S.selected.step < results[S.selected.panel].trace.steps.length ? S.selected : null;
+  if (keep) showStep(keep.panel, keep.step); else { S.selected = null; $("#step-detail").hidden = true; }
+}
+
 // ---------------------------------------------------------------- step detail
 
+// A step chosen by the user; ignored while the results are stale.
 function select(panel, step) {
+  if (S.stale === null) showStep(panel, step);
+}
+
+function showStep(panel, step) {
   S.selected = {panel, step};
-  for (const t of timelines) t.schedule();
+  timelines[panel].cursor = step;
+  for (const t of timelines) { t.describe(); t.schedule(); }
   const r = S.results[panel];
   const st = r.trace.steps[step];
   const v = r.verdicts[step];
@@ -611,6 +750,8 @@ function select(panel, step) {
   box.dataset.step = String(st.step);
   box.dataset.panel = String(panel);
   $("#detail-title").textContent = `Step ${st.step}` + (S.results.length > 1 ? ` · ${S.titles[panel]}` : "");
+  $("#queues-title").textContent = `Queues after step ${st.step}`;
+  $("#verdicts-title").textContent = `Properties at step ${st.step}`;
   const unused = r.step_budget - p.total;
   $("#detail-summary").replaceChildren(
     el("span", {text: `${p.total} of ${r.step_budget} tokens granted`}),
@@ -662,11 +803,7 @@ function move(delta) {
   const n = S.results[S.selected.panel].trace.steps.length;
   const k = Math.max(0, Math.min(n - 1, S.selected.step + delta));
   select(S.selected.panel, k);
-  const t = timelines[S.selected.panel];
-  const x = k * t.colW;
-  if (x < t.scroll.scrollLeft || x > t.scroll.scrollLeft + t.scroll.clientWidth - LABEL_W - t.colW) {
-    t.scroll.scrollLeft = Math.max(0, x - (t.scroll.clientWidth - LABEL_W) / 2);
-  }
+  timelines[S.selected.panel].reveal(k);
 }
 
 // ---------------------------------------------------------------- export (downloads; the server writes nothing)
@@ -695,6 +832,12 @@ async function main() {
     latest(() => api(`/api/example/${encodeURIComponent(name)}`), (data) => openScenario(data, "example"), (e) => showError(e));
     sel.value = "";
   });
+  // A real button opens the (hidden) file input: focusable, and Enter and Space work as on any button.
+  $("#open-file").addEventListener("click", () => $("#file-input").click());
+  $("#skip-timeline").addEventListener("click", (e) => {
+    const tl = document.querySelector(".tl-scroll");
+    if (tl) { e.preventDefault(); tl.focus(); }
+  });
   $("#file-input").addEventListener("change", (e) => { if (e.target.files[0]) openFile(e.target.files[0]); e.target.value = ""; });
   document.addEventListener("dragover", (e) => { e.preventDefault(); document.body.classList.add("dragging"); });
   document.addEventListener("dragleave", (e) => { if (!e.relatedTarget) document.body.classList.remove("dragging"); });
@@ -706,7 +849,7 @@ async function main() {
     if (S.scenario) download(`${safeName(S.scenario.name)}.json`, Object.assign({}, S.scenario, {config: formConfig()}), 2);
   });
   $("#export-trace").addEventListener("click", () => {
-    if (S.results.length === 1) download(`${safeName(S.results[0].scenario.name)}.trace.json`, S.results[0].trace, 1);
+    if (S.results.length === 1 && S.stale === null) download(`${safeName(S.results[0].scenario.name)}.trace.json`, S.results[0].trace, 1);
   });
   $("#compare-run").addEventListener("click", () => startCompare($("#compare-field").value, $("#compare-values").value));
   $("#compare-table3").addEventListener("click", () => {
@@ -721,12 +864,17 @@ async function main() {
   $("#step-prev").addEventListener("click", () => move(-1));
   $("#step-next").addEventListener("click", () => move(+1));
   document.addEventListener("keydown", (e) => {
-    if (e.target.closest("input, select, textarea")) return;
+    if (e.target.closest("input, select, textarea, [role=listbox]")) return;  // their arrows are their own
     if (e.key === "ArrowLeft") move(-1);
     if (e.key === "ArrowRight") move(+1);
   });
-  $("#row-size").addEventListener("change", () => S.results.length && showResults(S.results, S.titles));
-  $("#zoom").addEventListener("input", () => S.results.length && showResults(S.results, S.titles));
+  $("#step-detail").addEventListener("keydown", (e) => {
+    if (e.key !== "Escape" || !S.selected || !timelines[S.selected.panel]) return;
+    e.preventDefault();
+    timelines[S.selected.panel].scroll.focus();  // back to the step the details are of
+  });
+  $("#row-size").addEventListener("change", () => S.results.length && render());
+  $("#zoom").addEventListener("input", () => S.results.length && render());
   window.addEventListener("resize", () => { for (const t of timelines) t.schedule(); });
 
   if (S.meta.initial) openScenario(S.meta.initial, "file");
@@ -735,7 +883,7 @@ async function main() {
 
 function setPresetThen(name, then) {
   const p = S.meta.seed_presets[name];
-  for (const b of document.querySelectorAll("[data-preset]")) b.classList.toggle("on", b.dataset.preset === name);
+  pressPreset(name);
   for (const k of Object.keys(S.meta.seed_knobs)) { $(`#knob-${k}`).value = p[k]; $(`#knob-${k}-num`).value = p[k]; }
   $("#knob-policy").value = p.policy;
   $("#knob-chunked").checked = p.chunked;
@@ -748,5 +896,6 @@ function setPresetThen(name, then) {
 
 main().catch((e) => {
   document.body.dataset.busy = "0";
-  $("#status").textContent = "could not reach the schedspec server: " + e.message;
+  $("#status").classList.add("error-status");
+  $("#status").textContent = "not started: " + e.message;
 });

@@ -1,0 +1,104 @@
+"""`schedspec sweep`: a workload under a grid of configs, in one torch batch.
+
+    schedspec sweep table3-b16 --set max_num_scheduled_tokens=8,16,32 --set max_num_seqs=4,16
+    schedspec sweep --seed 7 --scenarios 20 --set policy=fcfs,priority --plot sweep.png
+    schedspec sweep my.json --set long_prefill_token_threshold=0,64,256 --json
+
+Exit status: 0 (rejected grid points are rows of the table, not errors), 2 user error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from schedspec.base.args import int_arg
+from schedspec.base.errors import UsageError, shown
+
+from .common import add_time_model_arguments, load_scenario_or_fail, standalone_main
+from .device_flag import add_device_argument, device_for
+
+
+def _workloads(args):
+    if args.scenario and args.seed is not None:
+        raise UsageError("give a workload SCENARIO or --seed N, not both")
+    if args.scenario:
+        if args.num_scenarios is not None:
+            raise UsageError("--scenarios N goes with --seed (a random workload), not with a scenario file")
+        from schedspec.reference.example_files import resolve_scenario_path
+
+        return [load_scenario_or_fail(args.scenario)], [Path(resolve_scenario_path(args.scenario))]
+    if args.seed is None:
+        raise UsageError("no workload: give a scenario file or example name, or --seed N [--scenarios K]")
+    k = 1 if args.num_scenarios is None else args.num_scenarios
+    if k < 1:
+        raise UsageError(f"--scenarios must be at least 1, got {k}")
+    from schedspec.reference.generator import generate_scenario, scenario_rng
+
+    return [dataclasses.replace(generate_scenario(scenario_rng(args.seed, i), i), name=f"random-s{args.seed}-{i}")
+            for i in range(k)], []
+
+
+def cmd_sweep(args) -> int:
+    from schedspec.gpu.sweep import format_table, parse_set, plot_sweep, run_sweep
+
+    axes = parse_set(args.set or [])
+    device = device_for(args.device, ["torch"])
+    workloads, inputs = _workloads(args)
+    plot_path = None
+    if args.plot is not None:
+        from schedspec.base.outputs import check_plot_path, plot_format
+
+        if plot_format(args.plot) != "png":
+            raise UsageError(f"--plot {shown(args.plot)}: sweep draws PNG only; end the name in .png")
+        plot_path = check_plot_path(args.plot, "--plot", inputs)
+    from schedspec.base.progress import Progress
+
+    bar = Progress("sweep: torch batch, step", 1, min_total=1)
+    try:
+        result = run_sweep(workloads, axes, device=device, step_ms=args.step_ms, token_ms=args.token_ms,
+                           progress=bar if bar.enabled else None)
+    finally:
+        bar.close()
+    if plot_path is not None:
+        plot_sweep(result, plot_path)
+        result["plot"] = str(plot_path)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(format_table(result))
+        if plot_path is not None:
+            print(f"plot written to {plot_path}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "sweep", help="what-if: a workload under a grid of config values, in one torch batch",
+        description="Run one workload (a scenario, or --seed N random ones) under every combination of the "
+                    "--set values, all scenarios stepped at once by the torch implementation; print "
+                    "throughput, TTFT and latency percentiles and preemptions per grid point.")
+    p.add_argument("scenario", nargs="?", metavar="SCENARIO",
+                   help="a scenario file or the name of a shipped example (`schedspec examples` lists them)")
+    p.add_argument("--seed", type=int_arg(0, 2**63 - 1), metavar="N", help="a random workload: generator scenarios of this seed")
+    p.add_argument("--scenarios", dest="num_scenarios", type=int_arg(1, 100_000), metavar="K",
+                   help="with --seed: K random scenarios pooled per grid point (default 1)")
+    p.add_argument("--set", action="append", metavar="FIELD=V1,V2,...",
+                   help="a config field and its values (JSON scalars); repeat for more axes; the grid is the product")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="write the four-panel chart here (PNG; an existing file is replaced only if schedspec drew it)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_time_model_arguments(p)
+    add_device_argument(p)
+    p.set_defaults(func=cmd_sweep)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`schedspec sweep ...` without the `schedspec` front: python -m schedspec.cli.sweep."""
+    return standalone_main("sweep", register, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,414 @@
+"""Run many scenarios as one torch batch and write each one's trace, in exactly
+the format `reference.engine.run_scenario` writes (formats.md, schedspec.trace/1).
+
+The host does what needs Python objects: it validates each scenario (the spec's
+config and front-end checks, then gpu/limits.py), turns `priority` and
+`arrival_time` into ranks, pads the scenarios into one `Batch`, and builds the
+trace dicts.  The device steps every scenario at once (gpu/step.py) and hands a
+few tensors per step to the host, in chunks, so there is one host copy per chunk
+of steps rather than one per step and field.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from schedspec.reference.engine import TRACE_FORMAT, error_trace
+from schedspec.reference.scenario import Scenario
+from schedspec.spec.config import ConfigError, SchedulerConfig
+from schedspec.spec.request import Request
+from schedspec.spec.input_processor import make_request
+from .device import resolve_device
+from .limits import limit_violation
+from .state import (ABORTED, I32, I64, LENGTH_CAPPED, NEVER, PREEMPTED, RUNNING, STOPPED, WAITING, Batch,
+                    initial_state, select)
+from .step import engine_step, pending, waiting_key
+
+NAME = "torch"
+_REASON = {STOPPED: "stopped", LENGTH_CAPPED: "length", ABORTED: "aborted"}
+_CHUNK_BYTES = 32 << 20  # step records held on the device before a host copy
+_RECORD_BYTES = 31  # bytes per request slot of one step's record
+
+
+def request_ranks(requests: Sequence[Request]) -> tuple[list[int], list[int]]:
+    """(queue_rank, victim_rank) per request: the priority heap order
+    (priority, arrival_time, request_id) as a rank (ids compare as strings, so
+    "r10" < "r2"), and the dense rank of (priority, arrival_time) that picks a
+    priority preemption victim."""
+    n = len(requests)
+    queue_rank = [0] * n
+    for rank, i in enumerate(sorted(range(n), key=lambda i: (requests[i].priority, requests[i].arrival_time,
+                                                              requests[i].request_id))):
+        queue_rank[i] = rank
+    keys = sorted({(r.priority, r.arrival_time) for r in requests})
+    dense = {k: j for j, k in enumerate(keys)}
+    return queue_rank, [dense[(r.priority, r.arrival_time)] for r in requests]
+
+
+def config_row(config: SchedulerConfig) -> dict[str, Any]:
+    """The per-scenario tensor values of a validated config."""
+    B = config.max_num_batched_tokens
+    scheduled = B if config.max_num_scheduled_tokens is None else config.max_num_scheduled_tokens
+    seqs = config.max_num_seqs if config.max_num_active_seqs is None else config.max_num_active_seqs
+    return {
+        # the token budget and the input budget act as one (gpu/step.py)
+        "token_budget": min(scheduled, B),
+        "max_num_active_reqs": seqs,
+        "long_prefill_token_threshold": config.long_prefill_token_threshold,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "priority_policy": config.policy == "priority",
+        "block_size": config.block_size,
+        # of the total that includes the null block (K:210)
+        "watermark_blocks": int(config.watermark * config.num_gpu_blocks),
+        "reserve_full_isl": config.scheduler_reserve_full_isl,
+        "max_model_len": config.max_model_len,
+        "num_usable_blocks": config.num_gpu_blocks - 1,  # block 0 is the null block, never free (P:191)
+    }
+
+
+_SCENARIO_DTYPES = {"token_budget": I64, "max_num_active_reqs": I64, "long_prefill_token_threshold": I64,
+                    "enable_chunked_prefill": torch.bool, "priority_policy": torch.bool, "block_size": I64,
+                    "watermark_blocks": I64, "reserve_full_isl": torch.bool, "max_model_len": I64,
+                    "num_usable_blocks": I64}
+_REQUEST_DTYPES = {"valid": torch.bool, "num_prompt_tokens": I32, "max_tokens": I32, "output_len": I32,
+                   "arrival_step": I32, "abort_step": I32, "queue_rank": I64, "victim_rank": I64}
+_REQUEST_PAD = {"valid": False, "num_prompt_tokens": 1, "max_tokens": 1, "output_len": 0,
+                "arrival_step": NEVER, "abort_step": NEVER, "queue_rank": 0, "victim_rank": 0}
+
+
+def build_batch(configs: Sequence[dict[str, Any]], requests: Sequence[dict[str, list]], device) -> Batch:
+    """A Batch from per-scenario config rows and per-scenario request columns."""
+    R = max([len(r["valid"]) for r in requests] + [1])
+    cols = {}
+    for name, dtype in _SCENARIO_DTYPES.items():
+        cols[name] = torch.tensor([c[name] for c in configs], dtype=dtype, device=device)
+    for name, dtype in _REQUEST_DTYPES.items():
+        pad = _REQUEST_PAD[name]
+        rows = [r[name] + [pad] * (R - len(r[name])) for r in requests]
+        cols[name] = torch.tensor(rows, dtype=dtype, device=device).reshape(len(requests), R)
+    return Batch(**cols)
+
+
+class _Prepared:
+    """One accepted scenario: its requests, ids and the host-side trace parts."""
+
+    def __init__(self, scenario: Scenario, config: SchedulerConfig, requests: list[Request]):
+        self.scenario = scenario
+        self.config = config
+        self.ids = [r.request_id for r in requests]
+        L = config.max_model_len
+        by_id = {rid: i for i, rid in enumerate(self.ids)}
+        abort_step = [NEVER] * len(requests)
+        self.abort_rank = [0] * len(requests)  # position in the scenario's abort list
+        for j, a in enumerate(scenario.aborts):
+            i = by_id[a.id]
+            if a.step < abort_step[i]:  # a later abort of the same request does nothing
+                abort_step[i] = min(a.step, NEVER)
+                self.abort_rank[i] = j
+        queue_rank, victim_rank = request_ranks(requests)
+        self.columns = {
+            "valid": [True] * len(requests),
+            "num_prompt_tokens": [r.num_prompt_tokens for r in requests],
+            "max_tokens": [min(r.max_tokens, L) for r in requests],
+            # an output_len no request can reach is "never"
+            "output_len": [s.output_len if s.output_len is not None and s.output_len <= L else 0
+                           for s in scenario.requests],
+            "arrival_step": [min(s.arrival_step, NEVER) for s in scenario.requests],
+            "abort_step": abort_step,
+            "queue_rank": queue_rank,
+            "victim_rank": victim_rank,
+        }
+        self.steps: list[dict[str, Any]] = []
+
+
+def prepare(scenario: Scenario) -> _Prepared | str:
+    """The scenario ready for a batch, or the error message of its error trace."""
+    try:
+        config = scenario.scheduler_config()
+    except ConfigError as e:
+        return str(e)
+    beyond = limit_violation(config, scenario.max_steps)
+    if beyond:
+        return beyond
+    requests = []
+    for i, r in enumerate(scenario.requests):
+        try:
+            requests.append(make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time))
+        except ConfigError as e:
+            return f"requests[{i}].{e}"
+    return _Prepared(scenario, config, requests)
+
+
+# The per-step record: these tensors (S, R) of each step, kept as they are (the
+# step builds new tensors, so keeping them copies nothing) and stacked per chunk.
+_RECORD_FIELDS = ("grant", "num_computed_tokens", "status", "run_pos", "wait_key", "admitted",
+                  "preempt_order", "sampled", "aborted")
+_LAST = 2**62  # a sort key after every real one
+
+
+def _split(flat: list, counts: np.ndarray) -> list[list]:
+    """`flat` cut into consecutive lists of `counts[m]` items."""
+    ends = np.cumsum(counts).tolist()
+    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _records_to_steps(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray,
+                      owners: list[_Prepared]) -> None:
+    """Append each active scenario's trace steps of one chunk of steps; `rec`
+    holds each record field as an array (T, S, R), `scal` (T, S, 3) the free
+    blocks, slots held and active flag, owners the scenario of each row.
+
+    Vectorised: the lists of every (step, scenario) are sorted and selected on
+    numpy arrays, their ids read as one flat list per kind and cut into rows,
+    so the Python work per trace step is a few slices and one dict."""
+    tt, ss = np.nonzero(scal[:, :, 2])  # step-major: each scenario's steps in order
+    M = len(tt)
+    if M == 0:
+        return
+    R = rec["status"].shape[2]
+    ids_tab = np.full((len(owners), R), None, dtype=object)
+    for s, p in enumerate(owners):
+        ids_tab[s, : len(p.ids)] = p.ids
+    flat_ids = ids_tab.ravel()
+    base = ss[:, None] * R  # a request's code in flat_ids: base + slot (ints are cheaper to move than ids)
+    f = {name: rec[name][tt, ss] for name in _RECORD_FIELDS}
+    status, grant = f["status"], f["grant"]
+    running = status == RUNNING
+    sched = grant > 0
+    live = (status >= WAITING) & (status <= PREEMPTED)
+    rows = np.arange(M)[:, None]
+
+    # Running order (run_pos) for the running list and the grants; the waiting
+    # queue's pop order for waiting.  Both keys are unique among their members.
+    ro = np.argsort(np.where(running | sched, f["run_pos"], _LAST), axis=1, kind="stable")
+    codes_r = base + ro
+    run_r, sched_r = running[rows, ro], sched[rows, ro]
+    waiting = live & ~running
+    wo = np.argsort(np.where(waiting, f["wait_key"], _LAST), axis=1, kind="stable")
+    wait_w = waiting[rows, wo]
+
+    def lists(codes, mask):
+        return _split(flat_ids.take(codes[mask]).tolist(), mask.sum(1))
+
+    run_lists = lists(codes_r, run_r)
+    wait_lists = lists(base + wo, wait_w)
+    grant_r = grant[rows, ro]
+    sched_flat = flat_ids.take(codes_r[sched_r]).tolist()
+    sched_lists = _split(list(map(list, zip(sched_flat, grant_r[sched_r].tolist()))), sched_r.sum(1))
+    adm_r = f["admitted"][rows, ro]
+    new_lists = lists(codes_r, sched_r & (adm_r == 1))
+    resumed_lists = lists(codes_r, sched_r & (adm_r == 2))
+    sampled_lists = lists(codes_r, sched_r & f["sampled"][rows, ro])
+    ncomp_ids = lists(base + np.arange(R), live)
+    ncomp_vals = _split(f["num_computed_tokens"][live].tolist(), live.sum(1))
+
+    # Rare: preemptions, aborts and finishes, per row that has any.
+    preempt = f["preempt_order"]
+    aborted = f["aborted"]
+    status_r = status[rows, ro]
+    stopped_r = sched_r & ((status_r == STOPPED) | (status_r == LENGTH_CAPPED))
+    pre_lists = [[] for _ in range(M)]
+    fin_lists = [[] for _ in range(M)]
+    for m in np.nonzero((preempt >= 0).any(1))[0].tolist():
+        js = np.nonzero(preempt[m] >= 0)[0].tolist()
+        js.sort(key=preempt[m].tolist().__getitem__)
+        pre_lists[m] = flat_ids.take(base[m, 0] + np.asarray(js, dtype=np.int64)).tolist()
+    for m in np.nonzero(aborted.any(1) | stopped_r.any(1))[0].tolist():
+        p = owners[ss[m]]
+        js = sorted(np.nonzero(aborted[m])[0].tolist(), key=p.abort_rank.__getitem__)
+        fin = [[rid, "aborted"] for rid in flat_ids.take(base[m, 0] + np.asarray(js, dtype=np.int64)).tolist()]
+        fin += [[flat_ids[codes_r[m, c]], _REASON[int(status_r[m, c])]]
+                for c in np.nonzero(stopped_r[m])[0].tolist()]
+        fin_lists[m] = fin
+
+    free, held = scal[tt, ss, 0].tolist(), scal[tt, ss, 1].tolist()
+    steps = (tt + first_step).tolist()
+    for m, s in enumerate(ss.tolist()):
+        if not (sched_lists[m] or fin_lists[m] or run_lists[m] or wait_lists[m]):
+            continue  # an idle step: not listed (engine.is_idle_record, formats.md Trace)
+        owners[s].steps.append({
+            "step": steps[m],
+            "scheduled": sched_lists[m],
+            "new": new_lists[m],
+            "resumed": resumed_lists[m],
+            "preempted": pre_lists[m],
+            "finished": fin_lists[m],
+            "running": run_lists[m],
+            "waiting": wait_lists[m],
+            "num_computed_tokens": dict(zip(ncomp_ids[m], ncomp_vals[m])),
+            "num_free_blocks": free[m],
+            "sampled": sampled_lists[m],
+            "slots_held": held[m],
+        })
+
+
+def _summary(p: _Prepared, final: dict[str, list], num_steps: int) -> dict[str, Any]:
+    requests, unfinished, done = {}, [], 0
+    for j, rid in enumerate(p.ids):
+        status = final["status"][j]
+        reason = _REASON.get(status)
+        if reason is None:
+            unfinished.append(rid)
+        else:
+            done += 1
+        first = final["first_token_step"][j]
+        finish = final["finish_step"][j]
+        requests[rid] = {"first_token_step": first if first >= 0 else None,
+                         "finish_step": finish if finish >= 0 else None,
+                         "finish_reason": reason,
+                         "num_output_tokens": final["num_output_tokens"][j],
+                         "num_preemptions": final["num_preemptions"][j]}
+    return {"steps": num_steps, "finished": done, "unfinished": unfinished, "requests": requests}
+
+
+def run_batch(scenarios: Sequence[Scenario], *, device=None,
+              progress: Callable[[int, int], None] | None = None, record_steps: bool = True) -> list[dict]:
+    """One trace per scenario, in order, from one batched run of all of them.
+    A scenario vLLM would reject, or one beyond gpu/limits.py, gets an error trace.
+
+    `record_steps=False` leaves the per-step records out (`"steps": []`; the
+    summary, including `summary.steps`, is complete): for sweeps and benchmarks,
+    where building Python step records would cost more than the stepping."""
+    dev = resolve_device(device) if not isinstance(device, torch.device) else device
+    traces: list[dict | None] = [None] * len(scenarios)
+    prepared: list[_Prepared] = []
+    where: list[int] = []
+    for i, sc in enumerate(scenarios):
+        p = prepare(sc)
+        if isinstance(p, str):
+            traces[i] = error_trace(sc, NAME, p)
+        else:
+            prepared.append(p)
+            where.append(i)
+    if prepared:
+        # The traces are millions of small lists and dicts, none in a cycle; the
+        # cyclic collector would rescan all of them again and again as they grow
+        # (several times the cost of building them), so it pauses meanwhile.
+        collecting = gc.isenabled()
+        gc.disable()
+        # On the CPU, one intra-op thread: the step is some hundred small tensor
+        # ops, and torch's thread pool costs more than it gains on them; on a
+        # busy machine (other processes on the cores) two threads made
+        # run_batch 15-25x slower than one (benchmarks/torch_vs_spec.py numbers).
+        threads = torch.get_num_threads()
+        if dev.type == "cpu":
+            torch.set_num_threads(1)
+        try:
+            groups = _groups(prepared)
+            total = sum(max(p.scenario.max_steps for p in g) for g in groups)
+            done = 0
+            for group in groups:
+                report = None
+                if progress is not None:
+                    report = (lambda step, _h, base=done: progress(base + step, total))
+                _run(group, dev, report, record_steps)
+                done += max(p.scenario.max_steps for p in group)
+        finally:
+            torch.set_num_threads(threads)
+            if collecting:
+                gc.enable()
+        for i, p in zip(where, prepared):
+            traces[i] = {"format": TRACE_FORMAT, "scenario": p.scenario.name, "implementation": NAME,
+                         "steps": p.steps, "summary": p.summary}
+    return traces
+
+
+_GROUP_MIN = 2048  # scenarios per sub-batch, at least: below it a step costs its per-op overhead
+
+
+def _groups(prepared: list[_Prepared]) -> list[list[_Prepared]]:
+    """Sub-batches of similar request counts, when the batch is big enough.
+
+    Every scenario is padded to the batch's largest request count R, and a
+    step's tensor work is S x R; sorting by request count and cutting into
+    sub-batches of at least _GROUP_MIN scenarios pads each to its own R.
+    Smaller batches stay whole: there a step's cost is mostly per-op overhead,
+    which sub-batches would pay once each.  Results do not depend on the
+    grouping (scenarios are independent); traces go back in the caller's order."""
+    num_groups = len(prepared) // _GROUP_MIN
+    if num_groups <= 1:
+        return [prepared]
+    ranked = sorted(prepared, key=lambda p: (len(p.ids), p.scenario.max_steps))
+    size = -(-len(ranked) // num_groups)
+    return [ranked[k:k + size] for k in range(0, len(ranked), size)]
+
+
+def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool) -> None:
+    batch = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared], dev)
+    state = initial_state(batch)
+    max_steps = torch.tensor([p.scenario.max_steps for p in prepared], dtype=I64, device=dev)
+    horizon = max(p.scenario.max_steps for p in prepared)
+    owners = list(prepared)  # the scenario of each batch row
+    steps_done = torch.zeros(len(prepared), dtype=I64, device=dev)
+    # steps at which some scenario has an abort or an arrival (the others skip that work)
+    abort_steps = {x for p in prepared for x in p.columns["abort_step"]}
+    arrival_steps = {x for p in prepared for x in p.columns["arrival_step"]}
+    chunk, scalars, first = [], [], 0
+
+    def flush():
+        nonlocal chunk, scalars, first
+        if chunk:
+            rec = {name: torch.stack([c[k] for c in chunk]).cpu().numpy() for k, name in enumerate(_RECORD_FIELDS)}
+            _records_to_steps(rec, first, torch.stack(scalars).cpu().numpy(), owners)
+            first += len(chunk)
+            chunk, scalars = [], []
+
+    step = 0
+    while True:
+        active = pending(batch, state) & (step < max_steps)
+        num_active = int(active.sum())
+        if num_active == 0:
+            break
+        S = active.shape[0]
+        if num_active <= S // 2:
+            # Finished scenarios never change again: drop their rows (and the
+            # padding slots no remaining scenario uses) so the work shrinks with them.
+            flush()
+            rows = active.nonzero()[:, 0]
+            keep = rows.cpu().tolist()
+            kept = set(keep)
+            final_rows = [i for i in range(S) if i not in kept]
+            _finish(owners, final_rows, state, steps_done)
+            owners = [owners[i] for i in keep]
+            num_slots = max(len(p.ids) for p in owners)
+            batch, state = select(batch, rows, num_slots), select(state, rows, num_slots)
+            max_steps, active = max_steps.index_select(0, rows), active.index_select(0, rows)
+            steps_done = steps_done.index_select(0, rows)
+        state, decision, aborted, sampled = engine_step(batch, state, step, active, step in abort_steps,
+                                                        step in arrival_steps)
+        steps_done += active
+        step += 1
+        if progress is not None:
+            progress(step, horizon)
+        if not record_steps:
+            continue
+        chunk.append((decision.num_scheduled_tokens, state.num_computed_tokens, state.status, state.run_pos,
+                      waiting_key(batch, state), decision.admitted, decision.preempt_order, sampled, aborted))
+        scalars.append(torch.stack([state.num_free_blocks, decision.num_running, active.to(I64)], dim=1))
+        if len(chunk) * chunk[0][0].numel() * _RECORD_BYTES >= _CHUNK_BYTES:
+            flush()
+    flush()
+    _finish(owners, range(len(owners)), state, steps_done)
+
+
+def _finish(owners: list[_Prepared], rows, state, steps_done) -> None:
+    """Write the summary of the scenarios in batch rows `rows` from their final state."""
+    rows = list(rows)
+    if not rows:
+        return
+    idx = torch.tensor(rows, dtype=I64, device=state.status.device)
+    final = {name: getattr(state, name).index_select(0, idx).cpu().tolist()
+             for name in ("status", "first_token_step", "finish_step", "num_output_tokens", "num_preemptions")}
+    num_steps = steps_done.index_select(0, idx).cpu().tolist()
+    for k, s in enumerate(rows):
+        p = owners[s]
+        p.summary = _summary(p, {name: v[k][: len(p.ids)] for name, v in final.items()}, num_steps[k])
+
+
+def run_one(scenario: Scenario, device=None) -> dict:
+    """run_batch of one scenario."""
+    return run_batch([scenario], device=device)[0]

@@ -1,0 +1,143 @@
+"""The batched scheduler's data: S scenarios x R request slots, as tensors.
+
+`Batch` is what does not change while a batch runs: each scenario's config and
+each request's static fields (padded slots never arrive).  `State` is what a
+step changes.  Both are frozen; a step builds a new `State`.  Dtypes and their
+limits are explained in gpu/limits.py.
+
+Orders are integer keys, not lists:
+- the running list is the running requests sorted by `run_pos`, a per-scenario
+  counter taken at admission (admissions append at the tail);
+- the waiting queue is the waiting requests sorted by `wait_key` under FCFS
+  (arrivals take their slot index; a preempted request takes the next value of a
+  decreasing counter, so it goes in front of everything, the newest first), and
+  by the static `queue_rank` under PRIORITY (the heap order
+  (priority, arrival_time, request_id), ranked on the host).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from schedspec.spec.request import RequestStatus
+
+# Request status codes: vLLM's (spec/request.py) plus 0 for "has not arrived".
+NOT_ARRIVED = 0
+WAITING = int(RequestStatus.WAITING)
+RUNNING = int(RequestStatus.RUNNING)
+PREEMPTED = int(RequestStatus.PREEMPTED)
+STOPPED = int(RequestStatus.FINISHED_STOPPED)
+LENGTH_CAPPED = int(RequestStatus.FINISHED_LENGTH_CAPPED)
+ABORTED = int(RequestStatus.FINISHED_ABORTED)
+
+NEVER = 2**31 - 1  # an arrival or abort step that never comes (int32)
+
+I8, I32, I64 = torch.int8, torch.int32, torch.int64
+
+
+@dataclass(frozen=True)
+class Batch:
+    # per scenario, (S,)
+    token_budget: torch.Tensor  # int64: min(max_num_scheduled_tokens, max_num_batched_tokens)
+    max_num_active_reqs: torch.Tensor  # int64
+    long_prefill_token_threshold: torch.Tensor  # int64
+    enable_chunked_prefill: torch.Tensor  # bool
+    priority_policy: torch.Tensor  # bool
+    block_size: torch.Tensor  # int64
+    watermark_blocks: torch.Tensor  # int64: int(watermark * num_gpu_blocks)
+    reserve_full_isl: torch.Tensor  # bool
+    max_model_len: torch.Tensor  # int64
+    num_usable_blocks: torch.Tensor  # int64: num_gpu_blocks - 1 (the null block is never free)
+    # per request slot, (S, R)
+    valid: torch.Tensor  # bool: a real request, not padding
+    num_prompt_tokens: torch.Tensor  # int32
+    max_tokens: torch.Tensor  # int32, clamped to max_model_len
+    output_len: torch.Tensor  # int32: EOS as this output token; 0 = never
+    arrival_step: torch.Tensor  # int32
+    abort_step: torch.Tensor  # int32
+    queue_rank: torch.Tensor  # int64: heap order rank (priority, arrival_time, request_id)
+    victim_rank: torch.Tensor  # int64: dense rank of (priority, arrival_time)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.valid.shape)
+
+
+@dataclass(frozen=True)
+class State:
+    # (S, R)
+    status: torch.Tensor  # int8, codes above
+    num_computed_tokens: torch.Tensor  # int32
+    num_output_tokens: torch.Tensor  # int32
+    num_preemptions: torch.Tensor  # int32
+    num_blocks: torch.Tensor  # int32: KV blocks held
+    run_pos: torch.Tensor  # int64: running-order key
+    wait_key: torch.Tensor  # int64: FCFS waiting-order key
+    first_token_step: torch.Tensor  # int32, -1 = none yet
+    finish_step: torch.Tensor  # int32, -1 = not finished
+    # (S,)
+    num_free_blocks: torch.Tensor  # int64
+    next_run_pos: torch.Tensor  # int64
+    next_front_key: torch.Tensor  # int64: the next (more negative) FCFS front key
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one schedule() decided, per request slot (S, R), plus per scenario."""
+
+    num_scheduled_tokens: torch.Tensor  # int32, 0 = not scheduled (refunded grants are 0)
+    admitted: torch.Tensor  # int8: 0 no, 1 new, 2 resumed
+    preempt_order: torch.Tensor  # int32: index of the preemption in this step, -1 = none
+    num_running: torch.Tensor  # (S,) int64: len(running) after schedule (slots held)
+
+
+def initial_state(batch: Batch) -> State:
+    S, R = batch.shape
+    dev = batch.valid.device
+    z32 = torch.zeros((S, R), dtype=I32, device=dev)
+    return State(
+        status=torch.zeros((S, R), dtype=I8, device=dev),
+        num_computed_tokens=z32, num_output_tokens=z32, num_preemptions=z32, num_blocks=z32,
+        run_pos=torch.zeros((S, R), dtype=I64, device=dev),
+        wait_key=torch.zeros((S, R), dtype=I64, device=dev),
+        first_token_step=torch.full((S, R), -1, dtype=I32, device=dev),
+        finish_step=torch.full((S, R), -1, dtype=I32, device=dev),
+        num_free_blocks=batch.num_usable_blocks.clone(),
+        next_run_pos=torch.zeros(S, dtype=I64, device=dev),
+        next_front_key=torch.full((S,), -1, dtype=I64, device=dev),
+    )
+
+
+# Padding values of each per-request field when a batch grows (TorchScheduler).
+_BATCH_PAD = {"valid": False, "num_prompt_tokens": 1, "max_tokens": 1, "output_len": 0,
+              "arrival_step": NEVER, "abort_step": NEVER, "queue_rank": 0, "victim_rank": 0}
+_STATE_PAD = {"status": NOT_ARRIVED, "num_computed_tokens": 0, "num_output_tokens": 0,
+              "num_preemptions": 0, "num_blocks": 0, "run_pos": 0, "wait_key": 0,
+              "first_token_step": -1, "finish_step": -1}
+
+
+def _grow(obj, pads: dict, extra: int):
+    changes = {}
+    for f in fields(obj):
+        if f.name in pads:
+            t = getattr(obj, f.name)
+            pad = torch.full((t.shape[0], extra), pads[f.name], dtype=t.dtype, device=t.device)
+            changes[f.name] = torch.cat([t, pad], dim=1)
+    return replace(obj, **changes)
+
+
+def grow(batch: Batch, state: State, extra: int) -> tuple[Batch, State]:
+    """`extra` more (empty) request slots per scenario."""
+    return _grow(batch, _BATCH_PAD, extra), _grow(state, _STATE_PAD, extra)
+
+
+def select(obj, rows: torch.Tensor, num_slots: int):
+    """The scenarios `rows` of a Batch or State, keeping the first `num_slots`
+    request slots (the rest must be padding)."""
+    changes = {}
+    for f in fields(obj):
+        t = getattr(obj, f.name).index_select(0, rows)
+        changes[f.name] = t[:, :num_slots] if t.dim() == 2 else t
+    return replace(obj, **changes)

@@ -1,0 +1,354 @@
+"""One engine step of S scenarios at once: aborts, arrivals, schedule(), the fake
+model of formats.md, update_from_output().  Written from the rule book
+(docs/rules.md §0.1: S:839 = line 839 of vLLM 0.33.0's vllm/v1/core/sched/scheduler.py,
+K = vllm/v1/core/kv_cache_manager.py), core scope: synchronous, no prefix caching.
+
+Every function maps (Batch, State, ...) to new tensors; nothing loops over
+scenarios or requests.  The one loop is in the running loop of `schedule`: one
+pass per preemption (see there).
+
+Budgets: vLLM keeps a token budget and an input budget (S:716-719).  Without
+speculative decoding both start at their limits, both lose each grant and both
+get each refund, and the loop tests both for > 0 and caps `n` by both, so they
+act as one budget, `min(max_num_scheduled_tokens, max_num_batched_tokens)`,
+here `budget`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from .state import (
+    ABORTED,
+    I8,
+    I32,
+    I64,
+    LENGTH_CAPPED,
+    NOT_ARRIVED,
+    PREEMPTED,
+    RUNNING,
+    STOPPED,
+    WAITING,
+    Batch,
+    Decision,
+    State,
+)
+
+_INF = 2**62
+
+
+def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a + b - 1) // b
+
+
+def _any(mask: torch.Tensor) -> bool:
+    """`mask.any()` as a Python bool.  A bool tensor read as bytes reduces much
+    faster than `any` on the CPU."""
+    return mask.numel() > 0 and bool(mask.contiguous().view(torch.uint8).max())
+
+
+def _any_rows(mask: torch.Tensor) -> torch.Tensor:
+    """`mask.any(1)` for an (S, R) bool mask, through the same byte view."""
+    if mask.shape[1] == 0:
+        return torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    return mask.contiguous().view(torch.uint8).amax(1).bool()
+
+
+def _live(status: torch.Tensor) -> torch.Tensor:
+    """Arrived and not finished: WAITING, RUNNING or PREEMPTED."""
+    return (status >= WAITING) & (status <= PREEMPTED)
+
+
+def _in_waiting(status: torch.Tensor) -> torch.Tensor:
+    return (status == WAITING) | (status == PREEMPTED)
+
+
+def finish(state: State, mask: torch.Tensor, status: int | torch.Tensor, step) -> State:
+    """Finish the requests in `mask` (S, R): their blocks go back to the pool
+    and they leave running and waiting (their status says so)."""
+    if not _any(mask):
+        return state
+    # Selects by arithmetic (x * mask): torch.where branches per element on the
+    # CPU and is several times slower on a mixed mask.
+    freed = (state.num_blocks * mask).sum(1)
+    status = torch.as_tensor(status, dtype=I8, device=mask.device)
+    return replace(
+        state,
+        status=state.status + (status - state.status) * mask,
+        num_blocks=state.num_blocks * ~mask,
+        finish_step=torch.where(mask, torch.as_tensor(step, dtype=I32, device=mask.device), state.finish_step),
+        num_free_blocks=state.num_free_blocks + freed,
+    )
+
+
+def abort(state: State, mask: torch.Tensor, step) -> tuple[State, torch.Tensor]:
+    """finish_requests(..., FINISHED_ABORTED) (S:2964): waiting, running and
+    preempted requests; an already finished one is left alone."""
+    hit = mask & _live(state.status)
+    return finish(state, hit, ABORTED, step), hit
+
+
+def arrive(batch: Batch, state: State, mask: torch.Tensor) -> State:
+    """add_request: WAITING at the back of the FCFS queue (slot index = arrival
+    order) or at its heap place under PRIORITY (`queue_rank`, used directly)."""
+    mask = mask & (state.status == NOT_ARRIVED)
+    slot = torch.arange(mask.shape[1], device=mask.device, dtype=I64).expand_as(state.wait_key)
+    return replace(state, status=torch.where(mask, WAITING, state.status).to(I8),
+                   wait_key=torch.where(mask, slot, state.wait_key))
+
+
+def _order(key: torch.Tensor, member: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots sorted by `key` with the members first; and how many members.
+    `key` is int64 with |key| < 2**62 (gpu/limits.py).  Members' keys are
+    distinct (run_pos: one counter value per admission; FCFS wait_key: the slot
+    index or one front-counter value per preemption; queue_rank: a rank), and
+    the order of the non-members is never read, so an unstable sort (about
+    twice as fast here) gives the same member order."""
+    order = torch.argsort(key + (_INF - key) * ~member, dim=1)
+    return order, member.sum(1)
+
+
+def waiting_key(batch: Batch, state: State) -> torch.Tensor:
+    """The waiting queue's pop order key: FCFS deque position, or heap rank."""
+    return state.wait_key + (batch.queue_rank - state.wait_key) * batch.priority_policy[:, None]
+
+
+def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision, State]:
+    """Scheduler.schedule() (S:699-1784) then the optimistic advance of
+    num_computed_tokens (S:1845-1872), for the scenarios in `active` (S,).
+
+    Per-request arithmetic is int32 (token and block counts of one request are
+    below 2**31, gpu/limits.py); prefix sums over requests and per-scenario
+    budgets and pools are int64.  Masks select by multiplication."""
+    S, R = batch.shape
+    dev = batch.valid.device
+    pos = torch.arange(R, device=dev, dtype=I32)[None, :]
+    status = state.status
+    ncomp = state.num_computed_tokens
+    num_tokens = batch.num_prompt_tokens + state.num_output_tokens
+    held = state.num_blocks
+    L = batch.max_model_len.to(I32)[:, None]
+    # Every block ceiling here is of a token count <= max_model_len, so a block
+    # larger than max_model_len counts as max_model_len: same ceilings, int32-safe
+    # (held * bs < max_model_len + bs <= 2**31).
+    bs = torch.minimum(batch.block_size, batch.max_model_len).to(I32)[:, None]
+
+    running = status == RUNNING
+    # R: the long-prefill cap applies only with more than one eligible request,
+    # counted once at the start (S:752-758).
+    num_eligible = running.sum(1) + _in_waiting(status).sum(1)
+    threshold = torch.where(num_eligible > 1, batch.long_prefill_token_threshold, 0)[:, None]
+    # cap 1 as a minimum: threshold 0 caps nothing (threshold <= max_model_len < 2**31)
+    cap1 = torch.where(threshold > 0, threshold, 2**31 - 1).to(I32)
+    budget = torch.where(active, batch.token_budget, 0)
+    free = state.num_free_blocks
+
+    grant = torch.zeros((S, R), dtype=I32, device=dev)
+    preempt_order = torch.full((S, R), -1, dtype=I32, device=dev)
+    num_preemptions = state.num_preemptions
+    wait_key = state.wait_key
+    next_front_key = state.next_front_key
+    preempted = torch.zeros(S, dtype=torch.bool, device=dev)
+
+    # ---- The running loop (S:793-1036). ----
+    # One pass grants every running request from the cursor on, in running order:
+    # request j gets min(its need, what the budget has left), i.e. the differences
+    # of the prefix sums of the needs clipped at the budget.  Its blocks come out
+    # of the pool in the same order; the first request whose blocks do not fit
+    # (K:584) stops the pass: the grants before it stand, one victim is preempted
+    # (S:912-980), and the next pass retries that request with the same n.  So
+    # the loop runs once plus once per preemption in the step.
+    cursor = torch.zeros(S, dtype=I32, device=dev)  # index into the running list
+    retry_n = torch.zeros(S, dtype=I32, device=dev)  # n of the request at the cursor being retried
+    loop_done = ~active | ~_any_rows(running)
+    it = 0
+    while True:
+        todo = ~loop_done
+        if not _any(todo):
+            break
+        # Per slot, then once into running order: the need (zero off the running
+        # list) and the room left in the blocks held (0 off the running list).
+        need_s = torch.minimum(num_tokens - ncomp, cap1)  # S:839, cap 1 (S:844)
+        need_s = torch.minimum(need_s, L - ncomp - 1) * running  # cap 3: room for the sampled token (S:852)
+        room_s = held * bs - ncomp * running
+        order, num_running = _order(state.run_pos, running)
+        in_running = pos < num_running[:, None]
+        need = need_s.gather(1, order)
+        if it == 0:
+            need = need * todo[:, None]
+        else:
+            need = need * ((pos >= cursor[:, None]) & todo[:, None])
+            at_cursor = pos == cursor[:, None]
+            need = torch.where(at_cursor & (retry_n[:, None] > 0), retry_n[:, None], need)
+        # cap 2, the budget (S:846): the loop also stops once it reaches 0 (S:795).
+        cum = need.cumsum(1, dtype=I64)
+        b = budget[:, None]
+        n = (torch.minimum(cum, b) - torch.minimum(cum - need, b)).to(I32)
+        # allocate_slots for a running request: no watermark, no full-ISL gate (K:518).
+        # cdiv(ncomp + n, bs) - held == cdiv(n - room, bs); nothing for n = 0 (S:891).
+        blocks = _cdiv(n - room_s.gather(1, order), bs).clamp_(min=0) * (n > 0)
+        # The block prefix sums only grow, so the requests whose blocks fit are
+        # a prefix of the pass: `keep`; the first one outside it fails (K:584).
+        keep = blocks.cumsum(1, dtype=I64) <= free[:, None]
+        num_kept = keep.sum(1)
+        has_fail = (num_kept < R) & todo
+        first_fail = num_kept
+        n_kept = n * keep
+        blocks_kept = blocks * keep
+        grant = grant.scatter_add(1, order, n_kept)
+        held = held.scatter_add(1, order, blocks_kept)
+        budget = budget - n_kept.sum(1)
+        free = free - blocks_kept.sum(1)
+        loop_done = loop_done | (todo & ~has_fail)
+        if not _any(has_fail):
+            break
+
+        # One preemption in every scenario whose allocation failed.
+        ff = first_fail.clamp(max=R - 1)
+        retry = n.gather(1, ff[:, None])[:, 0]
+        cursor = torch.where(has_fail, ff, cursor).to(I32)
+        # FCFS: the tail of running (S:971).  PRIORITY: the largest (priority,
+        # arrival_time), the first in running order on a tie, from all of running,
+        # so possibly already scheduled this step, or the request itself (S:940).
+        victim_key = torch.where(in_running, batch.victim_rank.gather(1, order) * (R + 1) + (R - pos), -1)
+        victim_pos = torch.where(batch.priority_policy, victim_key.argmax(1), (num_running - 1).clamp(min=0))
+        victim = order.gather(1, victim_pos[:, None])[:, 0]
+        self_preempt = victim_pos == ff
+        # Removing a victim ahead of the cursor shifts the list left (the fix #49206, S:948).
+        cursor = torch.where(has_fail & (victim_pos < cursor), cursor - 1, cursor)
+        vmask = torch.zeros((S, R), dtype=torch.bool, device=dev).scatter_(1, victim[:, None], has_fail[:, None])
+        # A victim already scheduled this step gives its grant back (S:951-957).
+        budget = budget + torch.where(vmask, grant, 0).sum(1)
+        grant = torch.where(vmask, 0, grant)
+        # _preempt_request (S:1799-1843): free the blocks, restart from zero, to waiting.
+        free = free + torch.where(vmask, held, 0).sum(1)
+        held = torch.where(vmask, 0, held)
+        ncomp = torch.where(vmask, 0, ncomp)
+        status = torch.where(vmask, PREEMPTED, status).to(I8)
+        running = status == RUNNING
+        num_preemptions = num_preemptions + vmask.to(I32)
+        # FCFS: the front of the waiting deque (Q:92-95); PRIORITY: a heap push,
+        # whose place `waiting_key` reads from queue_rank.
+        wait_key = torch.where(vmask, next_front_key[:, None], wait_key)
+        next_front_key = next_front_key - has_fail.to(I64)
+        preempt_order = torch.where(vmask, it, preempt_order)
+        preempted = preempted | has_fail
+        retry_n = torch.where(has_fail & ~self_preempt, retry, 0)
+        # Self-preemption: FCFS breaks (the request was the tail, nothing follows);
+        # PRIORITY continues with the request now at the cursor (R, S:982-992).
+        loop_done = loop_done | (has_fail & self_preempt & ~batch.priority_policy)
+        it += 1
+
+    # ---- The waiting loop (S:1050-1614), skipped after any preemption (S:1050). ----
+    in_wait = _in_waiting(status)
+    num_running = running.sum(1)
+    if not _any(_any_rows(in_wait) & active):  # no active scenario has a waiting request
+        ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1857)
+        decision = Decision(num_scheduled_tokens=grant, admitted=torch.zeros_like(status),
+                            preempt_order=preempt_order, num_running=num_running)
+        return decision, replace(
+            state, status=status, num_computed_tokens=ncomp, num_preemptions=num_preemptions,
+            num_blocks=held, wait_key=wait_key, num_free_blocks=free, next_front_key=next_front_key)
+    # Admission k (in queue order) is tried only if admissions 0..k-1 succeeded,
+    # and any failure ends the loop, so the admitted requests are the longest
+    # prefix of the queue whose conditions all hold, each evaluated with the
+    # budget and pool left by the admissions before it (prefix sums again).
+    worder, num_waiting = _order(waiting_key(batch, replace(state, wait_key=wait_key)), in_wait)
+    k = pos
+    queued = k < num_waiting[:, None]
+    w_tokens = num_tokens.gather(1, worder)  # num_computed_tokens is 0: no prefix cache
+    want = torch.minimum(w_tokens, cap1) * queued  # S:1337
+    cum = want.cumsum(1, dtype=I64)
+    b = budget[:, None]
+    left = b - torch.minimum(cum - want, b)  # budget left when admission k is tried
+    n = torch.minimum(want, left).to(I32)  # S:1345
+    ok = queued & (left > 0)  # S:1062, S:1068
+    ok &= num_running[:, None] + k < batch.max_num_active_reqs[:, None]  # the run-slot check (S:1071)
+    # chunked prefill off: the whole request must fit, else admission stops (S:1342).
+    ok &= batch.enable_chunked_prefill[:, None] | (want <= left)
+    blocks = _cdiv(n, bs)
+    free_k = free[:, None] - (blocks.cumsum(1, dtype=I64) - blocks)
+    # The watermark: admissions only, not while running is empty (K:518-525).
+    wm = batch.watermark_blocks[:, None] * (num_running[:, None] + k > 0)
+    # The full-ISL gate: the whole sequence must fit (K:531-548).
+    full = _cdiv(w_tokens, bs)
+    ok &= ~batch.reserve_full_isl[:, None] | (full + wm <= free_k)
+    ok &= blocks + wm <= free_k  # K:584
+    ok &= (active & ~preempted)[:, None]
+    admit = ok.to(I8).cumprod(1).bool()
+    n_adm = n * admit
+    blocks_adm = blocks * admit
+    num_admitted = admit.sum(1)
+    amask = torch.zeros_like(admit).scatter_(1, worder, admit)
+    admitted = (amask * (2 - (status == WAITING).to(I8))).to(I8)
+    grant = grant.scatter_add(1, worder, n_adm)
+    held = held.scatter_add(1, worder, blocks_adm)
+    free = free - blocks_adm.sum(1)
+    run_pos_adm = torch.zeros_like(state.run_pos).scatter_(1, worder, state.next_run_pos[:, None] + k)
+    run_pos = torch.where(amask, run_pos_adm, state.run_pos)
+    status = torch.where(amask, RUNNING, status).to(I8)
+
+    # _update_after_schedule: the optimistic advance (S:1857).
+    ncomp = ncomp + grant
+    decision = Decision(num_scheduled_tokens=grant, admitted=admitted, preempt_order=preempt_order,
+                        num_running=num_running + num_admitted)
+    return decision, replace(
+        state, status=status, num_computed_tokens=ncomp, num_preemptions=num_preemptions,
+        num_blocks=held, run_pos=run_pos, wait_key=wait_key, num_free_blocks=free,
+        next_run_pos=state.next_run_pos + num_admitted, next_front_key=next_front_key)
+
+
+def fake_model(batch: Batch, state: State, decision: Decision) -> tuple[torch.Tensor, torch.Tensor]:
+    """formats.md's model, after the advance: a scheduled request whose prefill is
+    complete samples one token, EOS when it is its output_len-th output token.
+    Returns (sampled, eos) masks (S, R)."""
+    num_tokens = batch.num_prompt_tokens + state.num_output_tokens
+    sampled = (decision.num_scheduled_tokens > 0) & (state.num_computed_tokens >= num_tokens)
+    eos = sampled & (batch.output_len == state.num_output_tokens + 1)
+    return sampled, eos
+
+
+def update(batch: Batch, state: State, sampled: torch.Tensor, eos: torch.Tensor, step) -> State:
+    """update_from_output (S:2259-2551) with one token per sampling request:
+    append it, then check_stop (U:98): EOS first, then length."""
+    sampled = sampled & _live(state.status)  # output of a finished request is ignored
+    return _append_and_stop(batch, state, sampled, eos, step)
+
+
+def _append_and_stop(batch: Batch, state: State, sampled: torch.Tensor, eos: torch.Tensor, step) -> State:
+    """`update` for `sampled` requests that are all live."""
+    num_output = state.num_output_tokens + sampled
+    step_t = torch.as_tensor(step, dtype=I32, device=sampled.device)
+    first = torch.where(sampled & (state.first_token_step < 0), step_t, state.first_token_step)
+    state = replace(state, num_output_tokens=num_output, first_token_step=first)
+    L = batch.max_model_len.to(I32)[:, None]  # <= 2**30 (gpu/limits.py)
+    length = sampled & ~eos & ((batch.num_prompt_tokens + num_output >= L)
+                               | (num_output >= batch.max_tokens))
+    assert LENGTH_CAPPED == STOPPED + 1
+    return finish(state, (sampled & eos) | length, length.to(I8) + STOPPED, step)
+
+
+def engine_step(batch: Batch, state: State, step: int, active: torch.Tensor,
+                aborts: bool = True, arrivals: bool = True):
+    """formats.md's engine step k for the scenarios in `active`: aborts, arrivals,
+    schedule, fake model, update.  Returns (state, decision, aborted, sampled).
+    `aborts` / `arrivals` False: the caller knows no scenario has any at this step."""
+    act = active[:, None]
+    if aborts:
+        state, aborted = abort(state, (batch.abort_step == step) & act, step)
+    else:
+        aborted = torch.zeros_like(batch.valid)
+    if arrivals:
+        state = arrive(batch, state, (batch.arrival_step == step) & act & batch.valid)
+    decision, state = schedule(batch, state, active)
+    sampled, eos = fake_model(batch, state, decision)
+    # fake_model samples only scheduled, hence running, requests: no liveness check
+    state = _append_and_stop(batch, state, sampled, eos, step)
+    return state, decision, aborted, sampled
+
+
+def pending(batch: Batch, state: State) -> torch.Tensor:
+    """(S,) whether a scenario still has a request that has not finished."""
+    return _any_rows(batch.valid & (state.status <= PREEMPTED))

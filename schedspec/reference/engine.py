@@ -1,0 +1,301 @@
+"""The engine loop of formats.md: aborts, arrivals, schedule, fake model, update.
+
+`run_scenario` drives any implementation (reference/impl.py) through a scenario
+and returns its trace (a `schedspec.trace/1` dict).  The fake model lives here:
+a request scheduled in a step samples exactly one token when, after the step's
+advance, its num_computed_tokens reaches num_tokens; the token is EOS when it is
+the request's `output_len`-th output token.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from schedspec.spec.config import ConfigError
+from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
+from schedspec.spec.input_processor import make_request
+from schedspec.spec.state import SchedulerOutput, SchedulerState
+from .impl import SchedulerImpl
+from .prompts import prompt_token_ids
+from .scenario import Scenario
+
+
+# The finish reasons a trace reports (formats.md).
+FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stopped",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "aborted",
+}
+
+if TYPE_CHECKING:
+    from .trace_io import TraceSink
+
+TRACE_FORMAT = "schedspec.trace/1"
+NON_EOS_TOKEN_ID = 100
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One engine step as the property checker sees it."""
+
+    step: int
+    before: SchedulerState  # after aborts and arrivals, before schedule()
+    output: SchedulerOutput
+    after: SchedulerState  # after update_from_output
+    record: dict[str, Any]  # the trace step
+
+
+def error_trace(scenario: Scenario, impl_name: str, message: str) -> dict[str, Any]:
+    return {"format": TRACE_FORMAT, "scenario": scenario.name, "implementation": impl_name,
+            "error": message, "steps": []}
+
+
+def next_token(output_len: int | None, r: Request) -> int:
+    """The request's next output token: EOS when it is the `output_len`-th, counted
+    over the outputs already applied; otherwise one non-EOS id for every request and
+    position, so equal prompts produce equal outputs (formats.md)."""
+    return EOS_TOKEN_ID if output_len == r.num_output_tokens + 1 else NON_EOS_TOKEN_ID
+
+
+def fake_model(scenario: Scenario | Mapping[str, int | None], output: SchedulerOutput,
+               state: SchedulerState) -> dict[str, list[int]]:
+    """Sampled token ids for the step just scheduled (`state` is after the advance)."""
+    output_len = scenario if isinstance(scenario, Mapping) else {r.id: r.output_len for r in scenario.requests}
+    sampled: dict[str, list[int]] = {}
+    for rid, _ in output.num_scheduled_tokens:
+        r = state.requests[rid]
+        if r.num_computed_tokens >= r.num_tokens:  # the prefill is complete
+            sampled[rid] = [next_token(output_len[rid], r)]
+    return sampled
+
+
+def _sync_step(impl: SchedulerImpl, output_len: Mapping[str, int | None]):
+    """formats.md steps 3-5: schedule, the fake model, update_from_output."""
+    before = impl.observe()
+    output = impl.schedule()
+    mid = impl.observe()
+    sampled = fake_model(output_len, output, mid)
+    stopped = impl.update_from_output(output, sampled)
+    return before, output, mid, impl.observe(), sampled, stopped
+
+
+def _async_step(impl: SchedulerImpl, step: int, output_len: Mapping[str, int | None], in_flight: deque):
+    """formats.md's async engine step, as vLLM's EngineCore.step_with_batch_queue
+    runs it with two batches in flight (v1/engine/core.py:708-822)."""
+    before = impl.observe()
+    called = before.has_requests()
+    output, mid = SchedulerOutput(), before
+    if called:
+        output = impl.schedule()
+        mid = impl.observe()
+        # Which requests of this batch will sample is fixed now (is_prefill_chunk).
+        sampling = [rid for rid, _ in output.num_scheduled_tokens if not mid.requests[rid].is_prefill_chunk]
+        in_flight.append((step, output, sampling))
+        if len(in_flight) < 2 and (output.total_num_scheduled_tokens > 0 or mid.has_requests()):
+            return before, output, mid, mid, {}, (), True, None
+    elif not in_flight:
+        return before, output, mid, mid, {}, (), False, None
+    applied, batch, sampling = in_flight.popleft()
+    sampled: dict[str, list[int]] = {}
+    for rid in sampling:
+        r = mid.requests.get(rid)
+        if r is not None:  # finished or aborted meanwhile: vLLM drops its output (S:2322-2331)
+            sampled[rid] = [next_token(output_len[rid], r)]
+    stopped = impl.update_from_output(batch, sampled)
+    return before, output, mid, impl.observe(), sampled, stopped, called, applied
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """What one engine step did: the states around `schedule()` and after the
+    output applied, the tokens sampled and the requests the output stopped."""
+
+    before: SchedulerState
+    output: SchedulerOutput
+    mid: SchedulerState
+    after: SchedulerState
+    sampled: Mapping[str, list[int]]
+    stopped: Sequence[tuple[str, RequestStatus]]
+    called: bool  # whether schedule() was called (async: not while nothing is held)
+    applied: int | None  # the step whose batch update_from_output applied
+
+
+def engine_step(impl: SchedulerImpl, step: int, output_len: Mapping[str, int | None],
+                in_flight: deque | None) -> EngineStep:
+    """One engine step of formats.md on `impl`: synchronous when `in_flight` is None,
+    else with two batches in flight.  The engine loop and the hypothesis state
+    machine (tests/machine.py) both step through here."""
+    if in_flight is None:
+        return EngineStep(*_sync_step(impl, output_len), True, step)
+    return EngineStep(*_async_step(impl, step, output_len, in_flight))
+
+
+def step_record(step: int, output: SchedulerOutput, mid: SchedulerState, after: SchedulerState,
+                finished: list[list[str]], sampled: Mapping[str, Any],
+                position: Mapping[str, int]) -> dict[str, Any]:
+    """The trace step of formats.md for one engine step (`mid`: after schedule(),
+    `after`: after update_from_output; `position`: each id's index in the scenario)."""
+    return {
+        "step": step,
+        "scheduled": [[rid, n] for rid, n in output.num_scheduled_tokens],
+        "new": list(output.scheduled_new_reqs),
+        "resumed": list(output.scheduled_resumed_reqs),
+        "preempted": list(output.preempted_req_ids),
+        "finished": finished,
+        "running": list(after.running),
+        "waiting": list(after.waiting),
+        # In scenario order; sorting the live requests, not scanning all of
+        # them, keeps a step's cost independent of the scenario's size.
+        "num_computed_tokens": {rid: after.requests[rid].num_computed_tokens
+                                for rid in sorted(after.requests, key=position.__getitem__)},
+        "num_free_blocks": after.num_free_blocks,
+        # Ids that got a token this step (async: from the batch applied), in batch order.
+        "sampled": list(sampled),
+        "slots_held": len(mid.running),
+    }
+
+
+def is_idle_record(record: Mapping[str, Any]) -> bool:
+    """A step in which the scheduler held no request: nothing scheduled,
+    finished, running or waiting.  Such steps are not listed in a trace
+    (formats.md, Trace); `summary.steps` still counts them."""
+    if record.get("schedule_called") or record.get("applied_step") is not None and "schedule_called" in record:
+        return False  # async: a batch was scheduled or applied, even an empty one
+    return not (record["scheduled"] or record["finished"] or record["running"] or record["waiting"])
+
+
+def run_scenario(
+    scenario: Scenario,
+    impl: SchedulerImpl,
+    *,
+    on_step: Callable[[Transition], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    sink: "TraceSink | None" = None,
+) -> dict[str, Any]:
+    """Run `scenario` on `impl`; a rejected config or request gives an error trace.
+
+    With `sink` (reference/trace_io.py's protocol: begin(header), step(record),
+    end(trace)), each step record goes to the sink as it is made and is not
+    kept: the returned trace then has `"steps": []` (the summary is complete),
+    so a long run needs memory for its state only.
+
+    Idle time is skipped: when the implementation holds no request, the engine
+    jumps to the next step with an arrival or an abort instead of calling
+    schedule() on an empty scheduler step after step; such steps are not listed
+    (formats.md, Trace) and `summary.steps` counts them."""
+    name = getattr(impl, "name", type(impl).__name__)
+    header = {"format": TRACE_FORMAT, "scenario": scenario.name, "implementation": name}
+
+    def rejected(message: str) -> dict[str, Any]:
+        trace = error_trace(scenario, name, message)
+        if sink is not None:
+            sink.begin(header)
+            sink.end(trace)
+        return trace
+
+    try:
+        config = scenario.scheduler_config()
+    except ConfigError as e:
+        # The spec's structural checks on field types come first; an implementation
+        # still decides what it accepts among well-typed configs below.
+        return rejected(str(e))
+    try:
+        impl.reset(config)
+    except (ConfigError, ValueError) as e:
+        return rejected(str(e))
+    requests = {}
+    tokens = prompt_token_ids(scenario) if config.enable_prefix_caching else {}
+    for i, r in enumerate(scenario.requests):
+        try:
+            requests[r.id] = make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time,
+                                          tokens.get(r.id))
+        except ConfigError as e:
+            return rejected(f"requests[{i}].{e}")
+
+    arrivals: dict[int, list[str]] = {}
+    for r in scenario.requests:
+        arrivals.setdefault(r.arrival_step, []).append(r.id)
+    aborts: dict[int, list[str]] = {}
+    for a in scenario.aborts:
+        aborts.setdefault(a.step, []).append(a.id)
+    event_steps = sorted(set(arrivals) | set(aborts))
+
+    summary = {r.id: {"first_token_step": None, "finish_step": None, "finish_reason": None,
+                      "num_output_tokens": 0, "num_preemptions": 0} for r in scenario.requests}
+    order = [r.id for r in scenario.requests]
+    position = {rid: i for i, rid in enumerate(order)}
+    pending = set(order)  # not finished yet
+    steps: list[dict[str, Any]] = []
+    if sink is not None:
+        sink.begin(header)
+    emit = sink.step if sink is not None else steps.append
+    holds_requests = False  # whether the implementation held a request after the last step
+    output_len = {r.id: r.output_len for r in scenario.requests}
+    # Async scheduling: the batches in flight, oldest first (formats.md, async engine step).
+    in_flight: deque | None = deque() if config.async_scheduling else None
+    step = 0
+    while step < scenario.max_steps and pending:
+        if not holds_requests and step not in arrivals and step not in aborts:
+            # Nothing can happen before the next arrival or abort: go there.
+            k = bisect.bisect_right(event_steps, step)
+            step = min(event_steps[k] if k < len(event_steps) else scenario.max_steps, scenario.max_steps)
+            if progress is not None:
+                progress(step, scenario.max_steps)
+            continue
+        finished: list[list[str]] = []
+        for rid in aborts.get(step, ()):
+            for done in impl.finish_requests([rid], RequestStatus.FINISHED_ABORTED):
+                finished.append([done, "aborted"])
+        for rid in arrivals.get(step, ()):
+            impl.add_request(requests[rid])
+        e = engine_step(impl, step, output_len, in_flight)
+        before, output, mid, after, sampled, stopped = e.before, e.output, e.mid, e.after, e.sampled, e.stopped
+        called, applied = e.called, e.applied
+        finished += [[rid, FINISH_REASON[status]] for rid, status in stopped]
+        holds_requests = bool(after.requests or after.running or after.waiting or in_flight
+                              or after.finished_req_ids and in_flight is not None)
+
+        for rid in sampled:
+            s = summary[rid]
+            s["num_output_tokens"] += 1
+            if s["first_token_step"] is None:
+                s["first_token_step"] = step
+        for rid in output.preempted_req_ids:
+            summary[rid]["num_preemptions"] += 1
+        for rid, reason in finished:
+            summary[rid]["finish_step"] = step
+            summary[rid]["finish_reason"] = reason
+            pending.discard(rid)
+
+        record = step_record(step, output, mid, after, finished, sampled, position)
+        if config.enable_prefix_caching:
+            record["prefix_hits"] = dict(output.prefix_hits)
+        if in_flight is not None:
+            record["schedule_called"] = called
+            record["applied_step"] = applied
+        if not is_idle_record(record):
+            emit(record)
+            if on_step is not None:
+                on_step(Transition(step, before, output, after, record))
+        step += 1
+        if progress is not None:
+            progress(step, scenario.max_steps)
+
+    trace = {
+        "format": TRACE_FORMAT,
+        "scenario": scenario.name,
+        "implementation": name,
+        "steps": steps,
+        "summary": {
+            "steps": step,
+            "finished": len(order) - len(pending),
+            "unfinished": [rid for rid in order if rid in pending],
+            "requests": summary,
+        },
+    }
+    if sink is not None:
+        sink.end(trace)
+    return trace

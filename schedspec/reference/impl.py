@@ -1,0 +1,76 @@
+"""The implementation protocol: what the engine, the differential tester and the
+property checker need from any scheduler (the spec, the torch one, vLLM's, yours).
+
+An implementation is a stateful object with vLLM's four scheduler calls plus
+`observe()`, which reports its state as the spec's `SchedulerState` (requests with
+their counters, running and waiting in order, KV blocks).  Plug in your own with
+`--impl package.module:ClassName`; the class is built with no arguments
+(schedspec/base/loader.py).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
+
+from schedspec.spec import scheduler as spec_scheduler
+from schedspec.spec.config import SchedulerConfig, validate_config
+from schedspec.spec.request import Request, RequestStatus
+from schedspec.spec.state import SchedulerOutput, SchedulerState
+
+
+@runtime_checkable
+class SchedulerImpl(Protocol):
+    name: str
+
+    def reset(self, config: SchedulerConfig) -> None:
+        """Start empty with `config`; raise ConfigError (or ValueError) to reject it."""
+
+    def add_request(self, request: Request) -> None: ...
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> Sequence[str]:
+        """Finish (abort) requests; return the ids that were actually finished."""
+
+    def schedule(self) -> SchedulerOutput: ...
+
+    def update_from_output(
+        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]
+    ) -> Sequence[tuple[str, RequestStatus]]:
+        """Apply the model's output; return (id, status) of requests it finished."""
+
+    def observe(self) -> SchedulerState: ...
+
+    def close(self) -> None: ...
+
+
+class SpecScheduler:
+    """The executable specification behind the implementation protocol."""
+
+    name = "spec"
+
+    def __init__(self) -> None:
+        self.state: SchedulerState | None = None
+
+    def reset(self, config: SchedulerConfig) -> None:
+        validate_config(config)
+        self.state = SchedulerState(config)
+
+    def add_request(self, request: Request) -> None:
+        self.state = spec_scheduler.add_request(self.state, request)
+
+    def finish_requests(self, request_ids, status):
+        done, self.state = spec_scheduler.finish_requests(self.state, request_ids, status)
+        return done
+
+    def schedule(self) -> SchedulerOutput:
+        output, self.state = spec_scheduler.schedule(self.state)
+        return output
+
+    def update_from_output(self, output, sampled_token_ids):
+        finished, self.state = spec_scheduler.update_from_output(self.state, output, sampled_token_ids)
+        return finished
+
+    def observe(self) -> SchedulerState:
+        return self.state
+
+    def close(self) -> None:
+        pass

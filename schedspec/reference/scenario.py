@@ -1,0 +1,607 @@
+"""Scenario files (formats.md, `schedspec.scenario/1`): load, validate, save.
+
+A file is read in three passes, each with one-line errors that name the field
+(`config.max_num_seqs`, `requests[3].prompt_len`, `aborts[0].step`, `max_steps`)
+and quote the bad value cut to a short excerpt:
+
+1. bytes to JSON: at most MAX_FILE_BYTES, UTF-8, strict JSON (no NaN or
+   Infinity, no duplicate keys, integers of at most MAX_INT_DIGITS digits,
+   nesting at most MAX_DEPTH deep);
+2. the published JSON Schema (reference/schemas/scenario.schema.json), where an
+   integer field takes a JSON integer only (4.0 and 1e30 are not integers);
+3. the rules a schema cannot say (unique ids, arrival order, arrival before
+   max_steps, prefix fields, aborts) and the size bounds of BOUNDS again, so that
+   a Scenario built in code meets them too.
+
+Whether vLLM would *accept* the config and the requests is a separate question,
+answered by `validate_scenario` with the spec's rules (and, for another
+implementation, by that implementation).  `scenario_problem` asks pass 3 and
+that question at once of a Scenario built in code: the project's one validity
+check, which the shrinker and the searches use.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from jsonschema import validators
+
+from schedspec.spec.config import (CONFIG_FIELDS, EXCERPT_CHARS, ConfigError, SchedulerConfig, config_from_dict,
+                                   excerpt, field_path)
+from schedspec.spec.input_processor import make_request
+
+SCENARIO_FORMAT = "schedspec.scenario/1"
+SCHEMA_DIR = Path(__file__).parent / "schemas"
+DEFAULT_MAX_STEPS = 10000
+
+# Reading limits.  A real scenario nests 4 deep (file, requests, request,
+# prompt_token_ids) and 600 000 requests fit in 64 MiB.
+MAX_FILE_BYTES = 64 * 2**20
+MAX_DEPTH = 16
+MAX_INT_DIGITS = 20  # every bound below has at most 16 digits
+
+INT32_MAX = 2**31 - 1
+# schedspec's size bounds, the same in the JSON Schema (tests check that) and in
+# docs/formats.md: (minimum or None, maximum).  A minimum of None leaves the
+# lower end to vLLM's own check (validate_scenario), with vLLM's message.
+# Why these maxima: the torch implementation keeps token counts in int32 and
+# needs max_model_len <= 2**30 and step numbers <= 2**31 - 1 (gpu/limits.py);
+# the real vLLM scheduler builds one Python object per KV block, about 1 GB and
+# 5 s at 2**22 blocks; the spec keeps counts only and takes any of these.
+CONFIG_BOUNDS: dict[str, tuple[int | None, int]] = {
+    "max_num_batched_tokens": (None, INT32_MAX),
+    "max_num_scheduled_tokens": (None, INT32_MAX),
+    "max_num_seqs": (None, INT32_MAX),
+    "max_num_active_seqs": (None, INT32_MAX),
+    "max_model_len": (None, 2**30),
+    "long_prefill_token_threshold": (None, 2**30),
+    "block_size": (None, 2**30),
+    "num_gpu_blocks": (None, 2**22),
+}
+REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
+    "arrival_step": (0, INT32_MAX - 1),
+    "prompt_len": (None, 2**30 - 1),
+    "max_tokens": (None, INT32_MAX),
+    "output_len": (1, INT32_MAX),
+    "priority": (-2**31, INT32_MAX),
+    "prefix_len": (0, 2**30 - 1),
+}
+ARRIVAL_TIME_BOUND = 2**53  # |arrival_time|; every integer up to it is exact in a float
+TOKEN_ID_BOUNDS = (0, INT32_MAX)
+# With prefix caching every implementation keeps each prompt's token ids (the
+# spec and vLLM also hash them per block): the prompts of one scenario may add
+# up to this many tokens then, 32 MiB of ids.  Without it they are counts.
+MAX_CACHED_PROMPT_TOKENS = 2**22
+ABORT_STEP_BOUNDS = (0, INT32_MAX)
+MAX_STEPS_BOUNDS = (1, INT32_MAX)
+
+
+class ScenarioError(ValueError):
+    """A scenario file that does not follow the format."""
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    id: str
+    prompt_len: int
+    arrival_step: int = 0
+    max_tokens: int | None = None  # None = max_model_len - prompt_len
+    output_len: int | None = None  # EOS as this output token; None = never
+    priority: int = 0
+    arrival_time: float = 0.0
+    # Prefix caching (formats.md "Additions"): requests of one group share their
+    # first min(prefix_len) prompt tokens; or an explicit prompt.
+    prefix_group: str | None = None
+    prefix_len: int = 0
+    prompt_token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Abort:
+    id: str
+    step: int
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    config: dict[str, Any]  # the raw `config` object, as given
+    requests: tuple[RequestSpec, ...]
+    aborts: tuple[Abort, ...] = ()
+    max_steps: int = DEFAULT_MAX_STEPS
+    description: str = ""
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The validated config; raises ConfigError if vLLM would reject it."""
+        return config_from_dict(self.config)
+
+    def without_late_arrivals(self) -> Scenario:
+        """The same run without the requests that arrive at or after max_steps
+        (they never arrive) and their aborts: what a shrinker that lowers
+        max_steps must save, since such a file does not load."""
+        late = {r.id for r in self.requests if r.arrival_step >= self.max_steps}
+        if not late:
+            return self
+        return replace(self, requests=tuple(r for r in self.requests if r.id not in late),
+                       aborts=tuple(a for a in self.aborts if a.id not in late))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": SCENARIO_FORMAT, "name": self.name}
+        if self.description:
+            out["description"] = self.description
+        out["config"] = dict(self.config)
+        reqs = []
+        for r in self.requests:
+            d = {"id": r.id, "arrival_step": r.arrival_step, "prompt_len": r.prompt_len}
+            if r.max_tokens is not None:
+                d["max_tokens"] = r.max_tokens
+            if r.output_len is not None:
+                d["output_len"] = r.output_len
+            if r.priority:
+                d["priority"] = r.priority
+            d["arrival_time"] = r.arrival_time
+            if r.prefix_group is not None:
+                d["prefix_group"] = r.prefix_group
+            if r.prefix_len:
+                d["prefix_len"] = r.prefix_len
+            if r.prompt_token_ids is not None:
+                d["prompt_token_ids"] = list(r.prompt_token_ids)
+            reqs.append(d)
+        out["requests"] = reqs
+        out["aborts"] = [asdict(a) for a in self.aborts]
+        out["max_steps"] = self.max_steps
+        return out
+
+
+# --- pass 1: bytes to JSON ------------------------------------------------------------
+
+
+class _Bad:
+    """A JSON value the parser met but the format refuses (NaN, a huge integer):
+    kept in place so that the error can name the field it sits in."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+class _DuplicateKeys(dict):
+    def __init__(self, pairs, key):
+        super().__init__(pairs)
+        self.duplicate = key
+
+
+def _object(pairs):
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                return _DuplicateKeys(pairs, k)
+            seen.add(k)
+    return d
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "\u2026"
+
+
+def _int(text: str):
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        # Never int() it: Python refuses more than 4300 digits, and any value
+        # this long is beyond every bound of the format anyway.
+        return _Bad(f"= {_cut(text)} is an integer of {digits} digits, beyond every bound of the "
+                    f"format (docs/formats.md)")
+    return int(text)
+
+
+def _float(text: str):
+    value = float(text)
+    if not math.isfinite(value):
+        return _Bad(f"= {_cut(text)} is too large for a number (it overflows to infinity)")
+    return value
+
+
+def _constant(text: str):
+    return _Bad(f"= {text} is not a JSON number; NaN and Infinity are not allowed")
+
+
+def _path_text(path: tuple) -> str:
+    out = ""
+    for p in path:
+        out = f"{out}[{p}]" if isinstance(p, int) else field_path(out, p)
+    if len(out) > 2 * EXCERPT_CHARS:
+        out = out[:2 * EXCERPT_CHARS] + "\u2026"
+    return out or "the top level"
+
+
+def _unpaired_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_tree(data: Any) -> None:
+    """Depth, refused values, duplicate keys and unpaired surrogates, in document
+    order, without recursion."""
+    stack = [(data, (), 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, _Bad):
+            raise ScenarioError(f"{_path_text(path)}: {value.message}")
+        if isinstance(value, str):
+            if _unpaired_surrogate(value):
+                raise ScenarioError(f"{_path_text(path)}: = {excerpt(value)} holds an unpaired surrogate "
+                                    "escape (\\ud800-\\udfff), which is not text")
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth > MAX_DEPTH:
+            raise ScenarioError(f"{_path_text(path)}: nested more than {MAX_DEPTH} levels deep; a scenario "
+                                "nests 4 deep")
+        if isinstance(value, _DuplicateKeys):
+            raise ScenarioError(f"{_path_text(path + (value.duplicate,))}: the key appears more than once "
+                                "in one object; give each key once")
+        if isinstance(value, dict):
+            for key in value:
+                if _unpaired_surrogate(key):
+                    raise ScenarioError(f"{_path_text(path)}: the key {excerpt(key)} holds an unpaired "
+                                        "surrogate escape (\\ud800-\\udfff), which is not text")
+            children = [(v, path + (k,)) for k, v in value.items()]
+        else:
+            children = [(v, path + (i,)) for i, v in enumerate(value)]
+        stack.extend((v, p, depth + 1) for v, p in reversed(children))
+
+
+def parse_scenario_bytes(raw: bytes | str) -> Any:
+    """The JSON value of a scenario file, or ScenarioError (pass 1)."""
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_FILE_BYTES:
+            raise ScenarioError(f"larger than {MAX_FILE_BYTES // 2**20} MiB, the most a scenario file may be")
+        raw = raw.removeprefix(codecs.BOM_UTF8)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ScenarioError(f"not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start} "
+                                f"({e.reason}); save the file as UTF-8") from None
+    else:
+        text = raw
+    try:
+        data = json.loads(text, object_pairs_hook=_object, parse_int=_int, parse_float=_float,
+                          parse_constant=_constant)
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise ScenarioError(f"not accepted: JSON nested more than {MAX_DEPTH} levels deep; a scenario "
+                            "nests 4 deep") from None
+    _check_tree(data)
+    return data
+
+
+# --- pass 2: the JSON Schema ----------------------------------------------------------
+
+
+def _is_integer(checker, instance) -> bool:
+    # JSON Schema calls 4.0 an integer; a scenario's integer fields take integers.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_Validator = validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+
+
+def _schema(name: str) -> dict:
+    return json.loads((SCHEMA_DIR / name).read_text())
+
+
+@lru_cache(maxsize=1)
+def _scenario_validator():
+    return _Validator(_schema("scenario.schema.json"))
+
+
+@lru_cache(maxsize=1)
+def _schema_allows_fast_check() -> bool:
+    return _fast_usable(_scenario_validator().schema)
+
+
+_FAST_KEYWORDS = {"type", "properties", "required", "additionalProperties", "items", "minimum", "maximum",
+                  "minLength", "maxLength", "const", "enum", "title", "description", "$schema", "$id"}
+_FAST_TYPES = {
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+}
+
+
+def _fast_usable(schema: Any) -> bool:
+    if not isinstance(schema, dict) or not set(schema) <= _FAST_KEYWORDS:
+        return False
+    if schema.get("additionalProperties", False) is not False:
+        return False
+    return all(_fast_usable(s) for s in schema.get("properties", {}).values()) and \
+        ("items" not in schema or _fast_usable(schema["items"]))
+
+
+def _fast_valid(schema: dict, value: Any) -> bool:
+    """Whether `value` meets `schema`, for the few keywords the scenario schema
+    uses; jsonschema takes 100 times longer on 20 000 requests.  Only a yes is
+    trusted: a no is handed to jsonschema, which words the error."""
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        if not any(_FAST_TYPES[k](value) for k in kinds):
+            return False
+    if "const" in schema and not (value == schema["const"] and type(value) is type(schema["const"])):
+        return False
+    if "enum" in schema and not any(value == e and type(value) is type(e) for e in schema["enum"]):
+        return False
+    if _FAST_TYPES["number"](value):
+        if "minimum" in schema and not value >= schema["minimum"]:
+            return False
+        if "maximum" in schema and not value <= schema["maximum"]:
+            return False
+    elif isinstance(value, str):
+        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", len(value)):
+            return False
+    elif isinstance(value, dict):
+        props = schema.get("properties", {})
+        if any(k not in value for k in schema.get("required", ())):
+            return False
+        for k, v in value.items():
+            if k not in props or not _fast_valid(props[k], v):
+                return False
+    elif isinstance(value, list) and "items" in schema:
+        items = schema["items"]
+        return all(_fast_valid(items, v) for v in value)
+    return True
+
+
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "object": "an object",
+               "array": "an array", "boolean": "true or false", "null": "null"}
+
+
+def _schema_message(e: jsonschema.ValidationError) -> tuple[tuple, str]:
+    """(path, problem) for one schema error, in the format's words."""
+    path = tuple(e.absolute_path)
+    v, want, got = e.validator, e.validator_value, e.instance
+    if v == "type":
+        kinds = want if isinstance(want, list) else [want]
+        return path, f"must be {' or '.join(_TYPE_WORDS.get(k, k) for k in kinds)}, got {excerpt(got)}"
+    if v == "required":
+        missing = next((k for k in want if k not in got), want[0])
+        return path + (missing,), "missing; this field is required"
+    if v == "additionalProperties":
+        known = e.schema.get("properties", {})
+        extra = next((k for k in got if k not in known), None)
+        return path + (extra,), f"unknown field; known fields are {', '.join(known)}"
+    if v == "minimum":
+        return path, f"= {excerpt(got)}, must be >= {want}"
+    if v == "maximum":
+        return path, f"= {excerpt(got)}, must be <= {want} (schedspec's bound, docs/formats.md)"
+    if v == "const":
+        return path, f"= {excerpt(got)}, must be {want!r}"
+    if v == "minLength":
+        return path, f"= {excerpt(got)}, must not be empty"
+    return path, f"{_cut(' '.join(e.message.split()))} (schema rule {v!r})"
+
+
+def _sort_key(e: jsonschema.ValidationError):
+    return [(0, p) if isinstance(p, int) else (1, str(p)) for p in e.absolute_path]
+
+
+# --- pass 3: the rules a schema cannot say --------------------------------------------
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_int(where: str, value: Any, bounds: tuple[int | None, int], nullable: bool = False) -> None:
+    lo, hi = bounds
+    if value is None and nullable:
+        return
+    if not _is_int(value):
+        raise ScenarioError(f"{where}: must be an integer{' or null' if nullable else ''}, got {excerpt(value)}")
+    if lo is not None and value < lo:
+        raise ScenarioError(f"{where}: = {excerpt(value)}, must be >= {lo}")
+    if value > hi:
+        raise ScenarioError(f"{where}: = {excerpt(value)}, must be <= {hi} (schedspec's bound, docs/formats.md)")
+
+
+def check_bounds(scenario: Scenario) -> None:
+    """schedspec's size bounds (docs/formats.md) on a Scenario, from a file or
+    built in code; ScenarioError names the first field beyond them."""
+    if isinstance(scenario.config, dict):
+        for name, bounds in CONFIG_BOUNDS.items():
+            if name in scenario.config:
+                _check_int(f"config.{name}", scenario.config[name], bounds, nullable=True)
+    for i, r in enumerate(scenario.requests):
+        where = f"requests[{i}]"
+        for name, bounds in REQUEST_BOUNDS.items():
+            _check_int(f"{where}.{name}", getattr(r, name), bounds, nullable=name in ("max_tokens", "output_len"))
+        t = r.arrival_time
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not abs(t) <= ARRIVAL_TIME_BOUND:
+            raise ScenarioError(f"{where}.arrival_time: = {excerpt(t)}, must be a number in "
+                                f"[-{ARRIVAL_TIME_BOUND}, {ARRIVAL_TIME_BOUND}] (schedspec's bound, docs/formats.md)")
+        for k, tok in enumerate(r.prompt_token_ids or ()):
+            _check_int(f"{where}.prompt_token_ids[{k}]", tok, TOKEN_ID_BOUNDS)
+    for i, a in enumerate(scenario.aborts):
+        _check_int(f"aborts[{i}].step", a.step, ABORT_STEP_BOUNDS)
+    _check_int("max_steps", scenario.max_steps, MAX_STEPS_BOUNDS)
+
+
+def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
+    seen: dict[str, int] = {}
+    last_arrival = 0
+    for i, r in enumerate(scenario.requests):
+        where = f"requests[{i}]"
+        if r.id in seen:
+            raise ScenarioError(f"{where}.id: duplicate request id {excerpt(r.id)}, already the id of "
+                                f"requests[{seen[r.id]}]; request ids must be unique")
+        seen[r.id] = i
+        if r.arrival_step < last_arrival:
+            raise ScenarioError(
+                f"{where}.arrival_step: = {r.arrival_step} is before the previous request's "
+                f"{last_arrival}; requests must be listed in non-decreasing arrival_step")
+        last_arrival = r.arrival_step
+        if r.arrival_step >= scenario.max_steps:
+            given = "" if max_steps_given else ", the default"
+            raise ScenarioError(
+                f"{where}.arrival_step: = {r.arrival_step} is not before max_steps ({scenario.max_steps}{given}), "
+                "so the request would never arrive; raise max_steps or lower arrival_step")
+        if r.prefix_len and r.prefix_group is None:
+            raise ScenarioError(
+                f"{where}.prefix_len: = {r.prefix_len} without a prefix_group; prefix_len is the length "
+                "shared with the requests of the same group: set prefix_group or drop prefix_len")
+        if r.prompt_len < 1:
+            # No prompt to measure the prefix fields against: vLLM's check
+            # (validate_scenario) names prompt_len itself.
+            continue
+        if r.prefix_len > r.prompt_len:
+            raise ScenarioError(f"{where}.prefix_len: = {r.prefix_len}, must be <= prompt_len ({r.prompt_len})")
+        if r.prompt_token_ids is not None:
+            if r.prefix_group is not None:
+                raise ScenarioError(
+                    f"{where}.prompt_token_ids: not allowed together with prefix_group; give either the "
+                    "explicit tokens or a group, not both")
+            if len(r.prompt_token_ids) != r.prompt_len:
+                raise ScenarioError(
+                    f"{where}.prompt_token_ids: holds {len(r.prompt_token_ids)} tokens, must hold "
+                    f"prompt_len ({r.prompt_len})")
+    if isinstance(scenario.config, dict) and scenario.config.get("enable_prefix_caching") is True:
+        total = 0
+        for i, r in enumerate(scenario.requests):
+            total += max(r.prompt_len, 0)
+            if total > MAX_CACHED_PROMPT_TOKENS:
+                raise ScenarioError(
+                    f"requests[{i}].prompt_len: = {r.prompt_len} brings the prompts to {total} tokens, more than "
+                    f"the {MAX_CACHED_PROMPT_TOKENS} a scenario may hold with config.enable_prefix_caching "
+                    "(their token ids are kept; schedspec's bound, docs/formats.md)")
+    by_id = {r.id: r for r in scenario.requests}
+    for i, a in enumerate(scenario.aborts):
+        where = f"aborts[{i}]"
+        if a.id not in by_id:
+            raise ScenarioError(f"{where}.id: = {excerpt(a.id)} is not a request of this scenario")
+        if a.step <= by_id[a.id].arrival_step:
+            raise ScenarioError(
+                f"{where}.step: = {a.step} must be greater than the request's arrival_step "
+                f"({by_id[a.id].arrival_step}); aborts run before arrivals")
+
+
+def scenario_from_json(data: Any) -> Scenario:
+    """Check `data` (parsed JSON) against the published JSON Schema and the rules
+    a schema cannot say; raise ScenarioError naming the field of the first problem.
+    `data` straight from json.loads skips pass 1's checks on duplicate keys and
+    NaN: read files with `load_scenario` or `parse_scenario_bytes`."""
+    _check_tree(data)
+    return _from_checked_json(data)
+
+
+def _from_checked_json(data: Any) -> Scenario:
+    validator = _scenario_validator()
+    if not (_schema_allows_fast_check() and _fast_valid(validator.schema, data)):
+        errors = sorted(validator.iter_errors(data), key=_sort_key)
+        if errors:
+            path, problem = _schema_message(errors[0])
+            raise ScenarioError(f"{_path_text(path)}: {problem}")
+    requests = []
+    for i, r in enumerate(data["requests"]):
+        tokens = r.get("prompt_token_ids")
+        requests.append(RequestSpec(
+            id=r["id"], prompt_len=r["prompt_len"], arrival_step=r.get("arrival_step", 0),
+            max_tokens=r.get("max_tokens"), output_len=r.get("output_len"),
+            priority=r.get("priority", 0),
+            arrival_time=float(r.get("arrival_time", i)),
+            prefix_group=r.get("prefix_group"), prefix_len=r.get("prefix_len", 0),
+            prompt_token_ids=tuple(tokens) if tokens is not None else None,
+        ))
+    scenario = Scenario(
+        name=data["name"],
+        description=data.get("description", ""),
+        config=dict(data.get("config", {})),
+        requests=tuple(requests),
+        aborts=tuple(Abort(a["id"], a["step"]) for a in data.get("aborts", [])),
+        max_steps=data.get("max_steps", DEFAULT_MAX_STEPS),
+    )
+    check_bounds(scenario)
+    _check_rules(scenario, "max_steps" in data)
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read, parse and check a scenario file; ScenarioError is one line that
+    starts with the file's path."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
+    except ValueError as e:  # a NUL byte in the path
+        raise ScenarioError(f"{path}: cannot read: {e}") from None
+    try:
+        return _from_checked_json(parse_scenario_bytes(raw))
+    except ScenarioError as e:
+        raise ScenarioError(f"{path}: {e}") from None
+
+
+def validate_scenario(scenario: Scenario) -> SchedulerConfig:
+    """Apply vLLM 0.33.0's config checks and front-end request checks; raise
+    ConfigError naming the field of the first rejection."""
+    from .prompts import prompt_token_ids
+
+    config = scenario.scheduler_config()
+    # as the engine does (reference/engine.py): prefix caching needs the token ids
+    tokens = prompt_token_ids(scenario) if config.enable_prefix_caching else {}
+    for i, r in enumerate(scenario.requests):
+        try:
+            make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time, tokens.get(r.id))
+        except ConfigError as e:
+            raise ConfigError(f"requests[{i}].{e.field}", str(e).split(": ", 1)[1]) from None
+    return config
+
+
+def scenario_problem(scenario: Scenario) -> str | None:
+    """None when `scenario` is one a file may hold and vLLM 0.33.0 would run:
+    schedspec's bounds, the rules a schema cannot say (pass 3) and vLLM's config
+    and request checks (validate_scenario).  Otherwise the first problem, in the
+    one-line words `schedspec validate` uses.  The one validity check of the
+    project: shrinkers and searches keep only candidates it passes."""
+    try:
+        check_bounds(scenario)
+        _check_rules(scenario, max_steps_given=True)
+        validate_scenario(scenario)
+    except (ScenarioError, ConfigError) as e:
+        return str(e)
+    return None
+
+
+def save_scenario(scenario: Scenario, path: str | Path, overwrite: bool = False) -> Path:
+    """Write a scenario file; never overwrite an existing file unless asked."""
+    p = Path(path)
+    if p.exists() and not overwrite:
+        raise FileExistsError(f"{p} exists; not overwriting it")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(scenario.to_json(), indent=2) + "\n")
+    return p
+
+
+__all__ = [
+    "Abort", "CONFIG_FIELDS", "RequestSpec", "Scenario", "ScenarioError", "check_bounds", "load_scenario",
+    "parse_scenario_bytes", "save_scenario", "scenario_from_json", "scenario_problem", "validate_scenario",
+    "SCENARIO_FORMAT",
+]

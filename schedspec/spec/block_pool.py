@@ -1,0 +1,167 @@
+"""The KV block pool block by block, for `enable_prefix_caching` (one full-attention
+group; P = vllm/v1/core/block_pool.py, T = single_type_kv_cache_manager.py,
+K = kv_cache_manager.py, KU = kv_cache_utils.py; docs/rules.md §6).
+
+With prefix caching, which block holds which tokens decides hits and eviction, so
+this is the smallest block-level model that is step-exact.  Block ids are vLLM's,
+1 .. num_gpu_blocks - 1 (0 is the null block), handed out in the same order, so a
+trace can name blocks.  The free queue in pop order is `free_front +
+[next_fresh, num_gpu_blocks) + free_back`: freed blocks without a hash are
+prepended, hashed ones appended (P:816-849), never-used ones sit between in id
+order.  So the back holds only hashed blocks, oldest-freed first (LRU): exactly
+the blocks a prefix hit can take out of the queue (P:792).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from .kv_cache_utils import BlockHash
+
+
+@dataclass(frozen=True)
+class BlockPool:
+    num_gpu_blocks: int
+    free_front: tuple[int, ...] = ()
+    next_fresh: int = 1
+    free_back: tuple[int, ...] = ()
+    ref_cnt: Mapping[int, int] = field(default_factory=dict)  # held blocks only (> 0)
+    block_hash: Mapping[int, BlockHash] = field(default_factory=dict)  # every hashed block
+    # hash -> its blocks in insertion order; a lookup takes the first (P:63-72).
+    cached: Mapping[BlockHash, tuple[int, ...]] = field(default_factory=dict)
+    req_to_blocks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    num_cached_block: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """P:912: the free queue's length, cached blocks included."""
+        return len(self.free_front) + (self.num_gpu_blocks - self.next_fresh) + len(self.free_back)
+
+    def free_queue(self) -> tuple[int, ...]:
+        return self.free_front + tuple(range(self.next_fresh, self.num_gpu_blocks)) + self.free_back
+
+    def num_blocks(self, request_id: str) -> int:
+        return len(self.req_to_blocks.get(request_id, ()))
+
+    @property
+    def req_to_num_blocks(self) -> dict[str, int]:
+        return {rid: len(blocks) for rid, blocks in self.req_to_blocks.items()}
+
+    def work(self) -> "PoolWork":
+        return PoolWork(self)
+
+
+class PoolWork:
+    """The working copy of a BlockPool inside one scheduler call (kv_cache.KVCache)."""
+
+    def __init__(self, pool: BlockPool):
+        self.num_gpu_blocks = pool.num_gpu_blocks
+        self.front = deque(pool.free_front)
+        self.next_fresh = pool.next_fresh
+        self.back = dict.fromkeys(pool.free_back)  # an ordered set
+        self.ref_cnt = dict(pool.ref_cnt)
+        self.block_hash = dict(pool.block_hash)
+        self.cached = dict(pool.cached)
+        self.req_to_blocks = dict(pool.req_to_blocks)
+        self.num_cached_block = dict(pool.num_cached_block)
+
+    def freeze(self) -> BlockPool:
+        return BlockPool(self.num_gpu_blocks, tuple(self.front), self.next_fresh, tuple(self.back),
+                         self.ref_cnt, self.block_hash, self.cached, self.req_to_blocks,
+                         self.num_cached_block)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.front) + (self.num_gpu_blocks - self.next_fresh) + len(self.back)
+
+    def num_blocks(self, request_id: str) -> int:
+        return len(self.req_to_blocks.get(request_id, ()))
+
+    def allocate(self, request_id: str, hits: Sequence[int], num_new_blocks: int) -> None:
+        """The hits become the request's first blocks, then new blocks follow (K:590-627)."""
+        if hits:
+            self.add_hits(request_id, hits)
+        if num_new_blocks or request_id not in self.req_to_blocks:
+            self.allocate_new_blocks(request_id, num_new_blocks)
+
+    def get_computed_blocks(self, block_hashes: tuple, num_tokens: int, block_size: int) -> list[int]:
+        """The longest run of cached blocks from the start, over at most (num_tokens - 1)
+        // block_size blocks: one token is always left to compute (K:295-307, T:792-800)."""
+        hits = []
+        for h in block_hashes[:(num_tokens - 1) // block_size]:
+            blocks = self.cached.get(h)
+            if not blocks:
+                break
+            hits.append(blocks[0])
+        return hits
+
+    def num_evictable(self, blocks: Sequence[int]) -> int:
+        """Hit blocks that touching takes out of the free queue (T:256-261)."""
+        return sum(1 for b in blocks if self.ref_cnt.get(b, 0) == 0) if blocks else 0
+
+    def _uncache(self, block: int) -> None:
+        """Evict a reused block's hash (P:769-790, 630-649)."""
+        h = self.block_hash.pop(block, None)
+        if h is not None:
+            rest = tuple(b for b in self.cached[h] if b != block)
+            if rest:
+                self.cached[h] = rest
+            else:
+                del self.cached[h]
+
+    def add_hits(self, request_id: str, hits: Sequence[int]) -> None:
+        """Touch the hit blocks and make them the request's first blocks (T:268-324, P:792-810)."""
+        for b in hits:
+            if self.ref_cnt.get(b, 0) == 0:
+                del self.back[b]
+            self.ref_cnt[b] = self.ref_cnt.get(b, 0) + 1
+        self.req_to_blocks[request_id] = tuple(hits)
+        self.num_cached_block[request_id] = len(hits)
+
+    def allocate_new_blocks(self, request_id: str, num_blocks: int) -> None:
+        """Pop `num_blocks` from the queue head, evicting any hash they carry (P:706-740)."""
+        new = []
+        for _ in range(num_blocks):
+            if self.front:
+                b = self.front.popleft()
+            elif self.next_fresh < self.num_gpu_blocks:
+                b = self.next_fresh
+                self.next_fresh += 1
+            else:
+                b = next(iter(self.back))
+                del self.back[b]
+            self._uncache(b)
+            self.ref_cnt[b] = 1
+            new.append(b)
+        self.req_to_blocks[request_id] = self.req_to_blocks.get(request_id, ()) + tuple(new)
+
+    def cache_blocks(self, request_id: str, block_hashes: tuple, num_tokens: int, block_size: int) -> None:
+        """Hash the request's full blocks up to `num_tokens` (T:477-541, P:230-300)."""
+        num_cached = self.num_cached_block.get(request_id, 0)
+        num_full = min(num_tokens, len(block_hashes) * block_size) // block_size
+        if num_cached >= num_full:
+            return
+        blocks = self.req_to_blocks[request_id]
+        for i in range(num_cached, num_full):
+            b, h = blocks[i], block_hashes[i]
+            if self.block_hash.get(b) == h or b in self.cached.get(h, ()):
+                continue
+            self.block_hash[b] = h
+            self.cached[h] = self.cached.get(h, ()) + (b,)
+        self.num_cached_block[request_id] = num_full
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks, tail first, so its last blocks are evicted
+        first (T:591-599, P:816-849)."""
+        blocks = self.req_to_blocks.pop(request_id, ())
+        self.num_cached_block.pop(request_id, None)
+        first, last = [], []
+        for b in reversed(blocks):
+            self.ref_cnt[b] -= 1
+            if self.ref_cnt[b] == 0:
+                del self.ref_cnt[b]
+                (last if b in self.block_hash else first).append(b)
+        self.front.extendleft(reversed(first))
+        for b in last:
+            self.back[b] = None

@@ -1,0 +1,201 @@
+"""Scheduler configuration: vLLM 0.33.0's defaults and its acceptance conditions.
+
+One frozen dataclass holds every `config` field of a scenario file
+(docs/formats.md).  `validate_config` accepts exactly what vLLM 0.33.0
+accepts for the core scope and says, for the first condition that fails, which
+field, which value, which condition and how to fix it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+FCFS = "fcfs"
+PRIORITY = "priority"
+POLICIES = (FCFS, PRIORITY)
+
+
+class ConfigError(ValueError):
+    """A configuration or request that vLLM 0.33.0 would reject."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    # SchedulerConfig defaults (C = vllm/config/scheduler.py).
+    max_num_batched_tokens: int = 2048  # C:41
+    max_num_scheduled_tokens: int | None = None  # None -> max_num_batched_tokens
+    max_num_seqs: int = 128  # C:43
+    max_num_active_seqs: int | None = None  # None -> max_num_seqs
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0 = no per-request chunk cap
+    policy: str = FCFS
+    watermark: float = 0.0  # C:196, in [0, 1)
+    scheduler_reserve_full_isl: bool = True  # C:190, the full-ISL admission gate
+    # Model- and machine-dependent in vLLM; formats.md fixes these defaults.
+    max_model_len: int = 8192
+    block_size: int = 16
+    num_gpu_blocks: int = 10000  # counts vLLM's null block
+    enable_prefix_caching: bool = False
+    # vLLM's default is on; formats.md keeps the synchronous engine unless asked.
+    async_scheduling: bool = False
+
+    @property
+    def token_budget(self) -> int:
+        """The per-step token budget `schedule()` starts from (S:719)."""
+        if self.max_num_scheduled_tokens is None:
+            return self.max_num_batched_tokens
+        return self.max_num_scheduled_tokens
+
+    @property
+    def max_num_active_reqs(self) -> int:
+        """The admission limit on len(running) (S:131-138)."""
+        if self.max_num_active_seqs is None:
+            return self.max_num_seqs
+        return self.max_num_active_seqs
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Block 0 is the null block and is never free (P:191)."""
+        return self.num_gpu_blocks - 1
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Headroom an admission must leave free; computed on the total that
+        includes the null block (K:210)."""
+        return int(self.watermark * self.num_gpu_blocks)
+
+
+CONFIG_FIELDS = tuple(f.name for f in fields(SchedulerConfig))
+
+# The integer fields: name -> (minimum, whether null is allowed).
+INT_FIELDS = {
+    "max_num_batched_tokens": (1, False),
+    "max_num_scheduled_tokens": (1, True),
+    "max_num_seqs": (1, False),
+    "max_num_active_seqs": (1, True),
+    "long_prefill_token_threshold": (0, False),
+    "max_model_len": (1, False),
+    "block_size": (1, False),
+    "num_gpu_blocks": (1, False),
+}
+# The true/false fields.
+BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching",
+               "async_scheduling")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+EXCERPT_CHARS = 40
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """`value` as a message quotes it: repr (so control characters and newlines
+    are escaped and the message stays one line), cut to `limit` characters."""
+    if _is_int(value) and abs(value) >= 10**limit:
+        # repr of a huge int is slow, and beyond 4300 digits refused (sys.set_int_max_str_digits)
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "\u2026"
+
+
+def field_path(where: str, key: Any) -> str:
+    """`where.key`, or `where[<excerpt>]` for a key that is not a short name."""
+    if isinstance(key, str) and key.isidentifier() and key.isascii() and len(key) <= EXCERPT_CHARS:
+        return f"{where}.{key}" if where else key
+    return f"{where}[{excerpt(key)}]"
+
+
+def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
+    """Build a config from a scenario's `config` object: JSON types here, every
+    value condition in `validate_config`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(where, f"must be an object, got {excerpt(raw)}")
+    unknown = [k for k in raw if k not in CONFIG_FIELDS]
+    if unknown:
+        raise ConfigError(
+            field_path(where, unknown[0]),
+            f"unknown field; known fields are {', '.join(CONFIG_FIELDS)}",
+        )
+    for name, value in raw.items():
+        path = f"{where}.{name}"
+        if name in INT_FIELDS:
+            _, nullable = INT_FIELDS[name]
+            if value is None and nullable:
+                continue
+            if not _is_int(value):
+                raise ConfigError(path, f"must be an integer{' or null' if nullable else ''}, got {excerpt(value)}")
+        elif name in BOOL_FIELDS:
+            if not isinstance(value, bool):
+                raise ConfigError(path, f"must be true or false, got {excerpt(value)}")
+        elif name == "watermark":
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ConfigError(path, f"must be a number, got {excerpt(value)}")
+            if _is_int(value) and not 0 <= value < 1:  # float() of a huge int overflows
+                raise ConfigError(path, f"= {excerpt(value)}, must be in [0, 1); 0.0 disables the watermark")
+        elif name == "policy":
+            if not isinstance(value, str):
+                raise ConfigError(path, f"must be a string, got {excerpt(value)}")
+    config = SchedulerConfig(**{k: (float(v) if k == "watermark" else v) for k, v in raw.items()})
+    validate_config(config, where)
+    return config
+
+
+def validate_config(c: SchedulerConfig, where: str = "config") -> None:
+    """Raise ConfigError for the first condition vLLM 0.33.0 rejects."""
+
+    def fail(name: str, message: str) -> None:
+        raise ConfigError(f"{where}.{name}", message)
+
+    # Field constraints declared on the pydantic dataclasses (C:41-196, CC:187).
+    for name, (minimum, nullable) in INT_FIELDS.items():
+        value = getattr(c, name)
+        if value is None and nullable:
+            continue
+        if not _is_int(value) or value < minimum:
+            fail(name, f"= {excerpt(value)}, must be an integer >= {minimum}")
+    if not (0.0 <= c.watermark < 1.0):
+        fail("watermark", f"= {c.watermark}, must be in [0, 1) (vLLM config/scheduler.py:196); "
+             "0.0 disables the watermark")
+    if c.policy not in POLICIES:
+        fail("policy", f"= {excerpt(c.policy)}: unknown scheduling policy (vLLM scheduler.py:225); "
+             f"use one of {', '.join(map(repr, POLICIES))}")
+    # SchedulerConfig.verify_max_model_len, in vLLM's order (C:317-362).
+    if c.max_num_batched_tokens < c.max_model_len and not c.enable_chunked_prefill:
+        fail("max_num_batched_tokens",
+             f"= {c.max_num_batched_tokens} is smaller than max_model_len ({c.max_model_len}) "
+             "with enable_chunked_prefill off (vLLM config/scheduler.py:318); raise "
+             "max_num_batched_tokens to at least max_model_len, lower max_model_len, "
+             "or enable chunked prefill")
+    if c.max_num_batched_tokens < c.max_num_seqs:
+        fail("max_num_batched_tokens",
+             f"= {c.max_num_batched_tokens} must be >= max_num_seqs ({c.max_num_seqs}) "
+             "(vLLM config/scheduler.py:331); raise it or lower max_num_seqs, and use "
+             "max_num_scheduled_tokens for a token budget below max_num_seqs")
+    if c.max_num_active_seqs is not None and c.max_num_active_seqs > c.max_num_seqs:
+        fail("max_num_active_seqs",
+             f"= {c.max_num_active_seqs} cannot be greater than max_num_seqs ({c.max_num_seqs}) "
+             "(vLLM config/scheduler.py:341); lower it or raise max_num_seqs")
+    if c.long_prefill_token_threshold > c.max_model_len:
+        fail("long_prefill_token_threshold",
+             f"= {c.long_prefill_token_threshold} cannot be greater than max_model_len "
+             f"({c.max_model_len}) (vLLM config/scheduler.py:355); lower it (0 disables the cap)")
+    # Engine start-up: the pool, less the null block, must hold one full sequence
+    # (v1/core/kv_cache_planning.py:151-185).
+    need = math.ceil(c.max_model_len / c.block_size)
+    if c.num_gpu_blocks - 1 < need:
+        fail("num_gpu_blocks",
+             f"= {c.num_gpu_blocks} leaves {c.num_gpu_blocks - 1} usable blocks, fewer than the "
+             f"{need} one max_model_len ({c.max_model_len}) sequence needs at block_size "
+             f"{c.block_size} (vLLM v1/core/kv_cache_planning.py:151); use num_gpu_blocks >= "
+             f"{need + 1} or lower max_model_len")

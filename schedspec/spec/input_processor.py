@@ -1,0 +1,53 @@
+"""vLLM's front end as far as the scheduler sees it: a request is checked and
+built before `add_request` (IP = v1/engine/input_processor.py)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .kv_cache_utils import extend_block_hashes
+from .config import ConfigError, SchedulerConfig
+from .request import Request
+
+
+def make_request(
+    config: SchedulerConfig,
+    request_id: str,
+    num_prompt_tokens: int,
+    max_tokens: int | None = None,
+    priority: int = 0,
+    arrival_time: float = 0.0,
+    prompt_token_ids: Sequence[int] | None = None,
+) -> Request:
+    """A new WAITING request, after vLLM's front-end checks
+    (v1/engine/input_processor.py:476-602).  With prefix caching the prompt's
+    token ids are required: they decide which blocks it shares."""
+    if num_prompt_tokens < 1:
+        raise ConfigError("prompt_len", f"= {num_prompt_tokens}: the prompt is empty; use prompt_len >= 1")
+    if num_prompt_tokens >= config.max_model_len:
+        raise ConfigError(
+            "prompt_len",
+            f"= {num_prompt_tokens} must be < max_model_len ({config.max_model_len}); vLLM's front end "
+            "rejects a prompt of max_model_len or more tokens for a generate model",
+        )
+    if max_tokens is None:
+        max_tokens = config.max_model_len - num_prompt_tokens  # input_processor.py:477
+    if max_tokens < 1:
+        raise ConfigError("max_tokens", f"= {max_tokens}, must be >= 1")
+    tokens: tuple = ()
+    hashes: tuple = ()
+    if config.enable_prefix_caching:
+        if prompt_token_ids is None or len(prompt_token_ids) != num_prompt_tokens:
+            raise ConfigError("prompt_token_ids", "prefix caching needs the prompt's "
+                              f"{num_prompt_tokens} token ids")
+        tokens = tuple(prompt_token_ids)
+        hashes = extend_block_hashes((), tokens, config.block_size)
+    return Request(
+        request_id=request_id,
+        num_prompt_tokens=num_prompt_tokens,
+        max_tokens=max_tokens,
+        priority=priority,
+        arrival_time=arrival_time,
+        prompt_token_ids=tokens,
+        block_hashes=hashes,
+    )

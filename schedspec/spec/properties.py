@@ -1,0 +1,431 @@
+"""The scheduler's properties, as named predicates over one step.
+
+Every property is a function `(before, output, after) -> Verdict`:
+- `before`: the state after the step's aborts and arrivals, before `schedule()`;
+- `output`: what `schedule()` decided;
+- `after`: the state after `update_from_output()`.
+They read only what any implementation can report (reference/impl.py's
+`observe()`), so the same predicates judge the spec, the torch implementation,
+vLLM itself and yours.  A property whose premise does not hold in a step says so
+(`applicable=False`), so a run can show how often each property was really tested.
+
+`PROPERTIES` is the one registry that the tests, the CLI, the proofs and the
+differential tester iterate over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .config import FCFS, PRIORITY
+from .kv_cache import cdiv, get_num_blocks_to_allocate
+from .request import Request, RequestStatus, last_token_in_flight
+from .state import SchedulerOutput, SchedulerState
+
+
+@dataclass(frozen=True)
+class Verdict:
+    holds: bool
+    applicable: bool = True
+    detail: str = ""
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+
+HOLDS = Verdict(True)
+NOT_APPLICABLE = Verdict(True, applicable=False)
+
+
+def violated(detail: str, **values: Any) -> Verdict:
+    return Verdict(False, True, detail, values)
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    doc: str
+    check: Callable[[SchedulerState, SchedulerOutput, SchedulerState], Verdict]
+    # The engine flags without which the property has nothing to judge (it is
+    # then not applicable, or trivially true): the z3 encoding, which models the
+    # engine with both flags off, leaves these properties to the other checkers.
+    engine_flags: tuple[str, ...] = ()
+
+
+PROPERTIES: dict[str, Property] = {}
+
+
+def prop(fn: Callable[[SchedulerState, SchedulerOutput, SchedulerState], Verdict] | None = None, *,
+         engine_flags: tuple[str, ...] = ()):
+    def register(fn):
+        doc = " ".join((fn.__doc__ or "").split())
+        PROPERTIES[fn.__name__] = Property(fn.__name__, doc, fn, engine_flags)
+        return fn
+
+    return register(fn) if fn is not None else register
+
+
+# --- quantities the properties share -------------------------------------------------
+
+
+def get_long_prefill_threshold(state: SchedulerState) -> int:
+    """The threshold in force this step: only with more than one eligible request (S:757-763)."""
+    eligible = len(state.running) + len(state.waiting)
+    return state.config.long_prefill_token_threshold if eligible > 1 else 0
+
+
+def get_need(r: Request) -> int:
+    """A running request's tokens to compute, before any cap (S:839).  Async: an output
+    placeholder counts as a token to compute, and a request whose last allowed token
+    is in flight needs none (S:800-814)."""
+    if last_token_in_flight(r):
+        return 0
+    return r.num_tokens + r.num_output_placeholders - r.num_computed_tokens
+
+
+def get_capped_need(state: SchedulerState, r: Request) -> int:
+    """A running request's need after the threshold and model-length caps, before
+    the budget cap (S:839-856)."""
+    n = get_need(r)
+    threshold = get_long_prefill_threshold(state)
+    if 0 < threshold < n:
+        n = threshold
+    return max(min(n, state.config.max_model_len - r.num_computed_tokens - 1), 0)
+
+
+def get_step_budget(state: SchedulerState) -> int:
+    """Tokens one step may grant in all: the token budget and the input budget."""
+    return min(state.config.token_budget, state.config.max_num_batched_tokens)
+
+
+def get_block_demand(state: SchedulerState, rid: str, num_new_tokens: int) -> int:
+    r = state.requests[rid]
+    num_tokens = min(r.num_computed_tokens + num_new_tokens, state.config.max_model_len)
+    return get_num_blocks_to_allocate(state.config.block_size, state.num_blocks(rid), num_tokens)
+
+
+def get_expected_victims(before: SchedulerState, count: int) -> list[str]:
+    """The first `count` victims the policy names (S:932-970): FCFS the tail of
+    running, PRIORITY the largest (priority, arrival_time), first in running order."""
+    running = list(before.running)
+    victims = []
+    for _ in range(min(count, len(running))):
+        if before.config.policy == PRIORITY:
+            v = max(running, key=lambda x: before.requests[x].priority_key)
+        else:
+            v = running[-1]
+        running.remove(v)
+        victims.append(v)
+    return victims
+
+
+# --- the properties ---------------------------------------------------------------------
+
+
+@prop
+def token_budget_respected(before, output, after):
+    """The tokens granted in one step never exceed max_num_scheduled_tokens, nor max_num_batched_tokens."""
+    total = output.total_num_scheduled_tokens
+    c = before.config
+    if total > c.token_budget or total > c.max_num_batched_tokens:
+        return violated("step grants more tokens than the budget", total=total,
+                        max_num_scheduled_tokens=c.token_budget,
+                        max_num_batched_tokens=c.max_num_batched_tokens)
+    return HOLDS
+
+
+@prop
+def grants_positive(before, output, after):
+    """Every grant is at least one token, and no request is granted twice in a step."""
+    ids = [rid for rid, _ in output.num_scheduled_tokens]
+    if len(ids) != len(set(ids)):
+        return violated("a request is granted twice", scheduled=output.num_scheduled_tokens)
+    bad = [(rid, n) for rid, n in output.num_scheduled_tokens if n < 1]
+    if bad:
+        return violated("a grant is below one token", grants=bad)
+    return HOLDS
+
+
+@prop
+def running_before_waiting(before, output, after):
+    """A waiting request receives tokens only if every running request eligible this step received its full capped need, and only from the budget they left."""
+    if not output.admitted:
+        return NOT_APPLICABLE
+    granted = output.scheduled
+    for rid in before.running:
+        need = get_capped_need(before, before.requests[rid])
+        if need > 0 and granted.get(rid, 0) != need:
+            return violated("a waiting request was admitted while a running one was short",
+                            admitted=list(output.admitted), running_request=rid,
+                            capped_need=need, granted=granted.get(rid, 0))
+    running_total = sum(granted.get(rid, 0) for rid in before.running)
+    admitted_total = sum(granted[rid] for rid in output.admitted)
+    left = get_step_budget(before) - running_total
+    if admitted_total > left:
+        return violated("admissions used more than the budget running left",
+                        admitted_tokens=admitted_total, budget_left=left)
+    return HOLDS
+
+
+@prop
+def preemption_only_on_allocation_failure(before, output, after):
+    """A preemption happens only in a step where the running requests' block demand exceeds the free pool, the victim is the one the policy names, and no request is admitted in that step."""
+    if not output.preempted_req_ids:
+        return NOT_APPLICABLE
+    if output.admitted:
+        return violated("a request was admitted in a step with a preemption",
+                        preempted=list(output.preempted_req_ids), admitted=list(output.admitted))
+    demand = sum(get_block_demand(before, rid, get_capped_need(before, before.requests[rid]))
+                 for rid in before.running)
+    if demand <= before.num_free_blocks:
+        return violated("preempted although the running requests' whole block demand fits",
+                        preempted=list(output.preempted_req_ids), block_demand=demand,
+                        num_free_blocks=before.num_free_blocks)
+    expected = get_expected_victims(before, len(output.preempted_req_ids))
+    if list(output.preempted_req_ids) != expected:
+        return violated(f"victims are not the ones the {before.config.policy} policy names",
+                        preempted=list(output.preempted_req_ids), expected=expected)
+    return HOLDS
+
+
+@prop
+def starvation_condition(before, output, after):
+    """With D running requests each needing exactly one token and D >= the token budget B, waiting requests receive no tokens; with D < B, chunked prefill on, a free run slot and enough blocks, the head of waiting receives min(need, B - D) > 0."""
+    if not before.waiting:
+        return NOT_APPLICABLE
+    c = before.config
+    if any(get_need(before.requests[r]) != 1 for r in before.running):
+        return NOT_APPLICABLE
+    D = len(before.running)
+    B = get_step_budget(before)
+    granted = output.scheduled
+    if D >= B:
+        fed = [w for w in before.waiting if w in granted]
+        if fed:
+            return violated("a waiting request got tokens although D >= B", D=D, B=B, fed=fed)
+        return HOLDS
+    if not c.enable_chunked_prefill or D >= c.max_num_active_reqs:
+        return NOT_APPLICABLE
+    head = before.waiting[0]
+    r = before.requests[head]
+    if r.num_stale_output_tokens > 0:
+        return NOT_APPLICABLE  # async: skipped until its in-flight output returns
+    blocks_needed = (sum(get_block_demand(before, d, 1) for d in before.running)
+                     + cdiv(r.num_tokens, c.block_size) + c.watermark_blocks)
+    if blocks_needed > before.num_free_blocks:
+        return NOT_APPLICABLE
+    # A prefix hit is computed already: the head needs what the cache lacks.
+    need = r.num_tokens - dict(output.prefix_hits).get(head, r.num_computed_tokens)
+    threshold = get_long_prefill_threshold(before)
+    if 0 < threshold < need:
+        need = threshold
+    expected = min(need, B - D)
+    if granted.get(head, 0) != expected:
+        return violated("the head of waiting did not get min(need, B - D)", D=D, B=B, head=head,
+                        expected=expected, granted=granted.get(head, 0))
+    return HOLDS
+
+
+@prop
+def max_num_seqs_respected(before, output, after):
+    """The running list never holds more than max_num_seqs requests (nor more than max_num_active_seqs)."""
+    c = after.config
+    if len(after.running) > c.max_num_active_reqs:
+        return violated("too many running requests", running=len(after.running),
+                        max_num_seqs=c.max_num_seqs, max_num_active_reqs=c.max_num_active_reqs)
+    return HOLDS
+
+
+@prop
+def kv_blocks_conserved(before, output, after):
+    """Blocks held plus free blocks equal the usable pool, and each request holds exactly the blocks its computed tokens fill."""
+    c = after.config
+    # With prefix caching a block several requests share counts once.
+    held = sum(after.req_to_num_blocks.values()) if after.block_pool is None else len(after.block_pool.ref_cnt)
+    if after.num_free_blocks < 0 or held + after.num_free_blocks != c.num_usable_blocks:
+        return violated("blocks held + free != usable blocks", held=held,
+                        num_free_blocks=after.num_free_blocks, usable=c.num_usable_blocks)
+    for rid, r in after.requests.items():
+        expected = cdiv(min(r.num_computed_tokens, c.max_model_len), c.block_size)
+        if after.num_blocks(rid) != expected:
+            return violated("a request holds the wrong number of blocks", request=rid,
+                            num_computed_tokens=r.num_computed_tokens, held=after.num_blocks(rid),
+                            expected=expected)
+    return HOLDS
+
+
+@prop
+def computed_tokens_bounded(before, output, after):
+    """Every request keeps 0 <= num_computed_tokens <= num_tokens + num_output_placeholders (async: tokens in flight are computed but not yet appended)."""
+    for rid, r in after.requests.items():
+        if not 0 <= r.num_computed_tokens <= r.num_tokens + r.num_output_placeholders:
+            return violated("num_computed_tokens out of [0, num_tokens + num_output_placeholders]",
+                            request=rid, num_computed_tokens=r.num_computed_tokens, num_tokens=r.num_tokens,
+                            num_output_placeholders=r.num_output_placeholders)
+    return HOLDS
+
+
+@prop
+def scheduled_requests_run(before, output, after):
+    """After the step every scheduled request is running or finished, and was running or admitted before."""
+    allowed = set(before.running) | set(output.admitted)
+    for rid, _ in output.num_scheduled_tokens:
+        if rid not in allowed:
+            return violated("a request was scheduled without running or being admitted", request=rid)
+        if rid in after.requests and rid not in after.running:
+            return violated("a scheduled request is not running after the step", request=rid,
+                            status=after.requests[rid].status.name)
+    return HOLDS
+
+
+@prop
+def computed_tokens_advance_by_grant(before, output, after):
+    """A scheduled request that did not finish advances by exactly its grant, from 0 if it was preempted before, or from its prefix hit when admitted."""
+    hits = dict(output.prefix_hits)
+    for rid, n in output.num_scheduled_tokens:
+        if rid not in after.requests:
+            continue
+        start = hits.get(rid, before.requests[rid].num_computed_tokens)
+        if after.requests[rid].num_computed_tokens != start + n:
+            return violated("num_computed_tokens did not advance by the grant", request=rid,
+                            before=start, granted=n, after=after.requests[rid].num_computed_tokens)
+    return HOLDS
+
+
+@prop
+def waiting_order_preserved(before, output, after):
+    """FCFS: the waiting queue keeps its order, preempted requests go to its front; PRIORITY: it is in (priority, arrival_time, id) order."""
+    if after.config.policy == FCFS:
+        admitted = set(output.admitted)
+        expected = [v for v in reversed(output.preempted_req_ids)]
+        expected += [w for w in before.waiting if w not in admitted]
+        expected = [w for w in expected if w in after.requests]
+    else:
+        expected = sorted(after.waiting, key=lambda w: after.requests[w].queue_key)
+    if list(after.waiting) != expected:
+        return violated("the waiting queue is out of order", waiting=list(after.waiting), expected=expected)
+    return HOLDS
+
+
+@prop
+def preempted_restart_from_zero(before, output, after):
+    """A preempted request is back in waiting with 0 computed tokens, no blocks, status PREEMPTED and one more preemption."""
+    if not output.preempted_req_ids:
+        return NOT_APPLICABLE
+    for rid in output.preempted_req_ids:
+        r = after.requests.get(rid)
+        if r is None and after.config.async_scheduling:
+            continue  # async: its in-flight token finished it while it waited
+        if r is None or rid not in after.waiting:
+            return violated("a preempted request is not waiting", request=rid)
+        if (r.num_computed_tokens != 0 or after.num_blocks(rid) != 0 or r.status != RequestStatus.PREEMPTED
+                or r.num_preemptions != before.requests[rid].num_preemptions + 1):
+            return violated("a preempted request was not reset", request=rid,
+                            num_computed_tokens=r.num_computed_tokens, blocks=after.num_blocks(rid),
+                            status=r.status.name, num_preemptions=r.num_preemptions)
+    return HOLDS
+
+
+@prop(engine_flags=("async_scheduling",))
+def placeholders_never_negative(before, output, after):
+    """Async bookkeeping stays sane: num_output_placeholders, num_in_flight_tokens and num_stale_output_tokens are never negative, and stale tokens are in-flight tokens."""
+    for rid, r in after.requests.items():
+        if (r.num_output_placeholders < 0 or r.num_in_flight_tokens < 0 or r.num_stale_output_tokens < 0
+                or r.num_stale_output_tokens > r.num_in_flight_tokens):
+            return violated("async counters out of range", request=rid,
+                            num_output_placeholders=r.num_output_placeholders,
+                            num_in_flight_tokens=r.num_in_flight_tokens,
+                            num_stale_output_tokens=r.num_stale_output_tokens)
+    return HOLDS
+
+
+@prop
+def scheduled_within_known_tokens(before, output, after):
+    """No request is scheduled beyond num_tokens + num_output_placeholders, counted from its num_computed_tokens, or from its prefix hit when admitted: a token is computed at most once per admission."""
+    hits = dict(output.prefix_hits)
+    for rid, n in output.num_scheduled_tokens:
+        r = before.requests.get(rid)
+        if r is None:
+            continue
+        start = hits.get(rid, r.num_computed_tokens)
+        if start + n > r.num_tokens + r.num_output_placeholders:
+            return violated("scheduled past num_tokens + num_output_placeholders", request=rid,
+                            start=start, granted=n, num_tokens=r.num_tokens,
+                            num_output_placeholders=r.num_output_placeholders)
+    return HOLDS
+
+
+@prop(engine_flags=("enable_prefix_caching",))
+def block_ref_counts_match_holders(before, output, after):
+    """Prefix caching: every block's reference count equals the number of requests holding it, and only live requests hold blocks."""
+    pool = after.block_pool
+    if pool is None:
+        return NOT_APPLICABLE
+    holders: dict[int, int] = {}
+    for rid, blocks in pool.req_to_blocks.items():
+        if blocks and rid not in after.requests:
+            return violated("a finished request still holds blocks", request=rid, blocks=list(blocks))
+        for b in blocks:
+            holders[b] = holders.get(b, 0) + 1
+    if holders != dict(pool.ref_cnt):
+        wrong = sorted(b for b in set(holders) | set(pool.ref_cnt) if holders.get(b, 0) != pool.ref_cnt.get(b, 0))
+        return violated("a block's ref_cnt is not its number of holders", block=wrong[0],
+                        ref_cnt=pool.ref_cnt.get(wrong[0], 0), holders=holders.get(wrong[0], 0))
+    return HOLDS
+
+
+@prop(engine_flags=("enable_prefix_caching",))
+def kv_pool_partitioned(before, output, after):
+    """Prefix caching: held blocks, cached free blocks and uncached free blocks partition the usable pool; the free queue holds each free block once, cached ones behind uncached ones, and num_free_blocks is its length."""
+    pool = after.block_pool
+    if pool is None:
+        return NOT_APPLICABLE
+    queue = pool.free_queue()
+    held = set(pool.ref_cnt)
+    usable = set(range(1, after.config.num_gpu_blocks))
+    if len(queue) != len(set(queue)) or held & set(queue) or held | set(queue) != usable:
+        return violated("held + free blocks are not a partition of the usable pool",
+                        held=len(held), free=len(queue), distinct_free=len(set(queue)), usable=len(usable))
+    if after.num_free_blocks != len(queue):
+        return violated("num_free_blocks is not the free queue's length", num_free_blocks=after.num_free_blocks,
+                        free_queue=len(queue))
+    hashed = [b in pool.block_hash for b in queue]
+    if hashed != sorted(hashed):
+        return violated("a cached free block is ahead of an uncached one in the free queue")
+    for h, blocks in pool.cached.items():
+        if not blocks or any(pool.block_hash.get(b) != h for b in blocks):
+            return violated("the hash map and the blocks' hashes disagree", blocks=list(blocks))
+    if sum(len(v) for v in pool.cached.values()) != len(pool.block_hash):
+        return violated("a hashed block is missing from the hash map")
+    return HOLDS
+
+
+@prop(engine_flags=("enable_prefix_caching",))
+def prefix_hit_within_shared_prefix(before, output, after):
+    """Prefix caching: a hit is whole blocks, leaves at least one token to compute, and covers only blocks whose whole prefix was in the cache when the request was looked up (cached before the step, or by a request granted earlier in it)."""
+    if not output.prefix_hits:
+        return NOT_APPLICABLE
+    c = before.config
+    b = c.block_size
+    available = set(before.block_pool.cached) if before.block_pool is not None else set()
+    hits = dict(output.prefix_hits)
+    # In grant order: each grant hashes the request's known full blocks up to what it
+    # will have computed (K:621-625), before any later admission's lookup.
+    for rid, n in output.num_scheduled_tokens:
+        r = before.requests[rid]
+        if rid in hits:
+            h = hits[rid]
+            if h % b or h > r.num_tokens - 1 or h < 0:
+                return violated("a hit is not whole blocks leaving a token to compute", request=rid, hit=h,
+                                num_tokens=r.num_tokens, block_size=b)
+            missing = [i for i in range(h // b) if i >= len(r.block_hashes) or r.block_hashes[i] not in available]
+            if missing:
+                return violated("a hit covers a block whose prefix was not cached", request=rid, hit=h,
+                                block_index=missing[0])
+        start = hits.get(rid, r.num_computed_tokens)
+        available.update(r.block_hashes[:min(start + n, r.num_tokens) // b])
+    return HOLDS
+
+
+def check_step(before: SchedulerState, output: SchedulerOutput, after: SchedulerState) -> dict[str, Verdict]:
+    """Every registered property on one step."""
+    return {name: p.check(before, output, after) for name, p in PROPERTIES.items()}

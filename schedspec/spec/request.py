@@ -1,0 +1,114 @@
+"""Request state, with vLLM 0.33.0's field names (RQ = vllm/v1/request.py)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from .kv_cache_utils import hash_block
+
+
+class RequestStatus(enum.IntEnum):
+    """vLLM's status values and their order (RQ:370-386); finished > PREEMPTED."""
+
+    WAITING = 1
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = 2
+    WAITING_FOR_REMOTE_KVS = 3
+    WAITING_FOR_STREAMING_REQ = 4
+    RUNNING = 5
+    PREEMPTED = 6
+    FINISHED_STOPPED = 7
+    FINISHED_LENGTH_CAPPED = 8
+    FINISHED_ABORTED = 9
+    FINISHED_IGNORED = 10
+    FINISHED_ERROR = 11
+    FINISHED_REPETITION = 12
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+
+# Token id the fake model samples for end-of-sequence; any other id is a normal token.
+EOS_TOKEN_ID = 2
+
+
+@dataclass(eq=True)
+class Request:
+    """A value: a Request reachable from a state is never changed.  A call that
+    changes one works on its own `copy()` (state.py `Working.request`): one dict
+    copy per call, where dataclasses.replace per change cost 80 % of a step."""
+
+    request_id: str
+    num_prompt_tokens: int
+    max_tokens: int
+    priority: int = 0
+    arrival_time: float = 0.0
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    num_preemptions: int = 0
+    # Only the prefix cache needs token ids and block hashes; else empty (RQ:285-288).
+    prompt_token_ids: tuple = ()
+    output_token_ids: tuple = ()
+    block_hashes: tuple = ()
+    # Async (RQ:162-173): outputs scheduled, not yet returned; tokens in batches in
+    # flight; in-flight tokens a preemption made stale.  0 between synchronous steps.
+    num_output_placeholders: int = 0
+    num_in_flight_tokens: int = 0
+    num_stale_output_tokens: int = 0
+    is_prefill_chunk: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        """len(prompt + outputs) (RQ:295)."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def priority_key(self) -> tuple[int, float]:
+        """Order of the priority victim choice (S:932-936); lower runs first."""
+        return (self.priority, self.arrival_time)
+
+    @property
+    def queue_key(self) -> tuple[int, float, str]:
+        """Heap order of the priority waiting queue (RQ:357-367)."""
+        return (self.priority, self.arrival_time, self.request_id)
+
+    def copy(self) -> "Request":
+        new = object.__new__(Request)
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def evolve(self, **changes) -> "Request":
+        """A copy with `changes`; unknown field names are an error."""
+        unknown = set(changes) - _FIELDS
+        if unknown:
+            raise TypeError(f"Request has no field {sorted(unknown)[0]!r}")
+        new = self.copy()
+        new.__dict__.update(changes)
+        return new
+
+    def append_output_token(self, token_id: int, block_size: int, prefix_caching: bool) -> None:
+        """`append_output_token_ids` (RQ:272-288), on a working copy: token ids and
+        block hashes are kept only for the prefix cache."""
+        self.num_output_tokens += 1
+        if not prefix_caching:
+            return
+        self.output_token_ids += (token_id,)
+        if self.num_tokens % block_size == 0:
+            tail = self.output_token_ids[-block_size:]
+            if len(tail) < block_size:
+                tail = self.prompt_token_ids[len(tail) - block_size:] + tail
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            self.block_hashes += (hash_block(parent, tail),)
+
+
+_FIELDS = frozenset(f.name for f in fields(Request))
+
+
+def last_token_in_flight(r: Request) -> bool:
+    """Async: the last token `max_tokens` allows is already scheduled in a batch in
+    flight, so the request needs nothing more this step (S:800-814).  One output
+    placeholder stands for one token to come; the +2 counts the token being
+    sampled and the one after it."""
+    return (r.num_output_placeholders > 0
+            and r.num_computed_tokens + 2 - r.num_output_placeholders >= r.num_prompt_tokens + r.max_tokens)

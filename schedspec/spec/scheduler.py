@@ -1,0 +1,400 @@
+"""vLLM 0.33.0's V1 scheduler, core scope, as functions from state to state.
+
+S = vllm/v1/core/sched/scheduler.py, U = sched/utils.py, Q = sched/request_queue.py
+(docs/rules.md).  Scope: a decoder-only generate model, one full-attention KV group,
+prefix caching and async scheduling on or off; a comment marks each seam where
+speculative tokens, connectors, encoder inputs, LoRA, pause or DP would act.  Each
+public call takes a `SchedulerState` and returns a new one; the named steps inside
+change one working copy (state.py `Working`), guards first, then effects.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import replace
+from typing import Iterable, Mapping, Sequence
+
+from .config import PRIORITY, ConfigError, SchedulerConfig
+from .kv_cache import allocate_slots
+from .request import EOS_TOKEN_ID, Request, RequestStatus, last_token_in_flight
+from .state import SchedulerOutput, SchedulerState, Working
+
+
+def enqueue(policy: str, waiting: deque[str], requests: Mapping[str, Request], rid: str, front: bool) -> None:
+    """FCFS: a deque, `front` for preempted requests (Q:92-95).  PRIORITY: a heap, where
+    prepending is a plain push (Q:159-164), kept as a sorted deque: its pop order."""
+    if policy == PRIORITY:
+        key = requests[rid].queue_key
+        waiting.insert(bisect.bisect_left(waiting, key, key=lambda w: requests[w].queue_key), rid)
+    elif front:
+        waiting.appendleft(rid)
+    else:
+        waiting.append(rid)
+
+
+def add_request(state: SchedulerState, request: Request) -> SchedulerState:
+    """A new request joins the waiting queue (S:2931-2962).
+
+    Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
+    pre: all(w in state.requests for w in state.waiting)
+    pre: request.request_id not in state.requests
+    post: len(__return__.waiting) == len(state.waiting) + 1 and set(__return__.waiting) == set(state.waiting) | {request.request_id}
+    post: __return__.requests[request.request_id] is request and len(__return__.requests) == len(state.requests) + 1
+    post: __return__.running == state.running and __return__.kv_cache == state.kv_cache
+    """
+    if request.request_id in state.requests:
+        raise ConfigError("id", f"duplicate request id {request.request_id!r}")
+    requests = {**state.requests, request.request_id: request}
+    waiting = deque(state.waiting)
+    enqueue(state.config.policy, waiting, requests, request.request_id, front=False)
+    return replace(state, requests=requests, waiting=tuple(waiting))
+
+
+
+class ScheduleWork(Working):
+    """The working state of one `schedule()`: the budgets it spends and what it
+    decides, besides the queues, requests and KV pool it changes."""
+
+    def __init__(self, state: SchedulerState):
+        Working.__init__(self, state)
+        c = state.config
+        self.token_budget = c.token_budget  # S:719
+        self.input_budget = c.max_num_batched_tokens  # S:722; draft_slots = 0 without spec decoding
+        # The long-prefill cap applies only with more than one eligible request (S:757-763).
+        self.threshold = c.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        self.cursor = 0  # the running loop's position in `running`
+        self.scheduled: dict[str, int] = {}  # insertion order is grant order
+        self.scheduled_running, self.new, self.resumed, self.preempted = [], [], [], []
+        self.prefix_hits: list[tuple[str, int]] = []
+
+    def output(self) -> SchedulerOutput:
+        return SchedulerOutput(
+            num_scheduled_tokens=tuple(self.scheduled.items()), scheduled_new_reqs=tuple(self.new),
+            scheduled_resumed_reqs=tuple(self.resumed), scheduled_running_reqs=tuple(self.scheduled_running),
+            preempted_req_ids=tuple(self.preempted), prefix_hits=tuple(self.prefix_hits))
+
+
+def schedule(state: SchedulerState) -> tuple[SchedulerOutput, SchedulerState]:
+    """One `Scheduler.schedule()` (S:699-1784) followed by `_update_after_schedule`
+    (S:1845-1877), which advances num_computed_tokens optimistically.
+
+    Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py);
+    the preconditions are the state invariant:
+    pre: all(k in state.requests for k in state.running + state.waiting) and len(set(state.running + state.waiting)) == len(state.running + state.waiting)
+    pre: all(0 <= r.num_computed_tokens < r.num_tokens < state.config.max_model_len for r in state.requests.values())
+    pre: state.num_free_blocks >= 0 and all(v >= 0 for v in state.req_to_num_blocks.values()) and len(state.running) <= state.config.max_num_active_reqs
+    post: __return__[0].total_num_scheduled_tokens <= min(state.config.token_budget, state.config.max_num_batched_tokens)
+    post: all(n >= 1 for _, n in __return__[0].num_scheduled_tokens) and len(__return__[0].scheduled) == len(__return__[0].num_scheduled_tokens)
+    post: __return__[1].num_free_blocks >= 0 and (state.block_pool is not None or __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values()))
+    post: len(__return__[1].running) <= state.config.max_num_active_reqs and (not __return__[0].preempted_req_ids or not __return__[0].admitted)
+    post: sorted(__return__[1].running + __return__[1].waiting) == sorted(state.running + state.waiting)
+    """
+    s = ScheduleWork(state)
+    schedule_running(s)
+    if not s.preempted:  # no admission in a step that preempted (S:1050)
+        schedule_waiting(s)
+    assert s.token_budget >= 0 and s.input_budget >= 0  # S:1633-1632
+    assert len(s.running) <= s.config.max_num_seqs  # S:1633
+    update_after_schedule(s)
+    s.finished_req_ids = ()  # schedule() hands the finished ids on (interface.py:205-208)
+    return s.output(), s.freeze()
+
+
+def schedule_running(s: ScheduleWork) -> None:
+    """The running loop (S:793-1036), in running order while budget is left (S:795-797)."""
+    while s.cursor < len(s.running) and s.token_budget > 0 and s.input_budget > 0:
+        rid = s.running[s.cursor]
+        n = num_new_tokens_running(s, s.requests[rid])
+        if n == 0:  # nothing to compute this step: skip it, do not stop the scan (S:891-909)
+            s.cursor += 1
+            continue
+        if not allocate_or_preempt(s, rid, n):
+            # `rid` preempted itself.  PRIORITY goes on with the next request, which
+            # the cursor already points at; FCFS has preempted everything after it (S:982-992).
+            if s.config.policy == PRIORITY:
+                continue
+            break
+        grant(s, rid, n)
+        s.scheduled_running.append(rid)
+        s.cursor += 1
+
+
+def num_new_tokens_running(s: ScheduleWork, r: Request) -> int:
+    """The tokens a running request gets if its blocks can be had: what it lacks,
+    under three caps (S:839-856)."""
+    if last_token_in_flight(r):  # async (S:800-814)
+        return 0
+    # [seams: PP cadence, deferred prefill, EC pending (S:816-837)]
+    n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens  # S:839 (no spec tokens)
+    if 0 < s.threshold < n:  # cap 1 (S:844)
+        n = s.threshold
+    n = min(n, s.token_budget, s.input_budget)  # cap 2 (S:846)
+    # [seams: mamba alignment, encoder budget, MTP lookahead (S:860-889)]
+    return min(n, s.config.max_model_len - r.num_computed_tokens - 1)  # cap 3: 1 sampled token (S:852)
+
+
+def allocate_or_preempt(s: ScheduleWork, rid: str, n: int) -> bool:
+    """Get the blocks for `n` more tokens of running request `rid`, preempting the
+    victims the policy names until they fit (S:912-980).  False when `rid` itself
+    was the victim."""
+    while (num_new_blocks := blocks_to_allocate(s, rid, n)) is None:
+        # [seam: connector with pending block frees (S:925)]
+        victim = choose_victim(s)
+        preempt(s, victim)
+        if victim == rid:
+            return False
+    allocate(s, rid, n, (), num_new_blocks)
+    return True
+
+
+def choose_victim(s: ScheduleWork) -> str:
+    """FCFS: the tail of running (S:938, S:970).  PRIORITY: the lowest priority, i.e. the
+    largest (priority, arrival_time), first in running order on a tie; it may
+    already be scheduled this step, or be the request being scheduled (S:932-968)."""
+    if s.config.policy == PRIORITY:
+        return max(s.running, key=lambda x: s.requests[x].priority_key)
+    return s.running[-1]
+
+
+def preempt(s: ScheduleWork, victim: str) -> None:
+    """Take `victim` off running, refund a grant it got this step (S:951-957), free
+    its blocks, reset its progress and put it at the front of waiting (S:1799-1843).
+    Async: its output in flight becomes stale; it is still delivered later."""
+    v = s.running.index(victim)
+    del s.running[v]
+    if v < s.cursor:  # the cursor fix #49206 (S:948)
+        s.cursor -= 1
+    if victim in s.scheduled:
+        refund = s.scheduled.pop(victim)
+        s.scheduled_running.remove(victim)
+        s.token_budget += refund
+        s.input_budget += refund
+    s.kv.free(victim)
+    r = s.request(victim)
+    r.status = RequestStatus.PREEMPTED
+    r.num_computed_tokens = 0
+    r.num_preemptions += 1
+    r.num_stale_output_tokens = r.num_in_flight_tokens
+    r.num_output_placeholders = 0
+    enqueue(s.config.policy, s.waiting, s.requests, victim, front=True)
+    s.preempted.append(victim)
+
+
+def blocks_to_allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int] = (),
+                       full_sequence_must_fit: bool = False, has_scheduled_reqs: bool = True) -> int | None:
+    """How many new blocks `rid` needs for `n` more tokens after its `hits`, or
+    None when the pool cannot give them (kv_cache.allocate_slots).  Changes nothing."""
+    return allocate_slots(s.config, s.requests[rid], n, s.kv.num_blocks(rid), s.kv.num_free_blocks,
+                          full_sequence_must_fit=full_sequence_must_fit, has_scheduled_reqs=has_scheduled_reqs,
+                          num_hit_blocks=len(hits), num_evictable_hit_blocks=s.kv.num_evictable(hits))
+
+
+def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blocks: int) -> None:
+    """Give `rid` its hit blocks and `num_new_blocks` new ones, and cache the full
+    blocks it will have computed, so a later request in this step can hit them
+    (K:590-627)."""
+    r = s.requests[rid]
+    s.kv.allocate(rid, hits, num_new_blocks)
+    num_computed_tokens = r.num_computed_tokens + len(hits) * s.config.block_size
+    s.kv.cache_blocks(rid, r.block_hashes, min(num_computed_tokens + n, r.num_tokens), s.config.block_size)
+
+
+def grant(s: ScheduleWork, rid: str, n: int) -> None:
+    s.scheduled[rid] = n
+    s.token_budget -= n
+    s.input_budget -= n
+
+
+def schedule_waiting(s: ScheduleWork) -> None:
+    """The waiting loop (S:1050-1614): admit from the head while budget, a run slot
+    (S:1072-1074) and blocks last; skipped requests keep their place (S:1606-1610)."""
+    skipped: list[str] = []
+    while (s.token_budget > 0 and s.input_budget > 0 and s.waiting
+           and len(s.running) < s.config.max_num_active_reqs):
+        rid = s.waiting[0]
+        # [seams: blocked statuses, LoRA (S:1079-1102)]
+        if s.requests[rid].num_stale_output_tokens > 0:
+            # Async: its output from before the preemption is still in flight;
+            # resuming now could resample a position that output delivers (S:1084).
+            skipped.append(s.waiting.popleft())
+            continue
+        if not admit(s, rid):
+            break
+    s.waiting.extendleft(reversed(skipped))
+
+
+def admit(s: ScheduleWork, rid: str) -> bool:
+    """Admit the head of waiting, from its prefix hit, if its tokens and blocks fit;
+    False stops admission: it never preempts (S:1102-1461)."""
+    c = s.config
+    r = s.requests[rid]
+    hits = s.kv.get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size) \
+        if r.num_computed_tokens == 0 else []  # S:1110-1127; [seam: connector hits]
+    num_computed_tokens = r.num_computed_tokens + len(hits) * c.block_size
+    n = num_new_tokens_waiting(s, r, num_computed_tokens)
+    if n is None:
+        return False
+    num_new_blocks = blocks_to_allocate(s, rid, n, hits, full_sequence_must_fit=c.scheduler_reserve_full_isl,
+                                        has_scheduled_reqs=bool(s.running))  # S:1449-1451
+    if num_new_blocks is None:
+        return False
+    allocate(s, rid, n, hits, num_new_blocks)
+    s.waiting.popleft()
+    s.running.append(rid)
+    (s.new if r.status == RequestStatus.WAITING else s.resumed).append(rid)
+    if c.enable_prefix_caching:
+        s.prefix_hits.append((rid, num_computed_tokens))
+    grant(s, rid, n)
+    r = s.request(rid)
+    r.status = RequestStatus.RUNNING
+    r.num_computed_tokens = num_computed_tokens
+    return True
+
+
+def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int) -> int | None:
+    """The tokens an admission gets (S:1295-1346), or None when chunked prefill is
+    off and the whole request does not fit, which stops admission (S:1337-1344)."""
+    budget = min(s.token_budget, s.input_budget)  # S:1295
+    # num_tokens, not num_prompt_tokens: a resumed request replays its outputs (S:1306).
+    n = r.num_tokens - num_computed_tokens
+    if 0 < s.threshold < n:  # S:1332
+        n = s.threshold
+    if not s.config.enable_chunked_prefill and n > budget:
+        return None
+    # > 0 (asserted at S:1347), so the waiting loop's `n == 0` skip (S:1394-1398) never acts here.
+    return min(n, budget)  # S:1346
+
+
+def update_after_schedule(s: ScheduleWork) -> None:
+    """`_update_after_schedule`: computed tokens advance by the grant before the model
+    runs (S:1845-1877); AsyncScheduler adds one output placeholder per request that
+    is not mid-prefill (async_scheduler.py:24-56)."""
+    placeholder = 1 if s.config.async_scheduling else 0
+    for rid, n in s.scheduled.items():
+        r = s.request(rid)
+        r.num_computed_tokens += n
+        r.num_in_flight_tokens += n
+        r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens + r.num_output_placeholders
+        if not r.is_prefill_chunk:
+            r.num_output_placeholders += placeholder
+
+
+
+def update_from_output(
+    state: SchedulerState,
+    output: SchedulerOutput,
+    sampled_token_ids: Mapping[str, Sequence[int]],
+) -> tuple[tuple[tuple[str, RequestStatus], ...], SchedulerState]:
+    """Append sampled tokens, stop requests, free their blocks (S:2259-2551).
+
+    Returns the requests finished, in scheduled order, with their status.  Under
+    async scheduling `output` may be an older batch: outputs of requests finished
+    meanwhile are dropped (S:2327-2335), and those of requests preempted meanwhile
+    are stale (`deliver_stale_output`).
+
+    Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
+    pre: state.block_pool is None
+    post: {rid for rid, _ in __return__[0]} <= {rid for rid, _ in output.num_scheduled_tokens} and all(st.is_finished for _, st in __return__[0])
+    post: set(__return__[1].requests) == set(state.requests) - {rid for rid, _ in __return__[0]}
+    post: __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values())
+    """
+    w = Working(state)
+    finished: list[tuple[str, RequestStatus]] = []
+    for rid, n in output.num_scheduled_tokens:
+        if rid not in w.requests:
+            continue
+        tokens = sampled_token_ids.get(rid, ())  # a non-final prefill chunk samples none
+        if w.requests[rid].num_stale_output_tokens > 0:
+            status = deliver_stale_output(w, rid, n, tokens)
+        else:
+            status = deliver_output(w, rid, n, tokens)
+        if status is not None:
+            finished.append((rid, status))
+    # Stopped requests leave their queue once, at the end (S:2541-2551).
+    return tuple(finished), remove_finished(w, [rid for rid, _ in finished])
+
+
+def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int]) -> RequestStatus | None:
+    """A batch's output for a request still in it: tokens past a stop are discarded
+    and roll num_computed_tokens back (S:2756-2762); a returned token replaces an
+    output placeholder (S:2763-2770), and under prefix caching the blocks it
+    completes are cached now (S:2407-2415)."""
+    r = w.request(rid)
+    r.num_in_flight_tokens -= n
+    was_running, had_placeholders = r.status == RequestStatus.RUNNING, r.num_output_placeholders > 0
+    status, discarded = append_output_tokens(r, tokens, w.config)
+    r.num_computed_tokens -= discarded
+    if tokens and had_placeholders:
+        r.num_output_placeholders -= len(tokens)
+        if was_running:
+            w.kv.cache_blocks(rid, r.block_hashes, r.num_computed_tokens - r.num_in_flight_tokens,
+                              w.config.block_size)
+    return status
+
+
+def deliver_stale_output(w: Working, rid: str, n: int, tokens: Sequence[int]) -> RequestStatus | None:
+    """Async: the output of a batch scheduled before the request's preemption.  Its
+    tokens are appended and can finish the request while it waits (S:2316-2338);
+    its num_computed_tokens restarted from 0 and it holds no placeholders, so
+    neither changes."""
+    r = w.request(rid)
+    r.num_in_flight_tokens -= n
+    r.num_stale_output_tokens -= n
+    status, _ = append_output_tokens(r, tokens, w.config)
+    return status
+
+
+def append_output_tokens(r: Request, tokens: Sequence[int], c: SchedulerConfig) -> tuple[RequestStatus | None, int]:
+    """Append `tokens` to working copy `r` until one stops it; the finished status
+    (or None) and how many tokens past the stop were discarded."""
+    for k, token in enumerate(tokens, 1):
+        r.append_output_token(token, c.block_size, c.enable_prefix_caching)
+        status = check_stop(r, token, c.max_model_len)
+        if status is not None:
+            r.status = status
+            return status, len(tokens) - k
+    return None, 0
+
+
+def check_stop(request: Request, last_token_id: int, max_model_len: int) -> RequestStatus | None:
+    """The finished status after appending `last_token_id`, or None (U:98-140).
+    0.33.0's order: EOS, then stop tokens (none here), then length."""
+    if last_token_id == EOS_TOKEN_ID:
+        return RequestStatus.FINISHED_STOPPED
+    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
+    # [seams: min_tokens, repetition detection]
+    return None
+
+
+def remove_finished(w: Working, done: Sequence[str]) -> SchedulerState:
+    """The state without the finished requests `done`, whose blocks go back to the
+    pool in that order (S:3031-3061), and with their ids noted as finished."""
+    if not done:
+        return w.freeze()
+    for rid in done:
+        w.kv.free(rid)
+        del w.requests[rid]
+    gone = set(done)
+    w.running = [x for x in w.running if x not in gone]
+    w.waiting = deque(x for x in w.waiting if x not in gone)
+    w.finished_req_ids += tuple(done)
+    return w.freeze()
+
+
+def finish_requests(
+    state: SchedulerState, request_ids: Iterable[str], finished_status: RequestStatus
+) -> tuple[tuple[str, ...], SchedulerState]:
+    """Finish requests from outside, e.g. an abort, from running or waiting
+    (S:2964-3029).  Unknown and already-finished ids are ignored.
+
+    Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
+    pre: finished_status.is_finished and state.block_pool is None
+    post: set(__return__[0]) == set(request_ids) & set(state.requests) and len(set(__return__[0])) == len(__return__[0])
+    post: set(__return__[1].requests) == set(state.requests) - set(request_ids) and __return__[1].running == tuple(k for k in state.running if k not in __return__[0]) and __return__[1].waiting == tuple(k for k in state.waiting if k not in __return__[0])
+    post: __return__[1].num_free_blocks == state.num_free_blocks + sum(state.req_to_num_blocks.get(k, 0) for k in __return__[0])
+    """
+    assert finished_status.is_finished
+    done = tuple(dict.fromkeys(rid for rid in request_ids if rid in state.requests))
+    return done, remove_finished(Working(state), done)

@@ -1,0 +1,57 @@
+"""The spec stays readable in one sitting: short functions, a short core, and no
+scheduling rule that asks which view of the KV pool it has."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import schedspec.spec
+
+SPEC = Path(schedspec.spec.__file__).parent
+CORE = ("scheduler.py", "kv_cache.py", "block_pool.py", "state.py", "request.py")
+MAX_FUNCTION_LINES = 60
+MAX_CORE_LINES = 900
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    return [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit]
+
+
+def kv_view_tests(source: str) -> list[str]:
+    """Code (docstrings aside) that asks whether the pool is the block-level one."""
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            text = ast.unparse(node)
+            if "pool" in text or "kv" in text:
+                found.append(text)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance" and "BlockPool" in ast.unparse(node):
+            found.append(ast.unparse(node))
+        if isinstance(node, ast.Attribute) and node.attr == "block_pool":
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_every_spec_function_is_short():
+    for path in sorted(SPEC.glob("*.py")):
+        assert long_functions(path.read_text()) == [], path.name
+
+
+def test_the_core_reads_in_one_sitting():
+    total = sum(len((SPEC / f).read_text().splitlines()) for f in CORE)
+    assert total <= MAX_CORE_LINES, total
+
+
+def test_no_scheduling_rule_asks_which_kv_view():
+    assert kv_view_tests((SPEC / "scheduler.py").read_text()) == []
+
+
+def test_the_checks_see_what_they_look_for():
+    long = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    assert long_functions(long) == [("f", MAX_FUNCTION_LINES + 1)]
+    assert kv_view_tests("if pool is None:\n    pass\n") == ["pool is None"]
+    assert kv_view_tests("if isinstance(s.kv, BlockPool):\n    pass\n")
+    assert kv_view_tests("x = state.block_pool\n") == ["state.block_pool"]
