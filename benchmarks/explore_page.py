@@ -64,8 +64,12 @@ def main() -> int:
         url = re.search(r"http://\S+/", proc.stdout.readline()).group(0)
         try:
             body = json.dumps({"scenario": data}).encode()
+            # The server answers POSTs that carry the token it wrote into its page.
+            with urllib.request.urlopen(url) as r:
+                token = re.search(r'<meta name="schedspec-token" content="([^"]+)">', r.read().decode()).group(1)
             t = time.perf_counter()
-            with urllib.request.urlopen(urllib.request.Request(url + "api/run", body, {"Content-Type": "application/json"})) as r:
+            headers = {"Content-Type": "application/json", "X-Schedspec-Token": token}
+            with urllib.request.urlopen(urllib.request.Request(url + "api/run", body, headers)) as r:
                 answer = r.read()
             api_s = time.perf_counter() - t
             result = json.loads(answer)

@@ -2,7 +2,7 @@
 
 Every module under schedspec/ is parsed with `ast` (nothing is imported), its
 imports are resolved (relative ones against its own package) and grouped by
-folder, and four rules are asserted:
+folder, and five rules are asserted:
 
 (a) no cycle between folders;
 (b) the layers: spec < base < reference < {gpu, proofs, search} < {cli, explore};

@@ -8,6 +8,7 @@ the knobs build them, the trace identical to `run_scenario`'s, verdicts equal to
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import pytest
@@ -20,16 +21,28 @@ from starlette.testclient import TestClient  # noqa: E402
 from schedspec.cli.main import main as cli_main  # noqa: E402
 from schedspec.reference.example_files import EXAMPLES_DIR  # noqa: E402
 from schedspec.explore import core  # noqa: E402
-from schedspec.explore.app import create_app  # noqa: E402
+from schedspec.explore.app import TOKEN_HEADER, create_app  # noqa: E402
 from schedspec.reference.engine import run_scenario  # noqa: E402
 from schedspec.reference.impl import SpecScheduler  # noqa: E402
 from schedspec.reference.scenario import load_scenario  # noqa: E402
 from schedspec.spec.properties import PROPERTIES, check_step  # noqa: E402
 
 
+BASE = "http://127.0.0.1:8765"
+
+
+def page_token(c: TestClient) -> str:
+    """The token the server wrote into the page it serves, as the page's script reads it."""
+    m = re.search(r'<meta name="schedspec-token" content="([^"]+)">', c.get("/").text)
+    assert m, "the served page carries no token"
+    return m.group(1)
+
+
 @pytest.fixture(scope="module")
 def client():
-    return TestClient(create_app(), base_url="http://127.0.0.1:8765")
+    c = TestClient(create_app(), base_url=BASE)
+    c.headers[TOKEN_HEADER] = page_token(c)  # what the page sends with every POST
+    return c
 
 
 def example(name: str) -> dict:
@@ -306,3 +319,77 @@ def test_closed_form_agrees_with_the_spec_on_a_grid_of_knobs():
         seen.add(r["agreement"])
         assert r["agreement"] in ("agree", "beyond the steps shown"), (D, P, B, M, chunked, r["closed_form"], r["simulated"])
     assert "agree" in seen and "beyond the steps shown" in seen
+
+
+@pytest.mark.parametrize("steps", [101, 102, 150, 500])
+def test_group_b_agrees_for_any_step_count(client, steps):
+    """The decodes run for the whole run whatever the steps: none finishes and frees
+    the budget the closed form counts as theirs (they used to stop after 100 tokens)."""
+    data = client.post("/api/seed", json=dict(core.SEED_PRESETS["group-b"], steps=steps)).json()
+    assert data["agreement"] == "agree", (data["closed_form"], data["simulated"])
+    trace = data["result"]["trace"]
+    assert len(trace["steps"]) == steps and trace["summary"]["finished"] == 0
+    assert grants(trace, "prompt") == [0] * steps
+    assert data["decode_max_tokens"] == steps + 1
+    assert all(r["max_tokens"] == steps + 1 for r in data["result"]["scenario"]["requests"] if r["id"] != "prompt")
+
+
+def test_closed_form_agrees_where_the_default_kv_cache_would_run_out():
+    """511 decodes for 500 steps outgrow the default 10 000 blocks; the built
+    scenario raises num_gpu_blocks so nothing is preempted, as the closed form assumes."""
+    r = core.seed({"D": 511, "P": 400, "B": 512, "M": 512, "steps": 500})
+    assert r["agreement"] == "agree" and r["closed_form"]["steps"] == 400, (r["closed_form"], r["simulated"])
+    assert not any(s["preempted"] for s in r["result"]["trace"]["steps"])
+    assert r["result"]["scenario"]["config"]["num_gpu_blocks"] > 10000
+
+
+def test_negative_prompt_len_is_reported_as_prompt_len(client):
+    """With a prefix, a negative prompt_len was reported as an error in prefix_len."""
+    bad = example("group-a")
+    bad["requests"][2].update(prompt_len=-3, prefix_group="g", prefix_len=2)
+    r = client.post("/api/run", json={"scenario": bad})
+    assert_one_line_error(r, field="requests[2].prompt_len")
+
+
+# --- only the server's own page may POST -----------------------------------------------------------
+
+
+def test_the_page_carries_a_fresh_token_per_server():
+    a, b = (page_token(TestClient(create_app(), base_url=BASE)) for _ in range(2))
+    assert a != b and len(a) >= 32
+
+
+@pytest.mark.parametrize("headers,why", [
+    ({"Origin": "http://evil.example"}, "comes from http://evil.example"),
+    ({"Origin": "http://localhost:9999"}, "comes from"),  # the same machine, another port: another origin
+    ({"Origin": "null"}, "comes from null"),  # a sandboxed frame or a file:// page
+    ({"Sec-Fetch-Site": "cross-site"}, "Sec-Fetch-Site"),
+    ({"Sec-Fetch-Site": "same-site"}, "Sec-Fetch-Site"),
+    ({TOKEN_HEADER: None}, f"no {TOKEN_HEADER}"),
+    ({TOKEN_HEADER: "guessed"}, f"a wrong {TOKEN_HEADER}"),
+])
+def test_posts_from_elsewhere_are_refused_before_running(monkeypatch, headers, why):
+    c = TestClient(create_app(), base_url=BASE)
+    sent = {TOKEN_HEADER: page_token(c), **headers}
+    ran = []
+    monkeypatch.setattr(core, "run_json", lambda data: ran.append(data) or {})
+    # A form post: text/plain needs no CORS preflight, so a browser sends it from any page.
+    r = c.post("/api/run", content=json.dumps({"scenario": example("group-a")}),
+               headers={"Content-Type": "text/plain", **{k: v for k, v in sent.items() if v is not None}})
+    assert why in assert_one_line_error(r, status=403, field=None)
+    assert ran == []
+
+
+@pytest.mark.parametrize("origin", [None, f"{BASE}", "http://localhost:8765"])
+def test_posts_from_the_page_run(client, origin):
+    headers = {"Origin": origin, "Sec-Fetch-Site": "same-origin"} if origin else {}
+    r = client.post("/api/run", json={"scenario": example("group-a")}, headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["trace"]["steps"]
+
+
+def test_gets_need_no_token():
+    """The page itself and its metadata load without one: the token is in the page."""
+    c = TestClient(create_app(), base_url=BASE)
+    assert c.get("/api/meta").status_code == 200 and c.get("/").status_code == 200
+    assert c.post("/api/seed", json=core.SEED_PRESETS["group-a"]).status_code == 403

@@ -8,6 +8,7 @@ and say why.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -39,8 +40,7 @@ from schedspec.reference.scenario import load_scenario  # noqa: E402
 TIMEOUT_MS = 15000
 
 
-@pytest.fixture(scope="module")
-def server():
+def start_server() -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "schedspec", "explore", "--no-browser", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
@@ -48,12 +48,22 @@ def server():
     if not m:
         proc.kill()
         pytest.fail(f"explore printed no URL: {line!r} {proc.stderr.read()!r}")
-    yield m.group(0)
+    return proc, m.group(0)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
     # Ctrl-C stops it cleanly: exit status 0 and a last line saying so.
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
     assert "stopped" in out and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_server()
+    yield url
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -64,18 +74,24 @@ def browser():
         b.close()
 
 
-@pytest.fixture
-def page(browser, server):
+@contextlib.contextmanager
+def open_page(browser, url: str):
     ctx = browser.new_context(viewport={"width": 1400, "height": 950}, accept_downloads=True)
     pg = ctx.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     pg.set_default_timeout(TIMEOUT_MS)
-    pg.goto(server)
+    pg.goto(url)
     settle(pg, 0)
     yield pg
     ctx.close()
     assert not errors, errors
+
+
+@pytest.fixture
+def page(browser, server):
+    with open_page(browser, server) as pg:
+        yield pg
 
 
 def settle(pg, after_gen: int) -> int:
@@ -120,6 +136,14 @@ def test_group_b_prompt_gets_zero_tokens_every_step(page):
         row = request_row(page, "prompt")
         assert (row["granted"], row["state"]) == ("0", "waiting"), (step, row)
         expect(page.locator("#detail-summary")).to_contain_text("16 of 16 tokens granted")
+    # Past the decodes' old 100-token end: they still run, and the two sides still agree.
+    g = gen(page)
+    page.locator("#knob-steps-num").fill("150")
+    settle(page, g)
+    expect(page.locator("#decode-max-tokens")).to_have_text("max(100, steps + 1) = 151")
+    expect(page.locator("#seed-result")).to_have_attribute("data-agree", "yes")
+    expect(page.locator("#agreement")).to_have_text("")
+    assert prompt_grants(page) == [0] * 149
 
 
 def test_table3_b16_six_tokens_a_step_for_four_steps(page):
@@ -225,3 +249,243 @@ def test_invalid_file_error_is_one_line(page, tmp_path):
     settle(page, g)
     text = page.locator("#scenario-error").inner_text()
     assert text.startswith("broken.json: not valid JSON") and "\n" not in text
+
+
+# --- keyboard, screen readers, stale results, a stopped server, other origins ------------------------
+
+
+def focused(pg, selector: str) -> bool:
+    return pg.evaluate("(sel) => document.activeElement !== null && document.activeElement.matches(sel)", selector)
+
+
+def tab_to(pg, selector: str, limit: int = 80, key: str = "Tab") -> int:
+    """Presses Tab until `selector` has the focus, as a keyboard user would; how many presses it took."""
+    for n in range(1, limit + 1):
+        pg.keyboard.press(key)
+        if focused(pg, selector):
+            return n
+    pytest.fail(f"{selector} not reached in {limit} presses of {key}; focus is on "
+                + pg.evaluate("document.activeElement && document.activeElement.outerHTML.slice(0, 120)"))
+
+
+CONTROLS = ("input, select, button, textarea, [role=button], [role=listbox], [role=option], [role=region], "
+            "[tabindex]:not([tabindex='-1'])")
+
+
+def test_every_control_has_an_accessible_name(page):
+    click_step(page, 1)  # the step's details hold controls too
+    # Chromium's own accessibility tree (DevTools protocol), not a re-computation of it.
+    cdp = page.context.new_cdp_session(page)
+    count = page.evaluate("""(sel) => {
+        window.__controls = [...document.querySelectorAll(sel)].filter((e) => e.getClientRects().length > 0);
+        return window.__controls.length;
+    }""", CONTROLS)
+    assert count > 40  # knobs, the config form, the timeline, the step's details
+    unnamed, roles = [], set()
+    for i in range(count):
+        obj = cdp.send("Runtime.evaluate", {"expression": f"window.__controls[{i}]"})["result"]["objectId"]
+        node = cdp.send("Accessibility.getPartialAXTree", {"objectId": obj, "fetchRelatives": False})["nodes"][0]
+        role, name = node.get("role", {}).get("value"), node.get("name", {}).get("value", "")
+        roles.add(role)
+        if not name.strip():
+            unnamed.append(page.evaluate(f"window.__controls[{i}].outerHTML.slice(0, 100)") + f" (role {role})")
+    assert not unnamed, unnamed
+    assert {"spinbutton", "slider", "button", "combobox", "listbox", "option", "region"} <= roles, roles
+    # What the names say, where they were missing or are built by the page.
+    expect(page.get_by_role("spinbutton", name="D · running decodes, exact value")).to_have_value("10")
+    expect(page.get_by_role("listbox", name="steps of minimal-D10-P24-B16-M32-fcfs-chunked")).to_be_visible()
+    expect(page.get_by_role("button", name="Open file…")).to_be_visible()
+    expect(page.get_by_role("button", name="group A")).to_have_attribute("aria-pressed", "true")
+
+
+def test_keyboard_only_open_a_file_and_read_a_steps_verdicts(page):
+    # Playwright turns file chooser interception on without waiting for the browser, so
+    # one opened right after expect_file_chooser() can slip past it; a listener from
+    # the start keeps it on.
+    page.on("filechooser", lambda chooser: None)
+    # The first Tab stop is the way past the controls; this run tabs through them instead.
+    page.keyboard.press("Tab")
+    assert focused(page, "#skip-timeline")
+    tab_to(page, "#open-file")
+    g = gen(page)
+    with page.expect_file_chooser() as chooser:
+        page.keyboard.press("Enter")
+    chooser.value.set_files(str(EXAMPLES_DIR / "preemption.json"))  # the OS's dialog, which a page cannot drive
+    settle(page, g)
+    expect(page.locator("#scenario-info .name")).to_have_text("preemption")
+
+    tab_to(page, ".tl-scroll")
+    listbox = page.get_by_role("listbox", name="steps of preemption")
+    option = page.locator("#tl-opt-0")
+    expect(listbox).to_be_focused()
+    expect(listbox).to_have_attribute("aria-activedescendant", "tl-opt-0")
+    expect(option).to_have_attribute("aria-posinset", "1")
+    page.keyboard.press("ArrowRight")
+    expect(option).to_have_attribute("aria-posinset", "2")
+    expect(option).to_contain_text("step 1: ")
+    expect(option).to_have_attribute("aria-selected", "false")
+    page.keyboard.press("Enter")
+    expect(page.locator("#step-detail")).to_have_attribute("data-step", "1")
+    expect(page.locator("#detail-title")).to_be_focused()
+    expect(page.locator("#free-blocks")).to_be_in_viewport()  # the step's KV blocks, under its title
+    expect(option).to_have_attribute("aria-selected", "true")
+
+    # The step's queues, then its verdicts, each one Tab stop and scrolled into view when reached.
+    tab_to(page, "#queues", limit=5)
+    expect(page.locator("#queues")).to_contain_text("preempted (1)")
+    expect(page.locator("#queues")).to_be_in_viewport()
+    tab_to(page, "#verdicts-wrap", limit=5)
+    verdicts = page.get_by_role("region", name="Properties at step 1")
+    expect(verdicts).to_be_focused()
+    row = verdicts.locator('tr[data-property="preemption_only_on_allocation_failure"]')
+    expect(row).to_be_in_viewport()
+    expect(row.locator(".verdict")).to_have_text("holds")
+    expect(verdicts.locator('tr[data-property="running_before_waiting"] .why')).to_contain_text("Premise not met")
+
+    # Esc goes back to the timeline, where the arrows move the details along; Space opens the last step.
+    page.keyboard.press("Escape")
+    expect(listbox).to_be_focused()
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#step-detail")).to_have_attribute("data-step", "2")
+    page.keyboard.press("End")
+    page.keyboard.press(" ")
+    last = str(int(page.locator(".tl-canvas").get_attribute("data-steps")) - 1)
+    expect(page.locator("#step-detail")).to_have_attribute("data-step", last)
+    expect(page.locator("#detail-title")).to_be_focused()
+
+
+def test_skip_link_goes_to_the_timeline(page):
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to the timeline")).to_be_in_viewport()
+    page.keyboard.press("Enter")
+    assert focused(page, ".tl-scroll")
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("Enter")
+    expect(page.locator("#step-detail")).to_have_attribute("data-step", "1")
+
+
+def assert_stale(pg, stale: bool) -> None:
+    note = pg.locator("#stale-note")
+    if stale:
+        expect(pg.locator("#panels")).to_have_class(re.compile(r"\bstale\b"))
+        expect(pg.locator(".tl-scroll").first).to_have_attribute("aria-disabled", "true")
+        expect(pg.locator("#export-trace")).to_be_disabled()
+        expect(note).to_be_visible()
+        expect(note).to_contain_text("stale: ")
+        expect(pg.locator("#status")).to_contain_text("not run: ")
+    else:
+        expect(pg.locator("#panels")).not_to_have_class(re.compile(r"\bstale\b"))
+        expect(pg.locator(".tl-scroll").first).not_to_have_attribute("aria-disabled", "true")
+        expect(pg.locator("#export-trace")).to_be_enabled()
+        expect(note).to_be_hidden()
+        expect(pg.locator("#status")).not_to_contain_text("not run")
+
+
+def test_results_go_stale_on_an_error_and_live_again(page, tmp_path):
+    g = gen(page)
+    page.locator("#file-input").set_input_files(str(EXAMPLES_DIR / "preemption.json"))
+    g = settle(page, g)
+    click_step(page, 1)
+    assert_stale(page, False)
+
+    bad = tmp_path / "broken.json"
+    bad.write_text("{\n  \"format\": ")
+    page.locator("#file-input").set_input_files(str(bad))
+    g = settle(page, g)
+    assert_stale(page, True)
+    expect(page.locator("#stale-note")).to_contain_text("broken.json: not valid JSON")
+    expect(page.locator("#step-detail")).to_have_class(re.compile(r"\bstale\b"))
+    # Redrawing (zoom) keeps them marked.
+    page.locator("#zoom").fill("1")
+    assert_stale(page, True)
+    # The old steps are not offered as current: the timeline's keys do nothing.
+    page.locator(".tl-scroll").focus()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("Enter")
+    expect(page.locator("#step-detail")).to_have_attribute("data-step", "1")
+    # Even with the button forced back on, the old trace does not download.
+    downloads = []
+    page.on("download", lambda d: downloads.append(d))
+    page.evaluate("() => { const b = document.querySelector('#export-trace'); b.disabled = false; b.click(); }")
+    page.wait_for_timeout(300)
+    assert downloads == []
+
+    page.get_by_role("button", name="group B").click()
+    g = settle(page, g)
+    assert_stale(page, False)
+    with page.expect_download() as d:
+        page.locator("#export-trace").click()
+    assert d.value.suggested_filename == "minimal-D16-P24-B16-M32-fcfs-chunked.trace.json"
+
+    # A config vLLM rejects is an error too; fixing it makes the results current again.
+    page.locator("#cfg-max_num_seqs").fill("0")
+    page.locator("#cfg-max_num_seqs").press("Enter")
+    g = settle(page, g)
+    assert_stale(page, True)
+    page.locator("#cfg-max_num_seqs").fill("32")
+    page.locator("#cfg-max_num_seqs").press("Enter")
+    settle(page, g)
+    assert_stale(page, False)
+
+
+def test_stopped_server_says_so_and_marks_results_stale(browser):
+    proc, url = start_server()
+    try:
+        with open_page(browser, url) as pg:
+            assert_stale(pg, False)
+            stop_server(proc)
+            g = gen(pg)
+            pg.get_by_role("button", name="group B").click()
+            settle(pg, g)
+            origin = url.rstrip("/")
+            expect(pg.locator("#status")).to_have_text(
+                f"not run: the schedspec server at {origin} is not answering (was it stopped? restart it with "
+                "`schedspec explore`, then reload this page)")
+            assert_stale(pg, True)
+            expect(pg.locator("#stale-note")).to_contain_text("is not answering")
+            assert "Failed to fetch" not in pg.locator("body").inner_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_page_on_another_origin_cannot_run_the_spec(browser, server):
+    """Another page the user has open (here on localhost, another port) posts text/plain,
+    which needs no CORS preflight: the server must refuse it, not run it."""
+    import http.server
+    import threading
+
+    script = f"""<!doctype html><script>
+      const body = JSON.stringify({{scenario: {json.dumps(json.loads((EXAMPLES_DIR / "group-a.json").read_text()))}}});
+      window.done = fetch("{server}api/run", {{method: "POST", mode: "no-cors", body,
+          headers: {{"Content-Type": "text/plain"}}}})
+        .then(() => fetch("{server}api/run", {{method: "POST", body, headers: {{"Content-Type": "text/plain"}}}}))
+        .then((r) => r.text(), (e) => "blocked: " + e.message);
+    </script>"""
+
+    class Evil(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(script.encode())
+
+        def log_message(self, *args):
+            pass
+
+    evil = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Evil)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    ctx = browser.new_context()
+    try:
+        pg = ctx.new_page()
+        statuses = []
+        pg.on("response", lambda r: "/api/run" in r.url and statuses.append(r.status))
+        pg.goto(f"http://localhost:{evil.server_address[1]}/")
+        answer = pg.evaluate("window.done")
+        assert answer.startswith("blocked: ")  # the browser keeps any answer from the page
+        pg.wait_for_timeout(200)
+        assert statuses and set(statuses) == {403}, statuses  # and the server ran nothing
+    finally:
+        ctx.close()
+        evil.shutdown()

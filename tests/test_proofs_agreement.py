@@ -144,7 +144,7 @@ def input_budget_state():
 
 def exact_fit_state():
     """Chunked prefill off, and the waiting prompt is exactly the step's budget: it is
-    admitted (S:1342 stops only on n > budget)."""
+    admitted (S:1337-1344 stops only on n > budget)."""
     c = SchedulerConfig(max_num_batched_tokens=8, max_num_scheduled_tokens=7, max_num_seqs=4, max_model_len=8,
                         block_size=2, num_gpu_blocks=12, enable_chunked_prefill=False)
     reqs = {"w": Request("w", 7, 1, 0, 0.0, RequestStatus.WAITING, 0, 0)}
@@ -281,8 +281,8 @@ SPEC_MUTANTS = {
     "no_cursor_fix": [M("scheduler.preempt", "v < s.cursor", "False")],
     "no_refund": [M("scheduler.preempt", "s.token_budget += refund\ns.input_budget += refund", "pass")],
     "watermark_on_first_admission": [M("kv_cache.allocate_slots",
-                                       "has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)",
-                                       "request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)")],
+                                       "has_scheduled_reqs and (request.status == WAITING or request.status == PREEMPTED)",
+                                       "request.status == WAITING or request.status == PREEMPTED")],
     "full_isl_without_watermark": [M("kv_cache.allocate_slots",
                                      "full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
                                      "full + num_evictable_hit_blocks > num_free_blocks")],

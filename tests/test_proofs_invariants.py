@@ -43,7 +43,7 @@ S, K = "scheduler.py", "kv_cache.py"
 M = Mutation
 INVARIANT_MUTANTS = {
     "queues_partition_requests": [M("scheduler.admit", "s.running.append(rid)", "s.running.append(rid)\ns.waiting.append(rid)")],
-    "statuses_match_queues": [M("scheduler.preempt", "r.status = RequestStatus.PREEMPTED", "r.status = RequestStatus.RUNNING")],
+    "statuses_match_queues": [M("scheduler.preempt", "r.status = PREEMPTED", "r.status = RUNNING")],
     "request_lengths_valid": [M("scheduler.check_stop", "request.num_tokens >= max_model_len", "request.num_tokens > max_model_len")],
     "computed_tokens_below_num_tokens": [M("scheduler.num_new_tokens_running",
                                            "r.num_tokens + r.num_output_placeholders - r.num_computed_tokens",

@@ -52,7 +52,7 @@ def test_group_b_starves_the_prompt():
 def test_long_prefill_threshold_only_with_more_than_one_eligible_request():
     c = config(long_prefill_token_threshold=10)
     out, _ = S.schedule(add(SchedulerState(c), "a", 40))
-    assert out.scheduled == {"a": 40}  # alone: the whole budget (S:752-758)
+    assert out.scheduled == {"a": 40}  # alone: the whole budget (S:757-763)
     out, _ = S.schedule(add(add(SchedulerState(c), "a", 40), "b", 40))
     assert out.scheduled == {"a": 10, "b": 10}
 

@@ -133,7 +133,7 @@ def state_view(s) -> dict[str, Any]:
     """What two implementations must agree on after a step (hash values aside)."""
     view: dict[str, Any] = {
         "requests": {rid: {f: getattr(r, f) for f in REQUEST_FIELDS}
-                     | {"num_block_hashes": len(r.block_hashes), "output_token_ids": r.output_token_ids}
+                     | {"num_block_hashes": len(r.block_hashes), "partial_block_token_ids": r.partial_block_token_ids}
                      for rid, r in sorted(s.requests.items())},
         "running": s.running, "waiting": s.waiting, "num_free_blocks": s.num_free_blocks,
         "req_to_num_blocks": dict(sorted(s.req_to_num_blocks.items())),

@@ -33,6 +33,7 @@ def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, dev
         from schedspec.reference.baselines import run_baseline
 
         return run_baseline(scenario, baseline, sink=sink)
+    from schedspec.reference.campaign import close_impl
     from schedspec.reference.engine import run_scenario
 
     impl = load_impl_or_fail(impl_name, device)
@@ -41,9 +42,7 @@ def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, dev
         return run_scenario(scenario, impl, on_step=on_step, progress=progress, sink=sink)
     finally:
         progress.close()
-        close = getattr(impl, "close", None)
-        if close:
-            close()
+        close_impl(impl)
 
 
 def format_step(step: dict[str, Any]) -> str:

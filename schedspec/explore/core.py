@@ -107,6 +107,7 @@ def meta(initial: dict[str, Any] | None = None) -> dict[str, Any]:
         "properties": [{"name": p.name, "doc": p.doc} for p in PROPERTIES.values()],
         "seed_knobs": {k: {"default": d, "min": lo, "max": hi} for k, (d, lo, hi) in SEED_KNOBS.items()},
         "seed_presets": SEED_PRESETS,
+        "seed_decode_min_max_tokens": SEED_DECODE_MIN_MAX_TOKENS,
         "limits": {"max_body_bytes": MAX_BODY_BYTES, "max_requests": MAX_REQUESTS,
                    "max_steps": MAX_STEPS, "max_request_steps": MAX_REQUEST_STEPS,
                    "max_compare": MAX_COMPARE},
@@ -257,6 +258,17 @@ def seed_decode_max_tokens(steps: int) -> int:
     return max(SEED_DECODE_MIN_MAX_TOKENS, steps + 1)
 
 
+def seed_num_gpu_blocks(k: dict[str, Any]) -> int | None:
+    """KV blocks for every token the run can compute (the closed form assumes
+    allocation never fails: a preempted decode would free budget it counts as
+    used), or None where the format's default already holds them, as for the
+    presets.  A decode holds at most steps + 1 tokens by the last step, the
+    prompt P plus its output; one more block is vLLM's null block."""
+    bs = SchedulerConfig.block_size
+    need = (k["D"] * -(-(k["steps"] + 1) // bs) + -(-(k["P"] + SEED_PROMPT_MAX_TOKENS) // bs) + 1)
+    return need if need > SchedulerConfig.num_gpu_blocks else None
+
+
 def seed_scenario(k: dict[str, Any]) -> dict[str, Any]:
     """The seeds' problem as a scenario file.  B is the step budget
     (max_num_scheduled_tokens); vLLM requires max_num_batched_tokens >= max_num_seqs
@@ -270,6 +282,9 @@ def seed_scenario(k: dict[str, Any]) -> dict[str, Any]:
         config["enable_chunked_prefill"] = False
     if k["policy"] != "fcfs":
         config["policy"] = k["policy"]
+    blocks = seed_num_gpu_blocks(k)
+    if blocks is not None:
+        config["num_gpu_blocks"] = blocks
     decode_max_tokens = seed_decode_max_tokens(k["steps"])
     requests = [{"id": f"d{i}", "arrival_step": 0, "prompt_len": 1, "max_tokens": decode_max_tokens}
                 for i in range(D)]
@@ -281,7 +296,8 @@ def seed_scenario(k: dict[str, Any]) -> dict[str, Any]:
         "description": (f"The minimal starvation problem: D={D} decodes, a P={P}-token prompt arriving at "
                         f"step 1, token budget B={B}, max_num_seqs M={M}, policy {k['policy']}, "
                         f"chunked prefill {'on' if k['chunked'] else 'off'}. Each decode's max_tokens is "
-                        f"{decode_max_tokens}, so none finishes within the {k['steps']} steps run."),
+                        f"{decode_max_tokens}, so none finishes within the {k['steps']} steps run"
+                        + (f"; num_gpu_blocks {blocks} holds every token they compute." if blocks else ".")),
         "config": config,
         "requests": requests,
         "max_steps": k["steps"],

@@ -7,7 +7,7 @@ Every function maps (Batch, State, ...) to new tensors; nothing loops over
 scenarios or requests.  The one loop is in the running loop of `schedule`: one
 pass per preemption (see there).
 
-Budgets: vLLM keeps a token budget and an input budget (S:716-719).  Without
+Budgets: vLLM keeps a token budget and an input budget (S:719-722).  Without
 speculative decoding both start at their limits, both lose each grant and both
 get each refund, and the loop tests both for > 0 and caps `n` by both, so they
 act as one budget, `min(max_num_scheduled_tokens, max_num_batched_tokens)`,
@@ -137,7 +137,7 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
 
     running = status == RUNNING
     # R: the long-prefill cap applies only with more than one eligible request,
-    # counted once at the start (S:752-758).
+    # counted once at the start (S:757-763).
     num_eligible = running.sum(1) + _in_waiting(status).sum(1)
     threshold = torch.where(num_eligible > 1, batch.long_prefill_token_threshold, 0)[:, None]
     # cap 1 as a minimum: threshold 0 caps nothing (threshold <= max_model_len < 2**31)
@@ -209,9 +209,9 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
         ff = first_fail.clamp(max=R - 1)
         retry = n.gather(1, ff[:, None])[:, 0]
         cursor = torch.where(has_fail, ff, cursor).to(I32)
-        # FCFS: the tail of running (S:971).  PRIORITY: the largest (priority,
+        # FCFS: the tail of running (S:970).  PRIORITY: the largest (priority,
         # arrival_time), the first in running order on a tie, from all of running,
-        # so possibly already scheduled this step, or the request itself (S:940).
+        # so possibly already scheduled this step, or the request itself (S:932-936).
         victim_key = torch.where(in_running, batch.victim_rank.gather(1, order) * (R + 1) + (R - pos), -1)
         victim_pos = torch.where(batch.priority_policy, victim_key.argmax(1), (num_running - 1).clamp(min=0))
         victim = order.gather(1, victim_pos[:, None])[:, 0]
@@ -245,7 +245,7 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     in_wait = _in_waiting(status)
     num_running = running.sum(1)
     if not _any(_any_rows(in_wait) & active):  # no active scenario has a waiting request
-        ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1857)
+        ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1858)
         decision = Decision(num_scheduled_tokens=grant, admitted=torch.zeros_like(status),
                             preempt_order=preempt_order, num_running=num_running)
         return decision, replace(
@@ -259,14 +259,14 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     k = pos
     queued = k < num_waiting[:, None]
     w_tokens = num_tokens.gather(1, worder)  # num_computed_tokens is 0: no prefix cache
-    want = torch.minimum(w_tokens, cap1) * queued  # S:1337
+    want = torch.minimum(w_tokens, cap1) * queued  # S:1332
     cum = want.cumsum(1, dtype=I64)
     b = budget[:, None]
     left = b - torch.minimum(cum - want, b)  # budget left when admission k is tried
-    n = torch.minimum(want, left).to(I32)  # S:1345
+    n = torch.minimum(want, left).to(I32)  # S:1346
     ok = queued & (left > 0)  # S:1062, S:1068
     ok &= num_running[:, None] + k < batch.max_num_active_reqs[:, None]  # the run-slot check (S:1071)
-    # chunked prefill off: the whole request must fit, else admission stops (S:1342).
+    # chunked prefill off: the whole request must fit, else admission stops (S:1337-1344).
     ok &= batch.enable_chunked_prefill[:, None] | (want <= left)
     blocks = _cdiv(n, bs)
     free_k = free[:, None] - (blocks.cumsum(1, dtype=I64) - blocks)
@@ -290,7 +290,7 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     run_pos = torch.where(amask, run_pos_adm, state.run_pos)
     status = torch.where(amask, RUNNING, status).to(I8)
 
-    # _update_after_schedule: the optimistic advance (S:1857).
+    # _update_after_schedule: the optimistic advance (S:1858).
     ncomp = ncomp + grant
     decision = Decision(num_scheduled_tokens=grant, admitted=admitted, preempt_order=preempt_order,
                         num_running=num_running + num_admitted)

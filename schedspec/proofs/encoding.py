@@ -91,14 +91,14 @@ class _Work:
         self.aseq = [z3.IntVal(0)] * n
         self.pre = [z3.BoolVal(False)] * n
         self.pseq = [z3.IntVal(0)] * n
-        self.token_budget = c.token_budget + rules.token_budget_extra  # S:716
-        self.input_budget = c.max_num_batched_tokens  # S:719
+        self.token_budget = c.token_budget + rules.token_budget_extra  # S:719
+        self.input_budget = c.max_num_batched_tokens  # S:722
         self.free = st.num_free_blocks
         self.gcount = z3.IntVal(0)
         self.pcount = z3.IntVal(0)
         self.acount = z3.IntVal(0)
         eligible = st.num_running + st.num_waiting
-        # The long-prefill cap applies only with more than one eligible request (S:752-758).
+        # The long-prefill cap applies only with more than one eligible request (S:757-763).
         self.threshold = z3.If(eligible >= rules.threshold_min_eligible, c.long_prefill_token_threshold, 0)
         # The victim order never changes during a step: precompute who beats whom.
         self.beats = {}
@@ -110,8 +110,8 @@ class _Work:
                 if rules.fcfs_victim_head:
                     fcfs = a.pos < b.pos
                 else:
-                    fcfs = a.pos > b.pos  # FCFS: the tail (S:971)
-                # PRIORITY: the largest (priority, arrival_time), first in running order (S:940).
+                    fcfs = a.pos > b.pos  # FCFS: the tail (S:970)
+                # PRIORITY: the largest (priority, arrival_time), first in running order (S:932-936).
                 prio = z3.Or(z3.Not(priority_key_le(a, b)),
                              z3.And(priority_key_le(a, b), priority_key_le(b, a), a.pos < b.pos))
                 self.beats[s, t] = z3.If(c.is_priority, prio, fcfs)
@@ -214,11 +214,11 @@ class _Work:
             status = _pick(at_q, [st.slots[s].status for s in WS])
             blocks_held = _pick(at_q, [self.blocks[s] for s in WS])
             # [seams: blocked statuses, LoRA, prefix-cache and connector hits (S:1075-1300)]
-            request_token_budget = z3_min(self.token_budget, self.input_budget)  # S:1305
-            n = num_tokens - ncomp  # S:1315
-            n = z3.If(z3.And(0 < self.threshold, self.threshold < n), self.threshold, n)  # S:1337
-            no_fit = z3.And(z3.Not(c.enable_chunked_prefill), n > request_token_budget)  # S:1342
-            n = z3_min(n, request_token_budget + rules.admission_budget_extra)  # S:1345
+            request_token_budget = z3_min(self.token_budget, self.input_budget)  # S:1295
+            n = num_tokens - ncomp  # S:1306
+            n = z3.If(z3.And(0 < self.threshold, self.threshold < n), self.threshold, n)  # S:1332
+            no_fit = z3.And(z3.Not(c.enable_chunked_prefill), n > request_token_budget)  # S:1337-1344
+            n = z3_min(n, request_token_budget + rules.admission_budget_extra)  # S:1346
             if rules.admission_cap is not None:
                 n = z3_min(n, z3.IntVal(rules.admission_cap))
             L = c.max_model_len
@@ -271,7 +271,7 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
         w.waiting_loop()
 
     slots = st.slots
-    # Queues after schedule(): survivors keep their order, admissions follow (S:1540).
+    # Queues after schedule(): survivors keep their order, admissions follow (S:1547-1549).
     run_member = [z3.Or(w.alive[s], w.admitted[s]) if rules.admitted_to_running else w.alive[s]
                   for s in range(N)]
     run_key = [z3.If(w.admitted[s], N + w.aseq[s], slots[s].pos) for s in range(N)]
@@ -286,7 +286,7 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
     wait_key = [z3.If(w.pre[s], fcfs_pre_key[s],
                       z3.If(w.admitted[s], 3 * N + w.aseq[s], slots[s].pos)) for s in range(N)]
 
-    # The request fields after schedule() and _update_after_schedule (S:1857-1860).
+    # The request fields after schedule() and _update_after_schedule (S:1858-1865).
     mid = []
     for s in range(N):
         r = slots[s]

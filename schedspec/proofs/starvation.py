@@ -9,7 +9,7 @@ admitted, at the tail of `running` (its later chunks).  The claims:
 - `no_run_slot`: D >= max_num_active_reqs => the waiting prompt receives 0 tokens;
 - `chunk_grant`: D < B, chunked prefill on, a free run slot, enough free blocks =>
   it receives min(P, cap) > 0, where cap = B - D, or min(B - D, threshold) when the
-  long-prefill threshold is in force (more than one eligible request, S:752-758);
+  long-prefill threshold is in force (more than one eligible request, S:757-763);
 - `prefill_steps`: under the same premises, with no decode finishing, after k steps
   the prompt has min(P, k*cap) computed tokens (induction on k), so its prefill
   completes in exactly ceil(P / cap) steps, and D stays constant;
@@ -179,7 +179,7 @@ def step_budget(o, s: AggState):
 
 
 def threshold_in_force(o, s: AggState, variant: str = "correct"):
-    """S:752-758: the cap applies only with more than one eligible request."""
+    """S:757-763: the cap applies only with more than one eligible request."""
     eligible = s.D + s.W + o.If(s.prompt_running, 1, 0)
     if variant == "threshold_one_eligible":
         return s.threshold > 0
@@ -187,7 +187,7 @@ def threshold_in_force(o, s: AggState, variant: str = "correct"):
 
 
 def capped_need(o, s: AggState, variant: str = "correct"):
-    """The prompt's need after the long-prefill cap (S:844, S:1337)."""
+    """The prompt's need after the long-prefill cap (S:844, S:1332)."""
     return o.If(o.And(threshold_in_force(o, s, variant), s.threshold < s.P), s.threshold, s.P)
 
 

@@ -165,7 +165,7 @@ def key_lt(a: SymSlot, b: SymSlot):
 
 
 def priority_key_le(a: SymSlot, b: SymSlot):
-    """a.priority_key <= b.priority_key: (priority, arrival_time) (S:940)."""
+    """a.priority_key <= b.priority_key: (priority, arrival_time) (S:932-936)."""
     return z3.Or(a.priority < b.priority, z3.And(a.priority == b.priority, a.arrival <= b.arrival))
 
 

@@ -75,7 +75,7 @@ from typing import Any
 from schedspec.spec.config import ConfigError
 import bisect
 
-from .engine import TRACE_FORMAT, error_trace, is_idle_record
+from .engine import TRACE_FORMAT, error_trace, finish_trace, is_idle_record
 from .scenario import Scenario, validate_scenario
 
 KINDS = ("static", "request", "iteration")
@@ -115,12 +115,7 @@ def run_baseline(scenario: Scenario, kind: str, *, sink=None) -> dict[str, Any]:
     blocks_needed = {rid: math.ceil((specs[rid].prompt_len + target[rid][0]) / block_size)
                      for rid in order}
     last_arrival = max((r.arrival_step for r in scenario.requests), default=-1)
-    arrivals: dict[int, list[str]] = {}
-    for r in scenario.requests:
-        arrivals.setdefault(r.arrival_step, []).append(r.id)
-    aborts: dict[int, list[str]] = {}
-    for a in scenario.aborts:
-        aborts.setdefault(a.step, []).append(a.id)
+    arrivals, aborts = scenario.events_by_step()
 
     outputs = {rid: 0 for rid in order}
     summary = {rid: {"first_token_step": None, "finish_step": None, "finish_reason": None,
@@ -230,21 +225,7 @@ def run_baseline(scenario: Scenario, kind: str, *, sink=None) -> dict[str, Any]:
             emit(record)
         step += 1
 
-    trace = {
-        "format": TRACE_FORMAT,
-        "scenario": scenario.name,
-        "implementation": name,
-        "steps": steps,
-        "summary": {
-            "steps": step,
-            "finished": len(order) - len(pending),
-            "unfinished": [rid for rid in order if rid in pending],
-            "requests": summary,
-        },
-    }
-    if sink is not None:
-        sink.end(trace)
-    return trace
+    return finish_trace(scenario.name, name, steps, step, order, pending, summary, sink)
 
 
 __all__ = ["KINDS", "run_baseline"]

@@ -102,7 +102,7 @@ def _async_step(impl: SchedulerImpl, step: int, output_len: Mapping[str, int | N
     sampled: dict[str, list[int]] = {}
     for rid in sampling:
         r = mid.requests.get(rid)
-        if r is not None:  # finished or aborted meanwhile: vLLM drops its output (S:2322-2331)
+        if r is not None:  # finished or aborted meanwhile: vLLM drops its output (S:2327-2335)
             sampled[rid] = [next_token(output_len[rid], r)]
     stopped = impl.update_from_output(batch, sampled)
     return before, output, mid, impl.observe(), sampled, stopped, called, applied
@@ -167,6 +167,26 @@ def is_idle_record(record: Mapping[str, Any]) -> bool:
     return not (record["scheduled"] or record["finished"] or record["running"] or record["waiting"])
 
 
+def finish_trace(scenario_name: str, impl_name: str, steps: list, num_steps: int, order: Sequence[str],
+                 pending, summary: dict, sink=None) -> dict[str, Any]:
+    """The trace of a finished run, with its summary; a sink (trace_io.py) gets it too."""
+    trace = {
+        "format": TRACE_FORMAT,
+        "scenario": scenario_name,
+        "implementation": impl_name,
+        "steps": steps,
+        "summary": {
+            "steps": num_steps,
+            "finished": len(order) - len(pending),
+            "unfinished": [rid for rid in order if rid in pending],
+            "requests": summary,
+        },
+    }
+    if sink is not None:
+        sink.end(trace)
+    return trace
+
+
 def run_scenario(
     scenario: Scenario,
     impl: SchedulerImpl,
@@ -215,12 +235,7 @@ def run_scenario(
         except ConfigError as e:
             return rejected(f"requests[{i}].{e}")
 
-    arrivals: dict[int, list[str]] = {}
-    for r in scenario.requests:
-        arrivals.setdefault(r.arrival_step, []).append(r.id)
-    aborts: dict[int, list[str]] = {}
-    for a in scenario.aborts:
-        aborts.setdefault(a.step, []).append(a.id)
+    arrivals, aborts = scenario.events_by_step()
     event_steps = sorted(set(arrivals) | set(aborts))
 
     summary = {r.id: {"first_token_step": None, "finish_step": None, "finish_reason": None,
@@ -284,18 +299,4 @@ def run_scenario(
         if progress is not None:
             progress(step, scenario.max_steps)
 
-    trace = {
-        "format": TRACE_FORMAT,
-        "scenario": scenario.name,
-        "implementation": name,
-        "steps": steps,
-        "summary": {
-            "steps": step,
-            "finished": len(order) - len(pending),
-            "unfinished": [rid for rid in order if rid in pending],
-            "requests": summary,
-        },
-    }
-    if sink is not None:
-        sink.end(trace)
-    return trace
+    return finish_trace(scenario.name, name, steps, step, order, pending, summary, sink)

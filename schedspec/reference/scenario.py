@@ -132,6 +132,16 @@ class Scenario:
         return replace(self, requests=tuple(r for r in self.requests if r.id not in late),
                        aborts=tuple(a for a in self.aborts if a.id not in late))
 
+    def events_by_step(self) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+        """The ids arriving and the ids aborted at each step, in file order."""
+        arrivals: dict[int, list[str]] = {}
+        for r in self.requests:
+            arrivals.setdefault(r.arrival_step, []).append(r.id)
+        aborts: dict[int, list[str]] = {}
+        for a in self.aborts:
+            aborts.setdefault(a.step, []).append(a.id)
+        return arrivals, aborts
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": SCENARIO_FORMAT, "name": self.name}
         if self.description:

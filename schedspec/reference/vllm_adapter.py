@@ -51,6 +51,17 @@ MODEL_CONFIG = Path(__file__).parent / "vllm_model" / "config.json"
 VLLM_VERSION = "0.33.0"
 MAX_MODEL_LEN = 2**24  # prompts up to 16 M tokens: a 128 MiB token list per request at most
 
+# The spec's config fields that vLLM's SchedulerConfig takes under the same name.
+SCHEDULER_CONFIG_FIELDS = (
+    "max_model_len", "max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs", "max_num_active_seqs",
+    "enable_chunked_prefill", "long_prefill_token_threshold", "policy", "watermark",
+    "scheduler_reserve_full_isl", "async_scheduling")
+# The fields vLLM's Request and the spec's share, name and meaning.
+SHARED_REQUEST_FIELDS = (
+    "num_prompt_tokens", "max_tokens", "priority", "arrival_time", "num_computed_tokens", "num_output_tokens",
+    "num_preemptions", "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
+    "is_prefill_chunk")
+
 _vllm: dict[str, Any] | None = None  # the lazily imported vLLM names
 _model_dirs: dict[int, str] = {}  # max_position_embeddings -> model folder
 _tmp_root: str | None = None
@@ -188,7 +199,7 @@ class VllmScheduler:
         # and update_from_output() may be handed the older one.
         self._in_flight: dict[int, tuple[SchedulerOutput, Any]] = {}
         self._preempted: list[str] = []
-        # vLLM keeps finished ids in a set (S:3052); the order they finished in.
+        # vLLM keeps finished ids in a set (S:3054); the order they finished in.
         self._finish_order: list[str] = []
         self._token_seq = 0
 
@@ -206,19 +217,7 @@ class VllmScheduler:
                              f"runs ({MAX_MODEL_LEN}): vLLM keeps every token id of a prompt in memory")
         try:
             scheduler_config = v["SchedulerConfig"](
-                max_model_len=c.max_model_len,
-                is_encoder_decoder=False,
-                max_num_batched_tokens=c.max_num_batched_tokens,
-                max_num_scheduled_tokens=c.max_num_scheduled_tokens,
-                max_num_seqs=c.max_num_seqs,
-                max_num_active_seqs=c.max_num_active_seqs,
-                enable_chunked_prefill=c.enable_chunked_prefill,
-                long_prefill_token_threshold=c.long_prefill_token_threshold,
-                policy=c.policy,
-                watermark=c.watermark,
-                scheduler_reserve_full_isl=c.scheduler_reserve_full_isl,
-                async_scheduling=getattr(c, "async_scheduling", False),
-            )
+                is_encoder_decoder=False, **{f: getattr(c, f) for f in SCHEDULER_CONFIG_FIELDS})
             model_config = v["ModelConfig"](
                 model=_model_dir(c.max_model_len) if isinstance(c.max_model_len, int) else "",
                 skip_tokenizer_init=True,
@@ -364,7 +363,7 @@ class VllmScheduler:
         self._preempted.clear()
         out = sched.schedule()
         # schedule() hands the finished ids to this batch and starts a new set
-        # (S:1870); keep only those finished since.
+        # (S:1876); keep only those finished since.
         self._finish_order = [rid for rid in self._finish_order if rid in sched.finished_req_ids]
         grants = tuple(out.num_scheduled_tokens.items())  # insertion order = grant order
         new = [d.req_id for d in out.scheduled_new_reqs]
@@ -449,24 +448,11 @@ class VllmScheduler:
             extra = {}
             if caching:
                 extra = dict(prompt_token_ids=tuple(r.prompt_token_ids),
-                             output_token_ids=tuple(r.output_token_ids),
-                             block_hashes=tuple(r.block_hashes))
-            requests[rid] = Request(
-                request_id=rid,
-                num_prompt_tokens=r.num_prompt_tokens,
-                max_tokens=r.max_tokens,
-                priority=r.priority,
-                arrival_time=r.arrival_time,
-                status=RequestStatus[r.status.name],
-                num_computed_tokens=r.num_computed_tokens,
-                num_output_tokens=r.num_output_tokens,
-                num_preemptions=r.num_preemptions,
-                num_output_placeholders=r.num_output_placeholders,
-                num_in_flight_tokens=r.num_in_flight_tokens,
-                num_stale_output_tokens=r.num_stale_output_tokens,
-                is_prefill_chunk=r.is_prefill_chunk,
-                **extra,
-            )
+                             block_hashes=tuple(r.block_hashes),
+                             partial_block_token_ids=tuple(
+                                 r.all_token_ids[len(r.block_hashes) * self.config.block_size:]))
+            requests[rid] = Request(request_id=rid, status=RequestStatus[r.status.name], **extra,
+                                    **{f: getattr(r, f) for f in SHARED_REQUEST_FIELDS})
         # Pop order: block holders are drained first (S:1064-1066); iterating
         # a priority queue yields heap order (request_queue.py:193).
         waiting = tuple(r.request_id for r in sched.kv_holding_waiting) + \

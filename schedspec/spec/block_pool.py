@@ -56,24 +56,29 @@ class PoolWork:
     """The working copy of a BlockPool inside one scheduler call (kv_cache.KVCache)."""
 
     def __init__(self, pool: BlockPool):
-        self.num_gpu_blocks = pool.num_gpu_blocks
-        self.front = deque(pool.free_front)
-        self.next_fresh = pool.next_fresh
-        self.back = dict.fromkeys(pool.free_back)  # an ordered set
-        self.ref_cnt = dict(pool.ref_cnt)
-        self.block_hash = dict(pool.block_hash)
-        self.cached = dict(pool.cached)
-        self.req_to_blocks = dict(pool.req_to_blocks)
-        self.num_cached_block = dict(pool.num_cached_block)
+        # The frozen pool's own structures until the first change (`own`): a call
+        # that changes nothing, e.g. a synchronous update_from_output, copies nothing.
+        self.pool, self.owned = pool, False
+        self.num_gpu_blocks, self.next_fresh = pool.num_gpu_blocks, pool.next_fresh
+        self.front, self.back = pool.free_front, pool.free_back
+        self.ref_cnt, self.block_hash, self.cached = pool.ref_cnt, pool.block_hash, pool.cached
+        self.req_to_blocks, self.num_cached_block = pool.req_to_blocks, pool.num_cached_block
+        self.num_free_blocks = pool.num_free_blocks  # kept as blocks move; checked in freeze()
+
+    def own(self) -> None:
+        if not self.owned:
+            self.owned = True
+            self.front, self.back = deque(self.front), dict.fromkeys(self.back)  # back: an ordered set
+            self.ref_cnt, self.block_hash, self.cached = dict(self.ref_cnt), dict(self.block_hash), dict(self.cached)
+            self.req_to_blocks, self.num_cached_block = dict(self.req_to_blocks), dict(self.num_cached_block)
 
     def freeze(self) -> BlockPool:
+        if not self.owned:
+            return self.pool
+        assert self.num_free_blocks == len(self.front) + (self.num_gpu_blocks - self.next_fresh) + len(self.back)
         return BlockPool(self.num_gpu_blocks, tuple(self.front), self.next_fresh, tuple(self.back),
                          self.ref_cnt, self.block_hash, self.cached, self.req_to_blocks,
                          self.num_cached_block)
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.front) + (self.num_gpu_blocks - self.next_fresh) + len(self.back)
 
     def num_blocks(self, request_id: str) -> int:
         return len(self.req_to_blocks.get(request_id, ()))
@@ -82,8 +87,7 @@ class PoolWork:
         """The hits become the request's first blocks, then new blocks follow (K:590-627)."""
         if hits:
             self.add_hits(request_id, hits)
-        if num_new_blocks or request_id not in self.req_to_blocks:
-            self.allocate_new_blocks(request_id, num_new_blocks)
+        self.allocate_new_blocks(request_id, num_new_blocks)
 
     def get_computed_blocks(self, block_hashes: tuple, num_tokens: int, block_size: int) -> list[int]:
         """The longest run of cached blocks from the start, over at most (num_tokens - 1)
@@ -98,7 +102,7 @@ class PoolWork:
 
     def num_evictable(self, blocks: Sequence[int]) -> int:
         """Hit blocks that touching takes out of the free queue (T:256-261)."""
-        return sum(1 for b in blocks if self.ref_cnt.get(b, 0) == 0) if blocks else 0
+        return sum(1 for b in blocks if self.ref_cnt.get(b, 0) == 0)
 
     def _uncache(self, block: int) -> None:
         """Evict a reused block's hash (P:769-790, 630-649)."""
@@ -112,15 +116,18 @@ class PoolWork:
 
     def add_hits(self, request_id: str, hits: Sequence[int]) -> None:
         """Touch the hit blocks and make them the request's first blocks (T:268-324, P:792-810)."""
+        self.own()
         for b in hits:
             if self.ref_cnt.get(b, 0) == 0:
                 del self.back[b]
+                self.num_free_blocks -= 1
             self.ref_cnt[b] = self.ref_cnt.get(b, 0) + 1
         self.req_to_blocks[request_id] = tuple(hits)
         self.num_cached_block[request_id] = len(hits)
 
     def allocate_new_blocks(self, request_id: str, num_blocks: int) -> None:
         """Pop `num_blocks` from the queue head, evicting any hash they carry (P:706-740)."""
+        self.own()
         new = []
         for _ in range(num_blocks):
             if self.front:
@@ -134,6 +141,7 @@ class PoolWork:
             self._uncache(b)
             self.ref_cnt[b] = 1
             new.append(b)
+        self.num_free_blocks -= num_blocks
         self.req_to_blocks[request_id] = self.req_to_blocks.get(request_id, ()) + tuple(new)
 
     def cache_blocks(self, request_id: str, block_hashes: tuple, num_tokens: int, block_size: int) -> None:
@@ -142,6 +150,7 @@ class PoolWork:
         num_full = min(num_tokens, len(block_hashes) * block_size) // block_size
         if num_cached >= num_full:
             return
+        self.own()
         blocks = self.req_to_blocks[request_id]
         for i in range(num_cached, num_full):
             b, h = blocks[i], block_hashes[i]
@@ -154,6 +163,7 @@ class PoolWork:
     def free(self, request_id: str) -> None:
         """Release the request's blocks, tail first, so its last blocks are evicted
         first (T:591-599, P:816-849)."""
+        self.own()
         blocks = self.req_to_blocks.pop(request_id, ())
         self.num_cached_block.pop(request_id, None)
         first, last = [], []
@@ -165,3 +175,4 @@ class PoolWork:
         self.front.extendleft(reversed(first))
         for b in last:
             self.back[b] = None
+        self.num_free_blocks += len(first) + len(last)

@@ -50,4 +50,5 @@ def make_request(
         arrival_time=arrival_time,
         prompt_token_ids=tokens,
         block_hashes=hashes,
+        partial_block_token_ids=tokens[len(hashes) * config.block_size:],
     )

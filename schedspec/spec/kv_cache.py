@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from .config import SchedulerConfig
-from .request import Request, RequestStatus
+from .request import PREEMPTED, WAITING, Request, RequestStatus  # noqa: F401 - RequestStatus: in the contracts
 
 
 def cdiv(a: int, b: int) -> int:
@@ -57,7 +57,7 @@ def allocate_slots(
     L = config.max_model_len
     # The watermark applies only to admissions, and not to the first one (K:518-525).
     watermark_blocks = 0
-    if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+    if has_scheduled_reqs and (request.status == WAITING or request.status == PREEMPTED):
         watermark_blocks = config.watermark_blocks
     held = num_blocks_held + num_hit_blocks
     if full_sequence_must_fit:

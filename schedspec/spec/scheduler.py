@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 from .config import PRIORITY, ConfigError, SchedulerConfig
 from .kv_cache import allocate_slots
-from .request import EOS_TOKEN_ID, Request, RequestStatus, last_token_in_flight
+from .request import EOS_TOKEN_ID, PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
 from .state import SchedulerOutput, SchedulerState, Working
 
 
@@ -172,7 +172,7 @@ def preempt(s: ScheduleWork, victim: str) -> None:
         s.input_budget += refund
     s.kv.free(victim)
     r = s.request(victim)
-    r.status = RequestStatus.PREEMPTED
+    r.status = PREEMPTED
     r.num_computed_tokens = 0
     r.num_preemptions += 1
     r.num_stale_output_tokens = r.num_in_flight_tokens
@@ -187,7 +187,7 @@ def blocks_to_allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int] = 
     None when the pool cannot give them (kv_cache.allocate_slots).  Changes nothing."""
     return allocate_slots(s.config, s.requests[rid], n, s.kv.num_blocks(rid), s.kv.num_free_blocks,
                           full_sequence_must_fit=full_sequence_must_fit, has_scheduled_reqs=has_scheduled_reqs,
-                          num_hit_blocks=len(hits), num_evictable_hit_blocks=s.kv.num_evictable(hits))
+                          num_hit_blocks=len(hits), num_evictable_hit_blocks=s.kv.num_evictable(hits) if hits else 0)
 
 
 def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blocks: int) -> None:
@@ -195,9 +195,11 @@ def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blo
     blocks it will have computed, so a later request in this step can hit them
     (K:590-627)."""
     r = s.requests[rid]
-    s.kv.allocate(rid, hits, num_new_blocks)
-    num_computed_tokens = r.num_computed_tokens + len(hits) * s.config.block_size
-    s.kv.cache_blocks(rid, r.block_hashes, min(num_computed_tokens + n, r.num_tokens), s.config.block_size)
+    if hits or num_new_blocks:  # else it holds the blocks already: most decode steps
+        s.kv.allocate(rid, hits, num_new_blocks)
+    if r.block_hashes:  # only full blocks are cached, and only prefix caching hashes them
+        num_computed_tokens = r.num_computed_tokens + len(hits) * s.config.block_size
+        s.kv.cache_blocks(rid, r.block_hashes, min(num_computed_tokens + n, r.num_tokens), s.config.block_size)
 
 
 def grant(s: ScheduleWork, rid: str, n: int) -> None:
@@ -242,12 +244,12 @@ def admit(s: ScheduleWork, rid: str) -> bool:
     allocate(s, rid, n, hits, num_new_blocks)
     s.waiting.popleft()
     s.running.append(rid)
-    (s.new if r.status == RequestStatus.WAITING else s.resumed).append(rid)
+    (s.new if r.status == WAITING else s.resumed).append(rid)
     if c.enable_prefix_caching:
         s.prefix_hits.append((rid, num_computed_tokens))
     grant(s, rid, n)
     r = s.request(rid)
-    r.status = RequestStatus.RUNNING
+    r.status = RUNNING
     r.num_computed_tokens = num_computed_tokens
     return True
 
@@ -322,9 +324,10 @@ def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int]) -> Reque
     completes are cached now (S:2407-2415)."""
     r = w.request(rid)
     r.num_in_flight_tokens -= n
-    was_running, had_placeholders = r.status == RequestStatus.RUNNING, r.num_output_placeholders > 0
+    was_running, had_placeholders = r.status == RUNNING, r.num_output_placeholders > 0
     status, discarded = append_output_tokens(r, tokens, w.config)
-    r.num_computed_tokens -= discarded
+    if discarded:
+        r.num_computed_tokens -= discarded
     if tokens and had_placeholders:
         r.num_output_placeholders -= len(tokens)
         if was_running:

@@ -172,7 +172,8 @@ function runSeed() {
 
 function showSeed(data) {
   $("#seed-result").classList.remove("stale");
-  $("#decode-max-tokens").textContent = String(data.decode_max_tokens);
+  $("#decode-max-tokens").textContent =
+    `max(${S.meta.seed_decode_min_max_tokens}, steps + 1) = ${data.decode_max_tokens}`;
   $("#closed-form").textContent = data.closed_form.text;
   $("#simulated").textContent = data.simulated.text;
   $("#seed-result").dataset.agree = data.agreement === "differ" ? "no" : "yes";
@@ -252,6 +253,7 @@ function configChanged() {
   if (S.source === "seed") {
     S.source = "edited";
     $("#seed-result").classList.add("stale");
+    pressPreset(null);  // the knobs no longer describe what runs
   }
   runCurrent();
 }
@@ -710,8 +712,6 @@ function showResults(results, titles) {
   $("#status").dataset.done = results.length > 1 ? `${results.length} configs side by side` :
     `${r.trace.steps.length} steps of ${r.scenario.requests.length} requests on the spec`;
   $("#status").textContent = $("#status").dataset.done;
-  $("#export-trace").disabled = results.length !== 1;
-  $("#compare-off").disabled = results.length === 1;
   document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
 }
 
@@ -727,6 +727,8 @@ function render() {
   const keep = S.selected && S.selected.panel < results.length &&
     S.selected.step < results[S.selected.panel].trace.steps.length ? S.selected : null;
   if (keep) showStep(keep.panel, keep.step); else { S.selected = null; $("#step-detail").hidden = true; }
+  $("#export-trace").disabled = S.stale !== null || results.length !== 1;
+  $("#compare-off").disabled = results.length === 1;
 }
 
 // ---------------------------------------------------------------- step detail
