@@ -271,7 +271,7 @@ MUTANTS = {
     "threshold with one eligible": [M("scheduler.ScheduleWork.__init__",
                                       "c.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0",
                                       "c.long_prefill_token_threshold")],
-    "watermark off": [M("kv_cache.allocate_slots", "watermark_blocks = config.watermark_blocks", "watermark_blocks = 0")],
+    "watermark off": [M("kv_cache.allocate_slots", "config.watermark_blocks if admission else 0", "0")],
     "full-ISL gate off": [M("kv_cache.allocate_slots", "full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
                             "False")],
 }

@@ -73,7 +73,8 @@ def test_divergence_is_reported_written_and_shrunk(capsys, tmp_path, monkeypatch
         state = real_observe(self)
         if getattr(self, "_test_preempted", False) or any(r.num_preemptions for r in state.requests.values()):
             self._test_preempted = True
-            return dataclasses.replace(state, num_free_blocks=state.num_free_blocks - 1)
+            kv = state.kv_cache
+            return dataclasses.replace(state, kv_cache=dataclasses.replace(kv, num_free_blocks=kv.num_free_blocks - 1))
         return state
 
     real_reset = impl.TorchScheduler.reset

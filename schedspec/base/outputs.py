@@ -5,8 +5,7 @@ Every command that writes a file passes the path through one of these checks
 path costs nothing and nothing the user owns is replaced.  Each check raises
 `UsageError` (one line, exit 2) and returns the `Path` to write.
 
-API (used by schedspec/cli.py, reference/diff_cli.py, gpu/sweep_cli.py,
-proofs/*_cli.py, and the trace writer and plotter):
+API (used by the commands in schedspec/cli/, the trace writer and the plotter):
 
     check_output_path(path, kind, inputs=(), ours=is_schedspec_trace) -> Path
         One output file.  `kind` names the flag in messages ("--trace-out").

@@ -115,9 +115,9 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .main import main as cli_main
+    from .common import standalone_main
 
-    return cli_main(["explore", *(sys.argv[1:] if argv is None else argv)])
+    return standalone_main("explore", register, argv)
 
 
 if __name__ == "__main__":

@@ -56,8 +56,8 @@ class PoolWork:
     """The working copy of a BlockPool inside one scheduler call (kv_cache.KVCache)."""
 
     def __init__(self, pool: BlockPool):
-        # The frozen pool's own structures until the first change (`own`): a call
-        # that changes nothing, e.g. a synchronous update_from_output, copies nothing.
+        # The frozen pool's structures until the first change (`own`), so a call that
+        # changes nothing (a synchronous update_from_output) copies nothing.
         self.pool, self.owned = pool, False
         self.num_gpu_blocks, self.next_fresh = pool.num_gpu_blocks, pool.next_fresh
         self.front, self.back = pool.free_front, pool.free_back
@@ -65,7 +65,7 @@ class PoolWork:
         self.req_to_blocks, self.num_cached_block = pool.req_to_blocks, pool.num_cached_block
         self.num_free_blocks = pool.num_free_blocks  # kept as blocks move; checked in freeze()
 
-    def own(self) -> None:
+    def own(self) -> None:  # copy on first write
         if not self.owned:
             self.owned = True
             self.front, self.back = deque(self.front), dict.fromkeys(self.back)  # back: an ordered set
@@ -76,9 +76,8 @@ class PoolWork:
         if not self.owned:
             return self.pool
         assert self.num_free_blocks == len(self.front) + (self.num_gpu_blocks - self.next_fresh) + len(self.back)
-        return BlockPool(self.num_gpu_blocks, tuple(self.front), self.next_fresh, tuple(self.back),
-                         self.ref_cnt, self.block_hash, self.cached, self.req_to_blocks,
-                         self.num_cached_block)
+        return BlockPool(self.num_gpu_blocks, tuple(self.front), self.next_fresh, tuple(self.back), self.ref_cnt,
+                         self.block_hash, self.cached, self.req_to_blocks, self.num_cached_block)
 
     def num_blocks(self, request_id: str) -> int:
         return len(self.req_to_blocks.get(request_id, ()))
@@ -94,10 +93,9 @@ class PoolWork:
         // block_size blocks: one token is always left to compute (K:295-307, T:792-800)."""
         hits = []
         for h in block_hashes[:(num_tokens - 1) // block_size]:
-            blocks = self.cached.get(h)
-            if not blocks:
+            if not self.cached.get(h):
                 break
-            hits.append(blocks[0])
+            hits.append(self.cached[h][0])
         return hits
 
     def num_evictable(self, blocks: Sequence[int]) -> int:

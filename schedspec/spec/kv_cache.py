@@ -56,9 +56,8 @@ def allocate_slots(
         raise ValueError("num_new_tokens must be greater than 0")  # K:483-491
     L = config.max_model_len
     # The watermark applies only to admissions, and not to the first one (K:518-525).
-    watermark_blocks = 0
-    if has_scheduled_reqs and (request.status == WAITING or request.status == PREEMPTED):
-        watermark_blocks = config.watermark_blocks
+    admission = has_scheduled_reqs and (request.status == WAITING or request.status == PREEMPTED)
+    watermark_blocks = config.watermark_blocks if admission else 0
     held = num_blocks_held + num_hit_blocks
     if full_sequence_must_fit:
         # The full-ISL admission gate: the whole sequence, not only this chunk (K:531-548).
@@ -74,8 +73,7 @@ def allocate_slots(
 
 
 class KVCache(Protocol):
-    """What the scheduler asks of the KV pool, in either view, frozen or working."""
-
+    """What the scheduler asks of the working copy of the KV pool, in either view."""
     num_free_blocks: int
 
     def num_blocks(self, request_id: str) -> int: ...

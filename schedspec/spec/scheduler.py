@@ -53,8 +53,7 @@ def add_request(state: SchedulerState, request: Request) -> SchedulerState:
 
 
 class ScheduleWork(Working):
-    """The working state of one `schedule()`: the budgets it spends and what it
-    decides, besides the queues, requests and KV pool it changes."""
+    """One `schedule()`'s working state: budgets and decisions besides what `Working` holds."""
 
     def __init__(self, state: SchedulerState):
         Working.__init__(self, state)
@@ -94,7 +93,7 @@ def schedule(state: SchedulerState) -> tuple[SchedulerOutput, SchedulerState]:
     schedule_running(s)
     if not s.preempted:  # no admission in a step that preempted (S:1050)
         schedule_waiting(s)
-    assert s.token_budget >= 0 and s.input_budget >= 0  # S:1633-1632
+    assert s.token_budget >= 0 and s.input_budget >= 0  # S:1631-1632
     assert len(s.running) <= s.config.max_num_seqs  # S:1633
     update_after_schedule(s)
     s.finished_req_ids = ()  # schedule() hands the finished ids on (interface.py:205-208)
@@ -204,8 +203,7 @@ def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blo
 
 def grant(s: ScheduleWork, rid: str, n: int) -> None:
     s.scheduled[rid] = n
-    s.token_budget -= n
-    s.input_budget -= n
+    s.token_budget, s.input_budget = s.token_budget - n, s.input_budget - n
 
 
 def schedule_waiting(s: ScheduleWork) -> None:
@@ -283,17 +281,12 @@ def update_after_schedule(s: ScheduleWork) -> None:
 
 
 
-def update_from_output(
-    state: SchedulerState,
-    output: SchedulerOutput,
-    sampled_token_ids: Mapping[str, Sequence[int]],
-) -> tuple[tuple[tuple[str, RequestStatus], ...], SchedulerState]:
-    """Append sampled tokens, stop requests, free their blocks (S:2259-2551).
-
-    Returns the requests finished, in scheduled order, with their status.  Under
-    async scheduling `output` may be an older batch: outputs of requests finished
-    meanwhile are dropped (S:2327-2335), and those of requests preempted meanwhile
-    are stale (`deliver_stale_output`).
+def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]
+                       ) -> tuple[tuple[tuple[str, RequestStatus], ...], SchedulerState]:
+    """Append sampled tokens, stop requests, free their blocks (S:2259-2551); returns
+    the requests finished, in scheduled order.  Async: `output` may be an older batch;
+    outputs of requests finished meanwhile are dropped (S:2327-2335), of requests
+    preempted meanwhile stale (`deliver_stale_output`).
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: state.block_pool is None
@@ -318,10 +311,9 @@ def update_from_output(
 
 
 def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int]) -> RequestStatus | None:
-    """A batch's output for a request still in it: tokens past a stop are discarded
-    and roll num_computed_tokens back (S:2756-2762); a returned token replaces an
-    output placeholder (S:2763-2770), and under prefix caching the blocks it
-    completes are cached now (S:2407-2415)."""
+    """Tokens past a stop are discarded, rolling num_computed_tokens back (S:2756-2762);
+    a returned token replaces an output placeholder (S:2763-2770) and caches the
+    blocks it completes (S:2407-2415)."""
     r = w.request(rid)
     r.num_in_flight_tokens -= n
     was_running, had_placeholders = r.status == RUNNING, r.num_output_placeholders > 0
@@ -337,10 +329,8 @@ def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int]) -> Reque
 
 
 def deliver_stale_output(w: Working, rid: str, n: int, tokens: Sequence[int]) -> RequestStatus | None:
-    """Async: the output of a batch scheduled before the request's preemption.  Its
-    tokens are appended and can finish the request while it waits (S:2316-2338);
-    its num_computed_tokens restarted from 0 and it holds no placeholders, so
-    neither changes."""
+    """Async: a batch scheduled before the request's preemption.  Its tokens are appended
+    and can finish the waiting request (S:2316-2338); progress and placeholders stay."""
     r = w.request(rid)
     r.num_in_flight_tokens -= n
     r.num_stale_output_tokens -= n
@@ -386,9 +376,8 @@ def remove_finished(w: Working, done: Sequence[str]) -> SchedulerState:
     return w.freeze()
 
 
-def finish_requests(
-    state: SchedulerState, request_ids: Iterable[str], finished_status: RequestStatus
-) -> tuple[tuple[str, ...], SchedulerState]:
+def finish_requests(state: SchedulerState, request_ids: Iterable[str], finished_status: RequestStatus
+                    ) -> tuple[tuple[str, ...], SchedulerState]:
     """Finish requests from outside, e.g. an abort, from running or waiting
     (S:2964-3029).  Unknown and already-finished ids are ignored.
 

@@ -57,9 +57,8 @@ class SchedulerState:
 
 
 class Working:
-    """A state's working copy inside one call: the queues as a list and a deque (as
-    vLLM's loops have them), the KV pool's working view, and the requests, each
-    copied at most once, when first changed."""
+    """A state's working copy inside one call: the queues as vLLM's loops have them, the
+    KV pool's working view, and the requests, each copied once, when first changed."""
 
     def __init__(self, state: SchedulerState):
         self.config = state.config
