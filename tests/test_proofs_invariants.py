@@ -22,6 +22,12 @@ def invariant_machine(watch=None):
             # superseded by the registry's predicate of the same name (checked below)
             pass
 
+        def step(self):
+            # After every engine step, not only after each rule (a rule runs up to
+            # four steps, and a broken state can crash the next one first).
+            super().step()
+            self.state_invariant()
+
         @invariant()
         def state_invariant(self):
             bad = {n: v for n, v in check_state(self.state).items()
