@@ -5,7 +5,7 @@ imports are resolved (relative ones against its own package) and grouped by
 folder, and five rules are asserted:
 
 (a) no cycle between folders;
-(b) the layers: spec < base < reference < {gpu, proofs, search} < {cli, explore};
+(b) the layers: spec < base < reference < {gpu, proofs, search, monitor} < {cli, explore};
     a folder imports only folders of lower layers (so reference imports none of
     gpu, proofs and search, and folders of one layer do not import each other,
     but for cli starting the explorer page); the package's own
@@ -41,7 +41,7 @@ LAYERS: dict[str, int] = {
     "spec": 1,
     "base": 2,
     "reference": 3,
-    "gpu": 4, "proofs": 4, "search": 4,
+    "gpu": 4, "proofs": 4, "search": 4, "monitor": 4,
     "cli": 5, "explore": 5,
     MAIN: 6,
 }

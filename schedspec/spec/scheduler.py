@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 from .config import PRIORITY, ConfigError, SchedulerConfig
 from .kv_cache import allocate_slots
-from .request import EOS_TOKEN_ID, PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
+from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
 from .state import SchedulerOutput, SchedulerState, Working
 
 
@@ -352,8 +352,8 @@ def append_output_tokens(r: Request, tokens: Sequence[int], c: SchedulerConfig) 
 
 def check_stop(request: Request, last_token_id: int, max_model_len: int) -> RequestStatus | None:
     """The finished status after appending `last_token_id`, or None (U:98-140).
-    0.33.0's order: EOS, then stop tokens (none here), then length."""
-    if last_token_id == EOS_TOKEN_ID:
+    0.33.0's order: EOS, then stop tokens, then length."""
+    if last_token_id == request.eos_token_id or last_token_id in request.stop_token_ids:
         return RequestStatus.FINISHED_STOPPED
     if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
         return RequestStatus.FINISHED_LENGTH_CAPPED
