@@ -41,11 +41,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from schedspec.spec.block_pool import BlockPool
 from schedspec.spec.config import SchedulerConfig
-from schedspec.spec.kv_cache import BlockCounts
-from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
+from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import SchedulerOutput, SchedulerState
+
+from .vllm_lift import LiftError, lift_output, lift_state
 
 MODEL_CONFIG = Path(__file__).parent / "vllm_model" / "config.json"
 VLLM_VERSION = "0.33.0"
@@ -56,11 +56,6 @@ SCHEDULER_CONFIG_FIELDS = (
     "max_model_len", "max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs", "max_num_active_seqs",
     "enable_chunked_prefill", "long_prefill_token_threshold", "policy", "watermark",
     "scheduler_reserve_full_isl", "async_scheduling")
-# The fields vLLM's Request and the spec's share, name and meaning.
-SHARED_REQUEST_FIELDS = (
-    "num_prompt_tokens", "max_tokens", "priority", "arrival_time", "num_computed_tokens", "num_output_tokens",
-    "num_preemptions", "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
-    "is_prefill_chunk")
 
 _vllm: dict[str, Any] | None = None  # the lazily imported vLLM names
 _model_dirs: dict[int, str] = {}  # max_position_embeddings -> model folder
@@ -318,11 +313,12 @@ class VllmScheduler:
 
     def add_request(self, request: Request) -> None:
         v = self._v
-        params = v["SamplingParams"](max_tokens=request.max_tokens)
+        params = v["SamplingParams"](max_tokens=request.max_tokens, stop_token_ids=list(request.stop_token_ids))
         # 0.33.0's Request takes no eos_token_id; the engine front end puts EOS
         # into SamplingParams (sampling_params.py:775, `_eos_token_id`), which
-        # check_stop reads (sched/utils.py:121).
-        params.update_from_generation_config({}, eos_token_id=EOS_TOKEN_ID)
+        # check_stop reads (sched/utils.py:101).
+        if request.eos_token_id is not None:
+            params.update_from_generation_config({}, eos_token_id=request.eos_token_id)
         kwargs = {}
         if self._block_hasher is not None:
             # The prompt decides which blocks are shared: the spec's own tokens.
@@ -365,43 +361,11 @@ class VllmScheduler:
         # schedule() hands the finished ids to this batch and starts a new set
         # (S:1876); keep only those finished since.
         self._finish_order = [rid for rid in self._finish_order if rid in sched.finished_req_ids]
-        grants = tuple(out.num_scheduled_tokens.items())  # insertion order = grant order
-        new = [d.req_id for d in out.scheduled_new_reqs]
-        cached = out.scheduled_cached_reqs
-        resumed = [rid for rid in cached.req_ids if rid in cached.resumed_req_ids]
-        running = [rid for rid in cached.req_ids if rid not in cached.resumed_req_ids]
-        # The tokens each admitted request found in the prefix cache: its
-        # num_computed_tokens as admission set it, which the output records
-        # before _update_after_schedule advances it (S:1641-1677, 1937-1966).
-        hits_at = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
-        hits_at.update((rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens)
-                       if rid in cached.resumed_req_ids)
-        if pre_status is not None:
-            resumed = [rid for rid in new if pre_status.get(rid) == "PREEMPTED"] + resumed
-            new = [rid for rid in new if pre_status.get(rid) != "PREEMPTED"]
-        preempted = tuple(self._preempted)
-        # Consistency of what we read back from vLLM's objects.
-        if set(preempted) != set(out.preempted_req_ids) or len(set(preempted)) != len(preempted):
-            raise RuntimeError(f"vLLM adapter: preemption record {preempted} does not match "
-                               f"vLLM's preempted_req_ids {sorted(out.preempted_req_ids)}")
-        granted = [rid for rid, _ in grants]
-        admitted = set(new) | set(resumed)
-        admission_order = [rid for rid in granted if rid in admitted]
-        if granted != running + admission_order or \
-                sorted(granted) != sorted(running + new + resumed):
-            raise RuntimeError(f"vLLM adapter: grant order {granted} is not the running loop's "
-                               f"{running} followed by admissions {new + resumed}")
-        prefix_hits = ()
-        if self._block_hasher is not None:
-            prefix_hits = tuple((rid, hits_at[rid]) for rid in admission_order)
-        output = SchedulerOutput(
-            num_scheduled_tokens=grants,
-            scheduled_new_reqs=tuple(new),
-            scheduled_resumed_reqs=tuple(resumed),
-            scheduled_running_reqs=tuple(running),
-            preempted_req_ids=preempted,
-            prefix_hits=prefix_hits,
-        )
+        try:
+            output = lift_output(out, self._preempted, prefix_caching=self._block_hasher is not None,
+                                 status_before=pre_status)
+        except LiftError as e:
+            raise RuntimeError(f"vLLM adapter: {e}") from None
         self._in_flight[id(output)] = (output, out)
         return output
 
@@ -439,81 +403,7 @@ class VllmScheduler:
     # -- state --------------------------------------------------------------
 
     def observe(self) -> SchedulerState:
-        sched = self.sched
-        caching = self._block_hasher is not None
-        requests = {}
-        for rid, r in sched.requests.items():
-            if r.is_finished():
-                continue
-            extra = {}
-            if caching:
-                extra = dict(prompt_token_ids=tuple(r.prompt_token_ids),
-                             block_hashes=tuple(r.block_hashes),
-                             partial_block_token_ids=tuple(
-                                 r.all_token_ids[len(r.block_hashes) * self.config.block_size:]))
-            requests[rid] = Request(request_id=rid, status=RequestStatus[r.status.name], **extra,
-                                    **{f: getattr(r, f) for f in SHARED_REQUEST_FIELDS})
-        # Pop order: block holders are drained first (S:1064-1066); iterating
-        # a priority queue yields heap order (request_queue.py:193).
-        waiting = tuple(r.request_id for r in sched.kv_holding_waiting) + \
-            tuple(r.request_id for r in sched.waiting)
-        kv = sched.kv_cache_manager
-        blocks = {}
-        for manager in kv.coordinator.single_type_managers:
-            for rid, blks in manager.req_to_blocks.items():
-                if blks:
-                    blocks[rid] = max(blocks.get(rid, 0), len(blks))
-        vset = sched.finished_req_ids
-        finished_ids = [rid for rid in dict.fromkeys(self._finish_order) if rid in vset]
-        finished_ids += sorted(set(vset) - set(finished_ids))
-        return SchedulerState(
-            config=self.config,
-            requests=requests,
-            running=tuple(r.request_id for r in sched.running),
-            waiting=waiting,
-            kv_cache=(self._block_pool() if caching
-                      else BlockCounts(kv.block_pool.get_num_free_blocks(), blocks)),
-            finished_req_ids=tuple(finished_ids),
-        )
-
-    def _block_pool(self) -> BlockPool:
-        """vLLM's pool in the spec's terms (spec/block_pool.py): the whole free
-        queue in pop order as `free_front` (kv_cache_utils.py:486), block ids and
-        hashes as vLLM has them, hash keys without their group id."""
-        kv = self.sched.kv_cache_manager
-        pool = kv.block_pool
-        (manager,) = kv.coordinator.single_type_managers  # one full-attention group
-        get_hash = self._v["get_block_hash"]
-        if pool.cached_block_hashes_by_block:
-            # Only partial-block caching (hash block < block size) adds these.
-            raise RuntimeError("vLLM adapter: a block carries a second prefix-cache hash")
-        # Held blocks are those in some block table; hashed ones those in the
-        # hash map (a block's hash and its map entry are set and reset together,
-        # block_pool.py:630-686), so neither needs a pass over the whole pool.
-        req_to_blocks = {rid: tuple(blks) for rid, blks in manager.req_to_blocks.items() if blks}
-        ref_cnt = {b.block_id: b.ref_cnt for blks in req_to_blocks.values() for b in blks if not b.is_null}
-        block_hash, cached = {}, {}
-        for key, entry in pool.cached_block_hash_to_block._cache.items():
-            blks = (entry,) if hasattr(entry, "block_id") else tuple(entry.values())
-            h = get_hash(key)
-            cached[h] = tuple(b.block_id for b in blks)
-            block_hash.update((b.block_id, h) for b in blks)
-        free = []
-        b = pool.free_block_queue.fake_free_list_head.next_free_block
-        while b.next_free_block is not None:  # the fake tail has none (kv_cache_utils.py:486-505)
-            free.append(b.block_id)
-            b = b.next_free_block
-        return BlockPool(
-            num_gpu_blocks=pool.num_gpu_blocks,
-            free_front=tuple(free),
-            next_fresh=pool.num_gpu_blocks,
-            free_back=(),
-            ref_cnt=ref_cnt,
-            block_hash=block_hash,
-            cached=cached,
-            req_to_blocks={rid: tuple(b.block_id for b in blks) for rid, blks in req_to_blocks.items()},
-            num_cached_block=dict(manager.num_cached_block),
-        )
+        return lift_state(self.sched, self.config, self._finish_order)
 
     def close(self) -> None:
         if self.sched is not None:

@@ -1,0 +1,164 @@
+"""Comparing what vLLM did in one call with what the spec says it should have done.
+
+Both sides are spec values: vLLM's by `lift`, the spec's by running the call on
+the lifted pre-state.  Equality is exact, with two representation choices
+normalised away, each an implementation freedom and not a behaviour:
+
+- the KV free queue is compared as one sequence in pop order (the spec keeps
+  it in three parts, spec/block_pool.py); entries for requests holding no
+  block are dropped;
+- block hashes created during the call are compared up to renaming: the spec
+  hashes with BLAKE2b, vLLM with sha256 (spec/kv_cache_utils.py).  A hash made
+  in the call must correspond one to one, position by position, to vLLM's,
+  which is what equal token content gives; hashes that existed before the call
+  must be equal.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from schedspec.spec.block_pool import BlockPool
+from schedspec.spec.request import Request
+from schedspec.spec.state import SchedulerOutput, SchedulerState
+
+REQUEST_FIELDS = tuple(f.name for f in fields(Request))
+OUTPUT_FIELDS = tuple(f.name for f in fields(SchedulerOutput))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first place the spec and vLLM disagree, with both values as JSON."""
+
+    field: str  # e.g. "output.preempted_req_ids", "post_state.requests.r3.num_computed_tokens"
+    spec: Any
+    vllm: Any
+
+    def describe(self) -> str:
+        return f"{self.field}: spec {self.spec!r}, vLLM {self.vllm!r}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "spec": self.spec, "vllm": self.vllm}
+
+
+def jsonable(value: Any) -> Any:
+    """A value as JSON: bytes as hex, enums by name, tuples as lists."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, (tuple, list)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(jsonable(k)): jsonable(v) for k, v in value.items()}
+    return value
+
+
+def compare_outputs(spec: SchedulerOutput, vllm: SchedulerOutput) -> Difference | None:
+    if spec == vllm:
+        return None
+    for name in OUTPUT_FIELDS:
+        a, b = getattr(spec, name), getattr(vllm, name)
+        if a != b:
+            return Difference(f"output.{name}", jsonable(a), jsonable(b))
+    return None
+
+
+def compare_finished(spec: Any, vllm: Any, what: str) -> Difference | None:
+    a, b = sorted(jsonable(spec)), sorted(jsonable(vllm))
+    return None if a == b else Difference(what, a, b)
+
+
+def hash_renaming(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerState) -> dict[bytes, bytes] | Difference:
+    """Spec hash -> vLLM hash for the hashes the call created, position by position."""
+    rename: dict[bytes, bytes] = {}
+    for rid, r in spec.requests.items():
+        v = vllm.requests.get(rid)
+        if v is None or r.block_hashes == v.block_hashes:
+            continue
+        before = pre.requests[rid].block_hashes if rid in pre.requests else ()
+        if r.block_hashes[:len(before)] != before or v.block_hashes[:len(before)] != before \
+                or len(r.block_hashes) != len(v.block_hashes):
+            continue  # a real difference: the field comparison reports it
+        for a, b in zip(r.block_hashes[len(before):], v.block_hashes[len(before):]):
+            if rename.setdefault(a, b) != b:
+                return Difference(f"post_state.requests.{rid}.block_hashes", "one new block hash",
+                                  "two different hashes for it")
+    return rename
+
+
+def renamed(state: SchedulerState, rename: Mapping[bytes, bytes]) -> SchedulerState:
+    """`state` with the spec's new hashes replaced by vLLM's."""
+    if not rename:
+        return state
+    sub = lambda hs: tuple(rename.get(h, h) for h in hs)  # noqa: E731
+    requests = {rid: r.evolve(block_hashes=sub(r.block_hashes)) if any(h in rename for h in r.block_hashes) else r
+                for rid, r in state.requests.items()}
+    kv = state.kv_cache
+    if isinstance(kv, BlockPool):
+        cached: dict[bytes, tuple[int, ...]] = {}
+        for h, blocks in kv.cached.items():
+            cached[rename.get(h, h)] = cached.get(rename.get(h, h), ()) + tuple(blocks)
+        kv = BlockPool(kv.num_gpu_blocks, kv.free_front, kv.next_fresh, kv.free_back, kv.ref_cnt,
+                       {b: rename.get(h, h) for b, h in kv.block_hash.items()}, cached, kv.req_to_blocks,
+                       kv.num_cached_block)
+    return SchedulerState(state.config, requests, state.running, state.waiting, kv, state.finished_req_ids)
+
+
+def kv_view(state: SchedulerState) -> dict[str, Any]:
+    """The KV pool as comparable parts (see the module's docstring)."""
+    kv = state.kv_cache
+    if isinstance(kv, BlockPool):
+        held = {rid: b for rid, b in kv.req_to_blocks.items() if b}
+        return {"free_queue": kv.free_queue(), "req_to_blocks": held, "ref_cnt": dict(kv.ref_cnt),
+                "block_hash": dict(kv.block_hash), "cached": dict(kv.cached),
+                "num_cached_block": {rid: n for rid, n in kv.num_cached_block.items() if n and rid in held}}
+    return {"num_free_blocks": kv.num_free_blocks,
+            "req_to_num_blocks": {rid: n for rid, n in kv.req_to_num_blocks.items() if n}}
+
+
+def first_difference(field: str, a: Any, b: Any) -> Difference:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        for k in list(a) + [k for k in b if k not in a]:
+            if k not in a or k not in b or a[k] != b[k]:
+                where = f"{field}.{jsonable(k)}"
+                if k not in a:
+                    return Difference(where, "<absent>", jsonable(b[k]))
+                if k not in b:
+                    return Difference(where, jsonable(a[k]), "<absent>")
+                return first_difference(where, a[k], b[k])
+    return Difference(field, jsonable(a), jsonable(b))
+
+
+def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerState) -> Difference | None:
+    """The first difference between the spec's post-state and vLLM's lifted one."""
+    rename = hash_renaming(pre, spec, vllm) if spec.block_pool is not None else {}
+    if isinstance(rename, Difference):
+        return rename
+    spec = renamed(spec, rename)
+    for name in ("running", "waiting"):
+        if getattr(spec, name) != getattr(vllm, name):
+            return Difference(f"post_state.{name}", list(getattr(spec, name)), list(getattr(vllm, name)))
+    if set(spec.finished_req_ids) != set(vllm.finished_req_ids):
+        return Difference("post_state.finished_req_ids", sorted(spec.finished_req_ids), sorted(vllm.finished_req_ids))
+    if spec.requests != vllm.requests:
+        for rid in list(spec.requests) + [k for k in vllm.requests if k not in spec.requests]:
+            a, b = spec.requests.get(rid), vllm.requests.get(rid)
+            if a is None or b is None:
+                return Difference(f"post_state.requests.{rid}", "<absent>" if a is None else "<present>",
+                                  "<absent>" if b is None else "<present>")
+            if a != b:
+                name = next(n for n in REQUEST_FIELDS if getattr(a, n) != getattr(b, n))
+                return Difference(f"post_state.requests.{rid}.{name}", jsonable(getattr(a, name)),
+                                  jsonable(getattr(b, name)))
+    if spec.kv_cache != vllm.kv_cache:
+        a, b = kv_view(spec), kv_view(vllm)
+        if a != b:
+            return first_difference("post_state.kv_cache", a, b)
+    return None
+
+
+__all__ = ["Difference", "compare_finished", "compare_outputs", "compare_states", "first_difference",
+           "hash_renaming", "jsonable", "kv_view", "renamed"]

@@ -1,0 +1,338 @@
+"""The runtime monitor: each scheduler call vLLM makes, checked against the spec.
+
+Transition checking, not mirroring.  For each call the monitor lifts vLLM's
+state before it (reference/vllm_lift.py), lets vLLM make the call, runs the
+spec's call on the lifted pre-state, and compares the two answers and the two
+post-states (check.py).  Nothing is carried from one call to the next, so a
+test that changes the scheduler's internals by hand between calls cannot put
+the monitor out of step: the next call is judged from what vLLM then holds.
+
+Every call ends in exactly one of: *checked* (and maybe a divergence),
+*outside scope* (a feature the spec does not model, named, scope.py), *vLLM
+raised* (vLLM's exception goes on to its caller, nothing to compare), or a
+*monitor error* (the lift, the spec or the comparison failed), kept apart from
+divergences.  A monitor error never reaches vLLM's caller unless the policy is
+`raise`: a monitored engine never stops serving because of schedspec.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+from schedspec.reference.vllm_lift import lift_output, lift_request, lift_state, lift_status, \
+    sampled_tokens
+from schedspec.spec import scheduler as spec
+from schedspec.spec.state import SchedulerOutput
+
+from . import scope
+from .check import Difference, compare_finished, compare_outputs, compare_states
+
+POLICIES = ("raise", "log", "count")
+CALLS = ("schedule", "update_from_output", "add_request", "finish_requests")
+log = logging.getLogger("schedspec.monitor")
+
+
+class SpecDivergence(AssertionError):
+    """vLLM's scheduler did something the spec does not allow (policy `raise`)."""
+
+
+class MonitorError(RuntimeError):
+    """The monitor itself failed on a call (re-raised only under policy `raise`)."""
+
+
+class CallStats:
+    """What the monitor saw under one label (a test, or a whole run)."""
+
+    def __init__(self) -> None:
+        self.calls = {c: Counter() for c in CALLS}
+        self.outside_scope: Counter = Counter()
+        self.divergences: list[dict[str, Any]] = []
+        self.monitor_errors: list[dict[str, Any]] = []
+        self.call_number = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"calls": {c: {k: n.get(k, 0) for k in ("total", "checked", "outside_scope", "vllm_raised",
+                                                          "monitor_error")} for c, n in self.calls.items()},
+                "outside_scope": dict(sorted(self.outside_scope.items())),
+                "divergences": list(self.divergences), "monitor_errors": list(self.monitor_errors)}
+
+
+class Monitor:
+    """Counts, and on a divergence applies the policy: `raise` a SpecDivergence,
+    `log` a warning and count it, or `count` it only.  With `vectors_dir`, each
+    divergence is also written there as a state vector (docs/formats.md)."""
+
+    def __init__(self, policy: str = "count", vectors_dir: str | Path | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.vectors_dir = Path(vectors_dir) if vectors_dir is not None else None
+        self.label = ""
+        self.stats = CallStats()
+        self.totals = CallStats()
+        self.local = threading.local()  # calls in progress, so nested ones are not checked twice
+
+    # -- labels ---------------------------------------------------------------
+
+    def begin(self, label: str) -> None:
+        """Attribute the calls from now on to `label` (e.g. a test's node id)."""
+        self.label, self.stats = label, CallStats()
+
+    def end(self) -> dict[str, Any]:
+        """The current label's figures, as JSON; counting goes on under no label."""
+        out = self.stats.to_json()
+        self.label, self.stats = "", CallStats()
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Everything since the monitor was made."""
+        return self.totals.to_json()
+
+    # -- the check of one call -------------------------------------------------
+
+    def run(self, call: str, sched: Any, original: Callable[[], Any],
+            prepare: Callable[[], Any], judge: Callable[[Any, Any], Difference | None],
+            features: Callable[[], tuple[str, ...]]) -> Any:
+        """Run vLLM's `original()` between `prepare()` (before it: what the spec
+        needs, e.g. the lifted pre-state) and `judge(prepared, result)` (after it)."""
+        depth = getattr(self.local, "depth", 0)
+        if depth:  # a call vLLM makes from inside another one: judged as part of it
+            return original()
+        self.local.depth = 1
+        try:
+            return self.check(call, sched, original, prepare, judge, features)
+        finally:
+            self.local.depth = 0
+
+    def check(self, call, sched, original, prepare, judge, features):
+        number = self.stats.call_number = self.stats.call_number + 1
+        self.count(call, "total")
+        prepared, outside = None, ()
+        try:
+            outside = features()
+            if not outside:
+                prepared = prepare()
+        except Exception as e:  # noqa: BLE001 - the monitor never stops vLLM
+            self.monitor_error(call, number, e)
+            return original()
+        try:
+            result = original()
+        except BaseException:
+            self.count(call, "vllm_raised")
+            raise
+        if outside:
+            self.count(call, "outside_scope")
+            for f in outside:
+                self.stats.outside_scope[f] += 1
+                self.totals.outside_scope[f] += 1
+            return result
+        try:
+            difference = judge(prepared, result)
+        except Exception as e:  # noqa: BLE001
+            self.monitor_error(call, number, e)
+            return result
+        self.count(call, "checked")
+        if difference is not None:
+            self.divergence(call, number, difference, prepared)
+        return result
+
+    def count(self, call: str, what: str) -> None:
+        self.stats.calls[call][what] += 1
+        self.totals.calls[call][what] += 1
+
+    def monitor_error(self, call: str, number: int, e: BaseException) -> None:
+        self.count(call, "monitor_error")
+        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        text = f"{type(e).__name__}: {e}" + (f" ({Path(where.filename).name}:{where.lineno})" if where else "")
+        record = {"test": self.label, "call": call, "call_number": number, "error": text}
+        self.stats.monitor_errors.append(record)
+        self.totals.monitor_errors.append(record)
+        log.warning("schedspec monitor error on %s #%d: %s", call, number, text)
+        if self.policy == "raise":
+            raise MonitorError(f"{call} #{number}: {text}") from e
+
+    def divergence(self, call: str, number: int, difference: Difference, prepared: Any) -> None:
+        record = {"test": self.label, "call": call, "call_number": number, **difference.to_json(), "vector": None}
+        if self.vectors_dir is not None:
+            try:
+                record["vector"] = str(self.write_vector(call, number, difference, prepared))
+            except Exception as e:  # noqa: BLE001 - the divergence is still reported
+                record["vector_error"] = f"{type(e).__name__}: {e}"
+        self.stats.divergences.append(record)
+        self.totals.divergences.append(record)
+        message = f"schedspec: vLLM's {call} #{number} diverges from the spec at {difference.describe()}"
+        if self.policy == "raise":
+            raise SpecDivergence(message)
+        if self.policy == "log":
+            log.warning("%s", message)
+
+    def write_vector(self, call: str, number: int, difference: Difference, prepared: Any) -> Path:
+        from schedspec.reference.vectors import make_vector, write_vector
+
+        vector = make_vector(prepared.pre, prepared.call_json(),
+                             source={"monitor": {"test": self.label, "call": call, "call_number": number}})
+        vector["observed"] = prepared.observed_json()
+        vector["difference"] = difference.to_json()
+        name = f"{self.label or 'run'}-{number:05d}-{call}"
+        return write_vector(self.vectors_dir, name, vector)
+
+
+# -- the four calls, as prepare / judge pairs ------------------------------------
+
+
+class Prepared:
+    """One call's pre-state and what the judge found, for a state vector."""
+
+    def __init__(self, pre, call: str, **args):
+        self.pre, self.call, self.args = pre, call, args
+        self.observed_result: Any = None
+        self.observed_post = None
+
+    def call_json(self) -> dict[str, Any]:
+        from schedspec.reference.state_json import output_to_json, request_to_json
+
+        a = self.args
+        if self.call == "schedule":
+            return {"name": "schedule"}
+        if self.call == "update_from_output":
+            return {"name": "update_from_output", "output": output_to_json(a["output"]),
+                    "sampled_token_ids": {rid: list(t) for rid, t in a["sampled"].items()}}
+        if self.call == "add_request":
+            return {"name": "add_request", "request": request_to_json(a["request"])}
+        return {"name": "finish_requests", "request_ids": list(a["request_ids"]), "status": a["status"].name}
+
+    def observed_json(self) -> dict[str, Any]:
+        from schedspec.reference.state_json import output_to_json, state_to_json
+
+        result = self.observed_result
+        if isinstance(result, SchedulerOutput):
+            result = {"output": output_to_json(result)}
+        return {"result": result, "post_state": state_to_json(self.observed_post)}
+
+
+def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], throttle_prefills: bool,
+                   preempted: list[str]) -> Any:
+    """`schedule()`: the spec's decision on the lifted pre-state against vLLM's."""
+
+    def prepare():
+        pre = lift_state(sched)
+        status_before = {rid: r.status.name for rid, r in sched.requests.items()} \
+            if sched.use_v2_model_runner else None
+        preempted.clear()
+        return Prepared(pre, "schedule", status_before=status_before)
+
+    def judge(p: Prepared, out):
+        vllm_out = lift_output(out, preempted, prefix_caching=p.pre.config.enable_prefix_caching,
+                               status_before=p.args["status_before"])
+        p.observed_result, p.observed_post = vllm_out, lift_state(sched, p.pre.config)
+        spec_out, spec_post = spec.schedule(p.pre)
+        return compare_outputs(spec_out, vllm_out) or compare_states(p.pre, spec_post, p.observed_post)
+
+    return monitor.run("schedule", sched, original, prepare, judge,
+                       lambda: scope.features(sched, throttle_prefills=throttle_prefills))
+
+
+def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], scheduler_output: Any,
+                 model_runner_output: Any) -> Any:
+    """`update_from_output()`: the sampled tokens applied by the spec and by vLLM."""
+    ids = list(scheduler_output.num_scheduled_tokens)
+
+    def features():
+        extra = []
+        if getattr(scheduler_output, "scheduled_spec_decode_tokens", None):
+            extra.append(scope.SPECULATIVE_DECODING)
+        if getattr(model_runner_output, "pooler_output", None):
+            extra.append(scope.POOLING)
+        if getattr(model_runner_output, "kv_connector_output", None) is not None:
+            extra.append(scope.KV_CONNECTOR)
+        if getattr(model_runner_output, "ec_connector_output", None) is not None:
+            extra.append(scope.EC_CONNECTOR)
+        if getattr(sched, "grammar_compile_error_reqs", None):
+            extra.append(scope.STRUCTURED_OUTPUT)
+        held = [sched.requests[rid] for rid in ids if rid in sched.requests]
+        return tuple(dict.fromkeys(list(scope.features(sched, held)) + extra))
+
+    def prepare():
+        pre = lift_state(sched)
+        output = SchedulerOutput(num_scheduled_tokens=tuple(scheduler_output.num_scheduled_tokens.items()))
+        held = {rid: sched.requests[rid] for rid in ids if rid in pre.requests}
+        return Prepared(pre, "update_from_output", output=output, held=held,
+                        sampled=sampled_tokens(model_runner_output, ids))
+
+    def judge(p: Prepared, _result):
+        finished = [(rid, lift_status(r.status)) for rid, r in p.args["held"].items() if r.is_finished()]
+        p.observed_result, p.observed_post = {"finished": finished}, lift_state(sched, p.pre.config)
+        spec_finished, spec_post = spec.update_from_output(p.pre, p.args["output"], p.args["sampled"])
+        return compare_finished(spec_finished, finished, "result.finished") or \
+            compare_states(p.pre, spec_post, p.observed_post)
+
+    return monitor.run("update_from_output", sched, original, prepare, judge, features)
+
+
+def add_request_check(monitor: Monitor, sched: Any, original: Callable[[], Any], request: Any) -> Any:
+    """`add_request()`: the request joins the waiting queue as the spec says."""
+
+    def features():
+        caching = bool(sched.kv_cache_manager.enable_caching)
+        extra = [scope.STREAMING_INPUT] if request.request_id in sched.requests else []
+        return tuple(dict.fromkeys(scope.scheduler_features(sched) + extra +
+                                   list(scope.request_features(request, caching))))
+
+    def prepare():
+        pre = lift_state(sched)
+        return Prepared(pre, "add_request", request=lift_request(request, pre.config))
+
+    def judge(p: Prepared, _result):
+        p.observed_result, p.observed_post = {}, lift_state(sched, p.pre.config)
+        return compare_states(p.pre, spec.add_request(p.pre, p.args["request"]), p.observed_post)
+
+    return monitor.run("add_request", sched, original, prepare, judge, features)
+
+
+def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], request_ids: Any,
+                 finished_status: Any) -> Any:
+    """`finish_requests()`: vLLM walks the ids as a set (S:2979-2984), so the spec
+    is given them in that set's order, which decides the free order."""
+
+    def order():
+        if isinstance(request_ids, str):
+            return [request_ids]
+        if request_ids is None:
+            return list(sched.requests)
+        return list(set(request_ids))
+
+    def features():
+        ids = order()
+        return scope.features(sched, [sched.requests[rid] for rid in ids if rid in sched.requests])
+
+    def prepare():
+        return Prepared(lift_state(sched), "finish_requests", request_ids=order(),
+                        status=lift_status(finished_status))
+
+    def judge(p: Prepared, result):
+        done = [r.request_id for r in (result or ())]
+        p.observed_result, p.observed_post = {"finished": done}, lift_state(sched, p.pre.config)
+        spec_done, spec_post = spec.finish_requests(p.pre, p.args["request_ids"], p.args["status"])
+        return compare_finished(spec_done, done, "result.finished") or \
+            compare_states(p.pre, spec_post, p.observed_post)
+
+    return monitor.run("finish_requests", sched, original, prepare, judge, features)
+
+
+def totals_by_call(stats: dict[str, Any]) -> dict[str, int]:
+    """Calls checked and all calls, over the four calls of a stats dict."""
+    out: dict[str, int] = defaultdict(int)
+    for counts in stats["calls"].values():
+        for k, n in counts.items():
+            out[k] += n
+    return dict(out)
+
+
+__all__ = ["CALLS", "CallStats", "Monitor", "MonitorError", "POLICIES", "Prepared", "SpecDivergence",
+           "add_request_check", "finish_check", "schedule_check", "totals_by_call",
+           "update_check"]

@@ -1,0 +1,152 @@
+"""Which scheduler calls the spec can judge: the features a call uses that the
+spec does not model, by name.
+
+A call that uses one is *outside scope*: counted with the feature's name and not
+compared.  Everything else is compared, so a feature missing from this list
+would show as a divergence, never as a silent skip.  Each feature has a test
+that builds it and sees the call classified (tests/test_monitor_scope.py).
+
+Scheduler-wide features come from the config the scheduler was built with
+(S:87-500); request features from each request the call can touch.  Features
+fixed at a request's creation are read once per request.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+# Feature names, as reports and the peer-tests table print them.
+SPECULATIVE_DECODING = "speculative decoding"
+KV_CONNECTOR = "KV connector"
+EC_CONNECTOR = "encoder-cache connector"
+ENCODER_INPUTS = "encoder inputs"
+ENCODER_DECODER = "encoder-decoder model"
+KV_CACHE_GROUPS = "non-full-attention KV groups"
+HASH_BLOCK_SIZE = "hash block size != block size"
+PIPELINE_PARALLEL = "pipeline parallelism"
+CONTEXT_PARALLEL = "context parallelism"
+POOLING = "pooling"
+PAUSE = "pause state"
+PREFILL_THROTTLING = "prefill throttling"
+ADAPTIVE_THRESHOLD = "adaptive long-prefill threshold"
+AUX_OUTPUT_CONNECTOR = "aux output connector"
+LORA = "LoRA"
+STRUCTURED_OUTPUT = "structured output"
+STREAMING_INPUT = "streaming input"
+PROMPT_LOGPROBS = "prompt logprobs (no prefix-cache reads)"
+CACHE_SALT = "cache salt"
+PROMPT_EMBEDS = "prompt embeddings"
+REPETITION_DETECTION = "repetition detection"
+DROP_STALE_OUTPUT = "dropped stale output"
+DELAYED_FREE = "finished request still held"
+UNKNOWN_REQUEST = "request the scheduler does not hold"
+PREFIX_REPLAY = "prefix replay window"
+
+# Statuses the spec has no rule for (RQ:370-386).
+BLOCKED_STATUSES = {
+    "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": STRUCTURED_OUTPUT,
+    "WAITING_FOR_REMOTE_KVS": KV_CONNECTOR,
+    "WAITING_FOR_STREAMING_REQ": STREAMING_INPUT,
+}
+
+_STATIC = "schedspec_scope"  # the attribute a request's creation-time features are kept in
+
+
+def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]:
+    """Features of the scheduler as built, and of this call's arguments."""
+    out = []
+    vc = sched.vllm_config
+    if vc.speculative_config is not None or sched.num_spec_tokens or sched.num_lookahead_tokens \
+            or getattr(sched, "num_prefill_lookahead", 0):
+        out.append(SPECULATIVE_DECODING)
+    if sched.connector is not None or getattr(sched, "defer_block_free", False):
+        out.append(KV_CONNECTOR)
+    if sched.ec_connector is not None:
+        out.append(EC_CONNECTOR)
+    if getattr(sched, "aux_output_connector", None) is not None:
+        out.append(AUX_OUTPUT_CONNECTOR)
+    if sched.is_encoder_decoder:
+        out.append(ENCODER_DECODER)
+    groups = sched.kv_cache_config.kv_cache_groups
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
+        out.append(KV_CACHE_GROUPS)
+    if getattr(sched, "prefix_replay_tokens", 0):
+        out.append(PREFIX_REPLAY)
+    if sched.hash_block_size != sched.block_size:
+        out.append(HASH_BLOCK_SIZE)
+    if sched.use_pp:
+        out.append(PIPELINE_PARALLEL)
+    if sched.dcp_world_size > 1 or sched.pcp_world_size > 1:
+        out.append(CONTEXT_PARALLEL)
+    if sched.num_sampled_tokens_per_step == 0 or vc.model_config.runner_type == "pooling":
+        out.append(POOLING)
+    if int(sched.pause_state) != 0:  # PauseState.UNPAUSED (sched/interface.py:24)
+        out.append(PAUSE)
+    if throttle_prefills or getattr(sched, "local_prefill_interval", 1) > 1:
+        out.append(PREFILL_THROTTLING)
+    if sched.adaptive_long_prefill_threshold and sched.scheduler_config.long_prefill_token_threshold:
+        out.append(ADAPTIVE_THRESHOLD)
+    if getattr(sched, "num_waiting_for_streaming_input", 0):
+        out.append(STREAMING_INPUT)
+    return out
+
+
+def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
+    """Features fixed when the request is made (RQ:61-241)."""
+    out = []
+    if r.mm_features:
+        out.append(ENCODER_INPUTS)
+    if r.lora_request is not None:
+        out.append(LORA)
+    if r.structured_output_request is not None:
+        out.append(STRUCTURED_OUTPUT)
+    if r.pooling_params is not None:
+        out.append(POOLING)
+    if r.resumable:
+        out.append(STREAMING_INPUT)
+    if r.kv_transfer_params:
+        out.append(KV_CONNECTOR)
+    params = r.sampling_params
+    if params is not None and params.repetition_detection is not None:
+        out.append(REPETITION_DETECTION)
+    if prefix_caching:
+        if r.skip_reading_prefix_cache:
+            out.append(PROMPT_LOGPROBS)
+        if r.cache_salt:
+            out.append(CACHE_SALT)
+        if r.prompt_embeds is not None:
+            out.append(PROMPT_EMBEDS)
+    return tuple(out)
+
+
+def request_features(r: Any, prefix_caching: bool) -> Iterable[str]:
+    static = r.__dict__.get(_STATIC)
+    if static is None or static[0] != prefix_caching:
+        static = (prefix_caching, static_request_features(r, prefix_caching))
+        r.__dict__[_STATIC] = static
+    yield from static[1]
+    blocked = BLOCKED_STATUSES.get(r.status.name)
+    if blocked:
+        yield blocked
+    elif r.is_finished():  # finished (RQ:392) but still held: a delayed free
+        yield DELAYED_FREE
+    if r.spec_token_ids:
+        yield SPECULATIVE_DECODING
+    if r.drop_stale_output:
+        yield DROP_STALE_OUTPUT
+
+
+def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefills: bool = False) -> tuple[str, ...]:
+    """Every feature outside the spec's scope that a call on `sched` can use:
+    the scheduler's own, and those of `requests` (all it holds when None)."""
+    out = dict.fromkeys(scheduler_features(sched, throttle_prefills))
+    caching = bool(sched.kv_cache_manager.enable_caching)
+    for r in (sched.requests.values() if requests is None else requests):
+        for f in request_features(r, caching):
+            out[f] = None
+    return tuple(out)
+
+
+__all__ = ["BLOCKED_STATUSES", "features", "request_features", "scheduler_features", "static_request_features"]

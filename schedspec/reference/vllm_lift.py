@@ -1,0 +1,225 @@
+"""`lift`: vLLM 0.33.0's scheduler objects as the spec's values.
+
+A `Scheduler` (or `AsyncScheduler`) becomes a `SchedulerState`, a vLLM
+`Request` a spec `Request`, a vLLM `SchedulerOutput` a spec `SchedulerOutput`.
+The vLLM adapter reports its state with these (`observe`), and the runtime
+monitor (schedspec/monitor) checks every scheduler call from the lifted
+pre-state.  Nothing here imports vLLM at module load: the objects are read by
+their attributes, and vLLM's helpers are imported on first use.
+
+Scope: what the spec models (one full-attention KV group, no speculative
+tokens, encoder inputs, LoRA, connectors, ...).  A state outside it still
+lifts; whether a call may be compared is the monitor's scope check.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from schedspec.spec.block_pool import BlockPool
+from schedspec.spec.config import SchedulerConfig
+from schedspec.spec.kv_cache import BlockCounts
+from schedspec.spec.request import Request, RequestStatus
+from schedspec.spec.state import SchedulerOutput, SchedulerState
+
+
+class LiftError(RuntimeError):
+    """vLLM's objects say something the spec's values cannot hold."""
+
+
+# The fields vLLM's Request and the spec's share, name and meaning (RQ:84-216).
+SHARED_REQUEST_FIELDS = (
+    "num_prompt_tokens", "max_tokens", "priority", "arrival_time", "num_computed_tokens", "num_output_tokens",
+    "num_preemptions", "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
+    "is_prefill_chunk")
+
+# vLLM's SchedulerConfig fields the spec's config has under the same name.
+SCHEDULER_CONFIG_FIELDS = (
+    "max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs", "max_num_active_seqs",
+    "enable_chunked_prefill", "long_prefill_token_threshold", "policy", "watermark",
+    "scheduler_reserve_full_isl")
+
+
+def is_async(sched: Any) -> bool:
+    """An AsyncScheduler adds output placeholders (async_scheduler.py:24-56)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    return isinstance(sched, AsyncScheduler)
+
+
+def lift_config(sched: Any) -> SchedulerConfig:
+    """The config the scheduler runs with.  Not validated as a scenario file is:
+    vLLM's tests build schedulers directly, skipping the engine's start-up checks
+    (e.g. a pool smaller than one max_model_len sequence)."""
+    sc = sched.scheduler_config
+    fields = {f: getattr(sc, f) for f in SCHEDULER_CONFIG_FIELDS}
+    fields["policy"] = str(getattr(fields["policy"], "value", fields["policy"])).lower()
+    return SchedulerConfig(
+        **fields,
+        max_model_len=sched.max_model_len,
+        block_size=sched.block_size,
+        num_gpu_blocks=sched.kv_cache_manager.block_pool.num_gpu_blocks,
+        enable_prefix_caching=bool(sched.kv_cache_manager.enable_caching),
+        async_scheduling=is_async(sched),
+    )
+
+
+def lift_status(status: Any) -> RequestStatus:
+    try:
+        return RequestStatus[status.name]
+    except KeyError:
+        raise LiftError(f"request status {status.name} has no counterpart in the spec") from None
+
+
+def lift_request(r: Any, config: SchedulerConfig) -> Request:
+    """One vLLM Request.  Token ids and block hashes only under prefix caching,
+    as the spec keeps them (spec/request.py)."""
+    extra: dict[str, Any] = {}
+    if config.enable_prefix_caching:
+        hashes = tuple(r.block_hashes)
+        extra = dict(prompt_token_ids=tuple(r.prompt_token_ids or ()), block_hashes=hashes,
+                     partial_block_token_ids=tuple(r.all_token_ids[len(hashes) * config.block_size:]))
+    params = r.sampling_params
+    return Request(
+        request_id=r.request_id, status=lift_status(r.status),
+        eos_token_id=params.eos_token_id if params is not None else None,
+        stop_token_ids=tuple(params.stop_token_ids or ()) if params is not None else (),
+        **extra, **{f: getattr(r, f) for f in SHARED_REQUEST_FIELDS})
+
+
+def waiting_order(sched: Any) -> tuple[str, ...]:
+    """Pop order: block holders are drained first (S:1064-1066); iterating a
+    priority queue yields heap pop order (request_queue.py:193-197)."""
+    return tuple(r.request_id for r in sched.kv_holding_waiting) + tuple(r.request_id for r in sched.waiting)
+
+
+def lift_block_counts(sched: Any) -> BlockCounts:
+    kv = sched.kv_cache_manager
+    blocks: dict[str, int] = {}
+    for manager in kv.coordinator.single_type_managers:
+        for rid, blks in manager.req_to_blocks.items():
+            if blks:
+                blocks[rid] = max(blocks.get(rid, 0), len(blks))
+    return BlockCounts(kv.block_pool.get_num_free_blocks(), blocks)
+
+
+def lift_block_pool(sched: Any) -> BlockPool:
+    """vLLM's pool block by block (spec/block_pool.py): the whole free queue in pop
+    order as `free_front` (kv_cache_utils.py:486), vLLM's block ids and hashes,
+    hash keys without their group id."""
+    from vllm.v1.core.kv_cache_utils import get_block_hash
+
+    kv = sched.kv_cache_manager
+    pool = kv.block_pool
+    managers = kv.coordinator.single_type_managers
+    if len(managers) != 1:
+        raise LiftError(f"{len(managers)} KV cache groups; the spec models one")
+    (manager,) = managers
+    if pool.cached_block_hashes_by_block:
+        # Only partial-block caching (hash block < block size) adds these.
+        raise LiftError("a block carries a second prefix-cache hash")
+    # Held blocks are those in some block table, hashed ones those in the hash
+    # map (a block's hash and its map entry are set and reset together,
+    # block_pool.py:630-686): neither needs a pass over the whole pool.
+    req_to_blocks = {rid: tuple(blks) for rid, blks in manager.req_to_blocks.items() if blks}
+    ref_cnt = {b.block_id: b.ref_cnt for blks in req_to_blocks.values() for b in blks if not b.is_null}
+    block_hash, cached = {}, {}
+    for key, entry in pool.cached_block_hash_to_block._cache.items():  # noqa: SLF001 - vLLM's map has no public view
+        blks = (entry,) if hasattr(entry, "block_id") else tuple(entry.values())
+        h = get_block_hash(key)
+        cached[h] = tuple(b.block_id for b in blks)
+        block_hash.update((b.block_id, h) for b in blks)
+    free = []
+    b = pool.free_block_queue.fake_free_list_head.next_free_block
+    while b.next_free_block is not None:  # the fake tail has none (kv_cache_utils.py:486-505)
+        free.append(b.block_id)
+        b = b.next_free_block
+    # The spec keeps the queue as unhashed blocks, then hashed ones (spec/block_pool.py):
+    # vLLM prepends what it frees without a hash and appends what it frees with one
+    # (P:816-849), and a free block gains no hash, so that is the only order in
+    # which hashed and unhashed free blocks can sit.
+    k = len(free)
+    while k and free[k - 1] in block_hash:
+        k -= 1
+    stray = next((b for b in free[:k] if b in block_hash), None)
+    if stray is not None:
+        raise LiftError(f"free block {stray} has a prefix-cache hash but sits before unhashed free blocks")
+    return BlockPool(
+        num_gpu_blocks=pool.num_gpu_blocks, free_front=tuple(free[:k]), next_fresh=pool.num_gpu_blocks,
+        free_back=tuple(free[k:]), ref_cnt=ref_cnt, block_hash=block_hash, cached=cached,
+        req_to_blocks={rid: tuple(b.block_id for b in blks) for rid, blks in req_to_blocks.items()},
+        num_cached_block=dict(manager.num_cached_block),
+    )
+
+
+def lift_state(sched: Any, config: SchedulerConfig | None = None,
+               finish_order: Sequence[str] = ()) -> SchedulerState:
+    """The scheduler's state.  vLLM keeps the ids finished since the last
+    schedule() in a set (S:225); `finish_order` gives the order they finished in
+    where the caller recorded it, the rest follow sorted."""
+    config = config or lift_config(sched)
+    requests = {rid: lift_request(r, config) for rid, r in sched.requests.items() if not r.is_finished()}
+    vset = sched.finished_req_ids
+    finished = [rid for rid in dict.fromkeys(finish_order) if rid in vset]
+    finished += sorted(set(vset) - set(finished))
+    return SchedulerState(
+        config=config,
+        requests=requests,
+        running=tuple(r.request_id for r in sched.running),
+        waiting=waiting_order(sched),
+        kv_cache=lift_block_pool(sched) if config.enable_prefix_caching else lift_block_counts(sched),
+        finished_req_ids=tuple(finished),
+    )
+
+
+def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,
+                status_before: Mapping[str, str] | None = None) -> SchedulerOutput:
+    """vLLM's SchedulerOutput as the spec's.  `preempted` is the order of the
+    `_preempt_request` calls (vLLM keeps the ids in a set, S:1799).  With the V2
+    model runner resumed requests travel as new ones; `status_before` (status
+    names before the call) tells them apart."""
+    grants = tuple(out.num_scheduled_tokens.items())  # insertion order = grant order
+    new = [d.req_id for d in out.scheduled_new_reqs]
+    cached = out.scheduled_cached_reqs
+    resumed_ids = cached.resumed_req_ids
+    resumed = [rid for rid in cached.req_ids if rid in resumed_ids]
+    running = [rid for rid in cached.req_ids if rid not in resumed_ids]
+    # The tokens each admitted request found in the prefix cache: its
+    # num_computed_tokens as admission set it, which the output records before
+    # _update_after_schedule advances it (S:1641-1677, 1937-1966).
+    hits_at = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+    hits_at.update((rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens) if rid in resumed_ids)
+    if status_before is not None:
+        resumed = [rid for rid in new if status_before.get(rid) == "PREEMPTED"] + resumed
+        new = [rid for rid in new if status_before.get(rid) != "PREEMPTED"]
+    preempted = tuple(preempted)
+    if set(preempted) != set(out.preempted_req_ids) or len(set(preempted)) != len(preempted):
+        raise LiftError(f"preemption record {list(preempted)} does not match vLLM's "
+                        f"preempted_req_ids {sorted(out.preempted_req_ids)}")
+    granted = [rid for rid, _ in grants]
+    admitted = set(new) | set(resumed)
+    admission_order = [rid for rid in granted if rid in admitted]
+    if granted != running + admission_order or sorted(granted) != sorted(running + new + resumed):
+        raise LiftError(f"grant order {granted} is not the running loop's {running} "
+                        f"followed by admissions {new + resumed}")
+    return SchedulerOutput(
+        num_scheduled_tokens=grants, scheduled_new_reqs=tuple(new), scheduled_resumed_reqs=tuple(resumed),
+        scheduled_running_reqs=tuple(running), preempted_req_ids=preempted,
+        prefix_hits=tuple((rid, hits_at[rid]) for rid in admission_order) if prefix_caching else ())
+
+
+def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str, list[int]]:
+    """The tokens the model sampled for each of `req_ids`, from a ModelRunnerOutput
+    (v1/outputs.py): [] for a request it reports nothing for."""
+    index = model_runner_output.req_id_to_index or {}
+    sampled = model_runner_output.sampled_token_ids
+    out = {}
+    for rid in req_ids:
+        i = index.get(rid)
+        out[rid] = [int(t) for t in sampled[i]] if (i is not None and sampled) else []
+    return out
+
+
+__all__ = ["LiftError", "SHARED_REQUEST_FIELDS", "is_async", "lift_block_counts", "lift_block_pool",
+           "lift_config", "lift_output", "lift_request", "lift_state", "lift_status", "sampled_tokens",
+           "waiting_order"]
