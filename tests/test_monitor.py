@@ -1,0 +1,236 @@
+"""The runtime monitor (schedspec/monitor) on vLLM's own scheduler.
+
+- `lift` is exact: a vLLM scheduler and the spec run side by side on the
+  adapter's random campaigns, and after every call lift(vLLM's state) equals the
+  spec's state (block hashes up to the one-to-one renaming check.py explains).
+- Under the monitor, every call of those campaigns is checked (none outside
+  scope), with no divergence and no monitor error.
+- The monitor is not vacuous: spec mutants, one per call, are each reported as
+  a divergence; the policies raise, log and count; a monitor error never
+  reaches vLLM's caller unless the policy is raise.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from schedspec.monitor.check import Difference, compare_states, jsonable, renamed
+from schedspec.reference.campaign import random_scenarios
+from schedspec.reference.engine import run_scenario
+from schedspec.reference.generator import FLAGS_ALL
+from schedspec.reference.impl import SpecScheduler
+from schedspec.spec.block_pool import BlockPool
+from schedspec.spec.config import SchedulerConfig
+from schedspec.spec.request import Request
+from schedspec.spec.state import SchedulerState
+
+from mutants import Mutation, mutated
+
+NUM_SCENARIOS = 40
+SEED = 5
+
+
+@pytest.fixture()
+def shadow(vllm):
+    """The monitor installed on vLLM's classes for one test."""
+    from schedspec.monitor import shadow as module
+
+    yield module
+    module.uninstall()
+    module.set_default_monitor(None)
+
+
+def campaign(impl, n: int = NUM_SCENARIOS, seed: int = SEED):
+    for scenario, _ in random_scenarios(n, seed, FLAGS_ALL):
+        trace = run_scenario(scenario, impl)
+        assert "error" not in trace, trace["error"]
+
+
+class Both:
+    """vLLM and the spec side by side behind the implementation protocol: after
+    every call, lift(vLLM) must equal the spec's state."""
+
+    name = "both"
+
+    def __init__(self, vllm):
+        self.vllm, self.spec = vllm, SpecScheduler()
+        self.rename: dict[bytes, bytes] = {}  # spec hash -> vLLM hash, learnt as blocks are hashed
+        self.calls = 0
+
+    def reset(self, config):
+        self.vllm.reset(config)
+        self.spec.reset(config)
+        self.rename = {}
+
+    def agree(self, call: str):
+        self.calls += 1
+        a, b = self.spec.observe(), self.vllm.observe()
+        for rid, r in a.requests.items():  # every hash pairs with the one at its place
+            v = b.requests.get(rid)
+            if v is not None and len(v.block_hashes) == len(r.block_hashes):
+                for x, y in zip(r.block_hashes, v.block_hashes):
+                    assert self.rename.setdefault(x, y) == y, f"after {call}: hash renaming is not one to one"
+        # pre = the spec's own state: every hash is known, so compare_states renames nothing itself
+        d = compare_states(a, renamed(a, self.rename), b)
+        assert d is None, f"after {call}: lift(vLLM) differs from the spec at {d.describe()}"
+
+    def add_request(self, request):
+        self.vllm.add_request(request)
+        self.spec.add_request(request)
+        self.agree("add_request")
+
+    def finish_requests(self, ids, status):
+        a, b = self.spec.finish_requests(ids, status), self.vllm.finish_requests(ids, status)
+        assert list(a) == list(b)
+        self.agree("finish_requests")
+        return a
+
+    def schedule(self):
+        a, b = self.spec.schedule(), self.vllm.schedule()
+        assert a == b, (a, b)
+        self.agree("schedule")
+        self.pending = getattr(self, "pending", {})
+        self.pending[id(a)] = b
+        return a
+
+    def update_from_output(self, output, sampled):
+        b = self.pending.pop(id(output))
+        x, y = self.spec.update_from_output(output, sampled), self.vllm.update_from_output(b, sampled)
+        assert list(x) == list(y)
+        self.agree("update_from_output")
+        return x
+
+    def observe(self):
+        return self.spec.observe()
+
+    def close(self):
+        pass
+
+
+def test_lift_equals_the_spec_after_every_call(vllm):
+    both = Both(vllm)
+    campaign(both)
+    assert both.calls > 3000 and both.rename, "the campaign must make calls and hash blocks"
+
+
+def test_every_call_of_the_campaigns_is_checked(shadow, vllm):
+    monitor = shadow.install("count")
+    campaign(vllm)
+    s = monitor.summary()
+    for call, counts in s["calls"].items():
+        assert counts["total"] > 0, call
+        assert counts["checked"] == counts["total"], (call, counts)
+    assert s["outside_scope"] == {}
+    assert s["divergences"] == [] and s["monitor_errors"] == []
+
+
+# One mutant per call: each changes the spec's answer on states the campaign reaches.
+MUTANTS = {
+    "schedule": Mutation("scheduler.schedule", "if not s.preempted:\n    schedule_waiting(s)",
+                         "schedule_waiting(s)"),
+    "update_from_output": Mutation("scheduler.check_stop", "request.num_output_tokens >= request.max_tokens",
+                                   "request.num_output_tokens > request.max_tokens"),
+    "add_request": Mutation("scheduler.add_request",
+                            "enqueue(state.config.policy, waiting, requests, request.request_id, front=False)",
+                            "enqueue(state.config.policy, waiting, requests, request.request_id, front=True)"),
+    # an abort of a waiting request ignored
+    "finish_requests": Mutation("scheduler.finish_requests", "rid in state.requests", "rid in state.running"),
+}
+
+
+@pytest.mark.parametrize("call", sorted(MUTANTS))
+def test_a_spec_mutant_is_reported_on_its_call(shadow, vllm, call):
+    monitor = shadow.install("count")
+    with mutated([MUTANTS[call]]):
+        campaign(vllm, n=20)
+    s = monitor.summary()
+    found = [d for d in s["divergences"] if d["call"] == call]
+    assert found, f"the {call} mutant went unnoticed: {s['calls']}"
+    d = found[0]
+    assert d["field"] and "spec" in d and "vllm" in d and d["spec"] != d["vllm"]
+    assert s["monitor_errors"] == []
+
+
+def test_policy_raise_stops_at_the_divergence(shadow, vllm):
+    shadow.install("raise")
+    with mutated([MUTANTS["update_from_output"]]), pytest.raises(AssertionError, match="diverges from the spec"):
+        campaign(vllm, n=20)
+
+
+def test_policy_log_warns_and_counts(shadow, vllm, caplog):
+    monitor = shadow.install("log")
+    with mutated([MUTANTS["add_request"]]), caplog.at_level(logging.WARNING, logger="schedspec.monitor"):
+        campaign(vllm, n=3)
+    n = len(monitor.summary()["divergences"])
+    assert n > 0 and sum("diverges from the spec" in r.getMessage() for r in caplog.records) == n
+
+
+def test_a_monitor_error_never_reaches_vllm_unless_policy_raise(shadow, vllm, monkeypatch):
+    import schedspec.monitor.monitor as monitor_module
+    from schedspec.monitor.monitor import MonitorError
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(monitor_module, "lift_state", broken)
+    monitor = shadow.install("count")
+    plain = SpecScheduler()
+    for scenario, _ in random_scenarios(3, SEED, FLAGS_ALL):  # vLLM still serves, and serves the same
+        assert run_scenario(scenario, vllm)["summary"] == run_scenario(scenario, plain)["summary"]
+    s = monitor.summary()
+    assert s["divergences"] == [] and s["monitor_errors"]
+    assert all("planted" in e["error"] for e in s["monitor_errors"])
+    assert sum(c["monitor_error"] for c in s["calls"].values()) == len(s["monitor_errors"])
+    shadow.install("raise")
+    with pytest.raises(MonitorError, match="planted"):
+        campaign(vllm, n=1)
+
+
+def test_labels_split_the_figures(shadow, vllm):
+    monitor = shadow.install("count")
+    monitor.begin("first")
+    campaign(vllm, n=2)
+    first = monitor.end()
+    monitor.begin("second")
+    second = monitor.end()
+    assert first["calls"]["schedule"]["checked"] > 0
+    assert all(c["total"] == 0 for c in second["calls"].values())
+    assert monitor.summary()["calls"]["schedule"]["total"] >= first["calls"]["schedule"]["total"]
+
+
+# -- the comparison itself, on spec values -------------------------------------
+
+
+def pool_state(hashes: tuple, front=(), back=(), next_fresh=4) -> SchedulerState:
+    c = SchedulerConfig(num_gpu_blocks=4, block_size=2, max_model_len=6, max_num_batched_tokens=6,
+                        enable_prefix_caching=True)
+    r = Request("a", num_prompt_tokens=2, max_tokens=3, prompt_token_ids=(5, 6), block_hashes=hashes)
+    pool = BlockPool(4, free_front=front, next_fresh=next_fresh, free_back=back, ref_cnt={1: 1},
+                     req_to_blocks={"a": (1,)})
+    return SchedulerState(c, {"a": r}, ("a",), (), pool)
+
+
+def test_free_queue_compared_as_one_sequence():
+    a = pool_state((), front=(2, 3), next_fresh=4)
+    b = pool_state((), front=(2,), next_fresh=3)  # the same queue: 2, then fresh 3
+    assert compare_states(a, a, b) is None
+    c = pool_state((), front=(3, 2), next_fresh=4)
+    d = compare_states(a, a, c)
+    assert isinstance(d, Difference) and d.field == "post_state.kv_cache.free_queue"
+
+
+def test_new_hashes_compare_up_to_renaming_old_ones_exactly():
+    pre = pool_state(())
+    spec, vllm = pool_state((b"s1",)), pool_state((b"v1",))
+    assert compare_states(pre, spec, vllm) is None  # made in the call: renamed
+    d = compare_states(spec, spec, vllm)  # existed before the call: must be equal
+    assert d is not None and d.field == "post_state.requests.a.block_hashes"
+    assert d.spec == [b"s1".hex()] and d.vllm == [b"v1".hex()]
+
+
+def test_jsonable():
+    from schedspec.spec.request import RequestStatus
+
+    assert jsonable({"x": (b"\x01", RequestStatus.RUNNING)}) == {"x": ["01", "RUNNING"]}
