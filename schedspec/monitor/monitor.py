@@ -33,6 +33,7 @@ from . import scope
 from .check import Difference, compare_finished, compare_outputs, compare_states
 
 POLICIES = ("raise", "log", "count")
+POST_ATTR = "schedspec_post"  # on a vLLM scheduler: the last call's lifted post-state (relift off)
 CALLS = ("schedule", "update_from_output", "add_request", "finish_requests")
 log = logging.getLogger("schedspec.monitor")
 
@@ -67,10 +68,17 @@ class Monitor:
     `log` a warning and count it, or `count` it only.  With `vectors_dir`, each
     divergence is also written there as a state vector (docs/formats.md)."""
 
-    def __init__(self, policy: str = "count", vectors_dir: str | Path | None = None):
+    def __init__(self, policy: str = "count", vectors_dir: str | Path | None = None, relift: bool = True):
         if policy not in POLICIES:
             raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
         self.policy = policy
+        # relift: lift the pre-state of every call from vLLM (exact whatever ran
+        # between calls).  Without it a call starts from the previous call's lifted
+        # post-state, which is only right when nothing but scheduler methods touches
+        # the scheduler between calls, as in an engine; any other public method
+        # called in between forgets it (shadow.py).  vLLM's tests edit internals
+        # by hand, so peer-tests relift.
+        self.relift = relift
         self.vectors_dir = Path(vectors_dir) if vectors_dir is not None else None
         self.label = ""
         self.stats = CallStats()
@@ -109,20 +117,32 @@ class Monitor:
         finally:
             self.local.depth = 0
 
+    def pre_state(self, sched: Any):
+        """The state before a call: lifted, or the last call's lifted post-state."""
+        if not self.relift:
+            post = sched.__dict__.pop(POST_ATTR, None)
+            if post is not None:
+                return post
+        return lift_state(sched)
+
     def check(self, call, sched, original, prepare, judge, features):
         number = self.stats.call_number = self.stats.call_number + 1
         self.count(call, "total")
         prepared, outside = None, ()
         try:
             outside = features()
-            if not outside:
+            if outside:
+                sched.__dict__.pop(POST_ATTR, None)
+            else:
                 prepared = prepare()
         except Exception as e:  # noqa: BLE001 - the monitor never stops vLLM
+            sched.__dict__.pop(POST_ATTR, None)
             self.monitor_error(call, number, e)
             return original()
         try:
             result = original()
         except BaseException:
+            sched.__dict__.pop(POST_ATTR, None)
             self.count(call, "vllm_raised")
             raise
         if outside:
@@ -134,8 +154,11 @@ class Monitor:
         try:
             difference = judge(prepared, result)
         except Exception as e:  # noqa: BLE001
+            sched.__dict__.pop(POST_ATTR, None)
             self.monitor_error(call, number, e)
             return result
+        if not self.relift:
+            sched.__dict__[POST_ATTR] = prepared.observed_post
         self.count(call, "checked")
         if difference is not None:
             self.divergence(call, number, difference, prepared)
@@ -220,7 +243,7 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
     """`schedule()`: the spec's decision on the lifted pre-state against vLLM's."""
 
     def prepare():
-        pre = lift_state(sched)
+        pre = monitor.pre_state(sched)
         status_before = {rid: r.status.name for rid, r in sched.requests.items()} \
             if sched.use_v2_model_runner else None
         preempted.clear()
@@ -258,7 +281,7 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
         return tuple(dict.fromkeys(list(scope.features(sched, held)) + extra))
 
     def prepare():
-        pre = lift_state(sched)
+        pre = monitor.pre_state(sched)
         output = SchedulerOutput(num_scheduled_tokens=tuple(scheduler_output.num_scheduled_tokens.items()))
         held = {rid: sched.requests[rid] for rid in ids if rid in pre.requests}
         return Prepared(pre, "update_from_output", output=output, held=held,
@@ -284,7 +307,7 @@ def add_request_check(monitor: Monitor, sched: Any, original: Callable[[], Any],
                                    list(scope.request_features(request, caching))))
 
     def prepare():
-        pre = lift_state(sched)
+        pre = monitor.pre_state(sched)
         return Prepared(pre, "add_request", request=lift_request(request, pre.config))
 
     def judge(p: Prepared, _result):
@@ -311,7 +334,7 @@ def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], requ
         return scope.features(sched, [sched.requests[rid] for rid in ids if rid in sched.requests])
 
     def prepare():
-        return Prepared(lift_state(sched), "finish_requests", request_ids=order(),
+        return Prepared(monitor.pre_state(sched), "finish_requests", request_ids=order(),
                         status=lift_status(finished_status))
 
     def judge(p: Prepared, result):

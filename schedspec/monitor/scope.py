@@ -53,7 +53,23 @@ _STATIC = "schedspec_scope"  # the attribute a request's creation-time features 
 
 
 def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]:
-    """Features of the scheduler as built, and of this call's arguments."""
+    """Features of the scheduler as built (read once), of its present pause
+    state and streaming sessions, and of this call's arguments."""
+    built = sched.__dict__.get(_STATIC)
+    if built is None:
+        built = sched.__dict__[_STATIC] = built_features(sched)
+    out = list(built)
+    if int(sched.pause_state) != 0:  # PauseState.UNPAUSED (sched/interface.py:24)
+        out.append(PAUSE)
+    if throttle_prefills:
+        out.append(PREFILL_THROTTLING)
+    if getattr(sched, "num_waiting_for_streaming_input", 0):
+        out.append(STREAMING_INPUT)
+    return out
+
+
+def built_features(sched: Any) -> tuple[str, ...]:
+    """Features fixed when the scheduler is built (S:87-500)."""
     out = []
     vc = sched.vllm_config
     if vc.speculative_config is not None or sched.num_spec_tokens or sched.num_lookahead_tokens \
@@ -82,15 +98,11 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(CONTEXT_PARALLEL)
     if sched.num_sampled_tokens_per_step == 0 or vc.model_config.runner_type == "pooling":
         out.append(POOLING)
-    if int(sched.pause_state) != 0:  # PauseState.UNPAUSED (sched/interface.py:24)
-        out.append(PAUSE)
-    if throttle_prefills or getattr(sched, "local_prefill_interval", 1) > 1:
+    if getattr(sched, "local_prefill_interval", 1) > 1:
         out.append(PREFILL_THROTTLING)
     if sched.adaptive_long_prefill_threshold and sched.scheduler_config.long_prefill_token_threshold:
         out.append(ADAPTIVE_THRESHOLD)
-    if getattr(sched, "num_waiting_for_streaming_input", 0):
-        out.append(STREAMING_INPUT)
-    return out
+    return tuple(out)
 
 
 def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
@@ -121,21 +133,31 @@ def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def request_features(r: Any, prefix_caching: bool) -> Iterable[str]:
+def request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
+    """The features request `r` uses now: those fixed at its creation (read once)
+    and those of its present status and draft tokens."""
     static = r.__dict__.get(_STATIC)
     if static is None or static[0] != prefix_caching:
         static = (prefix_caching, static_request_features(r, prefix_caching))
         r.__dict__[_STATIC] = static
-    yield from static[1]
-    blocked = BLOCKED_STATUSES.get(r.status.name)
-    if blocked:
-        yield blocked
+    status = r.status
+    if not (static[1] or r.spec_token_ids or r.drop_stale_output or status.name in _UNUSUAL):
+        return ()  # the common case, in four attribute reads
+    out = list(static[1])
+    if status.name in BLOCKED_STATUSES:
+        out.append(BLOCKED_STATUSES[status.name])
     elif r.is_finished():  # finished (RQ:392) but still held: a delayed free
-        yield DELAYED_FREE
+        out.append(DELAYED_FREE)
     if r.spec_token_ids:
-        yield SPECULATIVE_DECODING
+        out.append(SPECULATIVE_DECODING)
     if r.drop_stale_output:
-        yield DROP_STALE_OUTPUT
+        out.append(DROP_STALE_OUTPUT)
+    return tuple(out)
+
+
+# Statuses a request the spec can judge does not have.
+_UNUSUAL = frozenset(BLOCKED_STATUSES) | {"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED",
+                                          "FINISHED_IGNORED", "FINISHED_ERROR", "FINISHED_REPETITION"}
 
 
 def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefills: bool = False) -> tuple[str, ...]:
@@ -144,8 +166,9 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
     out = dict.fromkeys(scheduler_features(sched, throttle_prefills))
     caching = bool(sched.kv_cache_manager.enable_caching)
     for r in (sched.requests.values() if requests is None else requests):
-        for f in request_features(r, caching):
-            out[f] = None
+        found = request_features(r, caching)
+        if found:
+            out.update(dict.fromkeys(found))
     return tuple(out)
 
 

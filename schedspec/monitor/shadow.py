@@ -8,8 +8,12 @@ Turn it on for a real engine with one argument, vLLM's `scheduler_cls`:
 
 (`ShadowScheduler` where async scheduling is off).  The policy and the folder for
 state vectors come from the environment: SCHEDSPEC_MONITOR_POLICY (`count`, the
-default, `log` or `raise`) and SCHEDSPEC_MONITOR_VECTORS (a folder).  The
-process's monitor is `default_monitor()`; `summary()` gives its figures.
+default, `log` or `raise`) and SCHEDSPEC_MONITOR_VECTORS (a folder).  In an engine
+nothing but the scheduler's own methods touches it between calls, so each call
+starts from the previous call's lifted post-state; SCHEDSPEC_MONITOR_RELIFT=1 lifts
+every pre-state afresh instead (what `install()` does, for code that edits the
+scheduler's internals by hand, such as vLLM's tests).  The process's monitor is
+`default_monitor()`; `summary()` gives its figures.
 
 Importing this module imports vLLM.
 """
@@ -23,7 +27,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from .monitor import Monitor, add_request_check, finish_check, schedule_check, update_check
+from .monitor import POST_ATTR, Monitor, add_request_check, finish_check, schedule_check, update_check
 
 PREEMPTED_ATTR = "schedspec_preempted"  # the ids `_preempt_request` was called with, in order
 
@@ -36,7 +40,8 @@ def default_monitor() -> Monitor:
     global _default
     if _default is None:
         _default = Monitor(os.environ.get("SCHEDSPEC_MONITOR_POLICY", "count"),
-                           os.environ.get("SCHEDSPEC_MONITOR_VECTORS") or None)
+                           os.environ.get("SCHEDSPEC_MONITOR_VECTORS") or None,
+                           relift=os.environ.get("SCHEDSPEC_MONITOR_RELIFT", "0") == "1")
     return _default
 
 
@@ -96,7 +101,32 @@ def monitored(name: str, fn):
     raise ValueError(f"no monitor for {name}")
 
 
+def forgetting(fn):
+    """A scheduler method the monitor does not check: calling it forgets the last
+    lifted post-state, so the next checked call lifts its pre-state afresh."""
+
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        self.__dict__.pop(POST_ATTR, None)
+        return fn(self, *args, **kwargs)
+    return method
+
+
 METHODS = ("_preempt_request", "schedule", "update_from_output", "add_request", "finish_requests")
+# Public methods that only read the scheduler (S:2920-2930, 3147-3183, 3259-3346).
+READ_ONLY = {"get_request_counts", "has_unfinished_requests", "get_kv_cache_usage", "has_request", "get_num_unfinished_requests",
+             "has_finished_requests", "has_requests", "make_stats", "make_spec_decoding_stats",
+             "get_kv_connector", "get_ec_connector", "get_kv_event_publisher_config", "get_grammar_bitmask"}
+
+
+def other_methods(cls: type) -> list[str]:
+    """The public methods of `cls` that the monitor neither checks nor knows to be reads."""
+    names = set()
+    for klass in cls.__mro__:
+        for name, value in vars(klass).items():
+            if not name.startswith("_") and callable(value) and not isinstance(value, type):
+                names.add(name)
+    return sorted(names - set(METHODS) - READ_ONLY)
 
 
 class ShadowScheduler(Scheduler):
@@ -107,16 +137,18 @@ class ShadowAsyncScheduler(AsyncScheduler):
     """vLLM's AsyncScheduler, every call checked against the spec."""
 
 
-for _name in METHODS:
-    setattr(ShadowScheduler, _name, monitored(_name, getattr(Scheduler, _name)))
-    setattr(ShadowAsyncScheduler, _name, monitored(_name, getattr(AsyncScheduler, _name)))
+for _cls, _base in ((ShadowScheduler, Scheduler), (ShadowAsyncScheduler, AsyncScheduler)):
+    for _name in METHODS:
+        setattr(_cls, _name, monitored(_name, getattr(_base, _name)))
+    for _name in other_methods(_base):
+        setattr(_cls, _name, forgetting(getattr(_base, _name)))
 
 
-def install(policy: str = "count", vectors_dir: str | None = None) -> Monitor:
+def install(policy: str = "count", vectors_dir: str | None = None, relift: bool = True) -> Monitor:
     """Put every vLLM scheduler of this process under a new monitor: vLLM's own
     classes are patched, so schedulers built by any code (vLLM's tests, an
     engine) are checked.  `uninstall()` restores them."""
-    monitor = Monitor(policy, vectors_dir)
+    monitor = Monitor(policy, vectors_dir, relift)
     set_default_monitor(monitor)
     if not _installed:
         for name in METHODS:

@@ -14,6 +14,8 @@ lifts; whether a call may be compared is the monitor's scope check.
 
 from __future__ import annotations
 
+from dataclasses import fields as dataclass_fields
+from operator import attrgetter
 from typing import Any, Iterable, Mapping, Sequence
 
 from schedspec.spec.block_pool import BlockPool
@@ -65,26 +67,54 @@ def lift_config(sched: Any) -> SchedulerConfig:
 
 
 def lift_status(status: Any) -> RequestStatus:
+    """vLLM's status by name; both enums number them alike (RQ:370-386)."""
     try:
-        return RequestStatus[status.name]
+        return _STATUS[status.name]
     except KeyError:
         raise LiftError(f"request status {status.name} has no counterpart in the spec") from None
 
 
+_STATUS = {s.name: s for s in RequestStatus}
+
+
+REQUEST_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Request))
+_shared = attrgetter(*SHARED_REQUEST_FIELDS)
+LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last lifted Request)
+
+
 def lift_request(r: Any, config: SchedulerConfig) -> Request:
     """One vLLM Request.  Token ids and block hashes only under prefix caching,
-    as the spec keeps them (spec/request.py)."""
-    extra: dict[str, Any] = {}
+    as the spec keeps them (spec/request.py).
+
+    Lifted requests are cached on the vLLM request, keyed by every value the
+    spec's request is made of, so an unchanged request lifts to the same object:
+    a state compared with the last one then compares it by identity.  What a
+    request is made with (its prompt, its stop tokens) is read once."""
+    cache = r.__dict__.get(LIFT_ATTR)
+    if cache is None or cache[0][0] is not config:
+        params = r.sampling_params
+        fixed = (config, r.request_id,
+                 params.eos_token_id if params is not None else None,
+                 tuple(params.stop_token_ids or ()) if params is not None else (),
+                 tuple(r.prompt_token_ids or ()) if config.enable_prefix_caching else ())
+        cache = r.__dict__[LIFT_ATTR] = [fixed, None, None]
+    fixed = cache[0]
     if config.enable_prefix_caching:
         hashes = tuple(r.block_hashes)
-        extra = dict(prompt_token_ids=tuple(r.prompt_token_ids or ()), block_hashes=hashes,
-                     partial_block_token_ids=tuple(r.all_token_ids[len(hashes) * config.block_size:]))
-    params = r.sampling_params
-    return Request(
-        request_id=r.request_id, status=lift_status(r.status),
-        eos_token_id=params.eos_token_id if params is not None else None,
-        stop_token_ids=tuple(params.stop_token_ids or ()) if params is not None else (),
-        **extra, **{f: getattr(r, f) for f in SHARED_REQUEST_FIELDS})
+        tail = tuple(r.all_token_ids[len(hashes) * config.block_size:])
+    else:
+        hashes = tail = ()
+    key = (_shared(r), r.status, hashes, tail)
+    if key == cache[1]:
+        return cache[2]
+    values = dict(zip(SHARED_REQUEST_FIELDS, key[0]))
+    values.update(request_id=fixed[1], status=lift_status(r.status), eos_token_id=fixed[2],
+                  stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
+                  partial_block_token_ids=tail)
+    lifted = Request.__new__(Request)
+    lifted.__dict__ = values  # every field, by name: what Request(...) would hold
+    cache[1], cache[2] = key, lifted
+    return lifted
 
 
 def waiting_order(sched: Any) -> tuple[str, ...]:
@@ -103,12 +133,36 @@ def lift_block_counts(sched: Any) -> BlockCounts:
     return BlockCounts(kv.block_pool.get_num_free_blocks(), blocks)
 
 
-def lift_block_pool(sched: Any) -> BlockPool:
-    """vLLM's pool block by block (spec/block_pool.py): the whole free queue in pop
-    order as `free_front` (kv_cache_utils.py:486), vLLM's block ids and hashes,
-    hash keys without their group id."""
-    from vllm.v1.core.kv_cache_utils import get_block_hash
+POOL_ATTR = "schedspec_lift"  # on vLLM's BlockPool: the last lifted hash map and what it was read from
+_block_id, _ref_cnt = attrgetter("block_id"), attrgetter("ref_cnt")
 
+
+def lift_hash_map(pool: Any) -> tuple[dict, dict]:
+    """(hash -> block ids, block id -> hash) from vLLM's prefix-cache map, keys
+    without their group id (kv_cache_utils.py:72).  Read again only when the map's
+    keys or entries changed (compared by identity; an entry holding several
+    blocks by content too): between two calls most of a large map is unchanged."""
+    cache = pool.cached_block_hash_to_block._cache  # noqa: SLF001 - vLLM's map has no public view
+    keys, entries = list(cache), list(cache.values())
+    multi = [(k, tuple(e)) for k, e in cache.items() if type(e) is dict]
+    last = pool.__dict__.get(POOL_ATTR)
+    if last is not None and last[0] == keys and last[2] == multi and \
+            all(x is y for x, y in zip(last[1], entries)):
+        return last[3], last[4]
+    cached, block_hash = {}, {}
+    for key, entry in zip(keys, entries):
+        h = key[:-4]  # the hash without its 4-byte group id
+        blocks = tuple(entry) if type(entry) is dict else (entry.block_id,)
+        cached[h] = blocks
+        for b in blocks:
+            block_hash[b] = h
+    pool.__dict__[POOL_ATTR] = (keys, entries, multi, cached, block_hash)
+    return cached, block_hash
+
+
+def lift_block_pool(sched: Any) -> BlockPool:
+    """vLLM's pool block by block (spec/block_pool.py): the free queue in pop
+    order (kv_cache_utils.py:486), vLLM's block ids and hashes."""
     kv = sched.kv_cache_manager
     pool = kv.block_pool
     managers = kv.coordinator.single_type_managers
@@ -121,19 +175,21 @@ def lift_block_pool(sched: Any) -> BlockPool:
     # Held blocks are those in some block table, hashed ones those in the hash
     # map (a block's hash and its map entry are set and reset together,
     # block_pool.py:630-686): neither needs a pass over the whole pool.
-    req_to_blocks = {rid: tuple(blks) for rid, blks in manager.req_to_blocks.items() if blks}
-    ref_cnt = {b.block_id: b.ref_cnt for blks in req_to_blocks.values() for b in blks if not b.is_null}
-    block_hash, cached = {}, {}
-    for key, entry in pool.cached_block_hash_to_block._cache.items():  # noqa: SLF001 - vLLM's map has no public view
-        blks = (entry,) if hasattr(entry, "block_id") else tuple(entry.values())
-        h = get_block_hash(key)
-        cached[h] = tuple(b.block_id for b in blks)
-        block_hash.update((b.block_id, h) for b in blks)
+    req_to_blocks, ref_cnt = {}, {}
+    for rid, blks in manager.req_to_blocks.items():
+        if blks:
+            ids = tuple(map(_block_id, blks))
+            req_to_blocks[rid] = ids
+            ref_cnt.update(zip(ids, map(_ref_cnt, blks)))
+    ref_cnt.pop(0, None)  # the null block (P:191) is nobody's
+    cached, block_hash = lift_hash_map(pool)
     free = []
+    append = free.append
     b = pool.free_block_queue.fake_free_list_head.next_free_block
-    while b.next_free_block is not None:  # the fake tail has none (kv_cache_utils.py:486-505)
-        free.append(b.block_id)
-        b = b.next_free_block
+    nxt = b.next_free_block
+    while nxt is not None:  # the fake tail has none (kv_cache_utils.py:486-505)
+        append(b.block_id)
+        b, nxt = nxt, nxt.next_free_block
     # The spec keeps the queue as unhashed blocks, then hashed ones (spec/block_pool.py):
     # vLLM prepends what it frees without a hash and appends what it frees with one
     # (P:816-849), and a free block gains no hash, so that is the only order in
@@ -141,14 +197,13 @@ def lift_block_pool(sched: Any) -> BlockPool:
     k = len(free)
     while k and free[k - 1] in block_hash:
         k -= 1
-    stray = next((b for b in free[:k] if b in block_hash), None)
-    if stray is not None:
+    if k and not block_hash.keys().isdisjoint(free[:k]):
+        stray = next(b for b in free[:k] if b in block_hash)
         raise LiftError(f"free block {stray} has a prefix-cache hash but sits before unhashed free blocks")
     return BlockPool(
         num_gpu_blocks=pool.num_gpu_blocks, free_front=tuple(free[:k]), next_fresh=pool.num_gpu_blocks,
         free_back=tuple(free[k:]), ref_cnt=ref_cnt, block_hash=block_hash, cached=cached,
-        req_to_blocks={rid: tuple(b.block_id for b in blks) for rid, blks in req_to_blocks.items()},
-        num_cached_block=dict(manager.num_cached_block),
+        req_to_blocks=req_to_blocks, num_cached_block=dict(manager.num_cached_block),
     )
 
 

@@ -1,0 +1,143 @@
+"""The runtime monitor's cost: a shadowed vLLM scheduler's step time against plain vLLM's.
+
+Two vLLM 0.33.0 schedulers in one process, built the same way
+(benchmarks/spec_vs_vllm.py `VllmSide`), get the same N requests; one is made a
+`ShadowScheduler` / `ShadowAsyncScheduler` (schedspec/monitor/shadow.py), so each
+of its calls is lifted, replayed on the spec and compared.  Both are stepped until
+every request is a running decode, then K steps are timed on each, alternating
+step by step (and which goes first) to spread machine noise over both.  Each
+point is measured twice: with the monitor as a live engine runs it (each call
+starts from the previous call's lifted post-state) and lifting every pre-state
+afresh (as `peer-tests` runs it, SCHEDSPEC_MONITOR_RELIFT=1).  One step
+= schedule() + update_from_output(); under async scheduling EngineCore's loop with
+two batches in flight, as in spec_vs_vllm.py.
+
+The comparison is void unless the monitor checked every timed call of the
+shadowed side with no divergence and no monitor error: the script stops otherwise.
+
+    python benchmarks/monitor_overhead.py                  # N = 10,100,1000; modes off, async (both flags on)
+    python benchmarks/monitor_overhead.py --n 100 --modes off,prefix,async --steps 100 --json out.json
+
+Progress goes to stderr, the markdown table to stdout.  A script, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from spec_vs_vllm import MODES, Mismatch, VllmSide, auto_steps, log, machine, make_config, make_requests  # noqa: E402
+
+perf = time.perf_counter
+DEFAULT_NS = (10, 100, 1000)
+DEFAULT_MODES = ("off", "async")
+
+
+def measure(mode: str, n: int, steps: int, repeat: int, relift: bool) -> dict:
+    caching, async_ = MODES[mode]
+    warmup = max(3, steps // 10)
+    config = make_config(n, caching, async_, 8 + warmup + steps * repeat)
+    requests = make_requests(config, n)
+    plain, shadowed = VllmSide(config, requests), VllmSide(config, requests)
+    # After the adapter's first import of vLLM, which sets up the CPU platform.
+    from schedspec.monitor import shadow
+    from schedspec.monitor.monitor import Monitor
+
+    # A subclass that only overrides the five methods: the object is unchanged.
+    shadowed.sched.__class__ = shadow.ShadowAsyncScheduler if async_ else shadow.ShadowScheduler
+    monitor = Monitor("count", relift=relift)
+    shadow.set_default_monitor(monitor)
+    t_setup = perf()
+    try:
+        for _ in range(8 + warmup):
+            plain.step(), shadowed.step()
+        if plain.running() != n or shadowed.running() != n:
+            raise Mismatch(f"[{mode} N={n}] {plain.running()} / {shadowed.running()} running, expected {n}")
+        monitor.begin("timed")
+        samples = {"plain": [], "shadowed": []}
+        for _ in range(repeat):
+            gc.collect()
+            gc.freeze()  # as vLLM's engine does after start-up (vllm/utils/gc_utils.py)
+            a, b = [], []
+            try:
+                for i in range(steps):
+                    if i % 2:
+                        b.append(shadowed.step(n)), a.append(plain.step(n))
+                    else:
+                        a.append(plain.step(n)), b.append(shadowed.step(n))
+            finally:
+                gc.unfreeze()
+            samples["plain"].append(a)
+            samples["shadowed"].append(b)
+        stats = monitor.end()
+    finally:
+        plain.close()
+        shadowed.close()
+        shadow.set_default_monitor(None)
+    calls = stats["calls"]
+    timed_calls = calls["schedule"]["total"] + calls["update_from_output"]["total"]
+    checked = calls["schedule"]["checked"] + calls["update_from_output"]["checked"]
+    if checked != timed_calls or checked < steps * repeat or stats["divergences"] or stats["monitor_errors"]:
+        raise Mismatch(f"[{mode} N={n}] the monitor checked {checked} of {timed_calls} calls, "
+                       f"{len(stats['divergences'])} divergences, {len(stats['monitor_errors'])} monitor errors")
+
+    def ms(reps):
+        return statistics.median(statistics.median((x + y) * 1e3 for x, y in rep) for rep in reps)
+
+    p, s = ms(samples["plain"]), ms(samples["shadowed"])
+    log(f"[{mode} N={n} relift={relift}] plain {p:.3f} ms/step, shadowed {s:.3f} ms/step, ratio {s / p:.2f} "
+        f"({perf() - t_setup:.1f}s)")
+    return {"mode": mode, "n": n, "relift": relift, "enable_prefix_caching": caching, "async_scheduling": async_,
+            "steps": steps, "repeat": repeat, "plain_ms_per_step": p, "shadowed_ms_per_step": s,
+            "ratio": s / p, "calls_checked": checked}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", default=",".join(map(str, DEFAULT_NS)))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES))
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per repeat (default: by N)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default=None, help="also write the results here (refuses an existing file)")
+    a = ap.parse_args()
+    ns = [int(x) for x in a.n.split(",")]
+    modes = a.modes.split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        print(f"--modes: unknown mode {unknown[0]!r}; known: {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    if a.json and Path(a.json).exists():
+        print(f"--json: {a.json} exists; not overwriting it", file=sys.stderr)
+        return 2
+    results = []
+    try:
+        for mode in modes:
+            for n in ns:
+                for relift in (False, True):
+                    results.append(measure(mode, n, a.steps or auto_steps(n), a.repeat, relift))
+    except Mismatch as e:
+        print(f"monitor_overhead: {e}", file=sys.stderr)
+        return 1
+    print("| mode | N | pre-state | plain vLLM ms/step | shadowed ms/step | shadowed / plain |")
+    print("|---|---:|---|---:|---:|---:|")
+    for r in results:
+        how = "lifted every call" if r["relift"] else "last post-state (engine)"
+        print(f"| {r['mode']} | {r['n']} | {how} | {r['plain_ms_per_step']:.3f} | {r['shadowed_ms_per_step']:.3f} "
+              f"| {r['ratio']:.2f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"machine": machine(), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

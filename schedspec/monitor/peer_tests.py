@@ -1,0 +1,1050 @@
+"""vLLM 0.33.0's own scheduler tests (tests/v1/core), run on this machine, plain
+and under the shadow monitor (`schedspec peer-tests`).
+
+The steps, each a public function that takes values:
+
+    cache_root(override)          where everything below is kept: the override,
+                                  else $SCHEDSPEC_CACHE/peer-tests, else
+                                  $XDG_CACHE_HOME/schedspec/peer-tests, else
+                                  ~/.cache/schedspec/peer-tests
+    pip_index_settings(env)       the package indexes and CA bundle pip is
+                                  configured with (`pip config list`, PIP_*)
+    fetch_sdist(root)             vllm-0.33.0.tar.gz from those indexes (PEP 691
+                                  JSON, or the PEP 503 page), sha256 verified,
+                                  kept in `root`; `check_sdist(path)` for --sdist
+    extract_tests(sdist, root)    tests/v1/core and only the helper modules its
+                                  files import (found by reading their imports),
+                                  with vLLM's pytest settings (pyproject.toml)
+    write_model_configs(hub)      a Hugging Face hub cache holding one config.json
+                                  per model the tests name (model_configs.json
+                                  here; OPT-125m from reference/vllm_model)
+    ensure_test_dependencies(root)  the few test-only packages vLLM's tests import
+                                  that a scheduler-only vLLM install lacks,
+                                  installed by pip into root/deps (never into
+                                  the running environment)
+    run_pytest(...)               pytest in a subprocess with the plugin
+                                  schedspec.monitor.pytest_plugin, offline
+    build_table(plain, shadow)    the per-file table from the plugin's reports
+    format_table(table)           the table as text
+    run_peer_tests(options)       all of it
+
+Nothing of vLLM's test suite is kept in this repository: it is extracted from
+the source distribution at run time.  Every failure a user can act on (no
+network, a hash mismatch, a file the index lacks, a bad --sdist) is a
+UsageError with one line.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import html.parser
+import importlib.util
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from schedspec import reference
+from schedspec.base.errors import UsageError, shown
+from schedspec.base.progress import Progress
+
+VLLM_VERSION = "0.33.0"
+PROJECT = "vllm"
+SDIST_NAME = f"vllm-{VLLM_VERSION}.tar.gz"
+TEST_ROOT = "tests/v1/core"
+DEFAULT_FILES = ("test_scheduler.py", "test_async_scheduler.py", "test_prefix_caching.py",
+                 "test_priority_scheduler_random.py", "test_priority_preemption_bug.py")
+PLUGIN = "schedspec.monitor.pytest_plugin"
+TABLE_FORMAT = "schedspec.peer-tests/1"
+MODEL_CONFIGS = Path(__file__).parent / "model_configs.json"
+OPT_125M = "facebook/opt-125m"
+OPT_125M_CONFIG = Path(reference.__file__).parent / "vllm_model" / "config.json"
+EXTRACTED_MARKER = ".schedspec-peer-tests.json"
+JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
+HTML_ACCEPTS = ("application/vnd.pypi.simple.v1+html", "text/html")
+
+# Modules vLLM's tests (or the model code they reach) import that a scheduler-only
+# vLLM install (requirements-vllm.txt) lacks: import name -> pinned requirement.
+# tblib: tests/conftest.py; compressed-tensors (and its loguru): the hybrid
+# (mamba/GDN) model code behind Qwen3-Next, pinned as vLLM 0.33.0 pins it.
+TEST_DEPENDENCIES = {"tblib": "tblib==3.2.2", "compressed_tensors": "compressed-tensors==0.17.0",
+                     "loguru": "loguru==0.7.3"}
+# What tests/conftest.py needs of tblib, when pip cannot install it: it only
+# makes exceptions picklable for tests that run in subprocesses.
+TBLIB_STAND_IN = ('"""Stand-in written by schedspec peer-tests: tblib could not be installed."""\n',
+                  "def install(*args, **kwargs):\n    return None\n")
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu",
+               "HF_HUB_DISABLE_TELEMETRY": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+
+StatusFn = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    return None
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+def cache_root(override: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """The folder peer-tests keeps its downloads and extracted trees in."""
+    env = os.environ if env is None else env
+    if override is not None and str(override).strip():
+        return Path(override).expanduser()
+    if env.get("SCHEDSPEC_CACHE", "").strip():
+        return Path(env["SCHEDSPEC_CACHE"]).expanduser() / "peer-tests"
+    base = env.get("XDG_CACHE_HOME", "").strip()
+    return (Path(base).expanduser() if base else Path.home() / ".cache") / "schedspec" / "peer-tests"
+
+
+def _make_dir(path: Path, what: str) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the {what} {shown(str(path), 200)}: {e.strerror or e}") from None
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- pip's configuration -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """The indexes pip would look in (main first), its CA bundle and timeout."""
+    index_urls: tuple[str, ...]
+    cert: str | None = None
+    timeout: float = 15.0
+
+
+def pip_config_values(env: Mapping[str, str] | None = None, python: str | None = None) -> dict[str, str]:
+    """`pip config list` as {key: value} ("global.index-url", ":env:.cert", ...);
+    empty when pip cannot be run."""
+    cmd = [python or sys.executable, "-m", "pip", "config", "list"]
+    try:
+        proc = subprocess.run(cmd, env=dict(os.environ if env is None else env), capture_output=True,
+                              text=True, timeout=120, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if proc.returncode != 0:
+        return {}
+    values = {}
+    for line in proc.stdout.splitlines():
+        key, sep, raw = line.partition("=")
+        if not sep:
+            continue
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            value = raw.strip().strip("'\"")
+        values[key.strip()] = str(value)
+    return values
+
+
+def _setting(values: Mapping[str, str], env: Mapping[str, str], name: str) -> str | None:
+    """pip's precedence: the environment, then the [install] section, then [global]."""
+    env_name = "PIP_" + name.upper().replace("-", "_")
+    if env.get(env_name, "").strip():
+        return env[env_name]
+    for key in (f":env:.{name}", f"install.{name}", f"global.{name}"):
+        if values.get(key, "").strip():
+            return values[key]
+    return None
+
+
+def pip_default_index() -> str:
+    """The index pip uses when it is configured with none."""
+    try:
+        from pip._internal.models.index import PyPI
+    except ImportError:
+        raise UsageError("pip is not installed here, so the package index it would use is unknown; "
+                         "download vllm-0.33.0.tar.gz yourself and pass --sdist PATH") from None
+    return PyPI.simple_url
+
+
+def pip_index_settings(env: Mapping[str, str] | None = None,
+                       values: Mapping[str, str] | None = None) -> IndexSettings:
+    """The package indexes and CA bundle pip on this machine is configured with."""
+    env = os.environ if env is None else env
+    values = pip_config_values(env) if values is None else values
+    no_index = _setting(values, env, "no-index")
+    if no_index is not None and no_index.strip().lower() in ("1", "true", "yes", "on"):
+        raise UsageError("pip is configured with no-index, so there is no package index to fetch "
+                         f"{SDIST_NAME} from; pass --sdist PATH")
+    main = _setting(values, env, "index-url") or pip_default_index()
+    extra = (_setting(values, env, "extra-index-url") or "").split()
+    urls = tuple(dict.fromkeys([main.strip(), *extra]))
+    timeout_text = _setting(values, env, "default-timeout") or _setting(values, env, "timeout")
+    try:
+        timeout = float(timeout_text) if timeout_text else 15.0
+    except ValueError:
+        timeout = 15.0
+    return IndexSettings(urls, _setting(values, env, "cert"), timeout)
+
+
+def ssl_context(cert: str | None) -> ssl.SSLContext:
+    if cert is None:
+        return ssl.create_default_context()
+    if not Path(cert).exists():
+        raise UsageError(f"pip's CA bundle {shown(cert, 200)} does not exist (pip config cert / PIP_CERT)")
+    try:
+        if Path(cert).is_dir():
+            return ssl.create_default_context(capath=cert)
+        return ssl.create_default_context(cafile=cert)
+    except (ssl.SSLError, OSError) as e:
+        raise UsageError(f"cannot read pip's CA bundle {shown(cert, 200)}: {e}") from None
+
+
+# --- the index -----------------------------------------------------------------------------------
+
+class _Absent(Exception):
+    """The index has no page for the project (HTTP 404 or no such folder)."""
+
+
+@dataclass(frozen=True)
+class SdistLink:
+    index: str
+    url: str
+    sha256: str | None
+    size: int | None = None
+
+
+def _safe(url: str) -> str:
+    """A URL for a message: without user:password."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username or parts.password:
+        netloc = parts.hostname or ""
+        if parts.port:
+            netloc += f":{parts.port}"
+        parts = parts._replace(netloc=netloc)
+    return shown(urllib.parse.urlunsplit(parts), 200)
+
+
+def _open(url: str, accept: str, context: ssl.SSLContext, timeout: float):
+    """(response-like object, content type, final URL); a folder of a file:// index
+    is read as pip reads it, from its index.html."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "file":
+        path = Path(urllib.request.url2pathname(parts.path))
+        if path.is_dir():
+            path = path / "index.html"
+            url = path.as_uri()
+        if not path.is_file():
+            raise _Absent(url)
+        ctype = "application/json" if path.suffix == ".json" else "text/html"
+        return open(path, "rb"), ctype, url
+    if parts.scheme not in ("http", "https"):
+        raise UsageError(f"package index {_safe(url)}: unsupported URL scheme {shown(parts.scheme, 20)!s}")
+    request = urllib.request.Request(url, headers={"Accept": accept, "User-Agent": "schedspec-peer-tests"})
+    try:
+        response = urllib.request.urlopen(request, context=context, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise _Absent(url) from None
+        raise
+    return response, response.headers.get("Content-Type", ""), response.geturl()
+
+
+class _Anchors(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+            self._text = []
+
+    def handle_data(self, data) -> None:
+        if self._href is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag) -> None:
+        if tag == "a" and self._href is not None:
+            self.links.append((self._href, "".join(self._text).strip()))
+            self._href = None
+
+
+def parse_project_page(body: bytes, content_type: str, page_url: str, filename: str) -> SdistLink | None:
+    """The link to `filename` on a project page: PEP 691 JSON or PEP 503 HTML."""
+    text = body.decode("utf-8", errors="replace")
+    if "json" in content_type.lower() or text.lstrip().startswith("{"):
+        data = json.loads(text)
+        for f in data.get("files", []):
+            if isinstance(f, dict) and f.get("filename") == filename:
+                hashes = f.get("hashes") or {}
+                size = f.get("size")
+                return SdistLink("", urllib.parse.urljoin(page_url, str(f.get("url", ""))),
+                                 hashes.get("sha256"), size if isinstance(size, int) else None)
+        return None
+    parser = _Anchors()
+    parser.feed(text)
+    for href, label in parser.links:
+        url, _, fragment = href.partition("#")
+        name = urllib.parse.unquote(PurePosixPath(urllib.parse.urlsplit(url).path).name)
+        if filename in (name, label):
+            digest = None
+            for part in fragment.split("&"):
+                algo, _, value = part.partition("=")
+                if algo == "sha256":
+                    digest = value
+            return SdistLink("", urllib.parse.urljoin(page_url, url), digest)
+    return None
+
+
+def find_sdist(settings: IndexSettings, filename: str = SDIST_NAME, project: str = PROJECT) -> SdistLink:
+    """The first of pip's indexes that lists `filename`."""
+    context = ssl_context(settings.cert)
+    accept = ", ".join([JSON_ACCEPT, f"{HTML_ACCEPTS[0]};q=0.2", f"{HTML_ACCEPTS[1]};q=0.01"])
+    problems = []
+    for index in settings.index_urls:
+        page = index.rstrip("/") + f"/{project}/"
+        try:
+            response, ctype, final = _open(page, accept, context, settings.timeout)
+            with response:
+                body = response.read()
+            link = parse_project_page(body, ctype, final, filename)
+        except _Absent:
+            problems.append(f"{_safe(index)}: no project {project}")
+            continue
+        except (urllib.error.URLError, OSError, ValueError, ssl.SSLError) as e:
+            problems.append(f"{_safe(index)}: {_reason(e)}")
+            continue
+        if link is None:
+            problems.append(f"{_safe(index)}: lists no {filename}")
+            continue
+        return SdistLink(index, link.url, link.sha256, link.size)
+    raise UsageError(f"cannot get {filename} from pip's package index ({'; '.join(problems)}); "
+                     "pass --sdist PATH to use a copy you have")
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code} {e.reason}"
+    if isinstance(e, urllib.error.URLError):
+        return shown(str(e.reason), 120)
+    if isinstance(e, json.JSONDecodeError):
+        return "the project page is not valid JSON"
+    return shown(str(e) or type(e).__name__, 120)
+
+
+def download(link: SdistLink, dest: Path, settings: IndexSettings | None = None,
+             status: StatusFn = _quiet) -> str:
+    """Download `link` to `dest` (replaced only once the whole file has the
+    index's sha256); its sha256."""
+    if not link.sha256:
+        raise UsageError(f"the index gives no sha256 for {dest.name}, so the download cannot be "
+                         "verified; pass --sdist PATH to use a copy you have")
+    settings = settings or IndexSettings(())
+    context = ssl_context(settings.cert)
+    _make_dir(dest.parent, "cache folder")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    tmp = Path(tmp_name)
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out:
+            response, _, _ = _open(link.url, "*/*", context, settings.timeout)
+            with response:
+                length = link.size or int(getattr(response, "headers", {}).get("Content-Length") or 0)
+                status(f"downloading {dest.name} ({length / 2**20:.0f} MiB) from pip's package index"
+                       if length else f"downloading {dest.name} from pip's package index")
+                progress = Progress(f"downloading {dest.name} (MiB)", max(1, -(-length // 2**20)), min_total=1)
+                done = 0
+                try:
+                    while chunk := response.read(1 << 16):
+                        out.write(chunk)
+                        h.update(chunk)
+                        done += len(chunk)
+                        progress(done // 2**20)
+                finally:
+                    progress.close()
+        digest = h.hexdigest()
+        if digest != link.sha256.lower():
+            raise UsageError(f"{dest.name} from {_safe(link.url)}: sha256 mismatch (index says "
+                             f"{shown(link.sha256, 70)}, the download is {digest}); nothing kept")
+        os.replace(tmp, dest)
+        return digest
+    except _Absent:
+        raise UsageError(f"{dest.name}: {_safe(link.url)} does not exist") from None
+    except (urllib.error.URLError, OSError, ssl.SSLError) as e:
+        raise UsageError(f"downloading {dest.name} from {_safe(link.url)} failed: {_reason(e)}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def fetch_sdist(root: Path, env: Mapping[str, str] | None = None, status: StatusFn = _quiet,
+                settings: IndexSettings | None = None) -> Path:
+    """vLLM's source distribution, from `root` when a verified copy is there, else
+    from pip's package index (verified against the index's sha256, then kept)."""
+    dest = Path(root) / SDIST_NAME
+    recorded = dest.with_name(dest.name + ".sha256")
+    if dest.is_file() and recorded.is_file():
+        with contextlib.suppress(OSError):
+            if recorded.read_text().strip() == sha256_file(dest):
+                return dest
+    settings = settings or pip_index_settings(env)
+    link = find_sdist(settings)
+    digest = download(link, dest, settings, status)
+    with contextlib.suppress(OSError):
+        recorded.write_text(digest + "\n")
+    return dest
+
+
+# --- the tests out of the sdist ------------------------------------------------------------------
+
+def _members(tar: tarfile.TarFile) -> Iterable[tuple[str, tarfile.TarInfo]]:
+    """(path below the top folder, member) for each regular file of a safe name."""
+    for m in tar:
+        if not m.isfile():
+            continue
+        parts = PurePosixPath(m.name).parts
+        if len(parts) < 2 or m.name.startswith("/") or any(p in ("..", "") for p in parts):
+            continue
+        yield "/".join(parts[1:]), m
+
+
+def read_sdist(sdist: Path) -> dict[str, bytes]:
+    """Every file of the sdist under tests/, and pyproject.toml, by path below
+    its top folder."""
+    files = {}
+    try:
+        with tarfile.open(sdist, "r:*") as tar:
+            for rel, m in _members(tar):
+                if rel.startswith("tests/") or rel == "pyproject.toml":
+                    f = tar.extractfile(m)
+                    if f is not None:
+                        files[rel] = f.read()
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise UsageError(f"{shown(str(sdist), 200)}: not a readable .tar.gz source distribution "
+                         f"({shown(str(e) or type(e).__name__, 100)})") from None
+    if not any(rel.startswith(TEST_ROOT + "/") for rel in files):
+        raise UsageError(f"{shown(str(sdist), 200)} holds no {TEST_ROOT}/; give vLLM {VLLM_VERSION}'s "
+                         f"source distribution ({SDIST_NAME})")
+    return files
+
+
+def check_sdist(path: str | os.PathLike) -> Path:
+    """--sdist PATH: an existing file (its contents are checked when read)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--sdist {shown(str(path), 200)}: no such file")
+    return p
+
+
+def _module_of(rel: str) -> tuple[str, bool]:
+    """("tests.v1.core.utils", is_package) for "tests/v1/core/utils.py"."""
+    parts = list(PurePosixPath(rel).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def imported_modules(source: bytes, rel: str) -> set[str]:
+    """The absolute names of the modules a file imports (and of the names it
+    imports from a module, which may be submodules), at any depth."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    module, is_package = _module_of(rel)
+    package = module if is_package else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                if node.level > 1:
+                    base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if target:
+                found.add(target)
+            found.update(f"{target}.{a.name}" if target else a.name for a in node.names if a.name != "*")
+    return found
+
+
+def needed_files(files: Mapping[str, bytes], test_root: str = TEST_ROOT) -> list[str]:
+    """The files of `files` running `test_root`'s tests needs: all of test_root,
+    the conftest.py and __init__.py files above each module, and every module of
+    the `tests` package they import, followed to the end."""
+    chosen: set[str] = {rel for rel in files if rel.startswith(test_root + "/")}
+    if "pyproject.toml" in files:
+        chosen.add("pyproject.toml")
+    queue = sorted(rel for rel in chosen if rel.endswith(".py"))
+
+    def add(rel: str) -> None:
+        if rel in files and rel not in chosen:
+            chosen.add(rel)
+            if rel.endswith(".py"):
+                queue.append(rel)
+
+    while queue:
+        rel = queue.pop()
+        parents = PurePosixPath(rel).parents
+        for folder in list(parents)[:-1]:  # tests/v1/core, tests/v1, tests (not ".")
+            add(f"{folder}/__init__.py")
+            add(f"{folder}/conftest.py")
+        for name in imported_modules(files[rel], rel):
+            if name != "tests" and not name.startswith("tests."):
+                continue
+            path = name.replace(".", "/")
+            add(f"{path}.py")
+            add(f"{path}/__init__.py")
+    return sorted(chosen)
+
+
+def extract_tests(sdist: Path, root: Path, status: StatusFn = _quiet) -> Path:
+    """The tree pytest runs in: root/vllm-<version>/ with tests/v1/core, its
+    helpers and pyproject.toml; reused while the sdist is the same."""
+    dest = Path(root) / f"vllm-{VLLM_VERSION}"
+    digest = sha256_file(sdist)
+    marker = dest / EXTRACTED_MARKER
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(marker.read_text()).get("sdist_sha256") == digest:
+            return dest
+    status(f"extracting {TEST_ROOT} and its helpers from {sdist.name}")
+    files = read_sdist(sdist)
+    chosen = needed_files(files)
+    _make_dir(Path(root), "cache folder")
+    tmp = Path(tempfile.mkdtemp(prefix=f".vllm-{VLLM_VERSION}.", dir=root))
+    try:
+        for rel in chosen:
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(files[rel])
+        (tmp / EXTRACTED_MARKER).write_text(json.dumps({"sdist_sha256": digest, "files": chosen}, indent=1))
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except OSError as e:
+        raise UsageError(f"cannot extract the tests into {shown(str(dest), 200)}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def available_files(tree: Path) -> list[str]:
+    """The test files of tests/v1/core, relative to it."""
+    base = tree / TEST_ROOT
+    return sorted(str(p.relative_to(base)) for p in base.rglob("test_*.py"))
+
+
+def resolve_targets(tree: Path, files: Sequence[str] | None, all_files: bool) -> list[str]:
+    """pytest's arguments, relative to the tree: the default five files, all of
+    tests/v1/core, or the named files ("test_scheduler.py", "test_scheduler",
+    "prefix_cache/test_x.py", a node id "test_x.py::test_y")."""
+    if all_files:
+        return [TEST_ROOT]
+    known = available_files(tree)
+    targets = []
+    for name in files or DEFAULT_FILES:
+        path, sep, rest = name.partition("::")
+        path = path.strip().removeprefix(TEST_ROOT + "/").removeprefix("./")
+        if path and not path.endswith(".py"):
+            path += ".py"
+        if path not in known:
+            hits = [k for k in known if PurePosixPath(k).name == path]
+            if len(hits) != 1:
+                raise UsageError(f"--files {shown(name)}: no such test file in {TEST_ROOT} "
+                                 f"(there are: {', '.join(known)})")
+            path = hits[0]
+        targets.append(f"{TEST_ROOT}/{path}{sep}{rest}")
+    return targets
+
+
+# --- offline model configs -----------------------------------------------------------------------
+
+def model_configs() -> dict[str, dict[str, Any]]:
+    """{model id: config.json contents} of the models vLLM's tests name."""
+    configs = json.loads(MODEL_CONFIGS.read_text())
+    configs.setdefault(OPT_125M, json.loads(OPT_125M_CONFIG.read_text()))
+    return configs
+
+
+def write_model_configs(hub: Path, configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+    """A Hugging Face hub cache at `hub` (HF_HUB_CACHE) holding config.json for
+    each model: models--ORG--NAME/snapshots/<rev>/config.json and refs/main.
+    The revision is a hash of the config, so a changed config is a new one.
+    The model ids written."""
+    configs = model_configs() if configs is None else configs
+    written = []
+    for model_id, config in sorted(configs.items()):
+        if model_id.count("/") != 1 or any(p in ("", ".", "..") for p in model_id.split("/")):
+            raise ValueError(f"model id {model_id!r} is not ORG/NAME")
+        text = json.dumps(config, indent=1, sort_keys=True) + "\n"
+        rev = hashlib.sha1(text.encode()).hexdigest()
+        repo = hub / ("models--" + model_id.replace("/", "--"))
+        snapshot = repo / "snapshots" / rev
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (snapshot / "config.json").write_text(text)
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(rev)
+        written.append(model_id)
+    return written
+
+
+# --- test-only dependencies ----------------------------------------------------------------------
+
+def missing_dependencies(deps: Path | None = None,
+                         wanted: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{import name: requirement} of TEST_DEPENDENCIES neither this Python nor
+    `deps` has."""
+    wanted = TEST_DEPENDENCIES if wanted is None else wanted
+    missing = {}
+    for module, requirement in wanted.items():
+        if importlib.util.find_spec(module) is not None:
+            continue
+        if deps is not None and ((deps / module).is_dir() or (deps / f"{module}.py").is_file()):
+            continue
+        missing[module] = requirement
+    return missing
+
+
+def ensure_test_dependencies(root: Path, status: StatusFn = _quiet,
+                             python: str | None = None) -> list[Path]:
+    """Folders to put on the tests' PYTHONPATH with the test-only packages this
+    Python lacks: root/deps, installed there by pip (--no-deps, pinned); where pip
+    fails, a stand-in for tblib (root/stand-ins) so that tests/conftest.py loads."""
+    deps = Path(root) / "deps"
+    missing = missing_dependencies(deps)
+    if missing:
+        status(f"installing the test-only packages {', '.join(missing.values())} into {deps} "
+               "(not into this Python)")
+        _make_dir(Path(root), "cache folder")
+        tmp = Path(tempfile.mkdtemp(prefix=".deps.", dir=root))
+        try:
+            cmd = [python or sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                   "--no-deps", "--no-compile", "--target", str(tmp), *missing.values()]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+            if proc.returncode == 0:
+                deps.mkdir(parents=True, exist_ok=True)
+                for item in tmp.iterdir():
+                    target = deps / item.name
+                    if target.exists():
+                        shutil.rmtree(target) if target.is_dir() else target.unlink()
+                    os.replace(item, target)
+            else:
+                last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+                status(f"could not install {', '.join(missing.values())} ({shown(last, 160)}); "
+                       "the tests that import them will fail plain")
+        except (OSError, subprocess.SubprocessError) as e:
+            status(f"could not run pip to install {', '.join(missing.values())}: {shown(str(e), 160)}")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    paths = [deps] if deps.is_dir() else []
+    if "tblib" in missing_dependencies(deps, {"tblib": TEST_DEPENDENCIES["tblib"]}):
+        stand_in = Path(root) / "stand-ins" / "tblib"
+        stand_in.mkdir(parents=True, exist_ok=True)
+        (stand_in / "__init__.py").write_text(TBLIB_STAND_IN[0])
+        (stand_in / "pickling_support.py").write_text("".join(TBLIB_STAND_IN))
+        paths.append(stand_in.parent)
+    return paths
+
+
+# --- running pytest ------------------------------------------------------------------------------
+
+def schedspec_source_root() -> Path:
+    """The folder that holds the schedspec package (for the tests' PYTHONPATH)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def peer_environment(root: Path, hub: Path, python_path: Sequence[Path] = (),
+                     base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment vLLM's tests run in: offline, CPU, our hub cache and
+    vLLM cache, the extra packages and schedspec importable."""
+    env = dict(os.environ if base is None else base)
+    for key in [k for k in env if k.startswith("PYTEST_")]:
+        env.pop(key)  # an outer pytest's settings (PYTEST_ADDOPTS, PYTEST_CURRENT_TEST, ...) are not ours
+    env.update(OFFLINE_ENV)
+    env["HF_HOME"] = str(hub.parent)
+    env["HF_HUB_CACHE"] = str(hub)
+    env["VLLM_CACHE_ROOT"] = str(Path(root) / "vllm-cache")
+    paths = [str(p) for p in python_path]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    paths.append(str(schedspec_source_root()))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return env
+
+
+@dataclass
+class PytestRun:
+    """One pytest run: its mode, exit status, the plugin's report, its output."""
+    mode: str
+    returncode: int
+    report: dict[str, Any] | None
+    log: Path
+    seconds: float
+
+
+def run_pytest(tree: Path, targets: Sequence[str], run_dir: Path, env: Mapping[str, str], *,
+               plain: bool, keyword: str | None = None, vectors_dir: Path | None = None,
+               policy: str = "count", extra_args: Sequence[str] = (), status: StatusFn = _quiet,
+               show_progress: bool | None = None) -> PytestRun:
+    """pytest on `targets` in `tree`, in a subprocess, with the plugin; its
+    output goes to run_dir/pytest-<mode>.log, the count of tests done to stderr."""
+    mode = "plain" if plain else "shadow"
+    run_dir = _make_dir(Path(run_dir), "run folder")
+    report = run_dir / f"report-{mode}.json"
+    progress_file = run_dir / f"progress-{mode}.txt"
+    log = run_dir / f"pytest-{mode}.log"
+    work = _make_dir(run_dir / f"cwd-{mode}", "run folder")  # files tests write with relative names
+    for p in (report, progress_file):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    cmd = [sys.executable, "-m", "pytest", *[str(Path(tree) / t) for t in targets],
+           "--rootdir", str(tree), "-c", str(Path(tree) / "pyproject.toml"),
+           "-p", PLUGIN, "-p", "no:cacheprovider", "-q", "-rN", "--continue-on-collection-errors",
+           "--schedspec-report", str(report), "--schedspec-progress", str(progress_file)]
+    if plain:
+        cmd.append("--schedspec-plain")
+    else:
+        cmd += ["--schedspec-policy", policy]
+        if vectors_dir is not None:
+            cmd += ["--schedspec-vectors", str(vectors_dir)]
+    if keyword:
+        cmd += ["-k", keyword]
+    cmd += list(extra_args)
+    status(f"running vLLM's tests {'plain (no monitor)' if plain else 'under the shadow monitor'}; "
+           f"pytest output in {log}")
+    t0 = time.monotonic()
+    progress = Progress(f"vLLM tests, {mode}", 1, enabled=show_progress, min_total=1)
+    with open(log, "wb") as out:
+        try:
+            proc = subprocess.Popen(cmd, cwd=work, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+        except OSError as e:
+            raise UsageError(f"cannot run {shown(sys.executable, 200)} -m pytest: {e.strerror or e}") from None
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    _show_progress(progress_file, progress)
+            _show_progress(progress_file, progress)
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        finally:
+            progress.close()
+    seconds = time.monotonic() - t0
+    data = None
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(report.read_text())
+    if data is None or proc.returncode in (2, 3, 4):
+        raise UsageError(f"pytest ({mode}) stopped with exit status {proc.returncode} before finishing: "
+                         f"{shown(_last_line(log), 200)} (full output: {log})")
+    return PytestRun(mode, proc.returncode, data, log, seconds)
+
+
+def _show_progress(progress_file: Path, progress: Progress) -> None:
+    try:
+        lines = progress_file.read_text().splitlines()
+    except OSError:
+        return
+    if not lines or not lines[0].startswith("collected "):
+        return
+    with contextlib.suppress(ValueError):
+        total = int(lines[0].split()[1])
+        progress(len(lines) - 1, max(total, 1))
+
+
+def _last_line(log: Path) -> str:
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 20000))
+            lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no output"
+    errors = [ln for ln in lines if ln.startswith(("E ", "ERROR", "ImportError", "error:"))]
+    return (errors or lines or ["no output"])[-1].strip()
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+CALL_NAMES = ("schedule", "update_from_output", "add_request", "finish_requests")
+
+
+def _file_of(nodeid: str, test_root: str = TEST_ROOT) -> str:
+    path = nodeid.split("::", 1)[0]
+    return path.removeprefix(test_root + "/")
+
+
+def _outcome(report: Mapping[str, Any] | None, nodeid: str) -> str | None:
+    if report is None:
+        return None
+    entry = report.get("tests", {}).get(nodeid)
+    return entry.get("outcome") if isinstance(entry, Mapping) else None
+
+
+def _blank_row(name: str) -> dict[str, Any]:
+    return {"file": name, "collected": 0,
+            "plain": {"passed": 0, "failed": 0, "error": 0, "skipped": 0},
+            "shadow": {"passed": 0, "failed": 0, "error": 0, "skipped": 0},
+            "calls": {c: {"total": 0, "checked": 0, "outside_scope": 0} for c in CALL_NAMES},
+            "calls_total": 0, "calls_checked": 0, "outside_scope": {}, "divergences": 0,
+            "divergences_not_counted": 0, "monitor_errors": 0, "plain_pass_shadow_fail": 0}
+
+
+def _add_stats(row: dict[str, Any], stats: Mapping[str, Any]) -> None:
+    for name, counts in (stats.get("calls") or {}).items():
+        slot = row["calls"].setdefault(name, {"total": 0, "checked": 0, "outside_scope": 0})
+        for key in ("total", "checked", "outside_scope"):
+            slot[key] = slot.get(key, 0) + int((counts or {}).get(key, 0) or 0)
+    outside = Counter(row["outside_scope"])
+    outside.update({k: int(v) for k, v in (stats.get("outside_scope") or {}).items()})
+    row["outside_scope"] = dict(sorted(outside.items()))
+    row["calls_total"] = sum(c.get("total", 0) for c in row["calls"].values())
+    row["calls_checked"] = sum(c.get("checked", 0) for c in row["calls"].values())
+
+
+def build_table(plain: Mapping[str, Any] | None, shadow: Mapping[str, Any] | None,
+                test_root: str = TEST_ROOT) -> dict[str, Any]:
+    """The per-file table from the plugin's reports (either may be None).
+
+    A test that fails plain is vLLM's test failing on this machine: it is listed
+    with its message and nothing it did under the monitor counts against the
+    spec.  A test that passes plain and not shadowed, and a divergence in a
+    test that passes plain, make the run fail (exit_status 1)."""
+    plain_tests = dict((plain or {}).get("tests", {}))
+    shadow_tests = dict((shadow or {}).get("tests", {}))
+    ids = sorted(set(plain_tests) | set(shadow_tests))
+    rows: dict[str, dict[str, Any]] = {}
+    plain_failures, pass_fail, divergences, monitor_errors = [], [], [], []
+    for nodeid in ids:
+        row = rows.setdefault(_file_of(nodeid, test_root), _blank_row(_file_of(nodeid, test_root)))
+        row["collected"] += 1
+        p_out, s_out = _outcome(plain, nodeid), _outcome(shadow, nodeid)
+        if plain is not None and p_out in row["plain"]:
+            row["plain"][p_out] += 1
+        if shadow is not None and s_out in row["shadow"]:
+            row["shadow"][s_out] += 1
+        if plain is not None and p_out in ("failed", "error"):
+            plain_failures.append({"test": nodeid, "outcome": p_out,
+                                   "message": plain_tests[nodeid].get("message")})
+        counted = plain is None or p_out == "passed"
+        if plain is not None and shadow is not None and p_out == "passed" and s_out != "passed":
+            row["plain_pass_shadow_fail"] += 1
+            entry = shadow_tests.get(nodeid) or {}
+            pass_fail.append({"test": nodeid, "outcome": s_out or "not run", "message": entry.get("message")})
+        stats = (shadow_tests.get(nodeid) or {}).get("stats")
+        if not isinstance(stats, Mapping):
+            continue
+        _add_stats(row, stats)
+        for d in stats.get("divergences") or []:
+            divergences.append({"test": nodeid, "counted": counted, **dict(d)})
+            row["divergences" if counted else "divergences_not_counted"] += 1
+        for e in stats.get("monitor_errors") or []:
+            monitor_errors.append({"test": nodeid, **dict(e)})
+            row["monitor_errors"] += 1
+    files = [rows[k] for k in sorted(rows)]
+    totals = _blank_row("total")
+    for row in files:
+        totals["collected"] += row["collected"]
+        for mode in ("plain", "shadow"):
+            for k, v in row[mode].items():
+                totals[mode][k] += v
+        _add_stats(totals, {"calls": row["calls"], "outside_scope": row["outside_scope"]})
+        for k in ("divergences", "divergences_not_counted", "monitor_errors", "plain_pass_shadow_fail"):
+            totals[k] += row[k]
+    causes = Counter(_cause(f["message"]) for f in plain_failures)
+    bad = any(d["counted"] for d in divergences) or bool(pass_fail)
+    return {"format": TABLE_FORMAT, "vllm": VLLM_VERSION, "test_root": test_root,
+            "modes": [m for m, r in (("plain", plain), ("shadow", shadow)) if r is not None],
+            "files": files, "totals": totals,
+            "divergences": divergences, "plain_pass_shadow_fail": pass_fail,
+            "monitor_errors": monitor_errors, "plain_failures": plain_failures,
+            "plain_failure_causes": [{"cause": c, "tests": n} for c, n in causes.most_common()],
+            "exit_status": 1 if bad else 0}
+
+
+def _cause(message: str | None) -> str:
+    """A failure message cut to what tells failures apart."""
+    if not message:
+        return "(no message)"
+    line = message.strip().splitlines()[0] if message.strip() else "(no message)"
+    for cut in (" [type=", ", input_value="):
+        line = line.split(cut)[0]
+    return line[:160]
+
+
+def format_table(table: Mapping[str, Any], vectors_dir: str | None = None) -> str:
+    """The table as text, for a terminal."""
+    modes = table.get("modes", [])
+    has_plain, has_shadow = "plain" in modes, "shadow" in modes
+    rows = [*table["files"], table["totals"]]
+    width = max([len("file"), *(len(r["file"]) for r in rows)])
+    head = f"{'file':<{width}}  {'tests':>5}"
+    if has_plain:
+        head += f"  {'plain: pass':>11} {'fail':>5} {'skip':>5}"
+    if has_shadow:
+        head += f"  {'shadow: pass':>12} {'calls checked/total':>20} {'outside':>8} {'diverg.':>7} {'mon.err':>7}"
+        if has_plain:
+            head += f" {'pass→fail':>9}"
+    lines = [f"vLLM {table.get('vllm', VLLM_VERSION)}'s {table.get('test_root', TEST_ROOT)} tests on this machine"
+             + (" (plain: without the monitor; shadow: every scheduler call checked against the spec)"
+                if has_shadow else " (plain: without the monitor)"), head, "-" * len(head)]
+    for r in rows:
+        if r is table["totals"]:
+            lines.append("-" * len(head))
+        line = f"{shown(r['file'], 60):<{width}}  {r['collected']:>5}"
+        if has_plain:
+            p = r["plain"]
+            line += f"  {p['passed']:>11} {p['failed'] + p['error']:>5} {p['skipped']:>5}"
+        if has_shadow:
+            s = r["shadow"]
+            outside = sum(c.get("outside_scope", 0) for c in r["calls"].values())
+            line += (f"  {s['passed']:>12} {str(r['calls_checked']) + '/' + str(r['calls_total']):>20} "
+                     f"{outside:>8} {r['divergences']:>7} {r['monitor_errors']:>7}")
+            if has_plain:
+                line += f" {r['plain_pass_shadow_fail']:>9}"
+        lines.append(line)
+    totals = table["totals"]
+    if has_shadow:
+        calls = ", ".join(f"{name} {c.get('checked', 0)}/{c.get('total', 0)}"
+                          for name, c in totals["calls"].items())
+        lines.append(f"\nscheduler calls checked/made: {calls or 'none'}")
+        features = ", ".join(f"{shown(k, 40)} {v}" for k, v in totals["outside_scope"].items())
+        lines.append(f"calls outside the spec's scope, by feature: {features or 'none'}")
+    divs = table.get("divergences", [])
+    if divs:
+        lines.append(f"\ndivergences ({sum(d['counted'] for d in divs)} counted):")
+        for d in divs:
+            where = f"{d.get('call', '?')} #{d.get('call_number', '?')}"
+            field_ = f" field {shown(d.get('field'), 60)}" if d.get("field") else ""
+            vector = f"; state vector {shown(d.get('vector'), 300)}" if d.get("vector") else ""
+            note = "" if d["counted"] else " (test fails plain: not counted)"
+            lines.append(f"  {shown(d['test'], 160)}  {where}{field_}{vector}{note}")
+    if table.get("plain_pass_shadow_fail"):
+        lines.append("\npassed plain, not under the monitor (failures of this run):")
+        for t in table["plain_pass_shadow_fail"]:
+            msg = f": {shown(_cause(t.get('message')), 160)}" if t.get("message") else ""
+            lines.append(f"  {shown(t['test'], 160)}  {t['outcome']}{msg}")
+    if table.get("monitor_errors"):
+        lines.append(f"\nmonitor errors ({len(table['monitor_errors'])}):")
+        for e in table["monitor_errors"][:20]:
+            lines.append(f"  {shown(e['test'], 160)}  {e.get('call', '?')} #{e.get('call_number', '?')}: "
+                         f"{shown(e.get('error'), 160)}")
+        if len(table["monitor_errors"]) > 20:
+            lines.append(f"  ... {len(table['monitor_errors']) - 20} more (--json-out lists them all)")
+    if table.get("plain_failures"):
+        lines.append(f"\nfailing plain, on vLLM alone ({len(table['plain_failures'])} tests; not counted "
+                     "against the spec), by cause:")
+        for c in table["plain_failure_causes"]:
+            lines.append(f"  {c['tests']:>4}  {shown(c['cause'], 160)}")
+    if has_shadow:
+        verdict = ("FAIL: " + ", ".join(x for x in (
+            f"{totals['divergences']} divergences" if totals["divergences"] else "",
+            f"{totals['plain_pass_shadow_fail']} tests pass plain and fail shadowed"
+            if totals["plain_pass_shadow_fail"] else "") if x)) if table["exit_status"] else \
+            "ok: no divergence, and every test that passes plain passes under the monitor"
+        lines.append(f"\n{verdict}")
+    return "\n".join(lines)
+
+
+# --- all of it -----------------------------------------------------------------------------------
+
+@dataclass
+class PeerTestOptions:
+    """What `schedspec peer-tests` runs (the command's flags, as values)."""
+    files: Sequence[str] | None = None
+    all_files: bool = False
+    keyword: str | None = None
+    plain_only: bool = False
+    sdist: str | None = None
+    cache: str | None = None
+    vectors_dir: str | None = None
+    policy: str = "count"
+    extra_pytest_args: Sequence[str] = field(default_factory=tuple)
+
+
+def prepare(options: PeerTestOptions, status: StatusFn = _quiet) -> tuple[Path, Path, dict[str, str]]:
+    """(cache root, extracted tree, the tests' environment), everything fetched
+    and written."""
+    root = _make_dir(cache_root(options.cache), "cache folder")
+    sdist = check_sdist(options.sdist) if options.sdist else fetch_sdist(root, status=status)
+    tree = extract_tests(sdist, root, status)
+    hub = root / "hf" / "hub"
+    try:
+        write_model_configs(hub)
+    except OSError as e:
+        raise UsageError(f"cannot write the model configs into {shown(str(hub), 200)}: {e.strerror or e}") from None
+    paths = ensure_test_dependencies(root, status)
+    return root, tree, peer_environment(root, hub, paths)
+
+
+def new_run_dir(root: Path, keep: int = 10) -> Path:
+    """root/runs/<time>-<pid>, the older runs beyond the last `keep` removed."""
+    runs = _make_dir(Path(root) / "runs", "cache folder")
+    old = sorted(p for p in runs.iterdir() if p.is_dir())
+    for p in old[: max(0, len(old) - keep + 1)]:
+        shutil.rmtree(p, ignore_errors=True)
+    return _make_dir(runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", "run folder")
+
+
+def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
+                   show_progress: bool | None = None) -> dict[str, Any]:
+    """Fetch, extract, run plain (and, unless plain_only, under the monitor); the table."""
+    root, tree, env = prepare(options, status)
+    targets = resolve_targets(tree, options.files, options.all_files)
+    run_dir = new_run_dir(root)
+    vectors = Path(options.vectors_dir) if options.vectors_dir else run_dir / "vectors"
+    runs = {"plain": run_pytest(tree, targets, run_dir, env, plain=True, keyword=options.keyword,
+                                extra_args=options.extra_pytest_args, status=status,
+                                show_progress=show_progress)}
+    if not options.plain_only:
+        _make_dir(vectors, "--vectors-out folder")
+        runs["shadow"] = run_pytest(tree, targets, run_dir, env, plain=False, keyword=options.keyword,
+                                    vectors_dir=vectors, policy=options.policy,
+                                    extra_args=options.extra_pytest_args, status=status,
+                                    show_progress=show_progress)
+    table = build_table(runs["plain"].report, runs["shadow"].report if "shadow" in runs else None)
+    table["run"] = {"targets": targets, "keyword": options.keyword, "run_dir": str(run_dir),
+                    "vectors_dir": str(vectors) if "shadow" in runs else None,
+                    **{f"{mode}_seconds": round(r.seconds, 1) for mode, r in runs.items()},
+                    **{f"{mode}_pytest_exit": r.returncode for mode, r in runs.items()},
+                    **{f"{mode}_log": str(r.log) for mode, r in runs.items()}}
+    return table
+
+
+__all__ = ["DEFAULT_FILES", "IndexSettings", "PeerTestOptions", "PytestRun", "SDIST_NAME", "SdistLink",
+           "TEST_DEPENDENCIES", "TEST_ROOT", "VLLM_VERSION", "available_files", "build_table", "cache_root",
+           "check_sdist", "download", "ensure_test_dependencies", "extract_tests", "fetch_sdist", "find_sdist",
+           "format_table", "imported_modules", "missing_dependencies", "model_configs", "needed_files",
+           "new_run_dir", "parse_project_page", "pip_config_values", "pip_default_index", "pip_index_settings",
+           "prepare", "read_sdist", "resolve_targets", "run_peer_tests", "run_pytest", "sha256_file",
+           "ssl_context", "peer_environment", "write_model_configs"]
