@@ -153,6 +153,29 @@ def test_a_spec_mutant_is_reported_on_its_call(shadow, vllm, call):
     assert s["monitor_errors"] == []
 
 
+def test_each_divergence_is_written_as_a_state_vector(shadow, vllm, tmp_path):
+    from schedspec.reference.vectors import apply_call, read_vector
+    from schedspec.reference.state_json import state_from_json
+
+    monitor = shadow.install("count", vectors_dir=str(tmp_path))
+    with mutated([MUTANTS["update_from_output"], MUTANTS["add_request"]]):
+        campaign(vllm, n=3)
+        divergences = monitor.summary()["divergences"]
+        assert divergences and all(d["vector"] for d in divergences)
+        for d in divergences:
+            v = read_vector(d["vector"])  # the published format, schema and rules
+            assert v["call"]["name"] == d["call"] and v["observed"]["post_state"] != v["post_state"] \
+                or v["observed"]["result"] != v["expected"]
+            # `expected` is the (mutated) spec's answer on the pre-state: replaying it agrees
+            result, post = apply_call(state_from_json(v["pre_state"]), v["call"])
+            assert result == v["expected"]
+    # vLLM's side, replayed on the unmutated spec, is what the spec says
+    for d in divergences[:5]:
+        v = read_vector(d["vector"])
+        result, post = apply_call(state_from_json(v["pre_state"]), v["call"])
+        assert result == v["observed"]["result"] or d["field"].startswith("post_state")
+
+
 def test_policy_raise_stops_at_the_divergence(shadow, vllm):
     shadow.install("raise")
     with mutated([MUTANTS["update_from_output"]]), pytest.raises(AssertionError, match="diverges from the spec"):

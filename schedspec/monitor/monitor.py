@@ -30,7 +30,7 @@ from schedspec.spec import scheduler as spec
 from schedspec.spec.state import SchedulerOutput
 
 from . import scope
-from .check import Difference, compare_finished, compare_outputs, compare_states
+from .check import Difference, compare_finished, compare_outputs, compare_states, jsonable
 
 POLICIES = ("raise", "log", "count")
 POST_ATTR = "schedspec_post"  # on a vLLM scheduler: the last call's lifted post-state (relift off)
@@ -198,9 +198,9 @@ class Monitor:
         from schedspec.reference.vectors import make_vector, write_vector
 
         vector = make_vector(prepared.pre, prepared.call_json(),
-                             source={"monitor": {"test": self.label, "call": call, "call_number": number}})
+                             source={"monitor": {"test": self.label, "call": call, "call_number": number,
+                                                 "difference": difference.to_json()}})
         vector["observed"] = prepared.observed_json()
-        vector["difference"] = difference.to_json()
         name = f"{self.label or 'run'}-{number:05d}-{call}"
         return write_vector(self.vectors_dir, name, vector)
 
@@ -235,7 +235,7 @@ class Prepared:
         result = self.observed_result
         if isinstance(result, SchedulerOutput):
             result = {"output": output_to_json(result)}
-        return {"result": result, "post_state": state_to_json(self.observed_post)}
+        return {"result": jsonable(result), "post_state": state_to_json(self.observed_post)}
 
 
 def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], throttle_prefills: bool,

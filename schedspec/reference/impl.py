@@ -6,6 +6,12 @@ An implementation is a stateful object with vLLM's four scheduler calls plus
 their counters, running and waiting in order, KV blocks).  Plug in your own with
 `--impl package.module:ClassName`; the class is built with no arguments
 (schedspec/base/loader.py).
+
+Optional: `load_state(state)` (the `StateLoadable` protocol) sets the
+implementation to any given `SchedulerState`, config included, as if it had
+got there by its own calls.  Replaying state vectors (reference/vectors.py,
+`schedspec vectors check`) needs it; nothing else does, and an
+implementation without it is told so in one line.
 """
 
 from __future__ import annotations
@@ -42,6 +48,15 @@ class SchedulerImpl(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class StateLoadable(Protocol):
+    """The optional part of the protocol: set the implementation to `state`
+    (a whole SchedulerState: config, requests, queues, KV pool, finished ids),
+    replacing whatever it held.  Calls that follow behave as from that state."""
+
+    def load_state(self, state: SchedulerState) -> None: ...
+
+
 class SpecScheduler:
     """The executable specification behind the implementation protocol."""
 
@@ -71,6 +86,12 @@ class SpecScheduler:
 
     def observe(self) -> SchedulerState:
         return self.state
+
+    def load_state(self, state: SchedulerState) -> None:
+        # A state is a value, so holding it is enough.  Its config is not held to
+        # vLLM's start-up checks: a state lifted from a scheduler built directly
+        # (vLLM's tests) may break them and still be replayed.
+        self.state = state
 
     def close(self) -> None:
         pass
