@@ -39,7 +39,8 @@ PROMPT_EMBEDS = "prompt embeddings"
 REPETITION_DETECTION = "repetition detection"
 DROP_STALE_OUTPUT = "dropped stale output"
 DELAYED_FREE = "finished request still held"
-UNKNOWN_REQUEST = "request the scheduler does not hold"
+MM_ENCODER_ONLY = "multimodal encoder-only instance"
+KV_BLOCK_SIZE = "KV group block size != scheduler block size"
 PREFIX_REPLAY = "prefix replay window"
 
 # Statuses the spec has no rule for (RQ:370-386).
@@ -88,6 +89,13 @@ def built_features(sched: Any) -> tuple[str, ...]:
 
     if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
         out.append(KV_CACHE_GROUPS)
+    elif groups[0].kv_cache_spec.block_size != sched.block_size and sched.dcp_world_size == sched.pcp_world_size == 1:
+        # vLLM allocates in the group's blocks (single_type_kv_cache_manager.py:109);
+        # the spec in the scheduler's.  EngineCore never builds this, a unit test can.
+        out.append(KV_BLOCK_SIZE)
+    if getattr(sched, "is_mm_encoder_only", False):
+        # Samples nothing and stops a request once its prompt is computed (S:1340, 2419-2430).
+        out.append(MM_ENCODER_ONLY)
     if getattr(sched, "prefix_replay_tokens", 0):
         out.append(PREFIX_REPLAY)
     if sched.hash_block_size != sched.block_size:
@@ -141,7 +149,10 @@ def request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
         static = (prefix_caching, static_request_features(r, prefix_caching))
         r.__dict__[_STATIC] = static
     status = r.status
-    if not (static[1] or r.spec_token_ids or r.drop_stale_output or status.name in _UNUSUAL):
+    # Drop mode matters only while stale output is in flight (S:1084, 2338-2339);
+    # vLLM leaves the flag set after it drains.
+    dropping = r.drop_stale_output and r.num_stale_output_tokens
+    if not (static[1] or r.spec_token_ids or dropping or status.name in _UNUSUAL):
         return ()  # the common case, in four attribute reads
     out = list(static[1])
     if status.name in BLOCKED_STATUSES:
@@ -150,7 +161,7 @@ def request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
         out.append(DELAYED_FREE)
     if r.spec_token_ids:
         out.append(SPECULATIVE_DECODING)
-    if r.drop_stale_output:
+    if dropping:
         out.append(DROP_STALE_OUTPUT)
     return tuple(out)
 

@@ -1,0 +1,316 @@
+"""Builders shared by the runtime-monitor tests (test_monitor_scope.py,
+test_monitor_engine.py): real vLLM 0.33.0 schedulers, requests and model-runner
+outputs on the CPU, with no model, and the fixture that puts the process's
+schedulers under a fresh monitor and restores everything afterwards.
+
+Schedulers are built as reference/vllm_adapter.py builds them (and as vLLM's
+own tests/v1/core/utils.py `create_scheduler` does): an offline model config,
+`skip_tokenizer_init`, a KVCacheConfig of hand-made groups (by default one
+FullAttentionSpec group), and the adapter's guard that keeps the async
+scheduling VllmConfig resolved, which the CPU platform hook would switch off.
+Everything else is vLLM's own config classes, so a feature a test asks for is
+built, validated and wired by vLLM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pytest
+
+
+def vllm_required() -> bool:
+    """As tests/conftest.py: CI=true or SCHEDSPEC_REQUIRE_VLLM=1 make a missing vLLM a failure."""
+    return os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true"
+
+
+def require_vllm() -> None:
+    """Import vLLM 0.33.0 the adapter's way (CPU, offline), or skip the module."""
+    try:
+        from schedspec.reference.vllm_adapter import _import_vllm
+
+        _import_vllm()
+        import schedspec.monitor.shadow  # noqa: F401 - imports vLLM's schedulers
+    except ImportError as e:
+        if vllm_required():
+            pytest.fail(f"vLLM is required here (SCHEDSPEC_REQUIRE_VLLM=1 or CI=true) but cannot be imported: {e}")
+        pytest.skip(f"vLLM 0.33.0 is not installed ({e}); run `schedspec install-vllm`", allow_module_level=True)
+
+
+# -- the monitor, installed for one test --------------------------------------------
+
+
+@pytest.fixture
+def monitor():
+    """vLLM's Scheduler patched (shadow.install) under a fresh `count` monitor,
+    which is also the default one that ShadowScheduler / ShadowAsyncScheduler
+    report to; afterwards vLLM's classes and the previous default monitor are
+    restored, whatever the test did."""
+    from schedspec.monitor import shadow
+
+    previous = shadow._default  # noqa: SLF001 - restored exactly, None included
+    mon = shadow.install("count")
+    try:
+        yield mon
+    finally:
+        shadow.uninstall()
+        shadow.set_default_monitor(previous)
+
+
+@pytest.fixture
+def shadow_monitor():
+    """A fresh `count` monitor as the default one, without patching vLLM's own
+    classes: only ShadowScheduler / ShadowAsyncScheduler instances report to it."""
+    from schedspec.monitor import shadow
+    from schedspec.monitor.monitor import Monitor
+
+    previous = shadow._default  # noqa: SLF001
+    shadow.uninstall()
+    mon = Monitor("count")
+    shadow.set_default_monitor(mon)
+    try:
+        yield mon
+    finally:
+        shadow.uninstall()
+        shadow.set_default_monitor(previous)
+
+
+# -- configs and schedulers -------------------------------------------------------------
+
+_model_dirs: dict[str, str] = {}
+
+# A small Llama-style model: grouped-query attention (2 heads, 1 KV head), which
+# context parallelism needs (tensor parallel size above the KV head count).
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+         "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
+         "vocab_size": 1000, "rms_norm_eps": 1e-5, "torch_dtype": "float16", "max_position_embeddings": 4096}
+# A small mixture-of-experts model (the aux output connector returns routed experts).
+MIXTRAL = dict(LLAMA, architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=2,
+               num_experts_per_tok=1)
+
+
+def model_dir(hf_config: Mapping[str, Any] | None, max_model_len: int) -> str:
+    """A folder with a config.json: OPT-125m's (the adapter's) when `hf_config`
+    is None, else `hf_config` itself."""
+    if hf_config is None:
+        from schedspec.reference.vllm_adapter import _model_dir
+
+        return _model_dir(max_model_len)
+    text = json.dumps(dict(hf_config), sort_keys=True)
+    if text not in _model_dirs:
+        d = tempfile.mkdtemp(prefix="schedspec-monitor-model-")
+        atexit.register(shutil.rmtree, d, True)
+        Path(d, "config.json").write_text(text)
+        _model_dirs[text] = d
+    return _model_dirs[text]
+
+
+def vllm_config(*, max_model_len: int = 256, max_num_batched_tokens: int = 64, max_num_seqs: int = 8,
+                block_size: int = 16, prefix_caching: bool = False, async_scheduling: bool = False,
+                scheduler: Mapping[str, Any] | None = None, hf_config: Mapping[str, Any] | None = None,
+                runner: str = "auto", **vllm_kw: Any):
+    """A VllmConfig built by vLLM's own config classes; `vllm_kw` are further
+    VllmConfig fields (speculative_config, lora_config, parallel_config, ...)."""
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    from schedspec.reference.vllm_adapter import _platform_keeps_async_scheduling
+
+    sc = SchedulerConfig(is_encoder_decoder=False, max_model_len=max_model_len,
+                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                         async_scheduling=async_scheduling, **dict(scheduler or {}))
+    mc = ModelConfig(model=model_dir(hf_config, max_model_len), skip_tokenizer_init=True,
+                     max_model_len=max_model_len, dtype="float16", seed=42, runner=runner)
+    cc = CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching)
+    with _platform_keeps_async_scheduling():
+        vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc, **vllm_kw)
+    if vc.cache_config.kv_cache_layout is None:  # as the adapter: one block is one page
+        vc.cache_config.kv_cache_layout = "LBNHC"
+    return vc
+
+
+def full_attention(block_size: int = 16):
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
+def kv_groups(*specs):
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+
+    return [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
+
+
+def build_scheduler(vc=None, *, cls=None, groups=None, num_blocks: int = 64, block_size: int | None = None,
+                    hash_block_size: int | None = None, **config_kw: Any):
+    """A vLLM scheduler of class `cls`, by default the class the config names
+    (`get_scheduler_cls()`, as EngineCore.__init__ picks it), over `groups`
+    (default: one FullAttentionSpec group) of `num_blocks` blocks."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vc = vc if vc is not None else vllm_config(**config_kw)
+    bs = block_size or vc.cache_config.block_size
+    vc.cache_config.num_gpu_blocks = num_blocks
+    kcc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=groups if groups is not None else kv_groups(full_attention(bs)))
+    cls = cls or vc.scheduler_config.get_scheduler_cls()
+    return cls(vllm_config=vc, kv_cache_config=kcc, structured_output_manager=StructuredOutputManager(vc),
+               block_size=bs, hash_block_size=hash_block_size or bs, log_stats=True)
+
+
+def block_hasher(sched):
+    """The per-request block hasher EngineCore gives requests (v1/engine/core.py:220-230)."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    vc = sched.vllm_config
+    fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
+    init_none_hash(fn)
+    return get_request_block_hasher(sched.hash_block_size, fn, vc.num_hash_lookahead_tokens)
+
+
+_prompt_seq = itertools.count(1)
+
+
+def prompt(n: int, start: int | None = None) -> list[int]:
+    """`n` token ids; a fresh run of them unless `start` is given (so no two
+    prompts share a prefix by accident)."""
+    first = start if start is not None else 3 + 97 * next(_prompt_seq) % 40000
+    return [3 + (first + k) % 50000 for k in range(n)]
+
+
+def request(rid: str, n: int | None = 20, *, sched=None, max_tokens: int = 4, tokens: list[int] | None = None,
+            sampling: Mapping[str, Any] | None = None, **kw: Any):
+    """A vLLM Request of `n` prompt tokens (or `tokens`); with `sched` given and
+    prefix caching (or a KV connector) on there, it carries that scheduler's
+    block hasher, as EngineCore's requests do.  `kw` are further Request
+    arguments, `sampling` further SamplingParams ones."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    if "sampling_params" in kw:  # given, None included (a pooling request)
+        params = kw.pop("sampling_params")
+    else:
+        params = SamplingParams(max_tokens=max_tokens, **dict(sampling or {}))
+    if "prompt_token_ids" not in kw:
+        kw["prompt_token_ids"] = list(tokens) if tokens is not None else prompt(n)
+    if sched is not None and "block_hasher" not in kw and \
+            (sched.cache_config.enable_prefix_caching or sched.connector is not None):
+        kw["block_hasher"] = block_hasher(sched)
+    kw.setdefault("pooling_params", None)
+    return Request(request_id=rid, sampling_params=params, **kw)
+
+
+def sampled_for(sched, scheduler_output, token: int = 100, stop: Mapping[str, int] | None = None
+                ) -> dict[str, list[int]]:
+    """What a model runner samples for a batch just scheduled: one token for
+    each request whose scheduled chunk reaches its last known token, nothing
+    for a non-final prefill chunk.  `stop` gives some requests another token."""
+    out = {}
+    for rid in scheduler_output.num_scheduled_tokens:
+        r = sched.requests.get(rid)
+        if r is not None and not r.is_prefill_chunk:
+            out[rid] = [(stop or {}).get(rid, token)]
+    return out
+
+
+def runner_output(scheduler_output, sampled: Mapping[str, Iterable[int]]):
+    """A ModelRunnerOutput (v1/outputs.py) for every request of the batch."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(scheduler_output.num_scheduled_tokens)
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+                             sampled_token_ids=[list(sampled.get(rid, ())) for rid in ids])
+
+
+def step(sched, token: int = 100, stop: Mapping[str, int] | None = None):
+    """schedule, then update_from_output with what a model runner would sample."""
+    out = sched.schedule()
+    sched.update_from_output(out, runner_output(out, sampled_for(sched, out, token, stop)))
+    return out
+
+
+def run_to_completion(sched, limit: int = 200) -> int:
+    """Steps until the scheduler holds no request (sync) or no batch is in
+    flight and none is held (async: two batches in flight, as EngineCore)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    n = 0
+    if not isinstance(sched, AsyncScheduler):
+        while sched.requests and n < limit:
+            step(sched)
+            n += 1
+        return n
+    in_flight = []
+    while (sched.requests or in_flight) and n < limit:
+        if len(in_flight) < 2 and sched.requests:
+            out = sched.schedule()
+            in_flight.append((out, sampled_for(sched, out)))
+            if len(in_flight) < 2:
+                continue
+        out, sampled = in_flight.pop(0)
+        sched.update_from_output(out, runner_output(out, sampled))
+        n += 1
+    return n
+
+
+# -- a KV connector that keeps a finished request's blocks (a delayed free) --------
+
+
+def _delay_free_connector():
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+    class DelayFreeConnector(ExampleConnector):
+        """vLLM's ExampleConnector that, like a connector still sending a
+        finished request's KV, takes over freeing its blocks (base.py:631)."""
+
+        def request_finished(self, request, block_ids):
+            return True, None
+
+        def request_finished_all_groups(self, request, block_ids):
+            return True, None
+
+    return DelayFreeConnector
+
+
+def __getattr__(name: str):
+    # vLLM's KV connector factory imports the class by module and name
+    # (kv_connector_module_path); it is made on first use, after vLLM is imported.
+    if name == "DelayFreeConnector":
+        cls = _delay_free_connector()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
+
+
+# -- what the monitor saw ---------------------------------------------------------------
+
+
+def calls_seen(stats: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """The calls with a nonzero total, with their counts."""
+    return {c: dict(n) for c, n in stats["calls"].items() if n.get("total")}
+
+
+def assert_clean(stats: Mapping[str, Any]) -> None:
+    """No divergence and no monitor error."""
+    assert stats["divergences"] == [], stats["divergences"]
+    assert stats["monitor_errors"] == [], stats["monitor_errors"]
+
+
+def assert_all_checked(stats: Mapping[str, Any], *calls: str) -> None:
+    """Every call seen was checked (none outside scope, none failed), and
+    `calls` were among them."""
+    seen = calls_seen(stats)
+    assert set(calls) <= set(seen), seen
+    for call, n in seen.items():
+        assert n.get("checked", 0) == n["total"], (call, n)
+    assert stats["outside_scope"] == {}
+    assert_clean(stats)

@@ -1,0 +1,301 @@
+"""The monitor under vLLM 0.33.0's own engine loop: `EngineCore.step` (sync) and
+`EngineCore.step_with_batch_queue` (async scheduling, two batches in flight),
+with the scheduler class vLLM's config names (`scheduler_cls` =
+ShadowScheduler / ShadowAsyncScheduler) and a fake executor in place of the
+model.
+
+The EngineCore object is made with `EngineCore.__new__` and given the
+attributes its scheduling loop reads (as EngineCore.__init__ sets them,
+core.py:124-249); the real constructor would profile a model and freeze the
+process's GC heap and environment cache.  Everything the tests run is vLLM's
+own code: preprocess_add_request / add_request, abort_requests and the aborts
+queue, step / step_with_batch_queue, post_step.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections import deque
+from concurrent.futures import Future
+
+import pytest
+
+from monitor_helpers import assert_clean, block_hasher, build_scheduler, prompt, require_vllm, runner_output, \
+    sampled_for, shadow_monitor, vllm_config
+
+require_vllm()
+
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.engine import EngineCoreRequest, FinishReason  # noqa: E402
+from vllm.v1.engine.core import EngineCore  # noqa: E402
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT  # noqa: E402
+
+import schedspec.monitor.monitor as monitor_module  # noqa: E402
+from schedspec.monitor import shadow  # noqa: E402
+from schedspec.monitor.monitor import Monitor, MonitorError, SpecDivergence  # noqa: E402
+from schedspec.monitor.shadow import ShadowAsyncScheduler, ShadowScheduler  # noqa: E402
+from mutants import Mutation, mutated  # noqa: E402
+
+__all__ = ["shadow_monitor"]  # a fixture, imported for pytest
+
+STOP_TOKEN = 77
+MODES = [pytest.param(False, id="sync"), pytest.param(True, id="async")]
+
+
+# -- a model-less executor and an EngineCore around a scheduler ------------------------
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+class FakeExecutor:
+    """The executor calls EngineCore makes in 0.33.0 (core.py:667-822):
+    `execute_model(scheduler_output, non_block=True)` returns a future of None
+    while a batch awaits `sample_tokens` (or of the empty output for a batch
+    of no tokens); `sample_tokens(grammar_output, non_block)` returns the
+    ModelRunnerOutput, or a future of it.  The "model" samples token 100 for
+    every request whose chunk reaches its last known token (nothing for a
+    non-final prefill chunk), and STOP_TOKEN as the `stop_after`-th output of
+    the requests listed there."""
+
+    def __init__(self, sched, stop_after: dict[str, int] | None = None):
+        self.sched = sched
+        self.stop_after = dict(stop_after or {})
+        self.pending: deque = deque()  # outputs awaiting sample_tokens, FIFO
+        self.emitted: dict[str, int] = {}
+        self.executed = 0
+        # What the run went through, for the tests to check it was not trivial.
+        self.preempted: set[str] = set()
+        self.prefix_hits: dict[str, int] = {}
+        self.max_placeholders = 0  # 2 once a request is in two batches in flight
+
+    def execute_model(self, scheduler_output, non_block: bool = False):
+        self.executed += 1
+        self.preempted |= set(scheduler_output.preempted_req_ids)
+        self.prefix_hits.update((d.req_id, d.num_computed_tokens) for d in scheduler_output.scheduled_new_reqs
+                                if d.num_computed_tokens)
+        self.max_placeholders = max([self.max_placeholders] +
+                                    [r.num_output_placeholders for r in self.sched.requests.values()])
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            result = EMPTY_MODEL_RUNNER_OUTPUT
+        else:
+            sampled = sampled_for(self.sched, scheduler_output)
+            for rid in sampled:
+                self.emitted[rid] = self.emitted.get(rid, 0) + 1
+                if self.emitted[rid] == self.stop_after.get(rid):
+                    sampled[rid] = [STOP_TOKEN]
+            self.pending.append(runner_output(scheduler_output, sampled))
+            result = None
+        return _done(result) if non_block else result
+
+    def sample_tokens(self, grammar_output, non_block: bool = False):
+        out = self.pending.popleft()
+        return _done(out) if non_block else out
+
+    def take_draft_token_ids(self):
+        return None
+
+
+def make_engine(async_scheduling: bool, *, prefix_caching: bool = False, num_blocks: int = 6,
+                stop_after: dict[str, int] | None = None) -> EngineCore:
+    """An EngineCore over a monitored scheduler of the class vLLM's config names."""
+    cls = ShadowAsyncScheduler if async_scheduling else ShadowScheduler
+    vc = vllm_config(async_scheduling=async_scheduling, prefix_caching=prefix_caching, max_num_batched_tokens=32,
+                     max_num_seqs=4, scheduler={"scheduler_cls": f"{cls.__module__}.{cls.__qualname__}"})
+    # The class EngineCore.__init__ builds (core.py:167), from the config's name.
+    assert vc.scheduler_config.get_scheduler_cls() is cls
+    sched = build_scheduler(vc, num_blocks=num_blocks)
+
+    e = EngineCore.__new__(EngineCore)
+    e.vllm_config = vc
+    e.log_stats = True
+    e._weight_version = "default"
+    e.model_executor = FakeExecutor(sched, stop_after)
+    e._pooler_config_logged = False
+    e.available_gpu_memory_for_kv_cache = -1
+    e.structured_output_manager = sched.structured_output_manager
+    e.scheduler = sched
+    e.use_spec_decode = vc.speculative_config is not None
+    e.check_for_draft_tokens = e.use_spec_decode or vc.model_config.is_diffusion
+    e.mm_receiver_cache = None
+    e.batch_queue_size = vc.max_concurrent_batches
+    e.batch_queue = deque(maxlen=e.batch_queue_size) if e.batch_queue_size > 1 else None
+    e.is_mm_encoder_only = vc.is_mm_encoder_only
+    e.is_pooling_model = vc.model_config.runner_type == "pooling"
+    e.request_block_hasher = block_hasher(sched) if prefix_caching else None
+    e.step_fn = e.step if e.batch_queue is None else e.step_with_batch_queue
+    e.async_scheduling = vc.scheduler_config.async_scheduling
+    e.aborts_queue = queue.Queue()
+    e._idle_state_callbacks = []
+    assert (e.batch_queue_size == 2) == async_scheduling
+    return e
+
+
+def submit(engine: EngineCore, rid: str, n: int, max_tokens: int, tokens: list[int] | None = None) -> None:
+    """A request as the front end sends it, through EngineCore's own add path."""
+    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN])
+    req = EngineCoreRequest(request_id=rid, prompt_token_ids=tokens or prompt(n), mm_features=None,
+                            sampling_params=params, pooling_params=None, arrival_time=float(len(rid)),
+                            lora_request=None, cache_salt=None, data_parallel_rank=None)
+    engine.add_request(*engine.preprocess_add_request(req))
+
+
+def run(engine: EngineCore, on_step=None, limit: int = 400) -> dict[str, tuple[int, FinishReason | None]]:
+    """Steps the engine as EngineCoreProc's busy loop does (core.py:1621-1696)
+    until it holds no request and no batch; each request's (tokens, finish reason)."""
+    seen: dict[str, tuple[int, FinishReason | None]] = {}
+    n = 0
+    while engine.scheduler.has_requests() or engine.batch_queue:
+        assert n < limit, "the engine did not drain"
+        if on_step is not None:
+            on_step(n)
+        outputs, executed = engine.step_fn()
+        for eco in (outputs or {}).values():
+            for o in eco.outputs:
+                tokens, _ = seen.get(o.request_id, (0, None))
+                seen[o.request_id] = (tokens + len(o.new_token_ids), o.finish_reason)
+        engine.post_step(executed)
+        n += 1
+    return seen
+
+
+def workload(engine: EngineCore) -> dict[str, tuple[int, FinishReason | None]]:
+    """Six requests, a pool small enough to preempt, a stop token, an abort
+    through the aborts queue (taken mid-step) and one through abort_requests."""
+    shared = prompt(40)
+    for i in range(6):
+        submit(engine, f"r{i}", 30 + 5 * i, max_tokens=6 + i, tokens=shared if i in (1, 3) else None)
+
+    def on_step(n):
+        if n == 3:
+            engine.aborts_queue.put(["r4"])
+        if n == 5:
+            engine.abort_requests(["r5", "not-a-request"])
+    return run(engine, on_step)
+
+
+def assert_served(engine: EngineCore, results) -> None:
+    """Every request finished as vLLM decides, whatever the monitor did: by
+    length, by the stop token, or aborted (the engine process, not
+    update_from_output, reports an abort, core.py:2270), and none is left."""
+    for rid in ("r0", "r2", "r3"):
+        assert results[rid] == (6 + int(rid[1]), FinishReason.LENGTH), rid
+    assert results["r1"] == (2, FinishReason.STOP)  # STOP_TOKEN as its 2nd output
+    for rid in ("r4", "r5"):
+        tokens, reason = results.get(rid, (0, None))
+        assert reason is None and tokens < 6 + int(rid[1]), rid
+    assert not engine.scheduler.requests and not engine.scheduler.has_requests()
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no_caching", "caching"])
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_engine_run_is_checked_throughout(shadow_monitor, async_scheduling, prefix_caching):
+    engine = make_engine(async_scheduling, prefix_caching=prefix_caching, stop_after={"r1": 2})
+    results = workload(engine)
+    assert_served(engine, results)
+    stats = shadow_monitor.summary()
+    assert_clean(stats)
+    assert stats["outside_scope"] == {}
+    calls = stats["calls"]
+    executed = engine.model_executor.executed
+    assert calls["add_request"]["total"] == calls["add_request"]["checked"] == 6
+    assert calls["schedule"]["total"] == calls["schedule"]["checked"] == executed  # one batch per schedule
+    assert calls["update_from_output"]["total"] == calls["update_from_output"]["checked"] == executed
+    assert calls["finish_requests"]["total"] == calls["finish_requests"]["checked"] == 2
+    ex = engine.model_executor  # the run was not a trivial one
+    assert ex.preempted
+    assert bool(ex.prefix_hits) == prefix_caching
+    assert ex.max_placeholders == (2 if async_scheduling else 0)  # async: two batches in flight
+
+
+# The spec's length stop one token late: vLLM finishes a request the spec keeps.
+LATE_LENGTH_STOP = Mutation("scheduler.check_stop", "request.num_output_tokens >= request.max_tokens",
+                            "request.num_output_tokens > request.max_tokens")
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_planted_divergence_is_counted_and_the_engine_serves_on(shadow_monitor, async_scheduling):
+    engine = make_engine(async_scheduling, stop_after={"r1": 2})
+    with mutated([LATE_LENGTH_STOP]):
+        results = workload(engine)
+    assert_served(engine, results)
+    stats = shadow_monitor.summary()
+    assert stats["monitor_errors"] == []
+    # One divergence per request vLLM finished by length: at that update the
+    # spec finishes nothing; the calls after it are judged from vLLM's state.
+    divergences = [(d["call"], d["field"], d["spec"], d["vllm"]) for d in stats["divergences"]]
+    assert divergences == [("update_from_output", "result.finished", [], [[rid, "FINISHED_LENGTH_CAPPED"]])
+                           for rid in ("r0", "r2", "r3")]
+    assert stats["calls"]["update_from_output"]["checked"] == stats["calls"]["update_from_output"]["total"]
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_planted_divergence_raises_under_policy_raise(shadow_monitor, async_scheduling):
+    shadow.set_default_monitor(Monitor("raise"))
+    engine = make_engine(async_scheduling)
+    submit(engine, "a", 20, max_tokens=3)
+    with mutated([LATE_LENGTH_STOP]), pytest.raises(SpecDivergence, match="update_from_output"):
+        run(engine)
+    assert "a" not in engine.scheduler.requests  # vLLM's call ran (and freed it); the check came after
+    # The unmutated spec agrees with the same engine from where it stands.
+    submit(engine, "b", 20, max_tokens=3)
+    run(engine)
+    assert len(shadow.default_monitor().summary()["divergences"]) == 1 and not engine.scheduler.requests
+
+
+def _planted(*args, **kwargs):
+    raise RuntimeError("planted lift failure")
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_planted_monitor_error_is_counted_and_the_engine_serves_on(shadow_monitor, monkeypatch,
+                                                                   async_scheduling):
+    monkeypatch.setattr(monitor_module, "lift_state", _planted)
+    engine = make_engine(async_scheduling, stop_after={"r1": 2})
+    results = workload(engine)
+    assert_served(engine, results)
+    stats = shadow_monitor.summary()
+    assert stats["divergences"] == []
+    errors = stats["monitor_errors"]
+    total = sum(n["total"] for n in stats["calls"].values())
+    assert len(errors) == total > 0  # every call lifts its pre-state first
+    assert all(n["monitor_error"] == n["total"] and n["checked"] == 0 for n in stats["calls"].values() if n["total"])
+    assert all("RuntimeError: planted lift failure" in e["error"] for e in errors)
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_monitor_error_after_the_call_is_counted_too(shadow_monitor, monkeypatch, async_scheduling):
+    """The lift of vLLM's output fails once schedule() has run: the schedule
+    calls are errors, the rest still checked, the engine unaffected."""
+    monkeypatch.setattr(monitor_module, "lift_output", _planted)
+    engine = make_engine(async_scheduling, stop_after={"r1": 2})
+    assert_served(engine, workload(engine))
+    stats = shadow_monitor.summary()
+    calls = stats["calls"]
+    assert calls["schedule"]["monitor_error"] == calls["schedule"]["total"] > 0
+    for call in ("add_request", "update_from_output", "finish_requests"):
+        assert calls[call]["checked"] == calls[call]["total"] > 0, call
+    assert stats["divergences"] == []
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_planted_monitor_error_raises_under_policy_raise(shadow_monitor, monkeypatch, async_scheduling):
+    shadow.set_default_monitor(Monitor("raise"))
+    engine = make_engine(async_scheduling)
+    monkeypatch.setattr(monitor_module, "lift_state", _planted)
+    with pytest.raises(MonitorError, match="add_request #1: RuntimeError: planted lift failure"):
+        submit(engine, "a", 20, max_tokens=3)
+    monkeypatch.undo()
+    submit(engine, "a", 20, max_tokens=3)  # as the request's first add never reached vLLM
+    monkeypatch.setattr(monitor_module, "lift_state", _planted)
+    with pytest.raises(MonitorError, match="schedule #3"):
+        engine.step_fn()
+    stats = shadow.default_monitor().summary()
+    assert [e["call"] for e in stats["monitor_errors"]] == ["add_request", "schedule"]
+    assert stats["divergences"] == []

@@ -1,0 +1,578 @@
+"""The monitor's scope detection, tested feature by feature (schedspec/monitor/scope.py).
+
+For each feature the spec does not model, a real vLLM 0.33.0 scheduler or
+request using it is built on the CPU, the way vLLM's own tests build one (a
+SpeculativeConfig, a LoRA adapter on the request, a sliding-window KV group,
+...), the scheduler calls are made under the monitor, and each call must be
+counted *outside scope* with exactly the features expected, never compared:
+no divergence, no monitor error.  Where a feature cannot be built on the CPU,
+the attribute vLLM derives from it is set on a real scheduler instead, and the
+case says so.
+
+A plain run with no feature must be *checked* throughout (the classification
+is not vacuous), and a guard test fails when scope.py gains a feature this file
+has no case for.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from monitor_helpers import (LLAMA, MIXTRAL, assert_all_checked, assert_clean, build_scheduler, calls_seen,
+                             full_attention, kv_groups, monitor, prompt, request, require_vllm, run_to_completion,
+                             runner_output, shadow_monitor, step, vllm_config)
+
+require_vllm()
+
+import torch  # noqa: E402
+from vllm.v1.core.sched.interface import PauseState  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
+
+from schedspec.monitor import scope  # noqa: E402
+from schedspec.monitor.shadow import ShadowAsyncScheduler, ShadowScheduler  # noqa: E402
+
+__all__ = ["monitor", "shadow_monitor"]  # fixtures, imported for pytest
+
+
+# -- the cases ----------------------------------------------------------------------------
+#
+# A case makes its setup calls (which must be in scope, or its own feature's),
+# then `mon.begin(...)`, the calls under test, and returns `mon.end()` with the
+# set of feature names those calls must be counted under.  The variant is
+# "attribute" where the feature could not be built on the CPU and the attribute
+# vLLM derives from it is set on a real scheduler instead.
+
+
+class Case:
+    def __init__(self, feature: str, variant: str, fn: Callable, companions: tuple[str, ...]):
+        self.feature, self.variant, self.fn, self.companions = feature, variant, fn, companions
+
+    @property
+    def id(self) -> str:
+        return f"{self.feature}-{self.variant}"
+
+    def expected(self) -> set[str]:
+        return {getattr(scope, self.feature)} | {getattr(scope, c) for c in self.companions}
+
+
+CASES: list[Case] = []
+
+
+def case(feature: str, variant: str = "real", *, companions: tuple[str, ...] = ()):
+    """Register a case for scope.FEATURE.  `companions`: features that building
+    this one in vLLM necessarily brings along (e.g. a delayed free needs a KV
+    connector), which the call is then counted under as well."""
+    def register(fn):
+        CASES.append(Case(feature, variant, fn, companions))
+        return fn
+    return register
+
+
+def watch(mon, calls: Callable[[], Any]) -> dict:
+    mon.begin("case")
+    try:
+        calls()
+    finally:
+        stats = mon.end()
+    return stats
+
+
+def add_and_step(sched, *reqs):
+    def calls():
+        for r in reqs:
+            sched.add_request(r)
+        step(sched)
+    return calls
+
+
+def add_and_schedule(sched, *reqs):
+    def calls():
+        for r in reqs:
+            sched.add_request(r)
+        sched.schedule()
+    return calls
+
+
+# Scheduler-wide features: from the config the scheduler is built with.
+
+
+@case("SPECULATIVE_DECODING", "ngram_config")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.config import SpeculativeConfig
+
+    s = build_scheduler(speculative_config=SpeculativeConfig(
+        method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1))
+    return watch(mon, add_and_step(s, request("a", 20)))
+
+
+@case("SPECULATIVE_DECODING", "draft_tokens")
+def _(mon, tmp_path, monkeypatch):
+    # The request-level signal alone: draft tokens handed over as
+    # EngineCore.post_step does (core.py:699-706) make the request's
+    # spec_token_ids, seen by the next schedule() even on a scheduler built
+    # without a SpeculativeConfig.  (Only schedule(): vLLM's own spec-decode
+    # stats in update_from_output need that config, metrics.py:49.)
+    from vllm.v1.outputs import DraftTokenIds
+
+    s = build_scheduler()
+    s.add_request(request("a", 20, max_tokens=8))
+    step(s)  # prefill, in scope
+    s.update_draft_token_ids(DraftTokenIds(req_ids=["a"], draft_token_ids=[[7, 8]]))
+    assert s.requests["a"].spec_token_ids == [7, 8]
+    return watch(mon, lambda: s.schedule())
+
+
+@case("KV_CONNECTOR", "example_connector")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.config import KVTransferConfig
+
+    s = build_scheduler(kv_transfer_config=KVTransferConfig(
+        kv_connector="ExampleConnector", kv_role="kv_both",
+        kv_connector_extra_config={"shared_storage_path": str(tmp_path)}))
+    assert s.connector is not None
+    return watch(mon, add_and_step(s, request("a", 20, sched=s)))
+
+
+@case("KV_CONNECTOR", "request_kv_transfer_params")
+def _(mon, tmp_path, monkeypatch):
+    # P/D parameters on the request (request.py:118-121), no connector built.
+    s = build_scheduler()
+    r = request("a", 20, sampling={"extra_args": {"kv_transfer_params": {"do_remote_prefill": False}}})
+    assert r.kv_transfer_params
+    return watch(mon, add_and_schedule(s, r))
+
+
+@case("EC_CONNECTOR")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.config import ECTransferConfig
+
+    s = build_scheduler(ec_transfer_config=ECTransferConfig(
+        ec_connector="ECExampleConnector", ec_role="ec_both",
+        ec_connector_extra_config={"shared_storage_path": str(tmp_path)}))
+    assert s.ec_connector is not None
+    return watch(mon, add_and_step(s, request("a", 20)))
+
+
+@case("ENCODER_DECODER", "attribute")
+def _(mon, tmp_path, monkeypatch):
+    # Not buildable on this CPU box: an encoder-decoder model (e.g. Whisper,
+    # whose VllmConfig does build offline) needs its multimodal processor for the
+    # scheduler's encoder budget (scheduler.py:255-270), and
+    # WhisperMultiModalProcessor refuses to start without a tokenizer, which
+    # cannot be fetched offline.  So the flag Scheduler.__init__ copies from
+    # model_config.is_encoder_decoder (scheduler.py:118) is set on a real
+    # scheduler, and both scope.features() and the monitored calls are checked.
+    s = build_scheduler()
+    s.is_encoder_decoder = True
+    assert scope.features(s) == (scope.ENCODER_DECODER,)
+    return watch(mon, add_and_step(s, request("a", 20)))
+
+
+@case("KV_CACHE_GROUPS", "sliding_window")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    spec = SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=32)
+    s = build_scheduler(groups=kv_groups(spec))
+    return watch(mon, add_and_step(s, request("a", 40)))
+
+
+@case("KV_CACHE_GROUPS", "hybrid_full_and_sliding")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    swa = SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=32)
+    s = build_scheduler(groups=kv_groups(full_attention(16), swa), prefix_caching=True)
+    return watch(mon, add_and_step(s, request("a", 40, sched=s)))
+
+
+@case("HASH_BLOCK_SIZE", companions=("KV_CACHE_GROUPS",))
+def _(mon, tmp_path, monkeypatch):
+    # A hash block smaller than the block needs the hybrid coordinator
+    # (UnitaryKVCacheCoordinator asserts they are equal): two full-attention
+    # groups of 16- and 32-token blocks, scheduled in 32-token blocks and hashed
+    # in 16-token ones, as resolve_kv_cache_block_sizes (kv_cache_utils.py:815)
+    # gives them.
+    s = build_scheduler(groups=kv_groups(full_attention(16), full_attention(32)), block_size=32,
+                        hash_block_size=16, prefix_caching=True)
+    return watch(mon, add_and_step(s, request("a", 40, sched=s)))
+
+
+@case("PIPELINE_PARALLEL")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.config import ParallelConfig
+
+    s = build_scheduler(parallel_config=ParallelConfig(pipeline_parallel_size=2))
+    assert s.use_pp
+    return watch(mon, add_and_step(s, request("a", 20)))
+
+
+@case("CONTEXT_PARALLEL", "decode")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.config import ParallelConfig
+
+    # Decode context parallelism needs a tensor-parallel size above the model's
+    # KV head count: a one-KV-head Llama.  EngineCore schedules in blocks of
+    # block_size * dcp (kv_cache_utils.py:850).
+    vc = vllm_config(hf_config=LLAMA,
+                     parallel_config=ParallelConfig(tensor_parallel_size=2, decode_context_parallel_size=2))
+    s = build_scheduler(vc, groups=kv_groups(full_attention(16)), block_size=32)
+    assert s.dcp_world_size == 2
+    return watch(mon, add_and_step(s, request("a", 40)))
+
+
+@case("CONTEXT_PARALLEL", "prefill")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.config import ParallelConfig
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # the V1 runner refuses PCP
+    s = build_scheduler(parallel_config=ParallelConfig(prefill_context_parallel_size=2))
+    assert s.pcp_world_size == 2
+    return watch(mon, add_and_step(s, request("a", 20)))
+
+
+@case("POOLING", "pooling_runner")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.pooling_params import PoolingParams
+
+    s = build_scheduler(runner="pooling")
+    assert s.num_sampled_tokens_per_step == 0
+    return watch(mon, add_and_schedule(s, request("a", 20, sampling_params=None,
+                                                  pooling_params=PoolingParams(task="embed"))))
+
+
+@case("POOLING", "pooling_request")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.pooling_params import PoolingParams
+
+    s = build_scheduler()
+    return watch(mon, add_and_schedule(s, request("a", 20, sampling_params=None,
+                                                  pooling_params=PoolingParams(task="embed"))))
+
+
+@case("PAUSE", "paused_new")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler()
+    s.add_request(request("a", 20, max_tokens=8))
+    step(s)  # running, in scope
+    s.set_pause_state(PauseState.PAUSED_NEW)
+    return watch(mon, add_and_step(s, request("b", 20)))
+
+
+@case("PAUSE", "paused_all")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler()
+    s.add_request(request("a", 20, max_tokens=8))
+    s.set_pause_state(PauseState.PAUSED_ALL)
+    return watch(mon, lambda: s.schedule())
+
+
+@case("PREFILL_THROTTLING", "throttle_argument")
+def _(mon, tmp_path, monkeypatch):
+    # EngineCore passes _should_throttle_prefills() (core.py:676), True on a DP
+    # engine's off-cadence steps; positional and keyword both.
+    s = build_scheduler()
+    s.add_request(request("a", 20, max_tokens=8))
+    step(s)
+    s.add_request(request("b", 20))
+
+    def calls():
+        s.schedule(throttle_prefills=True)
+        s.schedule(True)
+    return watch(mon, calls)
+
+
+@case("PREFILL_THROTTLING", "prefill_schedule_interval")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler(scheduler={"prefill_schedule_interval": 2})
+    assert s.local_prefill_interval == 2
+    return watch(mon, add_and_step(s, request("a", 20)))
+
+
+@case("ADAPTIVE_THRESHOLD")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler(scheduler={"long_prefill_token_threshold": 8, "long_prefill_token_threshold_adaptive": True})
+    return watch(mon, add_and_step(s, request("a", 40), request("b", 40)))
+
+
+@case("AUX_OUTPUT_CONNECTOR")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.config.aux_output import AuxOutputConfig
+
+    # Routed experts need a mixture-of-experts model, the V2 model runner and
+    # prefix caching (config/vllm.py validation).
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    s = build_scheduler(hf_config=MIXTRAL, prefix_caching=True,
+                        aux_output_config=AuxOutputConfig(enable_return_routed_experts=True))
+    assert s.aux_output_connector is not None
+    # (No update_from_output: it wants the routed experts from the worker.)
+    return watch(mon, add_and_schedule(s, request("a", 20, sched=s)))
+
+
+@case("PREFIX_REPLAY", companions=("KV_CACHE_GROUPS",))
+def _(mon, tmp_path, monkeypatch):
+    from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+
+    # DeepSeek-V4.1's bounded-replay sliding-window group beside a full one.
+    swa = SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=32,
+                               bounded_replay=True)
+    s = build_scheduler(groups=kv_groups(full_attention(16), swa), prefix_caching=True)
+    assert s.prefix_replay_tokens == 32
+    return watch(mon, add_and_step(s, request("a", 40, sched=s)))
+
+
+# Request features: fixed when the request is made, or its state.
+
+
+@case("ENCODER_INPUTS")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    image = MultiModalFeatureSpec(data=None, modality="image", identifier="image-0",
+                                  mm_position=PlaceholderRange(offset=4, length=8))
+    s = build_scheduler()
+    return watch(mon, add_and_schedule(s, request("a", 20, mm_features=[image])))
+
+
+@case("LORA")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.config import LoRAConfig
+    from vllm.lora.request import LoRARequest
+
+    s = build_scheduler(lora_config=LoRAConfig(max_loras=1, max_lora_rank=8))
+    return watch(mon, add_and_step(s, request("a", 20, lora_request=LoRARequest("adapter", 1, str(tmp_path)))))
+
+
+@case("STRUCTURED_OUTPUT")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.sampling_params import StructuredOutputsParams
+
+    s = build_scheduler()
+    r = request("a", 20, sampling={"structured_outputs": StructuredOutputsParams(regex="[ab]+")})
+    assert r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    return watch(mon, add_and_schedule(s, r))
+
+
+@case("STREAMING_INPUT", "resumable_request")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler()
+    return watch(mon, add_and_step(s, request("a", 20, max_tokens=1, resumable=True)))
+
+
+@case("STREAMING_INPUT", "next_input_chunk")
+def _(mon, tmp_path, monkeypatch):
+    # A streaming session's turn ends (WAITING_FOR_STREAMING_REQ), then its next
+    # input chunk arrives as an add_request with the same id (scheduler.py:2931).
+    # Ending the turn sets drop mode (scheduler.py:2717-2733), but with no stale
+    # output in flight that changes nothing, and is not named.
+    s = build_scheduler()
+    s.add_request(request("a", 20, max_tokens=1, resumable=True))
+    step(s)
+    assert s.requests["a"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
+    return watch(mon, add_and_step(s, request("a", 8, max_tokens=2, resumable=True)))
+
+
+@case("PROMPT_LOGPROBS")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler(prefix_caching=True)
+    r = request("a", 40, sched=s, sampling={"prompt_logprobs": 1})
+    assert r.skip_reading_prefix_cache
+    return watch(mon, add_and_step(s, r))
+
+
+@case("CACHE_SALT")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler(prefix_caching=True)
+    return watch(mon, add_and_step(s, request("a", 40, sched=s, cache_salt="tenant-1")))
+
+
+@case("PROMPT_EMBEDS")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler(prefix_caching=True)
+    r = request("a", None, sched=s, prompt_token_ids=None, prompt_embeds=torch.zeros(40, 8))
+    assert r.num_prompt_tokens == 40
+    return watch(mon, add_and_step(s, r))
+
+
+@case("REPETITION_DETECTION")
+def _(mon, tmp_path, monkeypatch):
+    from vllm.sampling_params import RepetitionDetectionParams
+
+    s = build_scheduler()
+    params = RepetitionDetectionParams(max_pattern_size=2, min_count=3)
+    return watch(mon, add_and_step(s, request("a", 20, sampling={"repetition_detection": params})))
+
+
+@case("DROP_STALE_OUTPUT")
+def _(mon, tmp_path, monkeypatch):
+    # reset_prefix_cache(reset_running_requests=True) preempts with its output
+    # still in flight and drops that output (scheduler.py:3193-3203).
+    s = build_scheduler(async_scheduling=True)
+    s.add_request(request("a", 20, max_tokens=8))
+    first = s.schedule()  # in scope; its output is still in flight
+    s.reset_prefix_cache(reset_running_requests=True)
+    assert s.requests["a"].drop_stale_output
+
+    def calls():
+        s.schedule()
+        s.update_from_output(first, runner_output(first, {"a": [100]}))
+    return watch(mon, calls)
+
+
+@case("DELAYED_FREE", companions=("KV_CONNECTOR",))
+def _(mon, tmp_path, monkeypatch):
+    from vllm.config import KVTransferConfig
+
+    # A connector still sending a finished request's KV keeps its blocks
+    # (scheduler.py:3031-3061): vLLM's ExampleConnector, told to do so, loaded
+    # through vLLM's connector factory by module path.
+    s = build_scheduler(kv_transfer_config=KVTransferConfig(
+        kv_connector="DelayFreeConnector", kv_connector_module_path="monitor_helpers", kv_role="kv_both",
+        kv_connector_extra_config={"shared_storage_path": str(tmp_path)}))
+    s.add_request(request("a", 20, sched=s, max_tokens=1))
+    step(s)
+    assert s.requests["a"].is_finished()  # finished, still held
+
+    def calls():
+        s.schedule()
+        s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    return watch(mon, calls)
+
+
+@case("MM_ENCODER_ONLY", variant="attribute")
+def _(mon, tmp_path, monkeypatch):
+    # Attribute set: an encoder-only instance needs a multimodal model, whose
+    # processor needs a tokenizer, not available offline.  Such an instance
+    # samples nothing and stops a request once its prompt is consumed
+    # (scheduler.py:2419-2430); a text-only request there names no other feature.
+    s = build_scheduler()
+    s.is_mm_encoder_only = True
+
+    def calls():
+        s.add_request(request("a", 20))
+        out = s.schedule()
+        s.update_from_output(out, runner_output(out, {}))
+    return watch(mon, calls)
+
+
+@case("KV_BLOCK_SIZE")
+def _(mon, tmp_path, monkeypatch):
+    # vLLM allocates in the group's 8-token blocks (single_type_kv_cache_manager.py:109),
+    # the spec would count in sched.block_size = 16.  EngineCore never builds this
+    # (one group: block size = the group's, times DCP); a scheduler built directly can.
+    s = build_scheduler(groups=kv_groups(full_attention(8)), block_size=16, hash_block_size=16)
+
+    def calls():
+        for i in range(2):
+            s.add_request(request(f"r{i}", 30, max_tokens=3))
+        run_to_completion(s)
+    return watch(mon, calls)
+
+
+# -- the tests -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+def test_feature_is_counted_outside_scope(c: Case, monitor, tmp_path, monkeypatch):
+    stats = c.fn(monitor, tmp_path, monkeypatch)
+    expected = c.expected()
+    seen = calls_seen(stats)
+    assert seen, "the case made no monitored call"
+    for call, n in seen.items():  # every call: outside scope, never compared
+        assert n.get("outside_scope", 0) == n["total"], (call, n)
+        assert n.get("checked", 0) == 0 and n.get("monitor_error", 0) == 0 and n.get("vllm_raised", 0) == 0, \
+            (call, n)
+    assert set(stats["outside_scope"]) == expected, f"named {sorted(stats['outside_scope'])}"
+    assert_clean(stats)
+    assert_clean(monitor.summary())  # the setup calls too
+
+
+def test_every_feature_has_a_case():
+    """A feature added to scope.py without a case here fails this test."""
+    defined = {name for name, value in vars(scope).items()
+               if re.fullmatch(r"[A-Z][A-Z_]*", name) and isinstance(value, str) and not name.startswith("_")}
+    covered = {c.feature for c in CASES} | {comp for c in CASES for comp in c.companions}
+    missing = defined - covered - set(NEVER_PRODUCED)
+    assert not missing, f"scope.py features without a case in {Path(__file__).name}: {sorted(missing)}"
+    # The exemptions stay honest: a constant no scope code path produces.
+    source = "\n".join(p.read_text() for p in Path(scope.__file__).parent.glob("*.py"))
+    for name in NEVER_PRODUCED:
+        uses = len(re.findall(rf"\b{name}\b", source))
+        assert uses == 1, f"scope.{name} is now used ({uses - 1} uses): give it a case"
+
+
+# Constants scope.py defines but no code path in schedspec/monitor produces, so no
+# call can be classified under them (the guard above fails once one is used).
+NEVER_PRODUCED: dict[str, str] = {}
+
+
+def test_case_features_are_the_declared_ones():
+    for c in CASES:
+        assert isinstance(getattr(scope, c.feature), str), c.id
+
+
+# -- in scope: checked, so the classification is not vacuous ---------------------------
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no_caching", "caching"])
+def test_plain_calls_are_checked(monitor, async_scheduling, prefix_caching):
+    s = build_scheduler(async_scheduling=async_scheduling, prefix_caching=prefix_caching, num_blocks=9,
+                        max_num_batched_tokens=32)
+    assert scope.features(s) == ()
+    preempted = []
+    preempt = s._preempt_request  # the monitored method, recorded on its way
+
+    def record(r, *args, **kwargs):
+        preempted.append(r.request_id)
+        return preempt(r, *args, **kwargs)
+    s._preempt_request = record
+    shared = prompt(31)
+    for i in range(4):  # a shared prompt; decodes outgrow a pool of 8 usable blocks
+        s.add_request(request(f"r{i}", 31, sched=s, tokens=shared if i % 2 else None, max_tokens=6))
+    s.add_request(request("gone", 30, sched=s, max_tokens=50))
+    step(s)
+    s.finish_requests(["gone", "unknown"], RequestStatus.FINISHED_ABORTED)
+    run_to_completion(s)
+    assert preempted and not s.requests
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output", "finish_requests")
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda s: request("a", 40, sched=s, sampling={"prompt_logprobs": 1}), id="prompt_logprobs"),
+    pytest.param(lambda s: request("a", 40, sched=s, cache_salt="tenant-1"), id="cache_salt"),
+    pytest.param(lambda s: request("a", None, sched=s, prompt_token_ids=None, prompt_embeds=torch.zeros(40, 8)),
+                 id="prompt_embeds"),
+])
+def test_prefix_cache_request_features_are_in_scope_without_caching(monitor, make):
+    """These only change what the prefix cache reads or hashes: without prefix
+    caching the spec models the request, and the calls are checked."""
+    s = build_scheduler(prefix_caching=False)
+    s.add_request(make(s))
+    run_to_completion(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+def test_shadow_classes_classify_as_installed_ones(shadow_monitor):
+    """ShadowScheduler / ShadowAsyncScheduler, vLLM's `scheduler_cls` route,
+    classify the same way; plain vLLM classes are not watched without install()."""
+    from vllm.config import LoRAConfig
+    from vllm.lora.request import LoRARequest
+
+    lora = LoRAConfig(max_loras=1, max_lora_rank=8)
+    for cls, async_scheduling in ((ShadowScheduler, False), (ShadowAsyncScheduler, True)):
+        s = build_scheduler(cls=cls, async_scheduling=async_scheduling, lora_config=lora)
+        s.add_request(request("plain", 20, max_tokens=2))
+        s.add_request(request("lora", 20, max_tokens=2, lora_request=LoRARequest("adapter", 1, "/nonexistent")))
+        run_to_completion(s)
+    plain = build_scheduler()
+    plain.add_request(request("unwatched", 20))
+    stats = shadow_monitor.summary()
+    assert set(stats["outside_scope"]) == {scope.LORA}
+    assert stats["calls"]["add_request"]["checked"] == 2  # "plain" twice; "unwatched" not seen
+    assert stats["calls"]["add_request"]["outside_scope"] == 2
+    assert_clean(stats)
