@@ -490,8 +490,8 @@ def main(argv: list[str] | None = None) -> int:
 
     start = perf()
     log("importing vLLM (about 10 s) ...")
-    from schedspec.reference.vllm_adapter import _import_vllm
-    _import_vllm()
+    from schedspec.reference.vllm_adapter import import_vllm
+    import_vllm()
     info = machine()
     log(f"vLLM {info['vllm']} imported in {perf() - start:.1f}s")
     results = []

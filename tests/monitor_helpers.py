@@ -34,9 +34,9 @@ def vllm_required() -> bool:
 def require_vllm() -> None:
     """Import vLLM 0.33.0 the adapter's way (CPU, offline), or skip the module."""
     try:
-        from schedspec.reference.vllm_adapter import _import_vllm
+        from schedspec.reference.vllm_adapter import import_vllm
 
-        _import_vllm()
+        import_vllm()
         import schedspec.monitor.shadow  # noqa: F401 - imports vLLM's schedulers
     except ImportError as e:
         if vllm_required():
@@ -100,9 +100,9 @@ def model_dir(hf_config: Mapping[str, Any] | None, max_model_len: int) -> str:
     """A folder with a config.json: OPT-125m's (the adapter's) when `hf_config`
     is None, else `hf_config` itself."""
     if hf_config is None:
-        from schedspec.reference.vllm_adapter import _model_dir
+        from schedspec.reference.vllm_adapter import model_dir
 
-        return _model_dir(max_model_len)
+        return model_dir(max_model_len)
     text = json.dumps(dict(hf_config), sort_keys=True)
     if text not in _model_dirs:
         d = tempfile.mkdtemp(prefix="schedspec-monitor-model-")
@@ -120,7 +120,7 @@ def vllm_config(*, max_model_len: int = 256, max_num_batched_tokens: int = 64, m
     VllmConfig fields (speculative_config, lora_config, parallel_config, ...)."""
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
-    from schedspec.reference.vllm_adapter import _platform_keeps_async_scheduling
+    from schedspec.reference.vllm_adapter import platform_keeps_async_scheduling
 
     sc = SchedulerConfig(is_encoder_decoder=False, max_model_len=max_model_len,
                          max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -128,7 +128,7 @@ def vllm_config(*, max_model_len: int = 256, max_num_batched_tokens: int = 64, m
     mc = ModelConfig(model=model_dir(hf_config, max_model_len), skip_tokenizer_init=True,
                      max_model_len=max_model_len, dtype="float16", seed=42, runner=runner)
     cc = CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching)
-    with _platform_keeps_async_scheduling():
+    with platform_keeps_async_scheduling():
         vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc, **vllm_kw)
     if vc.cache_config.kv_cache_layout is None:  # as the adapter: one block is one page
         vc.cache_config.kv_cache_layout = "LBNHC"

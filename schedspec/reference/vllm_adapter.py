@@ -63,7 +63,7 @@ _tmp_root: str | None = None
 _base_config: dict[str, Any] | None = None
 
 
-def _import_vllm() -> dict[str, Any]:
+def import_vllm() -> dict[str, Any]:
     """Import the vLLM pieces once per process (about 10 s)."""
     global _vllm
     if _vllm is not None:
@@ -111,7 +111,7 @@ def _import_vllm() -> dict[str, Any]:
     return _vllm
 
 
-def _model_dir(max_model_len: int) -> str:
+def model_dir(max_model_len: int) -> str:
     """A folder holding OPT-125m's config.json with max_position_embeddings at
     least `max_model_len` (ModelConfig caps max_model_len by it).  One folder per
     power of two, so vLLM's per-path config caches stay valid."""
@@ -135,7 +135,7 @@ def _model_dir(max_model_len: int) -> str:
 
 
 @contextlib.contextmanager
-def _platform_keeps_async_scheduling():
+def platform_keeps_async_scheduling():
     """While a VllmConfig is built: the CPU platform hook switches async
     scheduling off whatever was asked (platforms/cpu.py:348, called from
     config/vllm.py:2067), and no other platform touches it.  The scheduler does
@@ -185,7 +185,7 @@ class VllmScheduler:
     name = "vllm"
 
     def __init__(self) -> None:
-        self._v = _import_vllm()
+        self._v = import_vllm()
         self.config: SchedulerConfig | None = None
         self.sched = None
         self._block_hasher = None
@@ -214,7 +214,7 @@ class VllmScheduler:
             scheduler_config = v["SchedulerConfig"](
                 is_encoder_decoder=False, **{f: getattr(c, f) for f in SCHEDULER_CONFIG_FIELDS})
             model_config = v["ModelConfig"](
-                model=_model_dir(c.max_model_len) if isinstance(c.max_model_len, int) else "",
+                model=model_dir(c.max_model_len) if isinstance(c.max_model_len, int) else "",
                 skip_tokenizer_init=True,
                 max_model_len=c.max_model_len,
                 dtype="float16",
@@ -224,7 +224,7 @@ class VllmScheduler:
                 block_size=c.block_size,
                 enable_prefix_caching=c.enable_prefix_caching,
             )
-            with _platform_keeps_async_scheduling():
+            with platform_keeps_async_scheduling():
                 vllm_config = v["VllmConfig"](
                     scheduler_config=scheduler_config,
                     model_config=model_config,
