@@ -407,7 +407,7 @@ def _(mon, tmp_path, monkeypatch):
     return watch(mon, add_and_step(s, request("a", 20, sampling={"repetition_detection": params})))
 
 
-@case("DROP_STALE_OUTPUT")
+@case("DROP_STALE_OUTPUT", companions=("OUT_OF_SCHEDULE_PREEMPTION",))
 def _(mon, tmp_path, monkeypatch):
     # reset_prefix_cache(reset_running_requests=True) preempts with its output
     # still in flight and drops that output (scheduler.py:3193-3203).
@@ -473,6 +473,52 @@ def _(mon, tmp_path, monkeypatch):
     return watch(mon, calls)
 
 
+@case("HASH_LOOKAHEAD", "request_hasher")
+def _(mon, tmp_path, monkeypatch):
+    # A block hasher with one lookahead token hashes a block only once the token
+    # after it exists (kv_cache_utils.py get_request_block_hasher), so the
+    # request's hashes lag its full blocks; the spec hashes a block as it fills.
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+
+    s = build_scheduler(prefix_caching=True)
+    fn = get_hash_fn_by_name(s.vllm_config.cache_config.prefix_caching_hash_algo)
+    r = request("a", 32, block_hasher=get_request_block_hasher(s.hash_block_size, fn, 1))
+    assert len(r.block_hashes) == 1  # 2 full blocks, the second waits for token 33
+    return watch(mon, add_and_step(s, r))
+
+
+@case("NO_BLOCK_HASHER")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler(prefix_caching=True)
+    return watch(mon, add_and_step(s, request("a", 40)))  # no sched=: no hasher
+
+
+@case("HAND_ASSEMBLED", "object_new")
+def _(mon, tmp_path, monkeypatch):
+    # As vLLM's tests build one to drive a single code path: object.__new__ and
+    # the few fields it reads.
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    s = object.__new__(Scheduler)
+    s.requests, s.running, s.finished_req_ids = {}, [], set()
+
+    def calls():
+        s.finish_requests(["x"], RequestStatus.FINISHED_ABORTED)
+    return watch(mon, calls)
+
+
+@case("PATCHED_INTERNALS", "allocate_slots_spy")
+def _(mon, tmp_path, monkeypatch):
+    # An allocate_slots that fails on purpose, as vLLM's tests inject one.
+    s = build_scheduler()
+    real = s.kv_cache_manager.allocate_slots
+    s.kv_cache_manager.allocate_slots = lambda *a, **k: None if not calls_made.append(1) and len(calls_made) == 1 \
+        else real(*a, **k)
+    calls_made: list = []
+    return watch(mon, add_and_step(s, request("a", 20)))
+
+
 # -- the tests -------------------------------------------------------------------------------
 
 
@@ -524,21 +570,15 @@ def test_plain_calls_are_checked(monitor, async_scheduling, prefix_caching):
     s = build_scheduler(async_scheduling=async_scheduling, prefix_caching=prefix_caching, num_blocks=9,
                         max_num_batched_tokens=32)
     assert scope.features(s) == ()
-    preempted = []
-    preempt = s._preempt_request  # the monitored method, recorded on its way
-
-    def record(r, *args, **kwargs):
-        preempted.append(r.request_id)
-        return preempt(r, *args, **kwargs)
-    s._preempt_request = record
     shared = prompt(31)
-    for i in range(4):  # a shared prompt; decodes outgrow a pool of 8 usable blocks
-        s.add_request(request(f"r{i}", 31, sched=s, tokens=shared if i % 2 else None, max_tokens=6))
+    reqs = [request(f"r{i}", 31, sched=s, tokens=shared if i % 2 else None, max_tokens=6) for i in range(4)]
+    for r in reqs:  # a shared prompt; decodes outgrow a pool of 8 usable blocks
+        s.add_request(r)
     s.add_request(request("gone", 30, sched=s, max_tokens=50))
     step(s)
     s.finish_requests(["gone", "unknown"], RequestStatus.FINISHED_ABORTED)
     run_to_completion(s)
-    assert preempted and not s.requests
+    assert any(r.num_preemptions for r in reqs) and not s.requests
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output", "finish_requests")
 
 

@@ -242,11 +242,16 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
                    preempted: list[str]) -> Any:
     """`schedule()`: the spec's decision on the lifted pre-state against vLLM's."""
 
+    def features():
+        found = scope.features(sched, throttle_prefills=throttle_prefills)
+        # A preemption since the last schedule() (a direct call, or
+        # reset_prefix_cache) is reported in this output (S:228, 1799).
+        return found + (scope.OUT_OF_SCHEDULE_PREEMPTION,) if preempted else found
+
     def prepare():
         pre = monitor.pre_state(sched)
         status_before = {rid: r.status.name for rid, r in sched.requests.items()} \
             if sched.use_v2_model_runner else None
-        preempted.clear()
         return Prepared(pre, "schedule", status_before=status_before)
 
     def judge(p: Prepared, out):
@@ -256,8 +261,10 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
         spec_out, spec_post = spec.schedule(p.pre)
         return compare_outputs(spec_out, vllm_out) or compare_states(p.pre, spec_post, p.observed_post)
 
-    return monitor.run("schedule", sched, original, prepare, judge,
-                       lambda: scope.features(sched, throttle_prefills=throttle_prefills))
+    try:
+        return monitor.run("schedule", sched, original, prepare, judge, features)
+    finally:
+        preempted.clear()  # recording starts afresh for the next schedule()
 
 
 def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], scheduler_output: Any,
@@ -301,10 +308,12 @@ def add_request_check(monitor: Monitor, sched: Any, original: Callable[[], Any],
     """`add_request()`: the request joins the waiting queue as the spec says."""
 
     def features():
-        caching = bool(sched.kv_cache_manager.enable_caching)
+        found = scope.scheduler_features(sched)
+        if found == [scope.HAND_ASSEMBLED]:
+            return tuple(found)
+        hbs = sched.hash_block_size if sched.kv_cache_manager.enable_caching else 0
         extra = [scope.STREAMING_INPUT] if request.request_id in sched.requests else []
-        return tuple(dict.fromkeys(scope.scheduler_features(sched) + extra +
-                                   list(scope.request_features(request, caching))))
+        return tuple(dict.fromkeys(found + extra + list(scope.request_features(request, hbs))))
 
     def prepare():
         pre = monitor.pre_state(sched)

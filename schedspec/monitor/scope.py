@@ -40,6 +40,11 @@ REPETITION_DETECTION = "repetition detection"
 DROP_STALE_OUTPUT = "dropped stale output"
 DELAYED_FREE = "finished request still held"
 MM_ENCODER_ONLY = "multimodal encoder-only instance"
+HASH_LOOKAHEAD = "hash lookahead tokens"
+NO_BLOCK_HASHER = "request without a block hasher (prefix caching)"
+HAND_ASSEMBLED = "scheduler assembled without __init__"
+PATCHED_INTERNALS = "scheduler method replaced on the object"
+OUT_OF_SCHEDULE_PREEMPTION = "preemption outside schedule()"
 KV_BLOCK_SIZE = "KV group block size != scheduler block size"
 PREFIX_REPLAY = "prefix replay window"
 
@@ -54,40 +59,28 @@ _STATIC = "schedspec_scope"  # the attribute a request's creation-time features 
 
 
 def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]:
-    """Features of the scheduler as built (read once), of its present pause
-    state and streaming sessions, and of this call's arguments."""
-    built = sched.__dict__.get(_STATIC)
-    if built is None:
-        built = sched.__dict__[_STATIC] = built_features(sched)
-    out = list(built)
-    if int(sched.pause_state) != 0:  # PauseState.UNPAUSED (sched/interface.py:24)
-        out.append(PAUSE)
-    if throttle_prefills:
-        out.append(PREFILL_THROTTLING)
-    if getattr(sched, "num_waiting_for_streaming_input", 0):
-        out.append(STREAMING_INPUT)
-    return out
-
-
-def built_features(sched: Any) -> tuple[str, ...]:
-    """Features fixed when the scheduler is built (S:87-500)."""
+    """Features of the scheduler now (read on every call: vLLM's tests attach
+    connectors and patch methods after construction), and of this call's
+    arguments."""
+    if "vllm_config" not in sched.__dict__:  # object.__new__(Scheduler) and a few fields set
+        return [HAND_ASSEMBLED]
     out = []
     vc = sched.vllm_config
     if vc.speculative_config is not None or sched.num_spec_tokens or sched.num_lookahead_tokens \
             or getattr(sched, "num_prefill_lookahead", 0):
         out.append(SPECULATIVE_DECODING)
+    if getattr(sched, "num_hash_lookahead_tokens", 0):
+        out.append(HASH_LOOKAHEAD)
     if sched.connector is not None or getattr(sched, "defer_block_free", False):
         out.append(KV_CONNECTOR)
     if sched.ec_connector is not None:
         out.append(EC_CONNECTOR)
     if getattr(sched, "aux_output_connector", None) is not None:
         out.append(AUX_OUTPUT_CONNECTOR)
-    if sched.is_encoder_decoder:
+    if getattr(sched, "is_encoder_decoder", False):
         out.append(ENCODER_DECODER)
     groups = sched.kv_cache_config.kv_cache_groups
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-    if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
+    if len(groups) != 1 or type(groups[0].kv_cache_spec) is not full_attention_spec():
         out.append(KV_CACHE_GROUPS)
     elif groups[0].kv_cache_spec.block_size != sched.block_size and sched.dcp_world_size == sched.pcp_world_size == 1:
         # vLLM allocates in the group's blocks (single_type_kv_cache_manager.py:109);
@@ -106,11 +99,56 @@ def built_features(sched: Any) -> tuple[str, ...]:
         out.append(CONTEXT_PARALLEL)
     if sched.num_sampled_tokens_per_step == 0 or vc.model_config.runner_type == "pooling":
         out.append(POOLING)
-    if getattr(sched, "local_prefill_interval", 1) > 1:
+    if throttle_prefills or getattr(sched, "local_prefill_interval", 1) > 1:
         out.append(PREFILL_THROTTLING)
     if sched.adaptive_long_prefill_threshold and sched.scheduler_config.long_prefill_token_threshold:
         out.append(ADAPTIVE_THRESHOLD)
-    return tuple(out)
+    if int(sched.pause_state) != 0:  # PauseState.UNPAUSED (sched/interface.py:24)
+        out.append(PAUSE)
+    if getattr(sched, "num_waiting_for_streaming_input", 0):
+        out.append(STREAMING_INPUT)
+    if patched(sched):
+        out.append(PATCHED_INTERNALS)
+    return out
+
+
+_full_attention_spec: list = []
+
+
+def full_attention_spec() -> type:
+    if not _full_attention_spec:
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        _full_attention_spec.append(FullAttentionSpec)
+    return _full_attention_spec[0]
+
+
+_methods_of: dict[type, frozenset] = {}
+
+
+def methods_of(cls: type) -> frozenset:
+    names = _methods_of.get(cls)
+    if names is None:
+        names = _methods_of[cls] = frozenset(n for n in dir(cls) if callable(getattr(cls, n, None)))
+    return names
+
+
+def patched(sched: Any) -> bool:
+    """A method of the scheduler or of its KV cache manager, coordinator or block
+    pool replaced on the object (a test's spy or Mock, e.g. an allocate_slots that
+    fails on purpose): vLLM's code no longer decides that step."""
+    kv = sched.__dict__.get("kv_cache_manager")
+    objects = [sched]
+    if kv is not None and hasattr(kv, "__dict__"):
+        objects += [kv, getattr(kv, "coordinator", None), getattr(kv, "block_pool", None)]
+        objects += list(getattr(objects[2], "single_type_managers", ()) or ())
+    for obj in objects:
+        d = getattr(obj, "__dict__", None)
+        if d and not d.keys().isdisjoint(methods_of(type(obj))) and \
+                any(k in methods_of(type(obj)) and callable(v) and not getattr(v, "schedspec_recorder", False)
+                    for k, v in d.items()):
+            return True
+    return False
 
 
 def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
@@ -132,6 +170,8 @@ def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
     if params is not None and params.repetition_detection is not None:
         out.append(REPETITION_DETECTION)
     if prefix_caching:
+        if r.__dict__.get("_block_hasher") is None:
+            out.append(NO_BLOCK_HASHER)
         if r.skip_reading_prefix_cache:
             out.append(PROMPT_LOGPROBS)
         if r.cache_salt:
@@ -141,9 +181,11 @@ def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
+def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
     """The features request `r` uses now: those fixed at its creation (read once)
-    and those of its present status and draft tokens."""
+    and those of its present status and draft tokens.  `hash_block_size` is the
+    scheduler's under prefix caching, 0 without."""
+    prefix_caching = hash_block_size > 0
     static = r.__dict__.get(_STATIC)
     if static is None or static[0] != prefix_caching:
         static = (prefix_caching, static_request_features(r, prefix_caching))
@@ -152,7 +194,11 @@ def request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
     # Drop mode matters only while stale output is in flight (S:1084, 2338-2339);
     # vLLM leaves the flag set after it drains.
     dropping = r.drop_stale_output and r.num_stale_output_tokens
-    if not (static[1] or r.spec_token_ids or dropping or status.name in _UNUSUAL):
+    # The spec hashes every full block as soon as it fills (RQ:285-288); a hasher
+    # with lookahead tokens lags (kv_cache_utils.py get_request_block_hasher).
+    lagging = prefix_caching and r.block_hashes and \
+        len(r.block_hashes) != len(r.all_token_ids) // hash_block_size
+    if not (static[1] or r.spec_token_ids or dropping or lagging or status.name in _UNUSUAL):
         return ()  # the common case, in four attribute reads
     out = list(static[1])
     if status.name in BLOCKED_STATUSES:
@@ -163,6 +209,8 @@ def request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
         out.append(SPECULATIVE_DECODING)
     if dropping:
         out.append(DROP_STALE_OUTPUT)
+    if lagging:
+        out.append(HASH_LOOKAHEAD)
     return tuple(out)
 
 
@@ -175,9 +223,11 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
     """Every feature outside the spec's scope that a call on `sched` can use:
     the scheduler's own, and those of `requests` (all it holds when None)."""
     out = dict.fromkeys(scheduler_features(sched, throttle_prefills))
-    caching = bool(sched.kv_cache_manager.enable_caching)
+    if HAND_ASSEMBLED in out:
+        return tuple(out)
+    hbs = sched.hash_block_size if sched.kv_cache_manager.enable_caching else 0
     for r in (sched.requests.values() if requests is None else requests):
-        found = request_features(r, caching)
+        found = request_features(r, hbs)
         if found:
             out.update(dict.fromkeys(found))
     return tuple(out)

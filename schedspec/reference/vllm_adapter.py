@@ -301,6 +301,7 @@ class VllmScheduler:
             preempted.append(request.request_id)
             return original(request, *args, **kwargs)
 
+        _preempt_request.schedspec_recorder = True  # an observer, not a change: the monitor's scope allows it
         sched._preempt_request = _preempt_request
         self.sched = sched
         self.config = config
