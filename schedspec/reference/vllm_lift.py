@@ -15,7 +15,7 @@ lifts; whether a call may be compared is the monitor's scope check.
 from __future__ import annotations
 
 from dataclasses import fields as dataclass_fields
-from operator import attrgetter
+from operator import attrgetter, is_
 from typing import Any, Iterable, Mapping, Sequence
 
 from schedspec.spec.block_pool import BlockPool
@@ -144,10 +144,11 @@ def lift_hash_map(pool: Any) -> tuple[dict, dict]:
     blocks by content too): between two calls most of a large map is unchanged."""
     cache = pool.cached_block_hash_to_block._cache  # noqa: SLF001 - vLLM's map has no public view
     keys, entries = list(cache), list(cache.values())
-    multi = [(k, tuple(e)) for k, e in cache.items() if type(e) is dict]
+    # In C where it can be: one pass of map() each, no Python loop over the map.
+    multi = [(k, tuple(e)) for k, e in cache.items() if type(e) is dict] if dict in set(map(type, entries)) else []
     last = pool.__dict__.get(POOL_ATTR)
-    if last is not None and last[0] == keys and last[2] == multi and \
-            all(x is y for x, y in zip(last[1], entries)):
+    if last is not None and len(last[1]) == len(entries) and last[0] == keys and last[2] == multi and \
+            all(map(is_, last[1], entries)):
         return last[3], last[4]
     cached, block_hash = {}, {}
     for key, entry in zip(keys, entries):
