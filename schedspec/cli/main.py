@@ -15,14 +15,14 @@ from schedspec.base.args import int_arg
 from schedspec.base.progress import Progress
 from schedspec.reference.example_files import EXAMPLES_DIR, example_names, resolve_scenario_path
 
-from . import counterexample, diff, explore, install_vllm, prove, sweep
+from . import counterexample, diff, explore, install_vllm, peer_tests, prove, sweep, vectors
 from .common import (Parser, add_time_model_arguments, load_impl_or_fail, load_scenario_or_fail,
                      run_parsed)
 from .device_flag import add_device_argument, device_for
 
 # Each further command lives in its own module and registers itself; heavy
 # imports (z3, torch, vLLM) wait until it runs.
-COMMAND_MODULES = (diff, install_vllm, counterexample, prove, sweep, explore)
+COMMAND_MODULES = (diff, install_vllm, counterexample, prove, sweep, explore, vectors, peer_tests)
 
 
 def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, device: str | None = None,

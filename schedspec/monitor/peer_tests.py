@@ -29,7 +29,15 @@ The steps, each a public function that takes values:
     run_peer_tests(options)       all of it
 
 Nothing of vLLM's test suite is kept in this repository: it is extracted from
-the source distribution at run time.  Every failure a user can act on (no
+the source distribution at run time.
+
+What fails plain on a CPU-only machine with the scheduler's vLLM install
+(vLLM's tests or this machine, never the spec; the table lists each cause):
+the multimodal models' code (llava, Qwen2.5-VL) imports torchvision, which has
+no build for the CPU torch here (llava's also mistral_common); Model Runner V2 needs Triton, so vLLM falls
+back to the V1 runner, which rejects async scheduling with pipeline
+parallelism; the end-to-end tests (LLM engines) need model weights, and
+prefix_cache/test_hybrid_prefix_cache_hit_rate.py imports anthropic.  Every failure a user can act on (no
 network, a hash mismatch, a file the index lacks, a bad --sdist) is a
 UsageError with one line.
 """
@@ -385,6 +393,9 @@ def download(link: SdistLink, dest: Path, settings: IndexSettings | None = None,
         if digest != link.sha256.lower():
             raise UsageError(f"{dest.name} from {_safe(link.url)}: sha256 mismatch (index says "
                              f"{shown(link.sha256, 70)}, the download is {digest}); nothing kept")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the partial file only
         os.replace(tmp, dest)
         return digest
     except _Absent:
@@ -492,8 +503,8 @@ def imported_modules(source: bytes, rel: str) -> set[str]:
 
 def needed_files(files: Mapping[str, bytes], test_root: str = TEST_ROOT) -> list[str]:
     """The files of `files` running `test_root`'s tests needs: all of test_root,
-    the conftest.py and __init__.py files above each module, and every module of
-    the `tests` package they import, followed to the end."""
+    the conftest.py files above it, the __init__.py files above each module, and
+    every module of the `tests` package they import, followed to the end."""
     chosen: set[str] = {rel for rel in files if rel.startswith(test_root + "/")}
     if "pyproject.toml" in files:
         chosen.add("pyproject.toml")
@@ -510,7 +521,8 @@ def needed_files(files: Mapping[str, bytes], test_root: str = TEST_ROOT) -> list
         parents = PurePosixPath(rel).parents
         for folder in list(parents)[:-1]:  # tests/v1/core, tests/v1, tests (not ".")
             add(f"{folder}/__init__.py")
-            add(f"{folder}/conftest.py")
+            if rel.startswith(test_root + "/"):  # pytest loads the conftest.py files above a test
+                add(f"{folder}/conftest.py")
         for name in imported_modules(files[rel], rel):
             if name != "tests" and not name.startswith("tests."):
                 continue
@@ -691,7 +703,6 @@ def peer_environment(root: Path, hub: Path, python_path: Sequence[Path] = (),
         paths.append(env["PYTHONPATH"])
     paths.append(str(schedspec_source_root()))
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     return env
 
 
@@ -855,7 +866,8 @@ def build_table(plain: Mapping[str, Any] | None, shadow: Mapping[str, Any] | Non
             row["shadow"][s_out] += 1
         if plain is not None and p_out in ("failed", "error"):
             plain_failures.append({"test": nodeid, "outcome": p_out,
-                                   "message": plain_tests[nodeid].get("message")})
+                                   "message": plain_tests[nodeid].get("message"),
+                                   "missing_modules": list(plain_tests[nodeid].get("missing_modules") or [])})
         counted = plain is None or p_out == "passed"
         if plain is not None and shadow is not None and p_out == "passed" and s_out != "passed":
             row["plain_pass_shadow_fail"] += 1
@@ -881,25 +893,46 @@ def build_table(plain: Mapping[str, Any] | None, shadow: Mapping[str, Any] | Non
         _add_stats(totals, {"calls": row["calls"], "outside_scope": row["outside_scope"]})
         for k in ("divergences", "divergences_not_counted", "monitor_errors", "plain_pass_shadow_fail"):
             totals[k] += row[k]
-    causes = Counter(_cause(f["message"]) for f in plain_failures)
+    # Grouped by the message; the modules any of a group's outputs names (vLLM
+    # logs a failed model inspection once, in the first test that hits it).
+    causes = Counter(_first_line(f["message"]) for f in plain_failures)
+    modules: dict[str, set[str]] = {}
+    for f in plain_failures:
+        modules.setdefault(_first_line(f["message"]), set()).update(f["missing_modules"])
     bad = any(d["counted"] for d in divergences) or bool(pass_fail)
     return {"format": TABLE_FORMAT, "vllm": VLLM_VERSION, "test_root": test_root,
             "modes": [m for m, r in (("plain", plain), ("shadow", shadow)) if r is not None],
             "files": files, "totals": totals,
             "divergences": divergences, "plain_pass_shadow_fail": pass_fail,
             "monitor_errors": monitor_errors, "plain_failures": plain_failures,
-            "plain_failure_causes": [{"cause": c, "tests": n} for c, n in causes.most_common()],
+            "plain_failure_causes": [{"cause": _cause(c, sorted(modules[c])), "tests": n}
+                                     for c, n in causes.most_common()],
             "exit_status": 1 if bad else 0}
 
 
-def _cause(message: str | None) -> str:
-    """A failure message cut to what tells failures apart."""
-    if not message:
+def _cause(message: str | None, missing_modules: Sequence[str] = ()) -> str:
+    """A failure message cut to what tells failures apart: its first line (for
+    pydantic's "1 validation error for X", the error's own line), and the
+    modules its output says are not installed."""
+    cause = _first_line(message)
+    if missing_modules:
+        cause += f" (not installed: {', '.join(missing_modules)})"
+    return cause
+
+
+def _first_line(message: str | None) -> str:
+    lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()]
+    if not lines:
         return "(no message)"
-    line = message.strip().splitlines()[0] if message.strip() else "(no message)"
+    line = lines[0]
+    head, sep, model = line.rpartition(" validation error for ")
+    if not sep:
+        head, sep, model = line.rpartition(" validation errors for ")
+    if sep and len(lines) > 1:
+        line = f"{head.split(':')[0].rsplit('.', 1)[-1]} ({model}): {lines[1]}"
     for cut in (" [type=", ", input_value="):
         line = line.split(cut)[0]
-    return line[:160]
+    return line[:240]
 
 
 def format_table(table: Mapping[str, Any], vectors_dir: str | None = None) -> str:
@@ -914,7 +947,7 @@ def format_table(table: Mapping[str, Any], vectors_dir: str | None = None) -> st
     if has_shadow:
         head += f"  {'shadow: pass':>12} {'calls checked/total':>20} {'outside':>8} {'diverg.':>7} {'mon.err':>7}"
         if has_plain:
-            head += f" {'pass→fail':>9}"
+            head += f" {'pass->fail':>10}"
     lines = [f"vLLM {table.get('vllm', VLLM_VERSION)}'s {table.get('test_root', TEST_ROOT)} tests on this machine"
              + (" (plain: without the monitor; shadow: every scheduler call checked against the spec)"
                 if has_shadow else " (plain: without the monitor)"), head, "-" * len(head)]
@@ -931,7 +964,7 @@ def format_table(table: Mapping[str, Any], vectors_dir: str | None = None) -> st
             line += (f"  {s['passed']:>12} {str(r['calls_checked']) + '/' + str(r['calls_total']):>20} "
                      f"{outside:>8} {r['divergences']:>7} {r['monitor_errors']:>7}")
             if has_plain:
-                line += f" {r['plain_pass_shadow_fail']:>9}"
+                line += f" {r['plain_pass_shadow_fail']:>10}"
         lines.append(line)
     totals = table["totals"]
     if has_shadow:
@@ -965,7 +998,7 @@ def format_table(table: Mapping[str, Any], vectors_dir: str | None = None) -> st
         lines.append(f"\nfailing plain, on vLLM alone ({len(table['plain_failures'])} tests; not counted "
                      "against the spec), by cause:")
         for c in table["plain_failure_causes"]:
-            lines.append(f"  {c['tests']:>4}  {shown(c['cause'], 160)}")
+            lines.append(f"  {c['tests']:>4}  {shown(c['cause'], 240)}")
     if has_shadow:
         verdict = ("FAIL: " + ", ".join(x for x in (
             f"{totals['divergences']} divergences" if totals["divergences"] else "",
@@ -1026,6 +1059,9 @@ def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
     runs = {"plain": run_pytest(tree, targets, run_dir, env, plain=True, keyword=options.keyword,
                                 extra_args=options.extra_pytest_args, status=status,
                                 show_progress=show_progress)}
+    if runs["plain"].returncode == 5 or not runs["plain"].report.get("tests"):
+        raise UsageError(f"no test selected in {', '.join(targets)}"
+                         + (f" by -k {shown(options.keyword)}" if options.keyword else ""))
     if not options.plain_only:
         _make_dir(vectors, "--vectors-out folder")
         runs["shadow"] = run_pytest(tree, targets, run_dir, env, plain=False, keyword=options.keyword,

@@ -11,6 +11,8 @@ The report (written at the end of the session, also when tests fail):
     {"version": 1, "plain": bool,
      "tests": {nodeid: {"outcome": "passed" | "failed" | "skipped" | "error",
                         "message": first line of the failure or skip reason, or null,
+                        "missing_modules": [modules a failure's output says are not installed]
+                                           (only when there are such),
                         "stats": the monitor's figures for the test, or null}}}
 
 `outcome` is the call phase's; a failing or skipped setup is "error" or
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -89,6 +92,8 @@ class Recorder:
     def pytest_collectreport(self, report) -> None:
         if report.failed:
             self.tests[report.nodeid] = {"outcome": "error", "message": message_of(report), "stats": None}
+            if missing_modules(report):
+                self.tests[report.nodeid]["missing_modules"] = sorted(missing_modules(report))
 
     # -- one test ---------------------------------------------------------------
 
@@ -112,6 +117,10 @@ class Recorder:
 
     def pytest_runtest_logreport(self, report) -> None:
         entry = self.tests.setdefault(report.nodeid, {"outcome": None, "message": None, "stats": None})
+        if report.failed:
+            missing = sorted(set(entry.get("missing_modules", [])) | missing_modules(report))
+            if missing:
+                entry["missing_modules"] = missing
         if report.when == "setup":
             if report.failed:
                 entry.update(outcome="error", message=message_of(report))
@@ -147,6 +156,16 @@ class Recorder:
                 os.unlink(tmp)
 
 
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([A-Za-z0-9_.]+)'")
+
+
+def missing_modules(report) -> set[str]:
+    """The modules a failed test's output says could not be imported (also in a
+    subprocess whose error was logged, as vLLM's model inspection does)."""
+    text = report.longreprtext + "".join(content for _, content in report.sections)
+    return set(MISSING_MODULE.findall(text))
+
+
 def message_of(report) -> str | None:
     """The first line that says why a test failed or was skipped."""
     longrepr = report.longrepr
@@ -158,8 +177,8 @@ def message_of(report) -> str | None:
         text = getattr(getattr(longrepr, "reprcrash", None), "message", None)
         if not text:
             lines = str(longrepr).strip().splitlines()
-            text = lines[-1] if lines else ""
+            text = re.sub(r"^E\s+", "", lines[-1]) if lines else ""  # a collection error's last "E   ..." line
     return str(text)[:MESSAGE_LIMIT] or None
 
 
-__all__ = ["REPORT_VERSION", "Recorder", "message_of", "pytest_addoption", "pytest_configure"]
+__all__ = ["REPORT_VERSION", "Recorder", "message_of", "missing_modules", "pytest_addoption", "pytest_configure"]

@@ -1,0 +1,117 @@
+"""`schedspec peer-tests`: vLLM 0.33.0's own scheduler tests (tests/v1/core) on
+this machine, plain and under the spec's shadow monitor.
+
+    schedspec peer-tests                       # the five scheduler test files, plain and shadowed
+    schedspec peer-tests --plain               # vLLM alone, no monitor
+    schedspec peer-tests --all                 # all of tests/v1/core
+    schedspec peer-tests --files test_scheduler.py -k "test_add_requests or test_schedule"
+    schedspec peer-tests --sdist vllm-0.33.0.tar.gz --json-out peer.json
+
+The source distribution comes from the package index pip is configured with
+(sha256 verified) and is kept in the cache (SCHEDSPEC_CACHE or --cache).
+Exit status: 0 no divergence and every test that passes plain passes under the
+monitor; 1 otherwise; 2 user error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from schedspec.base.errors import UsageError, shown, status
+from schedspec.base.outputs import check_output_dir, check_output_path
+from schedspec.monitor.peer_tests import (DEFAULT_FILES, TEST_ROOT, PeerTestOptions, format_table,
+                                          run_peer_tests)
+
+from .common import standalone_main
+
+
+def _replaceable(path: Path) -> bool:
+    return True
+
+
+def check_json_out(path: str, force: bool) -> Path:
+    """--json-out: an existing file is replaced only with --force (never a
+    folder or a device, with or without it)."""
+    out = check_output_path(path, "--json-out", ours=_replaceable)
+    if out.exists() and not force:
+        raise UsageError(f"--json-out {shown(path)} exists; not overwriting it (--force replaces it)")
+    return out
+
+
+def write_json(path: Path, data) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UsageError(f"--json-out {shown(str(path))}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def cmd_peer_tests(args) -> int:
+    if args.all and args.files:
+        raise UsageError("give --all or --files, not both")
+    if args.plain and args.vectors_out is not None:
+        raise UsageError("--vectors-out needs the shadowed run; drop --plain")
+    # Outputs are checked before anything is fetched or run.
+    json_out = check_json_out(args.json_out, args.force) if args.json_out is not None else None
+    vectors = check_output_dir(args.vectors_out, "--vectors-out") if args.vectors_out is not None else None
+    if args.keyword is not None and not args.keyword.strip():
+        raise UsageError("-k: empty expression")
+    options = PeerTestOptions(files=args.files or None, all_files=args.all, keyword=args.keyword,
+                              plain_only=args.plain, sdist=args.sdist, cache=args.cache,
+                              vectors_dir=str(vectors) if vectors is not None else None)
+    table = run_peer_tests(options, status=status)
+    print(format_table(table))
+    run = table.get("run", {})
+    times = ", ".join(f"{m} {run[f'{m}_seconds']:.0f} s" for m in table["modes"] if f"{m}_seconds" in run)
+    print(f"pytest: {times}; output in {shown(run.get('run_dir', '?'), 300)}")
+    if json_out is not None:
+        write_json(json_out, table)
+        print(f"table written to {shown(str(json_out), 300)}")
+    return table["exit_status"]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "peer-tests", help="run vLLM 0.33.0's own scheduler tests, plain and under the shadow monitor",
+        description=f"Fetch vLLM 0.33.0's source distribution from the package index pip is configured "
+                    f"with, extract {TEST_ROOT} (and only the helpers it imports), and run its tests with "
+                    "pytest, offline on the CPU: once plain and once with every scheduler call checked "
+                    "against the spec. Prints per file: tests, passed plain, passed shadowed, calls checked, "
+                    "calls outside the spec's scope, divergences, monitor errors. A test that fails plain "
+                    "is not counted against the spec. Exit 1 on a divergence or on a test that passes "
+                    "plain and fails shadowed.")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help=f"run all of {TEST_ROOT}")
+    which.add_argument("--files", nargs="+", metavar="FILE",
+                       help=f"test files of {TEST_ROOT} (or node ids FILE::TEST); default: "
+                            f"{', '.join(DEFAULT_FILES)}")
+    p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching EXPR (pytest's -k)")
+    p.add_argument("--plain", action="store_true", help="run vLLM's tests without the monitor only")
+    p.add_argument("--sdist", metavar="PATH", help="use this vllm-0.33.0.tar.gz instead of downloading it")
+    p.add_argument("--cache", metavar="DIR",
+                   help="folder for the download and the extracted tests (default $SCHEDSPEC_CACHE/peer-tests, "
+                        "else $XDG_CACHE_HOME/schedspec/peer-tests or ~/.cache/schedspec/peer-tests)")
+    p.add_argument("--vectors-out", metavar="DIR",
+                   help="folder for the state vector of each divergence (default: the run's folder in the cache)")
+    p.add_argument("--json-out", metavar="PATH", help="also write the table as JSON to PATH")
+    p.add_argument("--force", action="store_true", help="let --json-out replace an existing file")
+    p.set_defaults(func=cmd_peer_tests)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`schedspec peer-tests ...` without the `schedspec` front: python -m schedspec.cli.peer_tests."""
+    return standalone_main("peer-tests", register, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

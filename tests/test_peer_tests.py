@@ -1,0 +1,679 @@
+"""`schedspec peer-tests`: fetching vLLM's sdist from pip's index, extracting the
+tests it needs, the offline model configs, the pytest plugin, the table, and one
+real run of a few of vLLM's scheduler tests."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import importlib.util
+import io
+import json
+import os
+import sys
+import tarfile
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+from schedspec.base.errors import UsageError
+from schedspec.monitor import peer_tests as pt
+
+SDIST = pt.SDIST_NAME
+TOP = f"vllm-{pt.VLLM_VERSION}"
+
+# A tiny source distribution: the layout of vLLM's, a few files.
+FAKE_FILES = {
+    "pyproject.toml": '[tool.pytest.ini_options]\nmarkers = ["slow_test"]\n',
+    "setup.py": "raise SystemExit('not for running')\n",
+    "tests/__init__.py": "",
+    "tests/conftest.py": "import pytest\nfrom tests.helpers.common import VALUE\n\n"
+                         "@pytest.fixture\ndef value():\n    return VALUE\n",
+    "tests/helpers/__init__.py": "",
+    "tests/helpers/common.py": "VALUE = 7\n",
+    "tests/helpers/deep.py": "from .common import VALUE\nDEEP = VALUE + 1\n",
+    "tests/unrelated.py": "import nothing_here\n",
+    "tests/other/test_far.py": "def test_far():\n    pass\n",
+    "tests/other/conftest.py": "raise RuntimeError('not ours')\n",
+    "tests/v1/__init__.py": "",
+    "tests/v1/core/__init__.py": "",
+    "tests/v1/core/utils.py": "def helper():\n    from tests.helpers import deep\n    return deep.DEEP\n",
+    "tests/v1/core/test_a.py": "from .utils import helper\n\n"
+                               "def test_ok(value):\n    assert value == 7 and helper() == 8\n\n"
+                               "def test_fails():\n    assert False, 'plain failure'\n",
+    "tests/v1/core/data/table.txt": "not python\n",
+}
+
+
+def make_sdist(path: Path, files: dict[str, str] = FAKE_FILES) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{TOP}/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(buf.getvalue())
+    return buf.getvalue()
+
+
+class FakeIndex:
+    """A PEP 691 index on 127.0.0.1: /simple/vllm/ (JSON, or HTML when JSON is
+    not accepted) and /files/<name>."""
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
+        self.sha256 = hashlib.sha256(payload).hexdigest()
+        self.listed = True
+        self.project = True
+        self.requests: list[tuple[str, str]] = []
+        index = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                index.requests.append((self.path, self.headers.get("Accept", "")))
+                if self.path == "/simple/vllm/" and index.project:
+                    files = [{"filename": "vllm-0.1.0.tar.gz", "url": "/files/old.tar.gz",
+                              "hashes": {"sha256": "0" * 64}}]
+                    if index.listed:
+                        files.append({"filename": SDIST, "url": f"../../files/{SDIST}",
+                                      "hashes": {"sha256": index.sha256}, "size": len(index.payload)})
+                    if "application/vnd.pypi.simple.v1+json" in self.headers.get("Accept", ""):
+                        body = json.dumps({"meta": {"api-version": "1.1"}, "name": "vllm", "files": files})
+                        ctype = "application/vnd.pypi.simple.v1+json"
+                    else:
+                        body = "".join(f'<a href="{f["url"]}#sha256={f["hashes"]["sha256"]}">{f["filename"]}</a>'
+                                       for f in files)
+                        ctype = "text/html"
+                    self._send(200, body.encode(), ctype)
+                elif self.path == f"/files/{SDIST}":
+                    self._send(200, index.payload, "application/octet-stream")
+                else:
+                    self._send(404, b"not found", "text/plain")
+
+            def _send(self, code, body, ctype):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_sdist(tmp_path) -> Path:
+    path = tmp_path / "src" / SDIST
+    path.parent.mkdir()
+    make_sdist(path)
+    return path
+
+
+@pytest.fixture
+def index(fake_sdist):
+    server = FakeIndex(fake_sdist.read_bytes())
+    yield server
+    server.close()
+
+
+def pip_env(tmp_path: Path, conf: str | None) -> dict[str, str]:
+    """An environment whose pip reads only `conf` (none: no config file)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    if conf is None:
+        env["PIP_CONFIG_FILE"] = os.devnull
+    else:
+        path = tmp_path / "pip.conf"
+        path.write_text(conf)
+        env["PIP_CONFIG_FILE"] = str(path)
+    return env
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    text = str(e.value)
+    assert "\n" not in text and "Traceback" not in text, text
+    return text
+
+
+# --- pip's configuration -------------------------------------------------------------------------
+
+def test_index_settings_come_from_pip_config(tmp_path):
+    cert = tmp_path / "ca.pem"
+    cert.write_text("")
+    env = pip_env(tmp_path, "[global]\nindex-url = http://127.0.0.1:9/simple\n"
+                            "extra-index-url = file:///nowhere/a file:///nowhere/b\n"
+                            f"cert = {cert}\ntimeout = 7\n")
+    s = pt.pip_index_settings(env)
+    assert s.index_urls == ("http://127.0.0.1:9/simple", "file:///nowhere/a", "file:///nowhere/b")
+    assert s.cert == str(cert) and s.timeout == 7.0
+    env["PIP_INDEX_URL"] = "http://127.0.0.1:10/other"  # the environment wins, as in pip
+    assert pt.pip_index_settings(env).index_urls[0] == "http://127.0.0.1:10/other"
+
+
+def test_default_index_is_pips_own(tmp_path):
+    from pip._internal.models.index import PyPI
+
+    s = pt.pip_index_settings(pip_env(tmp_path, None))
+    assert s.index_urls == (PyPI.simple_url,) and s.cert is None
+
+
+def test_no_index_is_a_one_line_error(tmp_path):
+    with pytest.raises(UsageError, match="no-index") as e:
+        pt.pip_index_settings(pip_env(tmp_path, "[global]\nno-index = true\n"))
+    one_line(e)
+
+
+def test_missing_cert_is_a_one_line_error():
+    with pytest.raises(UsageError, match="CA bundle") as e:
+        pt.ssl_context("/nonexistent/ca.pem")
+    one_line(e)
+
+
+# --- fetching ------------------------------------------------------------------------------------
+
+def test_fetch_from_the_index_pip_is_configured_with(tmp_path, index, fake_sdist):
+    env = pip_env(tmp_path, f"[global]\nindex-url = {index.url}\n")
+    root = tmp_path / "cache"
+    got = pt.fetch_sdist(root, env=env)
+    assert got == root / SDIST and got.read_bytes() == fake_sdist.read_bytes()
+    page = [r for r in index.requests if r[0] == "/simple/vllm/"]
+    assert page and page[0][1].startswith("application/vnd.pypi.simple.v1+json")
+    # Kept and verified: no second download.
+    n = len(index.requests)
+    assert pt.fetch_sdist(root, env=env) == got and len(index.requests) == n
+    # A cached copy that no longer matches its recorded hash is fetched again.
+    got.write_bytes(b"damaged")
+    assert pt.fetch_sdist(root, env=env).read_bytes() == fake_sdist.read_bytes()
+    assert len(index.requests) > n
+
+
+def test_fetch_falls_through_to_an_extra_index_and_reads_pep503_html(tmp_path, fake_sdist):
+    digest = hashlib.sha256(fake_sdist.read_bytes()).hexdigest()
+    empty = tmp_path / "empty"
+    (empty / "other").mkdir(parents=True)
+    html_index = tmp_path / "html"
+    (html_index / "vllm").mkdir(parents=True)
+    (html_index / "vllm" / "index.html").write_text(
+        f'<html><body><a href="{fake_sdist.as_uri()}#sha256={digest}">{SDIST}</a></body></html>')
+    settings = pt.IndexSettings((empty.as_uri(), html_index.as_uri()))
+    got = pt.fetch_sdist(tmp_path / "cache", settings=settings)
+    assert got.read_bytes() == fake_sdist.read_bytes()
+
+
+def test_sha256_mismatch_is_a_one_line_error_and_keeps_nothing(tmp_path, index):
+    index.sha256 = "f" * 64
+    root = tmp_path / "cache"
+    with pytest.raises(UsageError, match="sha256 mismatch") as e:
+        pt.fetch_sdist(root, settings=pt.IndexSettings((index.url,)))
+    one_line(e)
+    assert not list(root.iterdir())
+
+
+def test_file_absent_on_the_index(tmp_path, index):
+    index.listed = False
+    with pytest.raises(UsageError, match=f"lists no {SDIST}") as e:
+        pt.fetch_sdist(tmp_path / "c", settings=pt.IndexSettings((index.url,)))
+    one_line(e)
+    index.project = False
+    with pytest.raises(UsageError, match="no project vllm") as e:
+        pt.fetch_sdist(tmp_path / "c", settings=pt.IndexSettings((index.url,)))
+    one_line(e)
+
+
+def test_no_network_is_a_one_line_error(tmp_path):
+    with pytest.raises(UsageError, match="--sdist PATH") as e:
+        pt.fetch_sdist(tmp_path / "c", settings=pt.IndexSettings(("http://127.0.0.1:1/simple",), timeout=5))
+    one_line(e)
+
+
+def test_parse_project_page_json_and_html():
+    page = "https://index.invalid/simple/vllm/"
+    js = json.dumps({"files": [{"filename": SDIST, "url": "../../f/x.tar.gz", "hashes": {"sha256": "ab"}}]})
+    link = pt.parse_project_page(js.encode(), "application/vnd.pypi.simple.v1+json", page, SDIST)
+    assert link.url == "https://index.invalid/f/x.tar.gz" and link.sha256 == "ab"
+    html = f'<a href="/f/{SDIST}#md5=1&sha256=cd">{SDIST}</a><a href="/f/y.whl">y.whl</a>'
+    link = pt.parse_project_page(html.encode(), "text/html", page, SDIST)
+    assert link.url == f"https://index.invalid/f/{SDIST}" and link.sha256 == "cd"
+    assert pt.parse_project_page(b"<html></html>", "text/html", page, SDIST) is None
+
+
+# --- extraction ----------------------------------------------------------------------------------
+
+def test_extract_takes_the_tests_and_only_the_helpers_they_import(tmp_path, fake_sdist):
+    tree = pt.extract_tests(fake_sdist, tmp_path / "cache")
+    got = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file()
+                 and p.name != pt.EXTRACTED_MARKER)
+    assert got == sorted(["pyproject.toml", "tests/__init__.py", "tests/conftest.py", "tests/helpers/__init__.py",
+                          "tests/helpers/common.py", "tests/helpers/deep.py", "tests/v1/__init__.py",
+                          "tests/v1/core/__init__.py", "tests/v1/core/utils.py", "tests/v1/core/test_a.py",
+                          "tests/v1/core/data/table.txt"])
+    # Reused while the sdist is the same; replaced when it changes.
+    (tree / "tests" / "v1" / "core" / "mark").write_text("")
+    assert pt.extract_tests(fake_sdist, tmp_path / "cache") == tree and (tree / "tests/v1/core/mark").exists()
+    make_sdist(fake_sdist, {**FAKE_FILES, "tests/v1/core/test_b.py": "def test_b():\n    pass\n"})
+    tree = pt.extract_tests(fake_sdist, tmp_path / "cache")
+    assert (tree / "tests/v1/core/test_b.py").exists() and not (tree / "tests/v1/core/mark").exists()
+    assert pt.available_files(tree) == ["test_a.py", "test_b.py"]
+
+
+def test_resolve_targets(tmp_path, fake_sdist):
+    tree = pt.extract_tests(fake_sdist, tmp_path / "cache")
+    assert pt.resolve_targets(tree, ["test_a", "test_a.py::test_ok"], False) == [
+        "tests/v1/core/test_a.py", "tests/v1/core/test_a.py::test_ok"]
+    assert pt.resolve_targets(tree, None, True) == ["tests/v1/core"]
+    with pytest.raises(UsageError, match="no such test file") as e:
+        pt.resolve_targets(tree, ["test_nope.py"], False)
+    one_line(e)
+
+
+def test_a_bad_sdist_is_a_one_line_error(tmp_path):
+    bad = tmp_path / SDIST
+    bad.write_bytes(b"not a tarball")
+    with pytest.raises(UsageError, match="not a readable") as e:
+        pt.extract_tests(bad, tmp_path / "cache")
+    one_line(e)
+    with pytest.raises(UsageError, match="no such file"):
+        pt.check_sdist(tmp_path / "missing.tar.gz")
+    make_sdist(bad, {"README": "x"})
+    with pytest.raises(UsageError, match="holds no tests/v1/core"):
+        pt.extract_tests(bad, tmp_path / "cache")
+
+
+def test_imported_modules_resolves_relative_imports():
+    src = b"from . import utils\nfrom ..kv import x\nimport tests.a.b\ndef f():\n    from tests.c import d\n"
+    got = pt.imported_modules(src, "tests/v1/core/test_x.py")
+    assert {"tests.v1.core", "tests.v1.core.utils", "tests.v1.kv", "tests.v1.kv.x", "tests.a.b",
+            "tests.c", "tests.c.d"} <= got
+
+
+def real_sdist() -> Path | None:
+    cached = pt.cache_root() / SDIST
+    return cached if cached.is_file() else None
+
+
+@pytest.mark.skipif(real_sdist() is None, reason="vLLM's sdist is not in the cache (schedspec peer-tests fetches it)")
+def test_real_sdist_needs_the_helpers_vllms_tests_import():
+    need = pt.needed_files(pt.read_sdist(real_sdist()))
+    for rel in ("tests/__init__.py", "tests/conftest.py", "tests/utils.py", "tests/models/utils.py",
+                "tests/v1/__init__.py", "tests/v1/kv_connector/unit/utils.py", "tests/v1/core/test_scheduler.py",
+                "tests/v1/core/utils.py", "pyproject.toml"):
+        assert rel in need
+    assert not [r for r in need if r.startswith(("tests/entrypoints/", "tests/v1/engine/"))]
+
+
+# --- model configs -------------------------------------------------------------------------------
+
+def test_model_configs_are_written_as_a_hub_cache(tmp_path):
+    hub = tmp_path / "hub"
+    configs = pt.model_configs()
+    assert "facebook/opt-125m" in configs and "Qwen/Qwen3-Next-80B-A3B-Instruct" in configs
+    for model_id, config in configs.items():
+        assert config.get("architectures") and config.get("model_type"), model_id
+    written = pt.write_model_configs(hub)
+    assert sorted(written) == sorted(configs)
+    for model_id in written:
+        repo = hub / ("models--" + model_id.replace("/", "--"))
+        rev = (repo / "refs" / "main").read_text()
+        assert len(rev) == 40
+        assert json.loads((repo / "snapshots" / rev / "config.json").read_text()) == configs[model_id]
+    with pytest.raises(ValueError):
+        pt.write_model_configs(hub, {"../evil": {}})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+def test_transformers_reads_the_configs_offline(tmp_path):
+    import subprocess
+
+    hub = tmp_path / "hf" / "hub"
+    ids = pt.write_model_configs(hub)
+    env = pt.peer_environment(tmp_path, hub)
+    code = ("import sys\nfrom transformers import AutoConfig\n"
+            "for m in sys.argv[1:]:\n    print(m, AutoConfig.from_pretrained(m).model_type)\n")
+    proc = subprocess.run([sys.executable, "-c", code, *ids], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(proc.stdout.splitlines()) == len(ids)
+
+
+# --- the pytest plugin ---------------------------------------------------------------------------
+
+class StandInMonitor:
+    """What schedspec.monitor.shadow.install returns, as far as the plugin uses it."""
+
+    def __init__(self, policy, vectors_dir):
+        self.policy, self.vectors_dir = policy, vectors_dir
+        self.labels: list[str] = []
+        self.label = None
+
+    def begin(self, label):
+        self.label = label
+        self.labels.append(label)
+
+    def end(self):
+        label, self.label = self.label, None
+        divergences = []
+        if label.endswith("test_diverges"):
+            divergences.append({"call": "schedule", "call_number": 2, "field": "num_scheduled_tokens",
+                                "spec": {"a": 1}, "vllm": {"a": 2}, "vector": f"{self.vectors_dir}/v1.json"})
+        return {"calls": {"schedule": {"total": 3, "checked": 2, "outside_scope": 1},
+                          "update_from_output": {"total": 2, "checked": 2, "outside_scope": 0}},
+                "outside_scope": {"prefix_caching": 1}, "divergences": divergences, "monitor_errors": []}
+
+
+PLUGIN_TESTS = """
+import os
+import pytest
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("setup broke")
+
+def test_passes():
+    pass
+
+def test_fails():
+    assert 1 == 2
+
+def test_skips():
+    pytest.skip("not here")
+
+def test_setup_error(broken):
+    pass
+
+def test_diverges():
+    pass
+
+def test_only_plain():
+    assert os.environ.get("STAND_IN_SHADOW") != "1", "fails under the monitor"
+
+def test_needs_a_module():
+    import not_installed_anywhere_zz
+"""
+
+
+def run_plugin(tmp_path: Path, *extra: str) -> dict:
+    (tmp_path / "test_sample.py").write_text(PLUGIN_TESTS)
+    (tmp_path / "test_broken_file.py").write_text("import no_such_module_here\n")
+    report = tmp_path / f"report{len(list(tmp_path.glob('report*')))}.json"
+    progress = tmp_path / "progress.txt"
+    rc = pytest.main([str(tmp_path), "-p", "schedspec.monitor.pytest_plugin", "-p", "no:cacheprovider", "-q",
+                      "--rootdir", str(tmp_path), "--continue-on-collection-errors", "--import-mode=importlib",
+                      "--schedspec-report", str(report), "--schedspec-progress", str(progress), *extra])
+    assert rc == 1
+    lines = progress.read_text().splitlines()
+    assert lines[0] == "collected 7" and len(lines) == 8
+    return json.loads(report.read_text())
+
+
+def stand_in_shadow(monkeypatch) -> list:
+    made = []
+
+    def install(policy="count", vectors_dir=None):
+        os.environ["STAND_IN_SHADOW"] = "1"
+        made.append(StandInMonitor(policy, vectors_dir))
+        return made[-1]
+
+    module = types.ModuleType("schedspec.monitor.shadow")
+    module.install = install
+    monkeypatch.setitem(sys.modules, "schedspec.monitor.shadow", module)
+    monkeypatch.delenv("STAND_IN_SHADOW", raising=False)
+    return made
+
+
+def test_plugin_records_outcomes_plain(tmp_path, monkeypatch):
+    made = stand_in_shadow(monkeypatch)
+    data = run_plugin(tmp_path, "--schedspec-plain")
+    assert made == [] and data["version"] == 1 and data["plain"] is True
+    outcomes = {k.split("::")[-1]: v["outcome"] for k, v in data["tests"].items()}
+    assert outcomes == {"test_passes": "passed", "test_fails": "failed", "test_skips": "skipped",
+                        "test_setup_error": "error", "test_diverges": "passed", "test_only_plain": "passed",
+                        "test_needs_a_module": "failed", "test_broken_file.py": "error"}
+    assert all(v["stats"] is None for v in data["tests"].values())
+    assert "no_such_module_here" in data["tests"]["test_broken_file.py"]["message"]
+    assert data["tests"]["test_broken_file.py"]["missing_modules"] == ["no_such_module_here"]
+    assert data["tests"]["test_sample.py::test_needs_a_module"]["missing_modules"] == ["not_installed_anywhere_zz"]
+    assert "missing_modules" not in data["tests"]["test_sample.py::test_fails"]
+    assert "setup broke" in data["tests"]["test_sample.py::test_setup_error"]["message"]
+    assert "not here" in data["tests"]["test_sample.py::test_skips"]["message"]
+
+
+def test_plugin_runs_each_test_under_the_monitor(tmp_path, monkeypatch):
+    made = stand_in_shadow(monkeypatch)
+    data = run_plugin(tmp_path, "--schedspec-vectors", str(tmp_path / "vec"), "--schedspec-policy", "log")
+    assert len(made) == 1 and made[0].policy == "log" and made[0].vectors_dir == str(tmp_path / "vec")
+    assert data["plain"] is False
+    ran = [k for k in data["tests"] if "::" in k]
+    assert sorted(made[0].labels) == sorted(ran)
+    for k in ran:
+        assert data["tests"][k]["stats"]["calls"]["schedule"]["checked"] == 2
+    assert data["tests"]["test_sample.py::test_only_plain"]["outcome"] == "failed"
+    assert data["tests"]["test_sample.py::test_diverges"]["stats"]["divergences"][0]["call_number"] == 2
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+def stats(checked=2, divergences=(), errors=()):
+    return {"calls": {"schedule": {"total": checked + 1, "checked": checked, "outside_scope": 1}},
+            "outside_scope": {"spec_decode": 1}, "divergences": list(divergences), "monitor_errors": list(errors)}
+
+
+def report(plain: bool, tests: dict, missing: dict | None = None) -> dict:
+    data = {"version": 1, "plain": plain,
+            "tests": {k: {"outcome": o, "message": m, "stats": None if plain else s} for k, (o, m, s) in tests.items()}}
+    for k, modules in (missing or {}).items():
+        data["tests"][k]["missing_modules"] = modules
+    return data
+
+
+DIV = {"call": "schedule", "call_number": 4, "field": "scheduled", "spec": 1, "vllm": 2, "vector": "/v/a.json"}
+F1, F2 = "tests/v1/core/test_scheduler.py", "tests/v1/core/test_prefix_caching.py"
+
+
+def test_table_counts_per_file_and_flags_what_fails_the_run():
+    plain = report(True, {f"{F1}::a": ("passed", None, None), f"{F1}::b": ("failed", "ValueError: no config", None),
+                          f"{F1}::c": ("passed", None, None), f"{F2}::d": ("passed", None, None),
+                          f"{F2}::e": ("skipped", "no gpu", None)}, missing={f"{F1}::b": ["torchvision"]})
+    shadow = report(False, {
+        f"{F1}::a": ("passed", None, stats()),
+        f"{F1}::b": ("failed", "ValueError: no config", stats(divergences=[DIV])),  # fails plain: not counted
+        f"{F1}::c": ("failed", "AssertionError: boom", stats()),                     # plain pass, shadow fail
+        f"{F2}::d": ("passed", None, stats(checked=5, divergences=[DIV], errors=[{"call": "schedule",
+                                                                                   "call_number": 1,
+                                                                                   "error": "KeyError: x"}])),
+        f"{F2}::e": ("skipped", "no gpu", None)})
+    t = pt.build_table(plain, shadow)
+    assert [r["file"] for r in t["files"]] == ["test_prefix_caching.py", "test_scheduler.py"]
+    sched = t["files"][1]
+    assert sched["collected"] == 3 and sched["plain"] == {"passed": 2, "failed": 1, "error": 0, "skipped": 0}
+    assert sched["shadow"]["passed"] == 1 and sched["plain_pass_shadow_fail"] == 1
+    assert sched["divergences"] == 0 and sched["divergences_not_counted"] == 1
+    assert sched["calls_checked"] == 6 and sched["calls_total"] == 9 and sched["outside_scope"] == {"spec_decode": 3}
+    pc = t["files"][0]
+    assert pc["divergences"] == 1 and pc["monitor_errors"] == 1 and pc["calls_checked"] == 5
+    assert t["totals"]["collected"] == 5 and t["totals"]["divergences"] == 1
+    assert [p["test"] for p in t["plain_pass_shadow_fail"]] == [f"{F1}::c"]
+    assert [(d["test"], d["counted"], d["vector"]) for d in t["divergences"]] == [
+        (f"{F2}::d", True, "/v/a.json"), (f"{F1}::b", False, "/v/a.json")]
+    assert t["plain_failure_causes"] == [{"cause": "ValueError: no config (not installed: torchvision)", "tests": 1}]
+    assert t["exit_status"] == 1
+    text = pt.format_table(t)
+    assert "test_scheduler.py" in text and f"{F2}::d  schedule #4 field scheduled; state vector /v/a.json" in text
+    assert "not counted" in text and "passed plain, not under the monitor" in text and "FAIL" in text
+
+
+def test_failure_causes_name_pydantics_own_line():
+    msg = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+           "  Value error, Model architectures ['X'] failed to be inspected. [type=value_error, input_value=1]")
+    plain = report(True, {f"{F1}::a": ("failed", msg, None), f"{F1}::b": ("error", msg, None)})
+    (cause,) = pt.build_table(plain, None)["plain_failure_causes"]
+    assert cause == {"cause": "ValidationError (ModelConfig): Value error, Model architectures ['X'] failed to be "
+                              "inspected.", "tests": 2}
+
+
+def test_table_plain_failures_alone_do_not_fail_the_run():
+    plain = report(True, {f"{F1}::a": ("passed", None, None), f"{F1}::b": ("failed", "x", None)})
+    shadow = report(False, {f"{F1}::a": ("passed", None, stats()),
+                            f"{F1}::b": ("failed", "x", stats(divergences=[DIV]))})
+    t = pt.build_table(plain, shadow)
+    assert t["exit_status"] == 0 and t["totals"]["divergences"] == 0
+    assert "ok: no divergence" in pt.format_table(t)
+    only_plain = pt.build_table(plain, None)
+    assert only_plain["modes"] == ["plain"] and only_plain["exit_status"] == 0
+    assert "shadow" not in pt.format_table(only_plain).splitlines()[1]
+
+
+def test_a_test_missing_from_the_shadowed_run_is_flagged():
+    plain = report(True, {f"{F1}::a": ("passed", None, None)})
+    t = pt.build_table(plain, report(False, {}))
+    assert t["plain_pass_shadow_fail"][0]["outcome"] == "not run" and t["exit_status"] == 1
+
+
+# --- the runner, with a stand-in monitor -----------------------------------------------------------
+
+STAND_IN_PLUGIN = '''
+import os, sys, types
+
+class Monitor:
+    def begin(self, label):
+        self.label = label
+    def end(self):
+        divs = [{"call": "schedule", "call_number": 1, "field": "f", "spec": 0, "vllm": 1,
+                 "vector": None}] if self.label.endswith("test_diverges") else []
+        return {"calls": {"schedule": {"total": 1, "checked": 1, "outside_scope": 0}},
+                "outside_scope": {}, "divergences": divs, "monitor_errors": []}
+
+def install(policy="count", vectors_dir=None):
+    os.environ["STAND_IN_SHADOW"] = "1"
+    return Monitor()
+
+module = types.ModuleType("schedspec.monitor.shadow")
+module.install = install
+sys.modules["schedspec.monitor.shadow"] = module
+'''
+
+
+def test_run_pytest_plain_and_shadowed_builds_the_table(tmp_path, fake_sdist):
+    files = {**FAKE_FILES, "tests/v1/core/test_b.py":
+             "import os\n\ndef test_only_plain():\n    assert os.environ.get('STAND_IN_SHADOW') != '1'\n\n"
+             "def test_diverges():\n    pass\n"}
+    make_sdist(fake_sdist, files)
+    root = tmp_path / "cache"
+    tree = pt.extract_tests(fake_sdist, root)
+    (tmp_path / "plug").mkdir()
+    (tmp_path / "plug" / "stand_in_shadow.py").write_text(STAND_IN_PLUGIN)
+    env = pt.peer_environment(root, root / "hf" / "hub", [tmp_path / "plug"])
+    env.pop("STAND_IN_SHADOW", None)
+    targets = pt.resolve_targets(tree, None, True)
+    run_dir = pt.new_run_dir(root)
+    extra = ["-p", "stand_in_shadow"]
+    plain = pt.run_pytest(tree, targets, run_dir, env, plain=True, extra_args=extra, show_progress=False)
+    shadow = pt.run_pytest(tree, targets, run_dir, env, plain=False, vectors_dir=tmp_path / "v",
+                           extra_args=extra, show_progress=False)
+    assert plain.returncode == 1 and plain.log.is_file()
+    t = pt.build_table(plain.report, shadow.report)
+    row = {r["file"]: r for r in t["files"]}
+    assert row["test_a.py"]["plain"]["passed"] == 1 and row["test_a.py"]["plain"]["failed"] == 1
+    assert row["test_b.py"]["plain"]["passed"] == 2 and row["test_b.py"]["shadow"]["passed"] == 1
+    assert [p["test"] for p in t["plain_pass_shadow_fail"]] == ["tests/v1/core/test_b.py::test_only_plain"]
+    assert [d["test"] for d in t["divergences"]] == ["tests/v1/core/test_b.py::test_diverges"]
+    assert t["exit_status"] == 1 and t["totals"]["calls_checked"] == 4
+    # -k passes through.
+    only = pt.run_pytest(tree, targets, run_dir, env, plain=True, keyword="test_ok", extra_args=extra,
+                         show_progress=False)
+    assert list(only.report["tests"]) == ["tests/v1/core/test_a.py::test_ok"] and only.returncode == 0
+
+
+def test_run_peer_tests_on_a_fake_sdist(tmp_path, fake_sdist):
+    cache = tmp_path / "cache"
+    for module in pt.TEST_DEPENDENCIES:  # nothing to install: the fake tests import none of them
+        (cache / "deps" / module).mkdir(parents=True)
+    options = pt.PeerTestOptions(files=["test_a.py"], plain_only=True, sdist=str(fake_sdist), cache=str(cache))
+    table = pt.run_peer_tests(options, show_progress=False)
+    assert table["modes"] == ["plain"] and table["totals"]["plain"]["passed"] == 1
+    assert table["plain_failure_causes"][0]["cause"].startswith("AssertionError: plain failure")
+    assert (cache / "hf" / "hub" / "models--facebook--opt-125m" / "refs" / "main").is_file()
+    options.keyword = "no_such_test"
+    with pytest.raises(UsageError, match="no test selected .* by -k no_such_test") as e:
+        pt.run_peer_tests(options, show_progress=False)
+    one_line(e)
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    from schedspec.cli.main import main
+
+    for argv, needle in ((["peer-tests", "--sdist", str(tmp_path / "none.tar.gz"), "--cache", str(tmp_path)],
+                          "no such file"),
+                         (["peer-tests", "--all", "--files", "test_scheduler.py"], "not allowed with"),
+                         (["peer-tests", "--plain", "--vectors-out", str(tmp_path)], "--vectors-out")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and needle in err and len(err.splitlines()) == 1, err
+    existing = tmp_path / "t.json"
+    existing.write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        main(["peer-tests", "--json-out", str(existing), "--sdist", str(tmp_path / "none")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "not overwriting" in err and existing.read_text() == "{}"
+    with pytest.raises(SystemExit) as e:
+        main(["peer-tests", "--json-out", str(tmp_path), "--force", "--sdist", str(tmp_path / "none")])
+    assert e.value.code == 2 and "is a folder" in capsys.readouterr().err
+
+
+def test_force_lets_json_out_replace_a_file(tmp_path):
+    from schedspec.cli.peer_tests import check_json_out, write_json
+
+    existing = tmp_path / "t.json"
+    existing.write_text("{}")
+    with pytest.raises(UsageError, match="--force"):
+        check_json_out(str(existing), force=False)
+    write_json(check_json_out(str(existing), force=True), {"a": 1})
+    assert json.loads(existing.read_text()) == {"a": 1}
+
+
+# --- one real run ----------------------------------------------------------------------------------
+
+REAL_TESTS = ["test_scheduler.py::test_add_requests", "test_scheduler.py::test_finish_request",
+              "test_scheduler.py::test_get_num_unfinished_requests", "test_scheduler.py::test_schedule"]
+
+
+def obtainable_sdist() -> Path | None:
+    cached = real_sdist()
+    if cached is not None:
+        return cached
+    try:
+        return pt.fetch_sdist(pt.cache_root())
+    except UsageError:
+        return None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (schedspec install-vllm)")
+def test_real_run_of_a_few_vllm_scheduler_tests(tmp_path):
+    sdist = obtainable_sdist()
+    if sdist is None:
+        pytest.skip("vLLM's sdist cannot be obtained (no network, no cached copy)")
+    shadowed = importlib.util.find_spec("schedspec.monitor.shadow") is not None
+    options = pt.PeerTestOptions(files=REAL_TESTS, sdist=str(sdist), plain_only=not shadowed,
+                                 vectors_dir=str(tmp_path / "vectors"))
+    table = pt.run_peer_tests(options, show_progress=False)
+    (row,) = table["files"]
+    assert row["file"] == "test_scheduler.py" and row["collected"] >= len(REAL_TESTS)
+    assert row["plain"]["passed"] == row["collected"], table["plain_failures"]
+    if shadowed:
+        assert row["calls_total"] > 0, row
+        assert table["exit_status"] == 0, pt.format_table(table)
+        assert row["shadow"]["passed"] == row["collected"]
