@@ -62,7 +62,7 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     """Features of the scheduler now (read on every call: vLLM's tests attach
     connectors and patch methods after construction), and of this call's
     arguments."""
-    if "vllm_config" not in sched.__dict__:  # object.__new__(Scheduler) and a few fields set
+    if not _INIT_FIELDS <= sched.__dict__.keys():  # object.__new__(Scheduler) and a few fields set
         return [HAND_ASSEMBLED]
     out = []
     vc = sched.vllm_config
@@ -111,6 +111,11 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(PATCHED_INTERNALS)
     return out
 
+
+# Fields Scheduler.__init__ always sets, first to last (S:98-500).
+_INIT_FIELDS = frozenset({"vllm_config", "scheduler_config", "kv_cache_config", "requests", "running", "waiting",
+                          "kv_holding_waiting", "finished_req_ids", "kv_cache_manager", "block_size",
+                          "hash_block_size", "use_pp", "current_step"})
 
 _full_attention_spec: list = []
 
