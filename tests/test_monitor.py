@@ -257,3 +257,18 @@ def test_jsonable():
     from schedspec.spec.request import RequestStatus
 
     assert jsonable({"x": (b"\x01", RequestStatus.RUNNING)}) == {"x": ["01", "RUNNING"]}
+
+
+@pytest.mark.parametrize("token,status", [(7, "FINISHED_STOPPED"), (9, "FINISHED_STOPPED"), (100, None)])
+def test_stop_tokens_and_eos_as_vllm_reads_them(shadow, vllm, token, status):
+    """check_stop: the request's own EOS id and stop token ids (U:101-112), lifted
+    from vLLM's SamplingParams; vLLM and the spec agree under the monitor."""
+    monitor = shadow.install("count")
+    both = Both(vllm)
+    both.reset(SchedulerConfig(max_model_len=64, num_gpu_blocks=20, max_num_batched_tokens=64, max_num_seqs=8))
+    both.add_request(Request("a", num_prompt_tokens=4, max_tokens=5, eos_token_id=9, stop_token_ids=(7,)))
+    out = both.schedule()
+    finished = both.update_from_output(out, {"a": [token]})
+    assert [(rid, st.name) for rid, st in finished] == ([("a", status)] if status else [])
+    s = monitor.summary()
+    assert s["divergences"] == [] and s["calls"]["update_from_output"]["checked"] == 1

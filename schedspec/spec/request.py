@@ -63,8 +63,7 @@ class Request:
     num_in_flight_tokens: int = 0
     num_stale_output_tokens: int = 0
     is_prefill_chunk: bool = False
-    # Stop tokens, from SamplingParams (U:101-112): the EOS id (None: none, as with
-    # ignore_eos) and the extra stop token ids.
+    # Stop tokens (U:101-112): the EOS id (None: none, as with ignore_eos) and the others.
     eos_token_id: int | None = EOS_TOKEN_ID
     stop_token_ids: tuple = ()
 

@@ -51,7 +51,6 @@ def add_request(state: SchedulerState, request: Request) -> SchedulerState:
     return replace(state, requests=requests, waiting=tuple(waiting))
 
 
-
 class ScheduleWork(Working):
     """One `schedule()`'s working state: budgets and decisions besides what `Working` holds."""
 
@@ -278,7 +277,6 @@ def update_after_schedule(s: ScheduleWork) -> None:
         r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens + r.num_output_placeholders
         if not r.is_prefill_chunk:
             r.num_output_placeholders += placeholder
-
 
 
 def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]
