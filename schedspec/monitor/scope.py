@@ -149,10 +149,11 @@ def patched(sched: Any) -> bool:
         objects += list(getattr(objects[2], "single_type_managers", ()) or ())
     for obj in objects:
         d = getattr(obj, "__dict__", None)
-        if d and not d.keys().isdisjoint(methods_of(type(obj))) and \
-                any(k in methods_of(type(obj)) and callable(v) and not getattr(v, "schedspec_recorder", False)
-                    for k, v in d.items()):
-            return True
+        if d:
+            for k in d.keys() & methods_of(type(obj)):
+                v = d[k]
+                if callable(v) and not getattr(v, "schedspec_recorder", False):
+                    return True
     return False
 
 
