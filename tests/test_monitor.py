@@ -176,6 +176,20 @@ def test_each_divergence_is_written_as_a_state_vector(shadow, vllm, tmp_path):
         assert result == v["observed"]["result"] or d["field"].startswith("post_state")
 
 
+def test_a_monitored_run_recorded_as_vectors_replays_on_the_spec(shadow, vllm, tmp_path):
+    from schedspec.reference.vectors import check_vector, read_vector
+
+    monitor = shadow.install("count", vectors_dir=str(tmp_path), record_all=True)
+    campaign(vllm, n=2)
+    s = monitor.summary()
+    checked = sum(c["checked"] for c in s["calls"].values())
+    files = sorted(tmp_path.glob("*.json"))
+    assert checked > 50 and len(files) == checked and s["monitor_errors"] == []
+    spec = SpecScheduler()
+    for f in files[::7]:
+        assert check_vector(read_vector(f), spec) == [], f
+
+
 def test_policy_raise_stops_at_the_divergence(shadow, vllm):
     shadow.install("raise")
     with mutated([MUTANTS["update_from_output"]]), pytest.raises(AssertionError, match="diverges from the spec"):

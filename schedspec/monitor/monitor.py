@@ -68,7 +68,8 @@ class Monitor:
     `log` a warning and count it, or `count` it only.  With `vectors_dir`, each
     divergence is also written there as a state vector (docs/formats.md)."""
 
-    def __init__(self, policy: str = "count", vectors_dir: str | Path | None = None, relift: bool = True):
+    def __init__(self, policy: str = "count", vectors_dir: str | Path | None = None, relift: bool = True,
+                 record_all: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
         self.policy = policy
@@ -79,6 +80,11 @@ class Monitor:
         # called in between forgets it (shadow.py).  vLLM's tests edit internals
         # by hand, so peer-tests relift.
         self.relift = relift
+        # record_all: every checked call is written as a state vector, not only
+        # divergences (a monitored run as test vectors for other implementations).
+        if record_all and vectors_dir is None:
+            raise ValueError("record_all: needs vectors_dir, the folder to write the vectors to")
+        self.record_all = record_all
         self.vectors_dir = Path(vectors_dir) if vectors_dir is not None else None
         self.label = ""
         self.stats = CallStats()
@@ -162,6 +168,11 @@ class Monitor:
         self.count(call, "checked")
         if difference is not None:
             self.divergence(call, number, difference, prepared)
+        elif self.record_all:
+            try:
+                self.write_vector(call, number, None, prepared)
+            except Exception as e:  # noqa: BLE001 - the call was checked; the file is extra
+                self.monitor_error(call, number, e)
         return result
 
     def count(self, call: str, what: str) -> None:
@@ -194,13 +205,15 @@ class Monitor:
         if self.policy == "log":
             log.warning("%s", message)
 
-    def write_vector(self, call: str, number: int, difference: Difference, prepared: Any) -> Path:
+    def write_vector(self, call: str, number: int, difference: Difference | None, prepared: Any) -> Path:
         from schedspec.reference.vectors import make_vector, write_vector
 
-        vector = make_vector(prepared.pre, prepared.call_json(),
-                             source={"monitor": {"test": self.label, "call": call, "call_number": number,
-                                                 "difference": difference.to_json()}})
-        vector["observed"] = prepared.observed_json()
+        source = {"test": self.label, "call": call, "call_number": number}
+        if difference is not None:
+            source["difference"] = difference.to_json()
+        vector = make_vector(prepared.pre, prepared.call_json(), source={"monitor": source})
+        if difference is not None:
+            vector["observed"] = prepared.observed_json()
         name = f"{self.label or 'run'}-{number:05d}-{call}"
         return write_vector(self.vectors_dir, name, vector)
 

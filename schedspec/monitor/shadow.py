@@ -8,7 +8,9 @@ Turn it on for a real engine with one argument, vLLM's `scheduler_cls`:
 
 (`ShadowScheduler` where async scheduling is off).  The policy and the folder for
 state vectors come from the environment: SCHEDSPEC_MONITOR_POLICY (`count`, the
-default, `log` or `raise`) and SCHEDSPEC_MONITOR_VECTORS (a folder).  In an engine
+default, `log` or `raise`) and SCHEDSPEC_MONITOR_VECTORS (a folder; with
+SCHEDSPEC_MONITOR_RECORD=all every checked call is written there, not only
+divergences).  In an engine
 nothing but the scheduler's own methods touches it between calls, so each call
 starts from the previous call's lifted post-state; SCHEDSPEC_MONITOR_RELIFT=1 lifts
 every pre-state afresh instead (what `install()` does, for code that edits the
@@ -41,7 +43,8 @@ def default_monitor() -> Monitor:
     if _default is None:
         _default = Monitor(os.environ.get("SCHEDSPEC_MONITOR_POLICY", "count"),
                            os.environ.get("SCHEDSPEC_MONITOR_VECTORS") or None,
-                           relift=os.environ.get("SCHEDSPEC_MONITOR_RELIFT", "0") == "1")
+                           relift=os.environ.get("SCHEDSPEC_MONITOR_RELIFT", "0") == "1",
+                           record_all=os.environ.get("SCHEDSPEC_MONITOR_RECORD") == "all")
     return _default
 
 
@@ -144,11 +147,12 @@ for _cls, _base in ((ShadowScheduler, Scheduler), (ShadowAsyncScheduler, AsyncSc
         setattr(_cls, _name, forgetting(getattr(_base, _name)))
 
 
-def install(policy: str = "count", vectors_dir: str | None = None, relift: bool = True) -> Monitor:
+def install(policy: str = "count", vectors_dir: str | None = None, relift: bool = True,
+            record_all: bool = False) -> Monitor:
     """Put every vLLM scheduler of this process under a new monitor: vLLM's own
     classes are patched, so schedulers built by any code (vLLM's tests, an
     engine) are checked.  `uninstall()` restores them."""
-    monitor = Monitor(policy, vectors_dir, relift)
+    monitor = Monitor(policy, vectors_dir, relift, record_all)
     set_default_monitor(monitor)
     if not _installed:
         for name in METHODS:
