@@ -37,6 +37,8 @@ from schedspec.spec.config import (CONFIG_FIELDS, EXCERPT_CHARS, ConfigError, Sc
                                    excerpt, field_path)
 from schedspec.spec.input_processor import make_request
 
+from .strict_json import DuplicateKeys, Refused, object_pairs, refuse_constant
+
 SCENARIO_FORMAT = "schedspec.scenario/1"
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 DEFAULT_MAX_STEPS = 10000
@@ -173,31 +175,6 @@ class Scenario:
 # --- pass 1: bytes to JSON ------------------------------------------------------------
 
 
-class _Bad:
-    """A JSON value the parser met but the format refuses (NaN, a huge integer):
-    kept in place so that the error can name the field it sits in."""
-
-    def __init__(self, message: str):
-        self.message = message
-
-
-class _DuplicateKeys(dict):
-    def __init__(self, pairs, key):
-        super().__init__(pairs)
-        self.duplicate = key
-
-
-def _object(pairs):
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        seen = set()
-        for k, _ in pairs:
-            if k in seen:
-                return _DuplicateKeys(pairs, k)
-            seen.add(k)
-    return d
-
-
 def _cut(text: str) -> str:
     return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "\u2026"
 
@@ -207,7 +184,7 @@ def _int(text: str):
     if digits > MAX_INT_DIGITS:
         # Never int() it: Python refuses more than 4300 digits, and any value
         # this long is beyond every bound of the format anyway.
-        return _Bad(f"= {_cut(text)} is an integer of {digits} digits, beyond every bound of the "
+        return Refused(f"= {_cut(text)} is an integer of {digits} digits, beyond every bound of the "
                     f"format (docs/formats.md)")
     return int(text)
 
@@ -215,12 +192,8 @@ def _int(text: str):
 def _float(text: str):
     value = float(text)
     if not math.isfinite(value):
-        return _Bad(f"= {_cut(text)} is too large for a number (it overflows to infinity)")
+        return Refused(f"= {_cut(text)} is too large for a number (it overflows to infinity)")
     return value
-
-
-def _constant(text: str):
-    return _Bad(f"= {text} is not a JSON number; NaN and Infinity are not allowed")
 
 
 def _path_text(path: tuple) -> str:
@@ -246,7 +219,7 @@ def _check_tree(data: Any) -> None:
     stack = [(data, (), 1)]
     while stack:
         value, path, depth = stack.pop()
-        if isinstance(value, _Bad):
+        if isinstance(value, Refused):
             raise ScenarioError(f"{_path_text(path)}: {value.message}")
         if isinstance(value, str):
             if _unpaired_surrogate(value):
@@ -258,7 +231,7 @@ def _check_tree(data: Any) -> None:
         if depth > MAX_DEPTH:
             raise ScenarioError(f"{_path_text(path)}: nested more than {MAX_DEPTH} levels deep; a scenario "
                                 "nests 4 deep")
-        if isinstance(value, _DuplicateKeys):
+        if isinstance(value, DuplicateKeys):
             raise ScenarioError(f"{_path_text(path + (value.duplicate,))}: the key appears more than once "
                                 "in one object; give each key once")
         if isinstance(value, dict):
@@ -286,8 +259,8 @@ def parse_scenario_bytes(raw: bytes | str) -> Any:
     else:
         text = raw
     try:
-        data = json.loads(text, object_pairs_hook=_object, parse_int=_int, parse_float=_float,
-                          parse_constant=_constant)
+        data = json.loads(text, object_pairs_hook=object_pairs, parse_int=_int, parse_float=_float,
+                          parse_constant=refuse_constant)
     except json.JSONDecodeError as e:
         raise ScenarioError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:

@@ -52,6 +52,7 @@ from .state_json import (STATUS_NAMES, StateJsonError, index_path, output_from_j
                          read_object, read_str, read_str_list, request_from_json, request_to_json,
                          sampled_from_json, sampled_to_json, state_from_json, state_to_json, status_from_json,
                          status_to_json)
+from .strict_json import DuplicateKeys, Refused, object_pairs, refuse_constant
 
 VECTOR_FORMAT = "schedspec.state-vector/1"
 VLLM_VERSION = "0.33.0"
@@ -261,35 +262,6 @@ def write_vector(directory: str | Path, name: str, vector: Mapping[str, Any]) ->
             k += 1
 
 
-class _Refused:
-    """A JSON value the reader refuses (NaN, a duplicate key), kept in place so
-    the error can name the field it sits in."""
-
-    def __init__(self, message: str):
-        self.message = message
-
-
-class _Duplicate(dict):
-    def __init__(self, pairs, key):
-        super().__init__(pairs)
-        self.duplicate = key
-
-
-def _object(pairs):
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        seen = set()
-        for k, _ in pairs:
-            if k in seen:
-                return _Duplicate(pairs, k)
-            seen.add(k)
-    return d
-
-
-def _constant(text: str):
-    return _Refused(f"= {text} is not a JSON number; NaN and Infinity are not allowed")
-
-
 def json_path(parts: Sequence[Any]) -> str:
     """A JSON path as the messages write it: `pre_state.requests.r3`, `[0]` for an index."""
     out = ""
@@ -303,9 +275,9 @@ def _check_parsed(data: Any) -> None:
     stack = [(data, ())]
     while stack:
         value, path = stack.pop()
-        if isinstance(value, _Refused):
+        if isinstance(value, Refused):
             raise VectorError(f"{json_path(path) or 'the top level'}: {value.message}")
-        if isinstance(value, _Duplicate):
+        if isinstance(value, DuplicateKeys):
             raise VectorError(f"{json_path(path + (value.duplicate,))}: the key appears more than once in one "
                               "object; give each key once")
         if isinstance(value, dict):
@@ -323,7 +295,7 @@ def parse_vector_bytes(raw: bytes) -> Any:
     except UnicodeDecodeError as e:
         raise VectorError(f"not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start}") from None
     try:
-        data = json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
+        data = json.loads(text, object_pairs_hook=object_pairs, parse_constant=refuse_constant)
     except json.JSONDecodeError as e:
         raise VectorError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except (ValueError, RecursionError) as e:  # an integer of thousands of digits; absurd nesting
