@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from jsonschema import validators
 
 from schedspec.spec.config import (CONFIG_FIELDS, EXCERPT_CHARS, ConfigError, SchedulerConfig, config_from_dict,
                                    excerpt, field_path)
 from schedspec.spec.input_processor import make_request
 
-from .strict_json import DuplicateKeys, Refused, object_pairs, refuse_constant
+from .strict_json import DuplicateKeys, Refused, StrictValidator, object_pairs, refuse_constant
 
 SCENARIO_FORMAT = "schedspec.scenario/1"
 SCHEMA_DIR = Path(__file__).parent / "schemas"
@@ -273,14 +272,7 @@ def parse_scenario_bytes(raw: bytes | str) -> Any:
 # --- pass 2: the JSON Schema ----------------------------------------------------------
 
 
-def _is_integer(checker, instance) -> bool:
-    # JSON Schema calls 4.0 an integer; a scenario's integer fields take integers.
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-_Validator = validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+_Validator = StrictValidator  # integers exclude 4.0 and true (strict_json.py)
 
 
 def _schema(name: str) -> dict:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
+from jsonschema import validators
+
 
 class Refused:
     """A JSON value the parser met but the format refuses, kept where it was."""
@@ -40,4 +43,15 @@ def refuse_constant(text: str) -> Refused:
     return Refused(f"= {text} is not a JSON number; NaN and Infinity are not allowed")
 
 
-__all__ = ["DuplicateKeys", "Refused", "object_pairs", "refuse_constant"]
+def is_json_integer(checker, instance) -> bool:
+    """JSON Schema calls 4.0 an integer; the formats' integer fields take integers only."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# Draft 2020-12 with that integer: the validator of every schema in schemas/.
+StrictValidator = validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", is_json_integer))
+
+
+__all__ = ["DuplicateKeys", "Refused", "StrictValidator", "is_json_integer", "object_pairs", "refuse_constant"]

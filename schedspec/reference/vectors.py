@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from jsonschema import validators
 
 from schedspec.base.errors import shown
 from schedspec.spec import scheduler as spec_scheduler
@@ -52,7 +51,7 @@ from .state_json import (STATUS_NAMES, StateJsonError, index_path, output_from_j
                          read_object, read_str, read_str_list, request_from_json, request_to_json,
                          sampled_from_json, sampled_to_json, state_from_json, state_to_json, status_from_json,
                          status_to_json)
-from .strict_json import DuplicateKeys, Refused, object_pairs, refuse_constant
+from .strict_json import DuplicateKeys, Refused, StrictValidator, is_json_integer, object_pairs, refuse_constant
 
 VECTOR_FORMAT = "schedspec.state-vector/1"
 VLLM_VERSION = "0.33.0"
@@ -304,14 +303,7 @@ def parse_vector_bytes(raw: bytes) -> Any:
     return data
 
 
-def _is_integer(checker, instance) -> bool:
-    # JSON Schema calls 4.0 an integer; a vector's counts are exact integers.
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-_Validator = validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+_Validator = StrictValidator  # integers exclude 4.0 and true (strict_json.py)
 
 
 def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
@@ -465,7 +457,7 @@ def schema_error_text(e: jsonschema.ValidationError) -> str:
         path.append(next((k for k in got if k not in known), "?"))
         problem = f"unknown field; known fields are {', '.join(known)}" if known else "must be empty"
     elif v == "minimum":
-        problem = f"must be an integer >= {want}, got {excerpt(got)}" if _is_integer(None, want) \
+        problem = f"must be an integer >= {want}, got {excerpt(got)}" if is_json_integer(None, want) \
             else f"= {excerpt(got)}, must be >= {want}"
     elif v in ("maximum", "exclusiveMaximum"):
         problem = f"= {excerpt(got)}, must be {'<=' if v == 'maximum' else '<'} {want}"
