@@ -78,6 +78,12 @@ _STATUS = {s.name: s for s in RequestStatus}
 
 
 REQUEST_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Request))
+LIFTED_OTHERWISE = ("request_id", "status", "eos_token_id", "stop_token_ids", "prompt_token_ids", "block_hashes",
+                    "partial_block_token_ids")
+# A field added to the spec's Request must be lifted too: fail at import, not lift it silently wrong.
+if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE):
+    raise ImportError("vllm_lift: the spec's Request fields changed; lift_request does not cover "
+                      f"{sorted(set(REQUEST_FIELD_NAMES) ^ (set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE)))}")
 _shared = attrgetter(*SHARED_REQUEST_FIELDS)
 LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last lifted Request)
 
