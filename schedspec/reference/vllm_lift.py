@@ -145,19 +145,25 @@ _block_id, _ref_cnt = attrgetter("block_id"), attrgetter("ref_cnt")
 
 def lift_hash_map(pool: Any) -> tuple[dict, dict]:
     """(hash -> block ids, block id -> hash) from vLLM's prefix-cache map, keys
-    without their group id (kv_cache_utils.py:72).  Read again only when the map's
-    keys or entries changed (compared by identity; an entry holding several
-    blocks by content too): between two calls most of a large map is unchanged."""
+    without their group id (kv_cache_utils.py:72).
+
+    The map is large and changes little between two calls, mostly by blocks
+    cached at its end, so the last lift is reused: whole when the map's keys
+    and entries are the same (entries compared by identity, one holding several
+    blocks by content too), extended when the old map is a prefix of the new
+    one, read again otherwise.  Each test is one pass of map() in C."""
     cache = pool.cached_block_hash_to_block._cache  # noqa: SLF001 - vLLM's map has no public view
     keys, entries = list(cache), list(cache.values())
-    # In C where it can be: one pass of map() each, no Python loop over the map.
     multi = [(k, tuple(e)) for k, e in cache.items() if type(e) is dict] if dict in set(map(type, entries)) else []
     last = pool.__dict__.get(POOL_ATTR)
-    if last is not None and len(last[1]) == len(entries) and last[0] == keys and last[2] == multi and \
-            all(map(is_, last[1], entries)):
-        return last[3], last[4]
-    cached, block_hash = {}, {}
-    for key, entry in zip(keys, entries):
+    start, cached, block_hash = 0, {}, {}
+    if last is not None and not multi and not last[2]:
+        n = len(last[0])
+        if n <= len(keys) and keys[:n] == last[0] and all(map(is_, last[1], entries)):
+            if n == len(keys):
+                return last[3], last[4]
+            start, cached, block_hash = n, dict(last[3]), dict(last[4])
+    for key, entry in zip(keys[start:], entries[start:]):
         h = key[:-4]  # the hash without its 4-byte group id
         blocks = tuple(entry) if type(entry) is dict else (entry.block_id,)
         cached[h] = blocks
