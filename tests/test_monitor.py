@@ -286,3 +286,34 @@ def test_stop_tokens_and_eos_as_vllm_reads_them(shadow, vllm, token, status):
     assert [(rid, st.name) for rid, st in finished] == ([("a", status)] if status else [])
     s = monitor.summary()
     assert s["divergences"] == [] and s["calls"]["update_from_output"]["checked"] == 1
+
+
+@pytest.mark.parametrize("call", ["schedule", "update_from_output"])
+def test_a_divergence_comes_with_a_scenario_that_replays_it(shadow, vllm, tmp_path, call):
+    """Watched from its start, a run is rebuilt as a scenario file; it is written
+    only because vLLM and the (here mutated) spec diverge on it too."""
+    from schedspec.reference.compare import compare_runs
+    from schedspec.reference.scenario import load_scenario
+
+    monitor = shadow.install("count", vectors_dir=str(tmp_path))
+    with mutated([MUTANTS[call]]):
+        campaign(vllm, n=20)
+        found = [d for d in monitor.summary()["divergences"] if d["scenario"]]
+        assert found, [d.get("scenario_note") for d in monitor.summary()["divergences"]][:3]
+        scenario = load_scenario(found[0]["scenario"])
+        assert compare_runs(run_scenario(scenario, vllm), run_scenario(scenario, SpecScheduler())) is not None
+    # the unmutated spec agrees with vLLM on it: the file shows the mutant's mistake
+    assert compare_runs(run_scenario(scenario, vllm), run_scenario(scenario, SpecScheduler())) is None
+
+
+def test_no_scenario_for_a_scheduler_not_watched_from_its_start(shadow, vllm, tmp_path):
+    from schedspec.spec.input_processor import make_request
+
+    vllm.reset(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, num_gpu_blocks=20))
+
+    vllm.add_request(make_request(vllm.config, "early", 8, 4))  # before the monitor
+    monitor = shadow.install("count", vectors_dir=str(tmp_path))
+    with mutated([MUTANTS["add_request"]]):
+        vllm.add_request(make_request(vllm.config, "late", 8, 4))
+    (d,) = monitor.summary()["divergences"]
+    assert d["scenario"] is None and "start" in d["scenario_note"]

@@ -24,12 +24,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from schedspec.reference.vllm_lift import lift_output, lift_request, lift_state, lift_status, \
+from schedspec.reference.campaign import safe_stem
+from schedspec.reference.vllm_lift import lift_config, lift_output, lift_request, lift_state, lift_status, \
     sampled_tokens
 from schedspec.spec import scheduler as spec
 from schedspec.spec.state import SchedulerOutput
 
 from . import scope
+from .replay import LOG_ATTR, RunLog, replay_and_write, run_log
 from .check import Difference, compare_finished, compare_outputs, compare_states, jsonable
 
 POLICIES = ("raise", "log", "count")
@@ -134,7 +136,12 @@ class Monitor:
     def check(self, call, sched, original, prepare, judge, features):
         number = self.stats.call_number = self.stats.call_number + 1
         self.count(call, "total")
-        prepared, outside = None, ()
+        prepared, outside, run = None, (), None
+        if self.vectors_dir is not None:
+            try:
+                run = run_log(sched, lambda: lift_config(sched))
+            except Exception:  # noqa: BLE001 - a scheduler the lift cannot read: no scenario, no harm
+                sched.__dict__[LOG_ATTR] = None
         try:
             outside = features()
             if outside:
@@ -150,8 +157,10 @@ class Monitor:
         except BaseException:
             sched.__dict__.pop(POST_ATTR, None)
             self.count(call, "vllm_raised")
+            self.unrebuildable(sched, f"{call} #{number} raised in vLLM")
             raise
         if outside:
+            self.unrebuildable(sched, f"{call} #{number} is outside the spec's scope")
             self.count(call, "outside_scope")
             for f in outside:
                 self.stats.outside_scope[f] += 1
@@ -161,13 +170,16 @@ class Monitor:
             difference = judge(prepared, result)
         except Exception as e:  # noqa: BLE001
             sched.__dict__.pop(POST_ATTR, None)
+            self.unrebuildable(sched, f"{call} #{number} met a monitor error")
             self.monitor_error(call, number, e)
             return result
         if not self.relift:
             sched.__dict__[POST_ATTR] = prepared.observed_post
         self.count(call, "checked")
+        if run is not None and not run.broken:
+            run.record(call, prepared)
         if difference is not None:
-            self.divergence(call, number, difference, prepared)
+            self.divergence(call, number, difference, prepared, run)
         elif self.record_all:
             try:
                 self.write_vector(call, number, None, prepared)
@@ -190,13 +202,30 @@ class Monitor:
         if self.policy == "raise":
             raise MonitorError(f"{call} #{number}: {text}") from e
 
-    def divergence(self, call: str, number: int, difference: Difference, prepared: Any) -> None:
+    def unrebuildable(self, sched: Any, why: str) -> None:
+        run = sched.__dict__.get(LOG_ATTR)
+        if run is not None:
+            run.stop(why)
+
+    def divergence(self, call: str, number: int, difference: Difference, prepared: Any,
+                   run: RunLog | None = None) -> None:
         record = {"test": self.label, "call": call, "call_number": number, **difference.to_json(), "vector": None}
         if self.vectors_dir is not None:
             try:
                 record["vector"] = str(self.write_vector(call, number, difference, prepared))
             except Exception as e:  # noqa: BLE001 - the divergence is still reported
                 record["vector_error"] = f"{type(e).__name__}: {e}"
+            record["scenario"] = None
+            if run is None:
+                record["scenario_note"] = "the monitor did not watch this scheduler from its start"
+            else:
+                try:
+                    path, why = replay_and_write(run, safe_stem(f"{self.label or 'run'}-{number:05d}-{call}"),
+                                                 self.vectors_dir)
+                    record["scenario"], record["scenario_note"] = (str(path) if path else None), why
+                except Exception as e:  # noqa: BLE001
+                    record["scenario_note"] = f"rebuilding the scenario failed: {type(e).__name__}: {e}"
+                run.stop("a divergence was reported; the rest of the run starts from a state the spec disagrees with")
         self.stats.divergences.append(record)
         self.totals.divergences.append(record)
         message = f"schedspec: vLLM's {call} #{number} diverges from the spec at {difference.describe()}"
