@@ -299,8 +299,8 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
     def judge(p: Prepared, out):
         vllm_out = lift_output(out, preempted, prefix_caching=p.pre.config.enable_prefix_caching,
                                status_before=p.args["status_before"])
-        p.observed_result, p.observed_post = vllm_out, lift_state(sched, p.pre.config)
         spec_out, spec_post = spec.schedule(p.pre)
+        p.observed_result, p.observed_post = vllm_out, lift_state(sched, p.pre.config, like=spec_post)
         return compare_outputs(spec_out, vllm_out) or compare_states(p.pre, spec_post, p.observed_post)
 
     try:
@@ -338,8 +338,8 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
 
     def judge(p: Prepared, _result):
         finished = [(rid, lift_status(r.status)) for rid, r in p.args["held"].items() if r.is_finished()]
-        p.observed_result, p.observed_post = {"finished": finished}, lift_state(sched, p.pre.config)
         spec_finished, spec_post = spec.update_from_output(p.pre, p.args["output"], p.args["sampled"])
+        p.observed_result, p.observed_post = {"finished": finished}, lift_state(sched, p.pre.config, like=spec_post)
         return compare_finished(spec_finished, finished, "result.finished") or \
             compare_states(p.pre, spec_post, p.observed_post)
 
@@ -362,8 +362,9 @@ def add_request_check(monitor: Monitor, sched: Any, original: Callable[[], Any],
         return Prepared(pre, "add_request", request=lift_request(request, pre.config))
 
     def judge(p: Prepared, _result):
-        p.observed_result, p.observed_post = {}, lift_state(sched, p.pre.config)
-        return compare_states(p.pre, spec.add_request(p.pre, p.args["request"]), p.observed_post)
+        spec_post = spec.add_request(p.pre, p.args["request"])
+        p.observed_result, p.observed_post = {}, lift_state(sched, p.pre.config, like=spec_post)
+        return compare_states(p.pre, spec_post, p.observed_post)
 
     return monitor.run("add_request", sched, original, prepare, judge, features)
 
@@ -390,8 +391,8 @@ def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], requ
 
     def judge(p: Prepared, result):
         done = [r.request_id for r in (result or ())]
-        p.observed_result, p.observed_post = {"finished": done}, lift_state(sched, p.pre.config)
         spec_done, spec_post = spec.finish_requests(p.pre, p.args["request_ids"], p.args["status"])
+        p.observed_result, p.observed_post = {"finished": done}, lift_state(sched, p.pre.config, like=spec_post)
         return compare_finished(spec_done, done, "result.finished") or \
             compare_states(p.pre, spec_post, p.observed_post)
 

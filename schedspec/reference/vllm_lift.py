@@ -88,14 +88,17 @@ _shared = attrgetter(*SHARED_REQUEST_FIELDS)
 LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last lifted Request)
 
 
-def lift_request(r: Any, config: SchedulerConfig) -> Request:
+def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -> Request:
     """One vLLM Request.  Token ids and block hashes only under prefix caching,
     as the spec keeps them (spec/request.py).
 
     Lifted requests are cached on the vLLM request, keyed by every value the
     spec's request is made of, so an unchanged request lifts to the same object:
     a state compared with the last one then compares it by identity.  What a
-    request is made with (its prompt, its stop tokens) is read once."""
+    request is made with (its prompt, its stop tokens) is read once.  `like`, a
+    spec request (the monitor passes the spec's answer), is returned itself when
+    every field the lift would give equals its own: the same value, compared by
+    identity afterwards."""
     cache = r.__dict__.get(LIFT_ATTR)
     if cache is None or cache[0][0] is not config:
         params = r.sampling_params
@@ -113,6 +116,11 @@ def lift_request(r: Any, config: SchedulerConfig) -> Request:
     key = (_shared(r), r.status, hashes, tail)
     if key == cache[1]:
         return cache[2]
+    if like is not None and like.status is _STATUS.get(r.status.name) and _shared(like) == key[0] \
+            and (like.request_id, like.eos_token_id, like.stop_token_ids, like.prompt_token_ids) == fixed[1:] \
+            and like.block_hashes == hashes and like.partial_block_token_ids == tail:
+        cache[1], cache[2] = key, like
+        return like
     values = dict(zip(SHARED_REQUEST_FIELDS, key[0]))
     values.update(request_id=fixed[1], status=lift_status(r.status), eos_token_id=fixed[2],
                   stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
@@ -221,12 +229,14 @@ def lift_block_pool(sched: Any) -> BlockPool:
 
 
 def lift_state(sched: Any, config: SchedulerConfig | None = None,
-               finish_order: Sequence[str] = ()) -> SchedulerState:
+               finish_order: Sequence[str] = (), like: SchedulerState | None = None) -> SchedulerState:
     """The scheduler's state.  vLLM keeps the ids finished since the last
     schedule() in a set (S:225); `finish_order` gives the order they finished in
-    where the caller recorded it, the rest follow sorted."""
+    where the caller recorded it, the rest follow sorted.  `like`: see lift_request."""
     config = config or lift_config(sched)
-    requests = {rid: lift_request(r, config) for rid, r in sched.requests.items() if not r.is_finished()}
+    alike = like.requests if like is not None else {}
+    requests = {rid: lift_request(r, config, alike.get(rid)) for rid, r in sched.requests.items()
+                if not r.is_finished()}
     vset = sched.finished_req_ids
     finished = [rid for rid in dict.fromkeys(finish_order) if rid in vset]
     finished += sorted(set(vset) - set(finished))
