@@ -202,13 +202,31 @@ def _(mon, tmp_path, monkeypatch):
     return watch(mon, add_and_step(s, request("a", 40, sched=s)))
 
 
-@case("PIPELINE_PARALLEL")
+@case("PP_DECODE_STAGGER", "attribute")
 def _(mon, tmp_path, monkeypatch):
+    # Attribute set: the stagger needs async scheduling on the V2 model runner,
+    # which needs Triton; it sets next_decode_eligible_step on the request
+    # (async_scheduler.py:50-56), as here.
+    s = build_scheduler(async_scheduling=True)
+    s.add_request(request("a", 20, max_tokens=8))
+    s.schedule()  # in scope: admitted, now running
+
+    def calls():
+        s.requests["a"].next_decode_eligible_step = s.current_step + 3
+        s.schedule()
+    return watch(mon, calls)
+
+
+def test_pipeline_parallelism_alone_is_in_scope(monitor):
+    """PP changes no scheduling decision in 0.33.0 (the output's token payload
+    only, S:1945): a PP scheduler's calls are checked."""
     from vllm.config import ParallelConfig
 
     s = build_scheduler(parallel_config=ParallelConfig(pipeline_parallel_size=2))
     assert s.use_pp
-    return watch(mon, add_and_step(s, request("a", 20)))
+    s.add_request(request("a", 20))
+    run_to_completion(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 
 
 @case("CONTEXT_PARALLEL", "decode")

@@ -285,7 +285,7 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
     """`schedule()`: the spec's decision on the lifted pre-state against vLLM's."""
 
     def features():
-        found = scope.features(sched, throttle_prefills=throttle_prefills)
+        found = scope.features(sched, throttle_prefills=throttle_prefills) + scope.decode_stagger(sched)
         # A preemption since the last schedule() (a direct call, or
         # reset_prefix_cache) is reported in this output (S:228, 1799).
         return found + (scope.OUT_OF_SCHEDULE_PREEMPTION,) if preempted else found

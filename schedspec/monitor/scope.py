@@ -23,7 +23,7 @@ ENCODER_INPUTS = "encoder inputs"
 ENCODER_DECODER = "encoder-decoder model"
 KV_CACHE_GROUPS = "non-full-attention KV groups"
 HASH_BLOCK_SIZE = "hash block size != block size"
-PIPELINE_PARALLEL = "pipeline parallelism"
+PP_DECODE_STAGGER = "pipeline-parallel decode stagger"
 CONTEXT_PARALLEL = "context parallelism"
 POOLING = "pooling"
 PAUSE = "pause state"
@@ -93,8 +93,6 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(PREFIX_REPLAY)
     if sched.hash_block_size != sched.block_size:
         out.append(HASH_BLOCK_SIZE)
-    if sched.use_pp:
-        out.append(PIPELINE_PARALLEL)
     if sched.dcp_world_size > 1 or sched.pcp_world_size > 1:
         out.append(CONTEXT_PARALLEL)
     if sched.num_sampled_tokens_per_step == 0 or vc.model_config.runner_type == "pooling":
@@ -225,6 +223,21 @@ _UNUSUAL = frozenset(BLOCKED_STATUSES) | {"FINISHED_STOPPED", "FINISHED_LENGTH_C
                                           "FINISHED_IGNORED", "FINISHED_ERROR", "FINISHED_REPETITION"}
 
 
+def decode_stagger(sched: Any) -> tuple[str, ...]:
+    """For schedule(): a running request held back until a later step (S:816-820).
+    Pipeline parallelism itself changes no scheduling decision in 0.33.0 (it
+    shapes the output's token payload, S:1945, and how many batches the engine
+    keeps in flight); with async scheduling on the V2 model runner it staggers
+    a request's decodes `pp_size` steps apart (async_scheduler.py:50-56)."""
+    if "current_step" not in sched.__dict__:
+        return ()
+    step = sched.current_step + 1  # schedule() counts this call first (S:700)
+    for r in sched.running:
+        if getattr(r, "next_decode_eligible_step", 0) > step:
+            return (PP_DECODE_STAGGER,)
+    return ()
+
+
 def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefills: bool = False) -> tuple[str, ...]:
     """Every feature outside the spec's scope that a call on `sched` can use:
     the scheduler's own, and those of `requests` (all it holds when None)."""
@@ -239,4 +252,4 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
     return tuple(out)
 
 
-__all__ = ["BLOCKED_STATUSES", "features", "request_features", "scheduler_features", "static_request_features"]
+__all__ = ["BLOCKED_STATUSES", "decode_stagger", "features", "request_features", "scheduler_features", "static_request_features"]
