@@ -27,8 +27,9 @@ from hypothesis_jsonschema import from_schema
 
 from helpers import cli
 from schedspec.reference.example_files import EXAMPLES_DIR
-from schedspec.reference.scenario import (SCHEMA_DIR, ScenarioError, _fast_valid, _scenario_validator,
+from schedspec.reference.scenario import (SCHEMA_DIR, ScenarioError, _scenario_validator,
                                           load_scenario, parse_scenario_bytes)
+from schedspec.reference.strict_json import fast_valid as _fast_valid
 
 
 def _mend_hypothesis_jsonschema() -> None:

@@ -322,7 +322,8 @@ def test_shipped_examples_still_load():
 def test_the_quick_structural_check_covers_the_schema():
     """The reader skips jsonschema for a file its quick check accepts (20 000
     requests: seconds otherwise); that needs a schema of the keywords it knows."""
-    from schedspec.reference.scenario import _fast_valid, _schema_allows_fast_check, _scenario_validator
+    from schedspec.reference.scenario import _schema_allows_fast_check, _scenario_validator
+    from schedspec.reference.strict_json import fast_valid as _fast_valid
 
     assert _schema_allows_fast_check()
     schema = _scenario_validator().schema

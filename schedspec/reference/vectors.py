@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -51,7 +50,8 @@ from .state_json import (STATUS_NAMES, StateJsonError, index_path, output_from_j
                          read_object, read_str, read_str_list, request_from_json, request_to_json,
                          sampled_from_json, sampled_to_json, state_from_json, state_to_json, status_from_json,
                          status_to_json)
-from .strict_json import DuplicateKeys, Refused, StrictValidator, is_json_integer, object_pairs, refuse_constant
+from .strict_json import (TYPE_WORDS, DuplicateKeys, Refused, StrictValidator, fast_valid, is_json_integer, object_pairs,
+                          refuse_constant)
 
 VECTOR_FORMAT = "schedspec.state-vector/1"
 VLLM_VERSION = "0.33.0"
@@ -334,113 +334,6 @@ def schema_validator():
     return _Validator(inline_refs(json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))))
 
 
-_FAST_TYPES = {
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-}
-_ANNOTATIONS = frozenset({"title", "description", "$schema", "$id"})
-
-
-@lru_cache(maxsize=None)
-def _pattern(text: str) -> re.Pattern:
-    return re.compile(text)
-
-
-def _same(a: Any, b: Any) -> bool:
-    """JSON equality as const and enum mean it: true is not 1."""
-    return a == b and isinstance(a, bool) == isinstance(b, bool)
-
-
-def fast_valid(schema: Any, value: Any) -> bool:
-    """Whether `value` meets the inlined vector schema, for the keywords it
-    uses; jsonschema takes about 20 us per token id of a state.  Only a yes is
-    trusted: on a no, or a keyword this does not know, jsonschema decides and
-    words the error."""
-    if schema is True:
-        return True
-    if not isinstance(schema, dict):
-        return False
-    for key, want in schema.items():
-        if key in _ANNOTATIONS:
-            continue
-        if key == "type":
-            if not any(_FAST_TYPES[k](value) for k in (want if isinstance(want, list) else [want])):
-                return False
-        elif key == "const":
-            if not _same(value, want):
-                return False
-        elif key == "enum":
-            if not any(_same(value, w) for w in want):
-                return False
-        elif key in ("minimum", "maximum", "exclusiveMaximum"):
-            if _FAST_TYPES["number"](value) and not (value >= want if key == "minimum" else value <= want
-                                                     if key == "maximum" else value < want):
-                return False
-        elif key == "pattern":
-            if isinstance(value, str) and not _pattern(want).search(value):
-                return False
-        elif key in ("properties", "required", "additionalProperties", "propertyNames"):
-            if isinstance(value, dict) and not _fast_object(key, want, schema, value):
-                return False
-        elif key in ("items", "prefixItems", "minItems", "maxItems"):
-            if isinstance(value, list) and not _fast_array(key, want, schema, value):
-                return False
-        elif key == "allOf":
-            if not all(fast_valid(s, value) for s in want):
-                return False
-        elif key == "anyOf":
-            if not any(fast_valid(s, value) for s in want):
-                return False
-        elif key == "if":
-            branch = schema.get("then") if fast_valid(want, value) else schema.get("else")
-            if branch is not None and not fast_valid(branch, value):
-                return False
-        elif key not in ("then", "else"):
-            return False  # a keyword this checker does not know: let jsonschema decide
-    return True
-
-
-def _fast_object(key: str, want: Any, schema: dict, value: dict) -> bool:
-    if key == "properties":
-        return all(fast_valid(want[k], v) for k, v in value.items() if k in want)
-    if key == "required":
-        return all(k in value for k in want)
-    if key == "propertyNames":
-        return all(fast_valid(want, k) for k in value)
-    known = schema.get("properties", {})  # additionalProperties
-    return all(fast_valid(want, v) for k, v in value.items() if k not in known)
-
-
-def _fast_array(key: str, want: Any, schema: dict, value: list) -> bool:
-    if key == "minItems":
-        return len(value) >= want
-    if key == "maxItems":
-        return len(value) <= want
-    if key == "prefixItems":
-        return all(fast_valid(s, v) for s, v in zip(want, value))
-    skip = len(schema.get("prefixItems", ()))  # items: the items after prefixItems
-    rest = value[skip:] if skip else value
-    # Token ids, block ids and request ids, most of a state's values: one pass.
-    plain = {k: v for k, v in want.items() if k not in _ANNOTATIONS} if isinstance(want, dict) else None
-    if plain == {"type": "string"}:
-        return all(type(v) is str for v in rest)
-    if plain is not None and set(plain) == {"type", "pattern"} and plain["type"] == "string":
-        search = _pattern(plain["pattern"]).search
-        return all(type(v) is str and search(v) for v in rest)
-    if plain is not None and plain.get("type") == "integer" and set(plain) <= {"type", "minimum"}:
-        lo = plain.get("minimum")
-        return all(type(v) is int and (lo is None or v >= lo) for v in rest)
-    return all(fast_valid(want, v) for v in rest)
-
-
-_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "object": "an object",
-               "array": "an array", "boolean": "true or false", "null": "null"}
-
 
 def schema_error_text(e: jsonschema.ValidationError) -> str:
     """One schema error as `path: problem`, in the words of the other readers."""
@@ -448,7 +341,7 @@ def schema_error_text(e: jsonschema.ValidationError) -> str:
     v, want, got = e.validator, e.validator_value, e.instance
     if v == "type":
         kinds = want if isinstance(want, list) else [want]
-        problem = f"must be {' or '.join(_TYPE_WORDS.get(k, k) for k in kinds)}, got {excerpt(got)}"
+        problem = f"must be {' or '.join(TYPE_WORDS.get(k, k) for k in kinds)}, got {excerpt(got)}"
     elif v == "required":
         path.append(next((k for k in want if k not in got), want[0]))
         problem = "missing; this field is required"
