@@ -45,17 +45,16 @@ from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import SchedulerOutput, SchedulerState
 
+from .vllm_lift import SCHEDULER_CONFIG_FIELDS as LIFTED_SCHEDULER_CONFIG_FIELDS
 from .vllm_lift import LiftError, lift_output, lift_state
 
 MODEL_CONFIG = Path(__file__).parent / "vllm_model" / "config.json"
 VLLM_VERSION = "0.33.0"
 MAX_MODEL_LEN = 2**24  # prompts up to 16 M tokens: a 128 MiB token list per request at most
 
-# The spec's config fields that vLLM's SchedulerConfig takes under the same name.
-SCHEDULER_CONFIG_FIELDS = (
-    "max_model_len", "max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs", "max_num_active_seqs",
-    "enable_chunked_prefill", "long_prefill_token_threshold", "policy", "watermark",
-    "scheduler_reserve_full_isl", "async_scheduling")
+# The spec's config fields that vLLM's SchedulerConfig takes under the same name:
+# those the lift reads back from it, and two it takes but keeps elsewhere.
+SCHEDULER_CONFIG_FIELDS = ("max_model_len",) + LIFTED_SCHEDULER_CONFIG_FIELDS + ("async_scheduling",)
 
 _vllm: dict[str, Any] | None = None  # the lazily imported vLLM names
 _model_dirs: dict[int, str] = {}  # max_position_embeddings -> model folder
