@@ -317,3 +317,16 @@ def test_no_scenario_for_a_scheduler_not_watched_from_its_start(shadow, vllm, tm
         vllm.add_request(make_request(vllm.config, "late", 8, 4))
     (d,) = monitor.summary()["divergences"]
     assert d["scenario"] is None and "start" in d["scenario_note"]
+
+
+def test_the_lift_check_catches_a_broken_lift(vllm, monkeypatch):
+    """The side-by-side lift test is not vacuous: a lift that miscounts the free
+    blocks by one fails it at the first call that allocates."""
+    from schedspec.reference import vllm_lift
+    from schedspec.spec.kv_cache import BlockCounts
+
+    real = vllm_lift.lift_block_counts
+    monkeypatch.setattr(vllm_lift, "lift_block_counts",
+                        lambda sched: (lambda c: BlockCounts(c.num_free_blocks - 1, c.req_to_num_blocks))(real(sched)))
+    with pytest.raises(AssertionError, match="lift\\(vLLM\\) differs from the spec"):
+        campaign(Both(vllm), n=5)
