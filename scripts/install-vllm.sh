@@ -1,28 +1,61 @@
 #!/usr/bin/env bash
-# Install the real vLLM 0.33.0 scheduler, CPU only, for `schedspec diff --impl vllm`.
+# Install the real vLLM scheduler, CPU only, for `schedspec diff --impl vllm`.
 #
-#   scripts/install-vllm.sh                 # into .venv/bin/python of this repo
+#   scripts/install-vllm.sh                 # vLLM 0.33.0 into .venv/bin/python of this repo
 #   PYTHON=/path/to/python scripts/install-vllm.sh
+#   scripts/install-vllm.sh 0.30.0          # vLLM 0.30.0 into its own virtualenv,
+#                                           # $SCHEDSPEC_CACHE/vllm-envs/0.30.0 (default
+#                                           # ~/.cache/schedspec/vllm-envs/0.30.0), with
+#                                           # schedspec installed editable into it
 #
 # Idempotent: does nothing when the pinned versions are already installed and
 # the scheduler imports.  About 100 s and 2.2 GB on a fresh environment.
 # Steps (see requirements-vllm.txt):
 #   1. torch==2.13.0 first (a CPU build, where the package index provides one;
 #      set TORCH_INDEX_URL to pick another index for torch);
-#   2. vllm==0.33.0 and xgrammar==0.2.9 with --no-deps: vLLM's own pins would
-#      pull torch 2.14 with CUDA and triton (several GB) the scheduler does not use;
-#   3. requirements-vllm.txt: what importing vllm.v1.core.sched.scheduler and
-#      building ModelConfig need.  pip then warns about vLLM's unmet pins (torch
-#      2.14, xgrammar 0.2.8, llguidance, fastapi); they do not matter to the
-#      scheduler, which is pure Python.
+#   2. vllm==X with --no-deps, then the xgrammar version vllm==X requires in its
+#      own metadata (0.33.0: ==0.2.9; 0.30.0: <1.0.0,>=0.2.1), --no-deps too: vLLM's own pins would pull a
+#      CUDA torch and triton (several GB) the scheduler does not use;
+#   3. requirements-vllm-X.txt where a release needs other packages than
+#      requirements-vllm.txt (0.20.0 also imports gguf), else requirements-vllm.txt:
+#      what importing vllm.v1.core.sched.scheduler and building ModelConfig need.
+#      pip then warns about vLLM's unmet pins; they do not matter to the
+#      scheduler, which is pure Python;
+#   4. (a release's own virtualenv only) schedspec itself, editable, so that
+#      `--impl vllm==X` can run the spec and that release in one process.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PY=${PYTHON:-$ROOT/.venv/bin/python}
-REQ="$ROOT/requirements-vllm.txt"
 TORCH_VERSION=2.13.0
-VLLM_VERSION=0.33.0
-XGRAMMAR_VERSION=0.2.9
+DEFAULT_VLLM_VERSION=0.33.0
+VLLM_VERSION=${1:-$DEFAULT_VLLM_VERSION}
+OWN_ENV=0
+
+if ! [[ "$VLLM_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+  echo "install-vllm: version '$VLLM_VERSION' is not of the form X.Y.Z (e.g. 0.30.0)" >&2
+  exit 2
+fi
+
+if [ $# -ge 1 ]; then
+  OWN_ENV=1
+  CACHE=${SCHEDSPEC_CACHE:-$HOME/.cache/schedspec}
+  ENV_DIR=${VLLM_ENV_DIR:-$CACHE/vllm-envs/$VLLM_VERSION}
+  PY=$ENV_DIR/bin/python
+  if [ ! -x "$PY" ]; then
+    BASE=${BASE_PYTHON:-python3}
+    if ! "$BASE" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+      echo "install-vllm: $BASE is not Python >= 3.11; set BASE_PYTHON=/path/to/python3.11" >&2
+      exit 2
+    fi
+    mkdir -p "$(dirname "$ENV_DIR")"
+    "$BASE" -m venv "$ENV_DIR"
+  fi
+else
+  PY=${PYTHON:-$ROOT/.venv/bin/python}
+fi
+
+REQ="$ROOT/requirements-vllm-$VLLM_VERSION.txt"
+[ -f "$REQ" ] || REQ="$ROOT/requirements-vllm.txt"
 
 if [ ! -x "$PY" ]; then
   echo "install-vllm: no Python interpreter at $PY; create .venv or set PYTHON=/path/to/python" >&2
@@ -33,16 +66,33 @@ if [ ! -f "$REQ" ]; then
   exit 2
 fi
 
+# The xgrammar requirement the installed vllm states (Requires-Dist, without its
+# marker): "==0.2.9" for 0.33.0, a range such as "<1.0.0,>=0.2.1" for 0.30.0; empty if none.
+xgrammar_pin() {
+  "$PY" - <<'EOF' 2>/dev/null
+import importlib.metadata as m, re
+for req in m.requires("vllm") or ():
+    found = re.match(r"xgrammar\s*([<>=!~][^;]*)", req)
+    if found:
+        print(found.group(1).replace(" ", ""))
+        break
+EOF
+}
+
 check() {
   VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR \
-    "$PY" - "$TORCH_VERSION" "$VLLM_VERSION" "$XGRAMMAR_VERSION" <<'EOF' >/dev/null 2>&1
+    "$PY" - "$TORCH_VERSION" "$VLLM_VERSION" "$(xgrammar_pin)" "$OWN_ENV" "$ROOT" <<'EOF' >/dev/null 2>&1
 import importlib.metadata as m, sys
-torch_v, vllm_v, xg_v = sys.argv[1:4]
+from packaging.specifiers import SpecifierSet
+torch_v, vllm_v, xg_spec, own_env, root = sys.argv[1:6]
 assert m.version("torch").split("+")[0] == torch_v
 assert m.version("vllm") == vllm_v
-assert m.version("xgrammar") == xg_v
+assert not xg_spec or m.version("xgrammar") in SpecifierSet(xg_spec)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
 from vllm.config import ModelConfig, VllmConfig  # noqa: F401
+if own_env == "1":
+    import os, schedspec
+    assert os.path.realpath(schedspec.__file__).startswith(os.path.realpath(root) + os.sep)
 EOF
 }
 
@@ -57,11 +107,22 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
 else
   "$PY" -m pip install "torch==$TORCH_VERSION"
 fi
-"$PY" -m pip install --no-deps "vllm==$VLLM_VERSION" "xgrammar==$XGRAMMAR_VERSION"
+"$PY" -m pip install --no-deps "vllm==$VLLM_VERSION"
+XGRAMMAR_SPEC=$(xgrammar_pin)
+if [ -n "$XGRAMMAR_SPEC" ]; then
+  "$PY" -m pip install --no-deps "xgrammar$XGRAMMAR_SPEC"
+fi
 "$PY" -m pip install -r "$REQ"
+if [ "$OWN_ENV" = 1 ]; then
+  "$PY" -m pip install -e "$ROOT"
+fi
 
 if ! check; then
   echo "install-vllm: installed, but \`from vllm.v1.core.sched.scheduler import Scheduler\` still fails in $PY" >&2
   exit 1
 fi
-echo "install-vllm: done; try \`schedspec diff --impl vllm --scenarios 100\`"
+if [ "$OWN_ENV" = 1 ]; then
+  echo "install-vllm: done; try \`schedspec diff --impl vllm==$VLLM_VERSION --scenarios 100\`"
+else
+  echo "install-vllm: done; try \`schedspec diff --impl vllm --scenarios 100\`"
+fi

@@ -32,6 +32,9 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> i
     pipe (`| head`) exit 0."""
     args = parser.parse_args(argv)  # its errors: Parser.error, one line, exit 2
     try:
+        from .vllm_version import apply
+
+        apply(args)  # the vLLM release the command models (--impl vllm==X, --vllm-version X)
         return int(args.func(args) or 0)
     except UsageError as e:
         fail(str(e))
@@ -55,11 +58,23 @@ def load_impl_or_fail(name: str, device: str | None = None):
     loaded, and a status line while vLLM loads."""
     from schedspec.base.loader import ImplementationError, load_impl
 
+    from .vllm_version import installed_vllm, split_impl
+
+    base, release = split_impl(name)  # vllm==X: this process runs release X (vllm_version.py)
     try:
-        impl = load_impl(name, device=device, status=status)
+        # base/loader.py names 0.33.0 in its status line; under vllm==X it loads X.
+        shown_release = release or (installed_vllm() if base == "vllm" else None)
+        say = status if shown_release is None else \
+            (lambda m: status(m.replace("vLLM 0.33.0", f"vLLM {shown_release}")))
+        impl = load_impl(base, device=device, status=say)
     except ImplementationError as e:
-        raise UsageError(str(e)) from None
-    if name == "vllm":
+        raise UsageError(str(e).replace(f"--impl {base}", f"--impl {name}", 1)) from None
+    if release is not None:
+        impl.name = name
+        if getattr(impl, "vllm_version", release) != release:
+            raise UsageError(f"--impl {name}: this interpreter ({sys.executable}) has vLLM "
+                             f"{impl.vllm_version}; run schedspec from vLLM {release}'s environment")
+    if base == "vllm":
         # Said apart so the load is not mistaken for the run's own time.
         status(f"vLLM loaded in {getattr(impl, 'load_seconds', 0.0):.1f} s (not part of the run's figures)")
     return impl

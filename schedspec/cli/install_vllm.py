@@ -1,5 +1,8 @@
 """`schedspec install-vllm`: install the real vLLM 0.33.0 scheduler (CPU only)
-into the running interpreter, with scripts/install-vllm.sh."""
+into the running interpreter, with scripts/install-vllm.sh; `--version X`
+installs release X into its own virtualenv instead ($SCHEDSPEC_CACHE/vllm-envs/X,
+default ~/.cache/schedspec/vllm-envs/X), with schedspec installed editable into
+it, for `--impl vllm==X` (cli/vllm_version.py)."""
 
 from __future__ import annotations
 
@@ -28,9 +31,18 @@ def cmd_install_vllm(args) -> int:
     if script is None:
         raise UsageError(f"scripts/{SCRIPT_NAME} not found next to the schedspec sources; "
                          "install vLLM by hand as requirements-vllm.txt describes")
+    command = ["bash", str(script)]
     env = dict(os.environ, PYTHON=sys.executable)
+    if args.version is not None:
+        from .vllm_version import check_release, env_dir
+
+        check_release(args.version, "--version")
+        # The new environment's interpreter is this one's base Python (a venv's, not the venv).
+        env = dict(os.environ, BASE_PYTHON=getattr(sys, "_base_executable", sys.executable),
+                   VLLM_ENV_DIR=str(env_dir(args.version)))
+        command.append(args.version)
     try:
-        proc = subprocess.run(["bash", str(script)], env=env, check=False)
+        proc = subprocess.run(command, env=env, check=False)
     except OSError as e:
         raise UsageError(f"cannot run {script}: {e.strerror or e}") from None
     if proc.returncode != 0:
@@ -44,4 +56,7 @@ def register(subparsers) -> None:
         "install-vllm", help="install vLLM 0.33.0 (CPU only) for --impl vllm",
         description="Install torch 2.13.0 (CPU), vllm 0.33.0 and the scheduler's import "
                     "dependencies into this Python (scripts/install-vllm.sh). Idempotent.")
+    p.add_argument("--version", metavar="X", default=None,
+                   help="install vLLM release X (0.20.0 ... 0.33.0) into its own virtualenv under "
+                        "$SCHEDSPEC_CACHE/vllm-envs/X (default ~/.cache/schedspec/vllm-envs/X), for --impl vllm==X")
     p.set_defaults(func=cmd_install_vllm)

@@ -15,14 +15,15 @@ from schedspec.base.args import int_arg
 from schedspec.base.progress import Progress
 from schedspec.reference.example_files import EXAMPLES_DIR, example_names, resolve_scenario_path
 
-from . import counterexample, diff, explore, install_vllm, peer_tests, prove, sweep, vectors
+from . import changes, counterexample, diff, explore, install_vllm, peer_tests, prove, sweep, vectors
 from .common import (Parser, add_time_model_arguments, load_impl_or_fail, load_scenario_or_fail,
                      run_parsed)
 from .device_flag import add_device_argument, device_for
+from .vllm_version import add_vllm_version_argument
 
 # Each further command lives in its own module and registers itself; heavy
 # imports (z3, torch, vLLM) wait until it runs.
-COMMAND_MODULES = (diff, install_vllm, counterexample, prove, sweep, explore, vectors, peer_tests)
+COMMAND_MODULES = (diff, install_vllm, counterexample, prove, sweep, explore, vectors, peer_tests, changes)
 
 
 def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, device: str | None = None,
@@ -280,7 +281,8 @@ step by step.  A user error is one line on stderr and exit status 2."""
 SCENARIO_HELP = ("a scenario file (JSON, see docs/formats.md) or the name of a shipped example "
                  "(`schedspec examples` lists them)")
 IMPL_HELP = ("the scheduler to run: spec (default, the executable specification), vllm (vLLM 0.33.0's "
-             "own scheduler; loading it takes about 20 s), torch, or module:Class for your own class")
+             "own scheduler; loading it takes about 20 s), vllm==X (release X, from its own environment: "
+             "schedspec install-vllm --version X), torch, or module:Class for your own class")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -311,12 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps printed: auto (the first 60, default), all, or none")
     add_time_model_arguments(p)
     add_device_argument(p)
+    add_vllm_version_argument(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="check a scenario file and whether vLLM 0.33.0 accepts its config",
                        description="Check a scenario file against its format and vLLM 0.33.0's config "
                                    "rules without running it.")
     p.add_argument("scenario", help=SCENARIO_HELP)
+    add_vllm_version_argument(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("check", help="run a scenario and evaluate every property at every step",
@@ -326,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", help=SCENARIO_HELP)
     p.add_argument("--impl", default="spec", help=IMPL_HELP)
     add_device_argument(p)
+    add_vllm_version_argument(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("examples", help="run the shipped example scenarios and print their figures",
@@ -341,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from schedspec.base.errors import fail
+
+    from .vllm_version import reexec_if_needed
+
+    try:  # `--impl vllm==X` runs under release X's own interpreter (cli/vllm_version.py)
+        reexec_if_needed(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        fail(str(e))
     return run_parsed(build_parser(), argv)
 
 

@@ -91,6 +91,8 @@ def one_line(message: str) -> str:
 def config_fields() -> list[dict[str, Any]]:
     out = []
     for f in fields(SchedulerConfig):
+        if f.name == "vllm_version":  # the page models 0.33.0; releases: the CLI's --vllm-version
+            continue
         default = f.default
         kind = ("bool" if isinstance(default, bool) else "number" if isinstance(default, float)
                 else "choice" if f.name == "policy" else "int")

@@ -35,11 +35,24 @@ import jsonschema
 from schedspec.spec.config import (CONFIG_FIELDS, EXCERPT_CHARS, ConfigError, SchedulerConfig, config_from_dict,
                                    excerpt, field_path)
 from schedspec.spec.input_processor import make_request
+from schedspec.spec.versions import DEFAULT_RELEASE
 
 from .strict_json import (TYPE_WORDS, DuplicateKeys, Refused, StrictValidator, fast_check_covers, fast_valid, object_pairs,
                           refuse_constant)
 
 SCENARIO_FORMAT = "schedspec.scenario/1"
+# The release a scenario models when its config names none: the command's
+# (`--impl vllm==X`, `--vllm-version X`; cli/vllm_version.py), else 0.33.0.
+_default_release = [DEFAULT_RELEASE]
+
+
+def set_default_vllm_version(version: str) -> None:
+    _default_release[0] = version
+
+
+def default_vllm_version() -> str:
+    return _default_release[0]
+
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 DEFAULT_MAX_STEPS = 10000
 
@@ -121,8 +134,13 @@ class Scenario:
     description: str = ""
 
     def scheduler_config(self) -> SchedulerConfig:
-        """The validated config; raises ConfigError if vLLM would reject it."""
-        return config_from_dict(self.config)
+        """The validated config; raises ConfigError if vLLM would reject it.  A
+        config that names no `vllm_version` models the command's release
+        (`set_default_vllm_version`; 0.33.0 unless the command names one)."""
+        if not isinstance(self.config, dict) or "vllm_version" in self.config or \
+                _default_release[0] == DEFAULT_RELEASE:
+            return config_from_dict(self.config)
+        return config_from_dict({**self.config, "vllm_version": _default_release[0]})
 
     def without_late_arrivals(self) -> Scenario:
         """The same run without the requests that arrive at or after max_steps
@@ -518,7 +536,8 @@ def save_scenario(scenario: Scenario, path: str | Path, overwrite: bool = False)
 
 
 __all__ = [
-    "Abort", "CONFIG_FIELDS", "RequestSpec", "Scenario", "ScenarioError", "check_bounds", "load_scenario",
+    "Abort", "CONFIG_FIELDS", "RequestSpec", "Scenario", "ScenarioError", "check_bounds", "default_vllm_version",
+    "load_scenario", "set_default_vllm_version",
     "parse_scenario_bytes", "save_scenario", "scenario_from_json", "scenario_problem", "validate_scenario",
     "SCENARIO_FORMAT",
 ]

@@ -196,9 +196,12 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
     between fields (spec/config.py `validate_config`).  Without it a config a
     scenario file may not hold still loads, as one lifted from a vLLM test that
     builds its scheduler directly (a pool smaller than one max_model_len sequence)."""
-    raw = read_object(obj, where, CONFIG_FIELDS, CONFIG_FIELDS)
+    # vllm_version is optional: vectors written before it model 0.33.0 (spec/versions.py).
+    raw = read_object(obj, where, tuple(f for f in CONFIG_FIELDS if f != "vllm_version"), CONFIG_FIELDS)
     values: dict[str, Any] = {}
     for name in CONFIG_FIELDS:
+        if name not in raw:
+            continue
         path, v = field_path(where, name), raw[name]
         if name in INT_FIELDS:
             minimum, nullable = INT_FIELDS[name]
@@ -210,6 +213,10 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
             if not 0.0 <= w < 1.0:
                 _fail(path, f"= {excerpt(v)}, must be in [0, 1)")
             values[name] = w
+        elif name == "vllm_version":
+            if not isinstance(v, str):
+                _fail(path, f"must be a string, got {excerpt(v)}")
+            values[name] = v
         elif name == "policy":
             if v not in POLICIES:
                 _fail(path, f"= {excerpt(v)}, must be one of {', '.join(map(repr, POLICIES))}")

@@ -14,6 +14,13 @@ requests carry the spec's prompt tokens and the block hasher EngineCore gives
 them, and `observe()` reports the block pool block by block, with vLLM's block
 ids and hashes (spec/block_pool.py).
 
+Releases: the adapter runs whichever release of spec/versions.py RELEASES this
+interpreter has (0.20.0 ... 0.33.0; `--impl vllm==X` runs X from its own
+environment, cli/vllm_version.py) and refuses a config that models another one.
+Where vLLM's internal API moved between releases, one function bridges it,
+named "Bridge (...)" in its docstring with both sides' source lines, each
+tested per release in tests/test_vllm_releases.py.
+
 vLLM is imported lazily, on the first `reset()`, so the rest of schedspec never
 needs it.  Install it with `schedspec install-vllm` (scripts/install-vllm.sh).
 The first import takes about 10 s; every further `reset()` builds a new
@@ -44,6 +51,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import SchedulerOutput, SchedulerState
+from schedspec.spec.versions import FIELDS_SINCE, RELEASES, release_key
 
 from .vllm_lift import SCHEDULER_CONFIG_FIELDS as LIFTED_SCHEDULER_CONFIG_FIELDS
 from .vllm_lift import LiftError, lift_output, lift_state
@@ -78,9 +86,11 @@ def import_vllm() -> dict[str, Any]:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     import torch
     import vllm
+
+    select_cpu_platform(vllm.__version__)
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig as VSchedulerConfig, VllmConfig
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.kv_cache_planning import check_enough_kv_cache_memory
+    check_enough_kv_cache_memory = import_check_enough_kv_cache_memory()
     from vllm.v1.core.kv_cache_utils import get_block_hash, get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -91,11 +101,12 @@ def import_vllm() -> dict[str, Any]:
     from vllm.v1.request import RequestStatus as VRequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
 
-    if getattr(vllm, "__version__", None) != VLLM_VERSION:
+    installed = getattr(vllm, "__version__", None)
+    if installed not in RELEASES:
         raise ImportError(
-            f"schedspec models vLLM {VLLM_VERSION}, but vllm {getattr(vllm, '__version__', '?')} "
-            "is installed; run `schedspec install-vllm`")
-    _vllm = dict(
+            f"schedspec models vLLM {', '.join(RELEASES)}, but vllm {installed or '?'} is installed; "
+            "run `schedspec install-vllm` (or `--version X` for release X)")
+    _vllm = dict(version=installed,
         torch=torch, CacheConfig=CacheConfig, ModelConfig=ModelConfig,
         SchedulerConfig=VSchedulerConfig, VllmConfig=VllmConfig, SamplingParams=SamplingParams,
         check_enough_kv_cache_memory=check_enough_kv_cache_memory, Scheduler=Scheduler,
@@ -108,6 +119,52 @@ def import_vllm() -> dict[str, Any]:
         StructuredOutputManager=StructuredOutputManager,
     )
     return _vllm
+
+
+# The first release (of RELEASES) whose platform detection reads VLLM_TARGET_DEVICE.
+TARGET_DEVICE_READ_SINCE = "0.28.0"
+
+
+def select_cpu_platform(version: str) -> bool:
+    """Bridge (platform): from 0.28.0 `cpu_platform_plugin` takes VLLM_TARGET_DEVICE=cpu
+    (0.28.0 platforms/__init__.py:164); 0.25.0 and earlier detect the CPU platform only
+    from a vLLM build whose version names cpu, or macOS (0.25.0
+    platforms/__init__.py:162-183), and a PyPI wheel on Linux gets no platform at all
+    ("Failed to infer device type").  There the CPU platform is set by hand, as the
+    plugin would have chosen it.  True when it was."""
+    if version not in RELEASES or release_key(version) >= release_key(TARGET_DEVICE_READ_SINCE):
+        return False
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    if isinstance(platforms.current_platform, CpuPlatform):
+        return False
+    # A module attribute: found before the module's lazy __getattr__ (PEP 562).
+    platforms.current_platform = CpuPlatform()
+    return True
+
+
+def import_check_enough_kv_cache_memory():
+    """Bridge (start-up check's home): EngineCore's check that the pool holds one
+    max_model_len sequence is in v1/core/kv_cache_planning.py from 0.33.0
+    (KP:151), in v1/core/kv_cache_utils.py before (0.32.0: line 1104; same
+    signature: vllm_config, kv_cache_spec, available_memory)."""
+    try:
+        from vllm.v1.core.kv_cache_planning import check_enough_kv_cache_memory
+    except ImportError:
+        from vllm.v1.core.kv_cache_utils import check_enough_kv_cache_memory
+    return check_enough_kv_cache_memory
+
+
+def request_block_hasher(v: Mapping[str, Any], vllm_config: Any, block_size: int, hash_fn: Any):
+    """Bridge (block hasher): EngineCore passes `num_hash_lookahead_tokens` from
+    0.33.0 (E:226-230); 0.32.0 and earlier have no such config attribute and
+    build the hasher from the block size and hash function alone (0.32.0
+    core.py:238-240)."""
+    lookahead = getattr(vllm_config, "num_hash_lookahead_tokens", None)
+    if lookahead is None:
+        return v["get_request_block_hasher"](block_size, hash_fn)
+    return v["get_request_block_hasher"](block_size, hash_fn, lookahead)
 
 
 def model_dir(max_model_len: int) -> str:
@@ -170,11 +227,61 @@ def _one_line(e: BaseException) -> str:
             if isinstance(got, (int, float, str, bool)) or got is None:
                 msg = f"{msg} (got {got!r})"
             text = f"{loc}: {msg}" if loc else msg
-            return f"vLLM {VLLM_VERSION} rejects the config: {text}"
+            return f"vLLM {installed_version()} rejects the config: {text}"
         except Exception:  # noqa: BLE001 - fall back to the plain text
             pass
     text = re.sub(r"\s+", " ", str(e)).strip()
-    return f"vLLM {VLLM_VERSION} rejects the config: {text}"
+    return f"vLLM {installed_version()} rejects the config: {text}"
+
+
+def installed_version() -> str:
+    return import_vllm()["version"]
+
+
+def scheduler_config_kwargs(v: Mapping[str, Any], c: SchedulerConfig) -> dict[str, Any]:
+    """Bridge (fields): the config fields to hand to vLLM's SchedulerConfig.  A field
+    the installed release lacks (max_num_active_seqs before 0.31.0, watermark before
+    0.25.0: spec/versions.py FIELDS_SINCE) is left out when the config holds the
+    value that means the older behaviour; any other value is handed over, and that
+    release's pydantic refuses it ("Unexpected keyword argument"), as it refuses
+    the flag from a user."""
+    have = set(getattr(v["SchedulerConfig"], "__dataclass_fields__", ()))
+    kwargs = {}
+    for f in SCHEDULER_CONFIG_FIELDS:
+        value = getattr(c, f)
+        if f in have or value != FIELDS_SINCE.get(f, (None, SchedulerConfig.__dataclass_fields__[f].default))[1]:
+            kwargs[f] = value
+    return kwargs
+
+
+def max_concurrent_batches(vllm_config: Any) -> int:
+    """Bridge (batch queue size): VllmConfig.max_concurrent_batches from 0.25.0
+    (0.33.0 V:588-598); in 0.20.0 the executor answers (0.20.0
+    v1/executor/uniproc_executor.py:64-65 and multiproc_executor.py:475-478: 2 with
+    async scheduling and no pipeline parallelism, else the pipeline size, 1 here)."""
+    batches = getattr(vllm_config, "max_concurrent_batches", None)
+    if batches is not None:
+        return batches
+    pp_size = vllm_config.parallel_config.pipeline_parallel_size
+    return 2 if pp_size <= 1 and vllm_config.scheduler_config.async_scheduling else pp_size
+
+
+def validation_errors() -> tuple[type[BaseException], ...]:
+    """Bridge (VLLMError): SamplingParams refuses a value with VLLMValidationError, a
+    ValueError up to 0.25.0 (0.25.0 vllm/exceptions.py:9) but a VLLMClientError <
+    VLLMError < Exception, not a ValueError, from 0.28.0 on (0.28.0
+    vllm/exceptions.py:27; 0.33.0 vllm/exceptions.py:10-28).  Both are caught as the
+    rejection they are."""
+    from vllm import exceptions
+
+    return (ValueError, *(c for c in (getattr(exceptions, "VLLMError", None),) if c is not None))
+
+
+def finished_ids(done: Iterable[Any]) -> set[str]:
+    """Bridge (finish_requests' answer): the finished requests themselves from 0.28.0
+    (0.28.0 scheduler.py:2325-2327, `-> list[Request]`); (request_id, client_index)
+    pairs in 0.25.0 and earlier (0.25.0 scheduler.py:2036-2038, :2100)."""
+    return {d[0] if isinstance(d, tuple) else d.request_id for d in done}
 
 
 class VllmScheduler:
@@ -185,6 +292,7 @@ class VllmScheduler:
 
     def __init__(self) -> None:
         self._v = import_vllm()
+        self.vllm_version = self._v["version"]  # the release this process runs (cli/vllm_version.py)
         self.config: SchedulerConfig | None = None
         self.sched = None
         self._block_hasher = None
@@ -209,9 +317,11 @@ class VllmScheduler:
             # vLLM's Request holds every prompt token id in a Python list.
             raise ValueError(f"config.max_model_len: = {c.max_model_len} is beyond what the vLLM adapter "
                              f"runs ({MAX_MODEL_LEN}): vLLM keeps every token id of a prompt in memory")
+        if c.vllm_version != v["version"]:
+            raise ValueError(f"config.vllm_version: = {c.vllm_version!r}, but this interpreter runs vLLM "
+                             f"{v['version']}; use --impl vllm=={c.vllm_version}")
         try:
-            scheduler_config = v["SchedulerConfig"](
-                is_encoder_decoder=False, **{f: getattr(c, f) for f in SCHEDULER_CONFIG_FIELDS})
+            scheduler_config = v["SchedulerConfig"](is_encoder_decoder=False, **scheduler_config_kwargs(v, c))
             model_config = v["ModelConfig"](
                 model=model_dir(c.max_model_len) if isinstance(c.max_model_len, int) else "",
                 skip_tokenizer_init=True,
@@ -232,7 +342,9 @@ class VllmScheduler:
             # The engine core resolves the physical KV layout before sizing the
             # pool (v1/attention/backends/utils.py:293); a pre-set value is
             # honoured as is.  One block is one page whatever the layout.
-            if vllm_config.cache_config.kv_cache_layout is None:
+            # Bridge (KV layout): CacheConfig.kv_cache_layout exists from 0.30.0
+            # (0.30.0 config/cache.py:80); 0.28.0 and earlier size pages without it.
+            if getattr(vllm_config.cache_config, "kv_cache_layout", "absent") is None:
                 vllm_config.cache_config.kv_cache_layout = "LBNHC"
             block_size = vllm_config.cache_config.block_size
             kv_spec = v["FullAttentionSpec"](
@@ -261,10 +373,11 @@ class VllmScheduler:
         # EngineCore keeps max_concurrent_batches batches in flight (core.py:208);
         # formats.md's async engine loop is written for two.
         expected_batches = 2 if want_async else 1
-        if scheduler_cls is not expected_cls or vllm_config.max_concurrent_batches != expected_batches:
+        batches = max_concurrent_batches(vllm_config)
+        if scheduler_cls is not expected_cls or batches != expected_batches:
             raise RuntimeError(
                 f"vLLM adapter: async_scheduling={want_async} gives {scheduler_cls.__name__} with "
-                f"max_concurrent_batches={vllm_config.max_concurrent_batches}; expected "
+                f"max_concurrent_batches={batches}; expected "
                 f"{expected_cls.__name__} with {expected_batches}")
 
         kv_cache_config = v["KVCacheConfig"](
@@ -288,8 +401,7 @@ class VllmScheduler:
             # As EngineCore does (v1/engine/core.py:219-230).
             hash_fn = v["get_hash_fn_by_name"](vllm_config.cache_config.prefix_caching_hash_algo)
             v["init_none_hash"](hash_fn)
-            self._block_hasher = v["get_request_block_hasher"](
-                block_size, hash_fn, vllm_config.num_hash_lookahead_tokens)
+            self._block_hasher = request_block_hasher(v, vllm_config, block_size, hash_fn)
 
         # vLLM keeps the ids preempted in a step in a set; record the order of
         # `_preempt_request` calls instead (S:1799).
@@ -313,7 +425,10 @@ class VllmScheduler:
 
     def add_request(self, request: Request) -> None:
         v = self._v
-        params = v["SamplingParams"](max_tokens=request.max_tokens, stop_token_ids=list(request.stop_token_ids))
+        try:
+            params = v["SamplingParams"](max_tokens=request.max_tokens, stop_token_ids=list(request.stop_token_ids))
+        except validation_errors() as e:  # the protocol's rejection: a one-line ValueError
+            raise ValueError(f"vLLM {v['version']} rejects request {request.request_id}: {e}") from None
         # 0.33.0's Request takes no eos_token_id; the engine front end puts EOS
         # into SamplingParams (sampling_params.py:775, `_eos_token_id`), which
         # check_stop reads (sched/utils.py:101).
@@ -346,7 +461,7 @@ class VllmScheduler:
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[str]:
         ids = list(request_ids)
         done = self.sched.finish_requests(ids, self._v["RequestStatus"][status.name])
-        finished = {r.request_id for r in done}
+        finished = finished_ids(done)
         out = [rid for rid in dict.fromkeys(ids) if rid in finished]
         self._finish_order.extend(out)
         return out

@@ -7,6 +7,11 @@ monitor (schedspec/monitor) checks every scheduler call from the lifted
 pre-state.  Nothing here imports vLLM at module load: the objects are read by
 their attributes, and vLLM's helpers are imported on first use.
 
+Releases 0.20.0 to 0.33.0 lift alike; where an older release lacks a structure
+(`kv_holding_waiting`, the stale-output counters, the second-hash map) or orders
+one differently (`skipped_waiting`, 0.20.0's free queue), a commented "Bridge"
+says so, with the release's source lines.
+
 Scope: what the spec models (one full-attention KV group, no speculative
 tokens, encoder inputs, LoRA, connectors, ...).  A state outside it still
 lifts; whether a call may be compared is the monitor's scope check.
@@ -23,6 +28,7 @@ from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import SchedulerOutput, SchedulerState
+from schedspec.spec.versions import FIELDS_SINCE, UNHASHED_FREE_BLOCKS_FIRST, has
 
 
 class LiftError(RuntimeError):
@@ -53,8 +59,13 @@ def lift_config(sched: Any) -> SchedulerConfig:
     """The config the scheduler runs with.  Not validated as a scenario file is:
     vLLM's tests build schedulers directly, skipping the engine's start-up checks
     (e.g. a pool smaller than one max_model_len sequence)."""
+    import vllm
+
     sc = sched.scheduler_config
-    fields = {f: getattr(sc, f) for f in SCHEDULER_CONFIG_FIELDS}
+    # Bridge (fields): a field the release lacks lifts as the value that means
+    # its behaviour (spec/versions.py FIELDS_SINCE), e.g. no watermark = 0.0.
+    fields = {f: getattr(sc, f) for f in SCHEDULER_CONFIG_FIELDS if hasattr(sc, f)}
+    fields.update({f: FIELDS_SINCE[f][1] for f in SCHEDULER_CONFIG_FIELDS if f not in fields})
     fields["policy"] = str(getattr(fields["policy"], "value", fields["policy"])).lower()
     return SchedulerConfig(
         **fields,
@@ -63,6 +74,7 @@ def lift_config(sched: Any) -> SchedulerConfig:
         num_gpu_blocks=sched.kv_cache_manager.block_pool.num_gpu_blocks,
         enable_prefix_caching=bool(sched.kv_cache_manager.enable_caching),
         async_scheduling=is_async(sched),
+        vllm_version=vllm.__version__,
     )
 
 
@@ -85,6 +97,17 @@ if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE
     raise ImportError("vllm_lift: the spec's Request fields changed; lift_request does not cover "
                       f"{sorted(set(REQUEST_FIELD_NAMES) ^ (set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE)))}")
 _shared = attrgetter(*SHARED_REQUEST_FIELDS)
+
+
+def _shared_of(r: Any) -> tuple:
+    """The shared fields of vLLM request `r`.  Bridge (request counters): 0.25.0 and
+    earlier have no `num_in_flight_tokens` nor `num_stale_output_tokens` (0.28.0
+    v1/request.py:155-163 brought them with stale-output handling); they lift as 0,
+    what they are outside async scheduling."""
+    try:
+        return _shared(r)
+    except AttributeError:
+        return tuple(getattr(r, f, 0) for f in SHARED_REQUEST_FIELDS)
 LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last lifted Request)
 
 
@@ -113,7 +136,7 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
         tail = tuple(r.all_token_ids[len(hashes) * config.block_size:])
     else:
         hashes = tail = ()
-    key = (_shared(r), r.status, hashes, tail)
+    key = (_shared_of(r), r.status, hashes, tail)
     if key == cache[1]:
         return cache[2]
     if like is not None and like.status is _STATUS.get(r.status.name) and _shared(like) == key[0] \
@@ -134,7 +157,22 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
 def waiting_order(sched: Any) -> tuple[str, ...]:
     """Pop order: block holders are drained first (S:1064-1066); iterating a
     priority queue yields heap pop order (request_queue.py:193-197)."""
-    return tuple(r.request_id for r in sched.kv_holding_waiting) + tuple(r.request_id for r in sched.waiting)
+    # Bridge (kv_holding_waiting): the queue of waiting requests that hold blocks
+    # exists from 0.31.0 (0.33.0 S:1064-1066); 0.30.0 and earlier have `waiting` only.
+    holding = getattr(sched, "kv_holding_waiting", ())
+    waiting = list(sched.waiting)
+    # Bridge (skipped_waiting): up to 0.28.0 requests skipped in a step wait in their
+    # own queue, popped before `waiting` under FCFS and by comparing heads under
+    # PRIORITY (0.28.0 scheduler.py:2152-2162); 0.31.0 puts them back in `waiting`.
+    skipped = list(getattr(sched, "skipped_waiting", ()))
+    if skipped:
+        waiting = sorted(skipped + waiting) if lift_config_policy(sched) == "priority" else skipped + waiting
+    return tuple(r.request_id for r in holding) + tuple(r.request_id for r in waiting)
+
+
+def lift_config_policy(sched: Any) -> str:
+    policy = sched.scheduler_config.policy
+    return str(getattr(policy, "value", policy)).lower()
 
 
 def lift_block_counts(sched: Any) -> BlockCounts:
@@ -181,7 +219,7 @@ def lift_hash_map(pool: Any) -> tuple[dict, dict]:
     return cached, block_hash
 
 
-def lift_block_pool(sched: Any) -> BlockPool:
+def lift_block_pool(sched: Any, config: SchedulerConfig | None = None) -> BlockPool:
     """vLLM's pool block by block (spec/block_pool.py): the free queue in pop
     order (kv_cache_utils.py:486), vLLM's block ids and hashes."""
     kv = sched.kv_cache_manager
@@ -190,7 +228,9 @@ def lift_block_pool(sched: Any) -> BlockPool:
     if len(managers) != 1:
         raise LiftError(f"{len(managers)} KV cache groups; the spec models one")
     (manager,) = managers
-    if pool.cached_block_hashes_by_block:
+    # Bridge (second hashes): the map of a block's extra hashes exists from 0.25.0;
+    # 0.20.0's BlockPool has none (0.20.0 v1/core/block_pool.py:158-182).
+    if getattr(pool, "cached_block_hashes_by_block", None):
         # Only partial-block caching (hash block < block size) adds these.
         raise LiftError("a block carries a second prefix-cache hash")
     # Held blocks are those in some block table, hashed ones those in the hash
@@ -215,7 +255,10 @@ def lift_block_pool(sched: Any) -> BlockPool:
     # vLLM prepends what it frees without a hash and appends what it frees with one
     # (P:816-849), and a free block gains no hash, so that is the only order in
     # which hashed and unhashed free blocks can sit.
-    k = len(free)
+    # Bridge (free order): 0.20.0 appends every freed block, hashed or not (spec/versions.py
+    # UNHASHED_FREE_BLOCKS_FIRST): its queue is kept whole as the back, in order.
+    unhashed_first = has(config or lift_config(sched), UNHASHED_FREE_BLOCKS_FIRST)
+    k = len(free) if unhashed_first else 0
     while k and free[k - 1] in block_hash:
         k -= 1
     if k and not block_hash.keys().isdisjoint(free[:k]):
@@ -224,7 +267,7 @@ def lift_block_pool(sched: Any) -> BlockPool:
     return BlockPool(
         num_gpu_blocks=pool.num_gpu_blocks, free_front=tuple(free[:k]), next_fresh=pool.num_gpu_blocks,
         free_back=tuple(free[k:]), ref_cnt=ref_cnt, block_hash=block_hash, cached=cached,
-        req_to_blocks=req_to_blocks, num_cached_block=dict(manager.num_cached_block),
+        req_to_blocks=req_to_blocks, num_cached_block=dict(manager.num_cached_block), unhashed_first=unhashed_first,
     )
 
 
@@ -245,7 +288,7 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
         requests=requests,
         running=tuple(r.request_id for r in sched.running),
         waiting=waiting_order(sched),
-        kv_cache=lift_block_pool(sched) if config.enable_prefix_caching else lift_block_counts(sched),
+        kv_cache=lift_block_pool(sched, config) if config.enable_prefix_caching else lift_block_counts(sched),
         finished_req_ids=tuple(finished),
     )
 

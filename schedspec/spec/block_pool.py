@@ -32,6 +32,7 @@ class BlockPool:
     cached: Mapping[BlockHash, tuple[int, ...]] = field(default_factory=dict)
     req_to_blocks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     num_cached_block: Mapping[str, int] = field(default_factory=dict)
+    unhashed_first: bool = True  # where a freed unhashed block goes: versions.UNHASHED_FREE_BLOCKS_FIRST
 
     @property
     def num_free_blocks(self) -> int:
@@ -63,7 +64,7 @@ class PoolWork:
         self.front, self.back = pool.free_front, pool.free_back
         self.ref_cnt, self.block_hash, self.cached = pool.ref_cnt, pool.block_hash, pool.cached
         self.req_to_blocks, self.num_cached_block = pool.req_to_blocks, pool.num_cached_block
-        self.num_free_blocks = pool.num_free_blocks  # kept as blocks move; checked in freeze()
+        self.num_free_blocks, self.unhashed_first = pool.num_free_blocks, pool.unhashed_first  # see freeze()
 
     def own(self) -> None:  # copy on first write
         if not self.owned:
@@ -77,7 +78,7 @@ class PoolWork:
             return self.pool
         assert self.num_free_blocks == len(self.front) + (self.num_gpu_blocks - self.next_fresh) + len(self.back)
         return BlockPool(self.num_gpu_blocks, tuple(self.front), self.next_fresh, tuple(self.back), self.ref_cnt,
-                         self.block_hash, self.cached, self.req_to_blocks, self.num_cached_block)
+                         self.block_hash, self.cached, self.req_to_blocks, self.num_cached_block, self.unhashed_first)
 
     def num_blocks(self, request_id: str) -> int:
         return len(self.req_to_blocks.get(request_id, ()))
@@ -170,6 +171,9 @@ class PoolWork:
             if self.ref_cnt[b] == 0:
                 del self.ref_cnt[b]
                 (last if b in self.block_hash else first).append(b)
+        if not self.unhashed_first:  # 0.20.0: every freed block to the back, in freeing order
+            freed = set(first) | set(last)
+            first, last = [], [b for b in reversed(blocks) if b in freed]
         self.front.extendleft(reversed(first))
         for b in last:
             self.back[b] = None

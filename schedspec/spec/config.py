@@ -8,9 +8,12 @@ field, which value, which condition and how to fix it.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
 from typing import Any
+
+from .versions import DEFAULT_RELEASE, FIELDS_SINCE, RELEASES, checks, field_minimum, release_key
 
 FCFS = "fcfs"
 PRIORITY = "priority"
@@ -44,6 +47,8 @@ class SchedulerConfig:
     enable_prefix_caching: bool = False
     # vLLM's default is on; formats.md keeps the synchronous engine unless asked.
     async_scheduling: bool = False
+    # The vLLM release modelled: its rules (spec/versions.py gates) and its config checks.
+    vllm_version: str = DEFAULT_RELEASE
 
     @property
     def token_budget(self) -> int:
@@ -143,10 +148,15 @@ def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
                 raise ConfigError(path, f"must be a number, got {excerpt(value)}")
             if _is_int(value) and not 0 <= value < 1:  # float() of a huge int overflows
                 raise ConfigError(path, f"= {excerpt(value)}, must be in [0, 1); 0.0 disables the watermark")
-        elif name == "policy":
+        elif name in ("policy", "vllm_version"):
             if not isinstance(value, str):
                 raise ConfigError(path, f"must be a string, got {excerpt(value)}")
-    config = SchedulerConfig(**{k: (float(v) if k == "watermark" else v) for k, v in raw.items()})
+    values = {k: (float(v) if k == "watermark" else v) for k, v in raw.items()}
+    release = values.get("vllm_version", DEFAULT_RELEASE)
+    if release in RELEASES:  # a field the release lacks means its older behaviour (versions.FIELDS_SINCE)
+        values = {**{f: absent for f, (since, absent, _) in FIELDS_SINCE.items()
+                     if release_key(release) < release_key(since)}, **values}
+    config = SchedulerConfig(**values)
     validate_config(config, where)
     return config
 
@@ -157,12 +167,21 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
     def fail(name: str, message: str) -> None:
         raise ConfigError(f"{where}.{name}", message)
 
+    if c.vllm_version not in RELEASES:
+        fail("vllm_version", f"= {excerpt(c.vllm_version)} is not a release schedspec models; "
+             f"use one of {', '.join(RELEASES)}")
+    for name, (since, absent, source) in FIELDS_SINCE.items():
+        if release_key(c.vllm_version) < release_key(since) and getattr(c, name) != absent:
+            fail(name, f"= {excerpt(getattr(c, name))}, but vLLM {c.vllm_version} has no such field "
+                 f"(added in {since}, {source}); leave it out or set it to {json.dumps(absent)}")
+
     # Field constraints declared on the pydantic dataclasses (C:41-196, CC:187).
     for name, (minimum, nullable) in INT_FIELDS.items():
         value = getattr(c, name)
         if value is None and nullable:
             continue
-        if not _is_int(value) or value < minimum:
+        minimum = field_minimum(c.vllm_version, name, minimum)  # spec/versions.py MINIMUM_SINCE
+        if not _is_int(value) or (minimum is not None and value < minimum):
             fail(name, f"= {excerpt(value)}, must be an integer >= {minimum}")
     if not (0.0 <= c.watermark < 1.0):
         fail("watermark", f"= {c.watermark}, must be in [0, 1) (vLLM config/scheduler.py:196); "
@@ -186,7 +205,8 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
         fail("max_num_active_seqs",
              f"= {c.max_num_active_seqs} cannot be greater than max_num_seqs ({c.max_num_seqs}) "
              "(vLLM config/scheduler.py:341); lower it or raise max_num_seqs")
-    if c.long_prefill_token_threshold > c.max_model_len:
+    if c.long_prefill_token_threshold > c.max_model_len and \
+            checks(c, "long_prefill_token_threshold_at_most_max_model_len"):
         fail("long_prefill_token_threshold",
              f"= {c.long_prefill_token_threshold} cannot be greater than max_model_len "
              f"({c.max_model_len}) (vLLM config/scheduler.py:355); lower it (0 disables the cap)")

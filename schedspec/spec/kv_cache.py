@@ -24,18 +24,9 @@ def get_num_blocks_to_allocate(block_size: int, num_blocks_held: int, num_tokens
     return max(-(-num_tokens // block_size) - num_blocks_held, 0)  # cdiv inlined: a hot path
 
 
-def allocate_slots(
-    config: SchedulerConfig,
-    request: Request,
-    num_new_tokens: int,
-    num_blocks_held: int,
-    num_free_blocks: int,
-    *,
-    full_sequence_must_fit: bool = False,
-    has_scheduled_reqs: bool = True,
-    num_hit_blocks: int = 0,
-    num_evictable_hit_blocks: int = 0,
-) -> int | None:
+def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: int, num_blocks_held: int,
+                   num_free_blocks: int, *, full_sequence_must_fit: bool = False, has_scheduled_reqs: bool = True,
+                   num_hit_blocks: int = 0, num_evictable_hit_blocks: int = 0) -> int | None:
     """How many new blocks `request` takes from the free queue to compute
     `num_new_tokens` more tokens, or None when the pool cannot hold them (K:380-627).
 

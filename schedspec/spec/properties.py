@@ -22,6 +22,7 @@ from .config import FCFS, PRIORITY
 from .kv_cache import cdiv, get_num_blocks_to_allocate
 from .request import Request, RequestStatus, last_token_in_flight
 from .state import SchedulerOutput, SchedulerState
+from .versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, UNHASHED_FREE_BLOCKS_FIRST, has
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ def prop(fn: Callable[[SchedulerState, SchedulerOutput, SchedulerState], Verdict
 def get_long_prefill_threshold(state: SchedulerState) -> int:
     """The threshold in force this step: only with more than one eligible request (S:757-763)."""
     eligible = len(state.running) + len(state.waiting)
-    return state.config.long_prefill_token_threshold if eligible > 1 else 0
+    alone = eligible <= 1 and has(state.config, LONG_PREFILL_THRESHOLD_NEEDS_TWO)  # every grant before 0.31.0
+    return 0 if alone else state.config.long_prefill_token_threshold
 
 
 def get_need(r: Request) -> int:
@@ -93,7 +95,11 @@ def get_capped_need(state: SchedulerState, r: Request) -> int:
 
 
 def get_step_budget(state: SchedulerState) -> int:
-    """Tokens one step may grant in all: the token budget and the input budget."""
+    """Tokens one step may grant in all: the token budget and the input budget (the
+    token budget alone before 0.28.0, versions.INPUT_BUDGET).  token_budget_respected
+    does not use it: max_num_batched_tokens bounds a step in every release."""
+    if not has(state.config, INPUT_BUDGET):
+        return state.config.token_budget
     return min(state.config.token_budget, state.config.max_num_batched_tokens)
 
 
@@ -389,7 +395,7 @@ def kv_pool_partitioned(before, output, after):
         return violated("num_free_blocks is not the free queue's length", num_free_blocks=after.num_free_blocks,
                         free_queue=len(queue))
     hashed = [b in pool.block_hash for b in queue]
-    if hashed != sorted(hashed):
+    if hashed != sorted(hashed) and has(after.config, UNHASHED_FREE_BLOCKS_FIRST):  # 0.20.0 mixes them
         return violated("a cached free block is ahead of an uncached one in the free queue")
     for h, blocks in pool.cached.items():
         if not blocks or any(pool.block_hash.get(b) != h for b in blocks):

@@ -19,6 +19,7 @@ from .config import PRIORITY, ConfigError, SchedulerConfig
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
 from .state import SchedulerOutput, SchedulerState, Working
+from .versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES, has
 
 
 def enqueue(policy: str, waiting: deque[str], requests: Mapping[str, Request], rid: str, front: bool) -> None:
@@ -58,9 +59,10 @@ class ScheduleWork(Working):
         Working.__init__(self, state)
         c = state.config
         self.token_budget = c.token_budget  # S:719
-        self.input_budget = c.max_num_batched_tokens  # S:722; draft_slots = 0 without spec decoding
+        self.input_budget = c.max_num_batched_tokens if has(c, INPUT_BUDGET) else self.token_budget  # S:722
         # The long-prefill cap applies only with more than one eligible request (S:757-763).
-        self.threshold = c.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        alone = len(self.running) + len(self.waiting) <= 1 and has(c, LONG_PREFILL_THRESHOLD_NEEDS_TWO)
+        self.threshold = 0 if alone else c.long_prefill_token_threshold
         self.cursor = 0  # the running loop's position in `running`
         self.scheduled: dict[str, int] = {}  # insertion order is grant order
         self.scheduled_running, self.new, self.resumed, self.preempted = [], [], [], []
@@ -77,7 +79,8 @@ def schedule(state: SchedulerState) -> tuple[SchedulerOutput, SchedulerState]:
     """One `Scheduler.schedule()` (S:699-1784) followed by `_update_after_schedule`
     (S:1845-1877), which advances num_computed_tokens optimistically.
 
-    Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py);
+    Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py), for
+    0.33.0 (before 0.28.0 a step may exceed max_num_batched_tokens: versions.INPUT_BUDGET);
     the preconditions are the state invariant:
     pre: all(k in state.requests for k in state.running + state.waiting) and len(set(state.running + state.waiting)) == len(state.running + state.waiting)
     pre: all(0 <= r.num_computed_tokens < r.num_tokens < state.config.max_model_len for r in state.requests.values())
@@ -108,9 +111,9 @@ def schedule_running(s: ScheduleWork) -> None:
             s.cursor += 1
             continue
         if not allocate_or_preempt(s, rid, n):
-            # `rid` preempted itself.  PRIORITY goes on with the next request, which
-            # the cursor already points at; FCFS has preempted everything after it (S:982-992).
-            if s.config.policy == PRIORITY:
+            # `rid` preempted itself.  PRIORITY goes on with the next request, which the cursor
+            # already points at; FCFS has preempted everything after it (S:982-992).
+            if s.config.policy == PRIORITY and has(s.config, PRIORITY_SELF_PREEMPTION_CONTINUES):
                 continue
             break
         grant(s, rid, n)

@@ -12,6 +12,7 @@ from .config import SchedulerConfig
 from .kv_cache import BlockCounts
 from .output import SchedulerOutput  # noqa: F401 - the step's decision, beside the state
 from .request import Request
+from .versions import UNHASHED_FREE_BLOCKS_FIRST, has
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class SchedulerState:
     def __post_init__(self):
         if self.kv_cache is None:
             c = self.config
-            empty = BlockPool(c.num_gpu_blocks) if c.enable_prefix_caching else BlockCounts(c.num_usable_blocks)
+            empty = BlockPool(c.num_gpu_blocks, unhashed_first=has(c, UNHASHED_FREE_BLOCKS_FIRST)) \
+                if c.enable_prefix_caching else BlockCounts(c.num_usable_blocks)
             object.__setattr__(self, "kv_cache", empty)
 
     def has_requests(self) -> bool:
