@@ -25,7 +25,7 @@ fi
 # torch first, pinned: this version resolves to the CPU build on this machine kind;
 # an unpinned torch would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,gpu]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,gpu,ray]'
 if [ "$with_vllm" = 1 ]; then
   PYTHON=.venv/bin/python bash scripts/install-vllm.sh
 fi

@@ -264,7 +264,7 @@ def test_diff_announces_the_vllm_load_and_reports_it_apart(capsys, sandbox, monk
     rc, out, err = cli(capsys, "diff", "--impl", "vllm", "s.json", "-o", "div")
     assert rc == 0, err
     assert "loading vLLM" in err
-    assert "load time (not in the figures above): vllm" in out
+    assert "load time per worker (not in the figures above): vllm" in out
 
 
 def test_every_numeric_flag_has_a_checked_type():

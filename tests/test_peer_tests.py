@@ -610,6 +610,34 @@ def test_run_peer_tests_on_a_fake_sdist(tmp_path, fake_sdist):
     one_line(e)
 
 
+def test_run_peer_tests_gives_the_same_table_whatever_the_workers(tmp_path, fake_sdist, monkeypatch):
+    files = {**FAKE_FILES, "tests/v1/core/test_b.py":
+             "import os\n\ndef test_only_plain():\n    assert os.environ.get('STAND_IN_SHADOW') != '1'\n\n"
+             "def test_diverges():\n    pass\n",
+             "tests/v1/core/test_c.py": "def test_c():\n    pass\n"}
+    make_sdist(fake_sdist, files)
+    (tmp_path / "plug").mkdir()
+    (tmp_path / "plug" / "stand_in_shadow.py").write_text(STAND_IN_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "plug"))
+    monkeypatch.delenv("STAND_IN_SHADOW", raising=False)
+    tables = {}
+    for workers in (1, 2, 4):
+        cache = tmp_path / f"cache{workers}"
+        for module in pt.TEST_DEPENDENCIES:  # nothing to install: the fake tests import none of them
+            (cache / "deps" / module).mkdir(parents=True)
+        options = pt.PeerTestOptions(all_files=True, sdist=str(fake_sdist), cache=str(cache),
+                                     extra_pytest_args=("-p", "stand_in_shadow"), workers=workers)
+        table = pt.run_peer_tests(options, show_progress=False)
+        assert table["run"]["pytest_sessions"] == {1: 2, 2: 2, 4: 4}[workers]
+        tables[workers] = {k: v for k, v in table.items() if k != "run"}
+    t = tables[1]
+    assert t["totals"]["collected"] == 5 and [d["test"] for d in t["divergences"]] == [
+        "tests/v1/core/test_b.py::test_diverges"]
+    assert tables[2] == t and tables[4] == t
+    assert pt.file_groups(["a", "b", "c"], 2) == [["a", "c"], ["b"]] and pt.file_groups(["a"], 4) == [["a"]]
+    assert pt.file_groups(["a::x", "b", "a::y"], 2) == [["a::x", "a::y"], ["b"]]
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -128,3 +128,27 @@ def test_sweep_workload_errors(capsys, tmp_path):
     assert_one_line_error(rc, err, "not both")
     rc, _out, err = cli(capsys, "sweep", tmp_path / "missing.json", "--set", "max_num_seqs=8")
     assert_one_line_error(rc, err, "missing.json")
+
+
+def test_sweep_on_the_spec_gives_torch_s_table_whatever_the_workers():
+    """`--impl spec` runs the grid one scenario at a time on worker processes:
+    the rows are torch's (two implementations agree), and the same at 1 and 2 workers."""
+    from schedspec.gpu.sweep import parse_set, run_sweep
+    from schedspec.reference.generator import generate_scenario, scenario_rng
+
+    workloads = [generate_scenario(scenario_rng(7, i), i) for i in range(6)]
+    axes = parse_set(["max_num_seqs=2,8", "max_num_batched_tokens=32,128"])
+    torch_rows = run_sweep(workloads, axes)["rows"]
+    one = run_sweep(workloads, axes, impl="spec", workers=1)
+    two = run_sweep(workloads, axes, impl="spec", workers=2)
+    assert one["rows"] == torch_rows and two["rows"] == torch_rows
+    assert any(r["status"] == "ok" and r["output_tokens"] > 0 for r in torch_rows)
+    assert two["implementation"] == "spec" and two["workers"] == 2
+
+
+def test_sweep_flags_say_which_implementation_they_belong_to(capsys):
+    for argv, words in ((["sweep", "--seed", "1", "--set", "max_num_seqs=2", "--workers", "2"], "--workers: torch"),
+                        (["sweep", "--seed", "1", "--set", "max_num_seqs=2", "--impl", "spec", "--device", "cpu"],
+                         "--device is for --impl torch")):
+        rc, _, err = cli(capsys, *argv)
+        assert_one_line_error(rc, err, words)

@@ -203,8 +203,9 @@ def test_broken_spec_is_caught_and_shrunk(tmp_path):
 def test_diff_command_exit_codes_and_files(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(loader_module.BUILTIN_IMPLS, "broken", f"{__name__}:NoWatermark")
     out = tmp_path / "div"
+    # --workers 1: "broken" is registered in this process only, which worker processes would not see.
     rc = diff_main(["--impl", "broken", "--scenarios", "40", "--seed", str(CAMPAIGN_SEED), "-o", str(out),
-                    "--shrink-seconds", "5"])
+                    "--shrink-seconds", "5", "--workers", "1"])
     text = capsys.readouterr().out
     assert rc == 1 and "DIVERGENCE" in text
     minimal = sorted(out.glob("*-min.json"))

@@ -47,6 +47,15 @@ def _import(module_name: str, name: str):
             raise
 
 
+def check_impl_name(name: str) -> None:
+    """ImplementationError unless `name` is a built-in name or module:Class (a
+    cheap check, before workers start and import it)."""
+    if not _IMPL_FORM.match(BUILTIN_IMPLS.get(name, name)):
+        raise ImplementationError(
+            f"--impl {shown(name)}: unknown implementation; use one of {', '.join(BUILTIN_IMPLS)} or "
+            "module:Class (a dotted module path and a class name)")
+
+
 def load_impl(name: str, device: str | None = None, status=None) :
     """`spec`, `vllm`, `torch`, or `module:Class` for your own; `device` only for torch.
 
@@ -56,11 +65,8 @@ def load_impl(name: str, device: str | None = None, status=None) :
     """
     if device is not None and name != "torch":
         raise ImplementationError(f"implementation '{shown(name)}' takes no device; --device is for --impl torch")
+    check_impl_name(name)
     target = BUILTIN_IMPLS.get(name, name)
-    if not _IMPL_FORM.match(target):
-        raise ImplementationError(
-            f"--impl {shown(name)}: unknown implementation; use one of {', '.join(BUILTIN_IMPLS)} or "
-            "module:Class (a dotted module path and a class name)")
     module_name, _, cls_name = target.partition(":")
     if name == "vllm" and status is not None:
         status("loading vLLM 0.33.0 (about 20 s) ...")

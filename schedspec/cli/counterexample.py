@@ -35,6 +35,18 @@ DEFAULT_MAX_STEPS = 64
 DEFAULT_LIVENESS_MAX_STEPS = 300
 
 
+#: With the default --workers, a worker per this many tries at most: starting one
+#: (and loading the implementation in it) costs more than a short search gains.
+TRIES_PER_WORKER = 500
+
+
+def search_workers(asked: int | None, tries: int) -> int:
+    """--workers, or by default the cores, at most one per TRIES_PER_WORKER tries."""
+    from schedspec.base.workers import default_workers
+
+    return asked or max(1, min(default_workers(), -(-tries // TRIES_PER_WORKER)))
+
+
 def _goal(name: str):
     from schedspec.search.goals import UnknownGoal, get_goal
 
@@ -149,7 +161,8 @@ def cmd_counterexample(args) -> int:
         result = search(goal, k, impl, max_requests=args.max_requests, max_steps=max_steps, seed=args.seed,
                         tries=args.tries, budget_s=args.budget_seconds, fixed_config=fixed,
                         shrink_s=args.shrink_seconds, max_prompt_len=args.max_prompt_len,
-                        candidates=args.candidates, progress=progress)
+                        candidates=args.candidates, progress=progress, workers=search_workers(args.workers, args.tries),
+                        impl_name=args.impl)
     except ImplementationFailed as e:
         raise UsageError(str(e)) from None
     except GoalFailed as e:
@@ -250,6 +263,9 @@ def register(subparsers) -> None:
                    help="time limit of the shrinking (default 20)")
     p.add_argument("--candidates", type=int_arg(1, 10_000), default=5, metavar="N",
                    help="hits to shrink before keeping the smallest (default 5)")
+    p.add_argument("--workers", type=int_arg(1, 4096), metavar="N",
+                   help="processes judging candidates (default: the cores, at most one per "
+                        f"{TRIES_PER_WORKER} tries); the same scenario is found whatever N is, the time budget aside")
     p.add_argument("--replay", metavar="FILE", help="evaluate the goal on a scenario file instead of searching")
     p.add_argument("--list", action="store_true", help="list the goals")
     p.set_defaults(func=cmd_counterexample)

@@ -21,7 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from schedspec.base.args import int_arg
 from schedspec.base.errors import UsageError, shown, status
+from schedspec.base.workers import default_workers
 from schedspec.base.outputs import check_output_dir, check_output_path
 from schedspec.monitor.peer_tests import (DEFAULT_FILES, TEST_ROOT, PeerTestOptions, format_table,
                                           run_peer_tests)
@@ -68,7 +70,8 @@ def cmd_peer_tests(args) -> int:
         raise UsageError("-k: empty expression")
     options = PeerTestOptions(files=args.files or None, all_files=args.all, keyword=args.keyword,
                               plain_only=args.plain, sdist=args.sdist, cache=args.cache,
-                              vectors_dir=str(vectors) if vectors is not None else None)
+                              vectors_dir=str(vectors) if vectors is not None else None,
+                              workers=args.workers or default_workers())
     table = run_peer_tests(options, status=status)
     print(format_table(table))
     run = table.get("run", {})
@@ -103,6 +106,9 @@ def register(subparsers) -> None:
                         "else $XDG_CACHE_HOME/schedspec/peer-tests or ~/.cache/schedspec/peer-tests)")
     p.add_argument("--vectors-out", metavar="DIR",
                    help="folder for the state vector of each divergence (default: the run's folder in the cache)")
+    p.add_argument("--workers", type=int_arg(1, 4096), metavar="N",
+                   help="pytest sessions at once (default: the cores): plain beside shadowed, and from 4 on "
+                        "the files split between sessions; the table is the same whatever N is")
     p.add_argument("--json-out", metavar="PATH", help="also write the table as JSON to PATH")
     p.add_argument("--force", action="store_true", help="let --json-out replace an existing file")
     p.set_defaults(func=cmd_peer_tests)

@@ -45,6 +45,12 @@ def cmd_sweep(args) -> int:
     from schedspec.gpu.sweep import format_table, parse_set, plot_sweep, run_sweep
 
     axes = parse_set(args.set or [])
+    if args.impl == "torch":
+        for flag, given in (("--workers", args.workers), ("--ray", args.ray)):
+            if given:
+                raise UsageError(f"{flag}: torch steps the whole grid in one batch; {flag} is for --impl spec")
+    elif args.device is not None:
+        raise UsageError("--device is for --impl torch; the spec runs on the CPU")
     device = device_for(args.device, ["torch"])
     workloads, inputs = _workloads(args)
     plot_path = None
@@ -56,10 +62,23 @@ def cmd_sweep(args) -> int:
         plot_path = check_plot_path(args.plot, "--plot", inputs)
     from schedspec.base.progress import Progress
 
-    bar = Progress("sweep: torch batch, step", 1, min_total=1)
+    workers = 1
+    if args.impl == "spec":
+        from schedspec.base.workers import default_workers
+
+        workers = args.workers or default_workers()
+        if args.ray is not None and args.workers is None:
+            from schedspec.base.ray_workers import RayUnavailable, cluster_cpus
+
+            try:
+                workers = cluster_cpus(args.ray)
+            except RayUnavailable as e:
+                raise UsageError(str(e)) from None
+    bar = Progress("sweep: torch batch, step" if args.impl == "torch" else "sweep: spec, scenario", 1, min_total=1)
     try:
         result = run_sweep(workloads, axes, device=device, step_ms=args.step_ms, token_ms=args.token_ms,
-                           progress=bar if bar.enabled else None)
+                           progress=bar if bar.enabled else None, impl=args.impl, workers=workers,
+                           ray_address=args.ray)
     finally:
         bar.close()
     if plot_path is not None:
@@ -90,6 +109,12 @@ def register(subparsers) -> None:
     p.add_argument("--plot", metavar="FILE.png",
                    help="write the four-panel chart here (PNG; an existing file is replaced only if schedspec drew it)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--impl", choices=("torch", "spec"), default="torch",
+                   help="torch (default: the whole grid in one batch) or spec (the executable specification, one "
+                        "scenario at a time on --workers processes); the table is the same")
+    p.add_argument("--workers", type=int_arg(1, 4096), metavar="N",
+                   help="with --impl spec: worker processes (default: the cores)")
+    p.add_argument("--ray", metavar="ADDRESS", help="with --impl spec: run the workers on a Ray cluster (auto or HOST:PORT)")
     add_time_model_arguments(p)
     add_device_argument(p)
     p.set_defaults(func=cmd_sweep)

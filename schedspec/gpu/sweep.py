@@ -170,10 +170,36 @@ def point_figures(workloads: Sequence[Scenario], traces: Sequence[dict[str, Any]
     }
 
 
+def spec_traces(scenarios: Sequence[Scenario], keep_steps: bool, workers: int = 1, ray_address: str | None = None,
+                progress=None) -> list[dict[str, Any]]:
+    """The spec's trace of each scenario, in order, computed on `workers`
+    processes (or Ray actors) by base/workers.py."""
+    from schedspec.base.workers import Job, SetupError, WorkerFailure, run_job
+    from schedspec.reference.scenario import default_vllm_version
+
+    job = Job("schedspec.reference.campaign_worker:setup_one", ("spec", None, default_vllm_version()),
+              "schedspec.reference.campaign_worker:run_trace")
+    traces: dict[int, dict[str, Any]] = {}
+    try:
+        for i, trace in run_job(job, [(i, (s, keep_steps)) for i, s in enumerate(scenarios)], workers=workers,
+                                ray_address=ray_address):
+            if isinstance(trace, WorkerFailure):  # the spec crashed or hung its worker: a finding, said loudly
+                raise UsageError(f"the spec's worker {trace.kind} on {scenarios[i].name}: {trace.detail}")
+            traces[i] = trace
+            if progress is not None:
+                progress(len(traces), len(scenarios))
+    except SetupError as e:
+        raise UsageError(str(e)) from None
+    return [traces[i] for i in range(len(scenarios))]
+
+
 def run_sweep(workloads: Sequence[Scenario], axes: Sequence[Axis], *, device: str | None = None,
-              step_ms: float = 20.0, token_ms: float = 0.0, progress=None) -> dict[str, Any]:
-    """Every (grid point, workload) in one run_batch call; one row per point.
-    Per-step records are kept only when the time model needs them."""
+              step_ms: float = 20.0, token_ms: float = 0.0, progress=None, impl: str = "torch",
+              workers: int = 1, ray_address: str | None = None) -> dict[str, Any]:
+    """Every (grid point, workload), one row per point: on torch in one
+    run_batch call, or on the spec (`impl` "spec") one scenario at a time on
+    `workers` processes.  Per-step records are kept only when the time model
+    needs them."""
     from .batch import run_batch
     from .device import resolve_device
 
@@ -181,9 +207,12 @@ def run_sweep(workloads: Sequence[Scenario], axes: Sequence[Axis], *, device: st
     scenarios = grid_scenarios(workloads, points)
     if len(scenarios) > MAX_SCENARIOS:
         raise UsageError(f"--set: {len(points)} grid points x {len(workloads)} workloads = {len(scenarios)} "
-                         f"scenarios; at most {MAX_SCENARIOS} fit one batch")
+                         f"scenarios; at most {MAX_SCENARIOS} fit one sweep")
     t = time.perf_counter()
-    traces = run_batch(scenarios, device=device, progress=progress, record_steps=bool(token_ms))
+    if impl == "spec":
+        traces = spec_traces(scenarios, bool(token_ms), workers, ray_address, progress)
+    else:
+        traces = run_batch(scenarios, device=device, progress=progress, record_steps=bool(token_ms))
     seconds = time.perf_counter() - t
     k = len(workloads)
     rows = []
@@ -192,7 +221,9 @@ def run_sweep(workloads: Sequence[Scenario], axes: Sequence[Axis], *, device: st
     return {
         "workloads": [w.name for w in workloads],
         "axes": {a.field: list(a.values) for a in axes},
-        "device": str(resolve_device(device)),
+        "implementation": impl,
+        "device": str(resolve_device(device)) if impl == "torch" else "cpu",
+        "workers": workers if impl == "spec" else None,
         "scenarios": len(scenarios),
         "scenario_steps": sum(tr["summary"]["steps"] for tr in traces if "summary" in tr),
         "seconds": round(seconds, 3),
@@ -237,8 +268,10 @@ def format_table(result: dict[str, Any]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     out = [f"# sweep of {', '.join(result['workloads'][:3])}"
            + (f" and {len(result['workloads']) - 3} more" if len(result["workloads"]) > 3 else "")
-           + f": {len(result['rows'])} grid points, {result['scenarios']} scenarios in one torch batch on "
-           f"{result['device']}, {result['scenario_steps']} scenario-steps in {result['seconds']:.2f} s",
+           + f": {len(result['rows'])} grid points, {result['scenarios']} scenarios "
+           + (f"in one torch batch on {result['device']}" if result.get("implementation", "torch") == "torch"
+              else f"on the spec, {result['workers']} worker(s)")
+           + f", {result['scenario_steps']} scenario-steps in {result['seconds']:.2f} s",
            "# tok/step = output tokens per step; TTFT and lat(ency) in steps, arrival step included"
            + ("; workloads = how many accept the grid point (the figures pool those)" if several else "")]
     return "\n".join(out + lines + notes)
@@ -308,4 +341,5 @@ __all__ = [
     "plot_sweep",
     "point_figures",
     "run_sweep",
+    "spec_traces",
 ]

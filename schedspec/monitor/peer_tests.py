@@ -1023,6 +1023,7 @@ class PeerTestOptions:
     vectors_dir: str | None = None
     policy: str = "count"
     extra_pytest_args: Sequence[str] = field(default_factory=tuple)
+    workers: int = 1
 
 
 def prepare(options: PeerTestOptions, status: StatusFn = _quiet) -> tuple[Path, Path, dict[str, str]]:
@@ -1049,28 +1050,79 @@ def new_run_dir(root: Path, keep: int = 10) -> Path:
     return _make_dir(runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", "run folder")
 
 
+def file_groups(targets: Sequence[str], groups: int) -> list[list[str]]:
+    """`targets` dealt round-robin by file into at most `groups` non-empty
+    groups, in order: the node ids of one file stay in one group."""
+    files: dict[str, list[str]] = {}
+    for t in targets:
+        files.setdefault(t.partition("::")[0], []).append(t)
+    per_file = list(files.values())
+    groups = max(1, min(groups, len(per_file)))
+    return [[t for f in per_file[k::groups] for t in f] for k in range(groups)]
+
+
+def merge_runs(mode: str, runs: Sequence[PytestRun]) -> PytestRun:
+    """One mode's pytest runs over groups of files, as one run: the plugin's
+    reports joined (each test is in one group), the exit status pytest gives a
+    whole session (1 if any test failed, 5 only if none was collected anywhere)."""
+    if len(runs) == 1:
+        return runs[0]
+    tests: dict[str, Any] = {}
+    for r in runs:
+        tests.update((r.report or {}).get("tests", {}))
+    codes = [r.returncode for r in runs]
+    code = 5 if all(c == 5 for c in codes) else (1 if 1 in codes else 0)
+    report = {**(runs[0].report or {}), "tests": tests}
+    return PytestRun(mode, code, report, runs[0].log, max(r.seconds for r in runs))
+
+
 def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
                    show_progress: bool | None = None) -> dict[str, Any]:
-    """Fetch, extract, run plain (and, unless plain_only, under the monitor); the table."""
+    """Fetch, extract, run plain (and, unless plain_only, under the monitor); the table.
+
+    With `options.workers` > 1 the pytest sessions run at once: plain beside
+    shadowed, and with 4 or more workers each mode split into groups of files
+    (each pytest process imports vLLM, about 10 s, so files are split only
+    where there are cores to pay for it).  Tests never share a session across
+    groups that they would not share in one: a file is never split."""
+    from concurrent.futures import ThreadPoolExecutor
+
     root, tree, env = prepare(options, status)
     targets = resolve_targets(tree, options.files, options.all_files)
     run_dir = new_run_dir(root)
     vectors = Path(options.vectors_dir) if options.vectors_dir else run_dir / "vectors"
-    runs = {"plain": run_pytest(tree, targets, run_dir, env, plain=True, keyword=options.keyword,
-                                extra_args=options.extra_pytest_args, status=status,
-                                show_progress=show_progress)}
+    modes = ["plain"] if options.plain_only else ["plain", "shadow"]
+    if "shadow" in modes:
+        _make_dir(vectors, "--vectors-out folder")
+    workers = max(1, options.workers)
+    wanted = max(1, workers // len(modes))
+    if wanted > 1 and targets == [TEST_ROOT]:  # --all: the files, so that they can be dealt out
+        targets = [f"{TEST_ROOT}/{f}" for f in available_files(tree)]
+    groups = file_groups(targets, wanted)
+    jobs = [(mode, k, group) for mode in modes for k, group in enumerate(groups)]
+    alone = workers == 1 or len(jobs) == 1
+
+    def job(mode: str, k: int, group: list[str]) -> PytestRun:
+        where = run_dir if len(groups) == 1 else run_dir / f"group-{k}"
+        return run_pytest(tree, group, where, env, plain=mode == "plain", keyword=options.keyword,
+                          vectors_dir=vectors if mode == "shadow" else None, policy=options.policy,
+                          extra_args=options.extra_pytest_args, status=status,
+                          show_progress=show_progress if alone else False)
+
+    if alone:
+        done = [job(*j) for j in jobs]
+    else:
+        status(f"{len(jobs)} pytest sessions, {min(workers, len(jobs))} at a time")
+        with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+            done = list(pool.map(lambda j: job(*j), jobs))
+    runs = {mode: merge_runs(mode, [r for (m, _, _), r in zip(jobs, done) if m == mode]) for mode in modes}
     if runs["plain"].returncode == 5 or not runs["plain"].report.get("tests"):
         raise UsageError(f"no test selected in {', '.join(targets)}"
                          + (f" by -k {shown(options.keyword)}" if options.keyword else ""))
-    if not options.plain_only:
-        _make_dir(vectors, "--vectors-out folder")
-        runs["shadow"] = run_pytest(tree, targets, run_dir, env, plain=False, keyword=options.keyword,
-                                    vectors_dir=vectors, policy=options.policy,
-                                    extra_args=options.extra_pytest_args, status=status,
-                                    show_progress=show_progress)
     table = build_table(runs["plain"].report, runs["shadow"].report if "shadow" in runs else None)
     table["run"] = {"targets": targets, "keyword": options.keyword, "run_dir": str(run_dir),
-                    "vectors_dir": str(vectors) if "shadow" in runs else None,
+                    "vectors_dir": str(vectors) if "shadow" in runs else None, "workers": workers,
+                    "pytest_sessions": len(jobs),
                     **{f"{mode}_seconds": round(r.seconds, 1) for mode, r in runs.items()},
                     **{f"{mode}_pytest_exit": r.returncode for mode, r in runs.items()},
                     **{f"{mode}_log": str(r.log) for mode, r in runs.items()}}
@@ -1079,7 +1131,8 @@ def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
 
 __all__ = ["DEFAULT_FILES", "IndexSettings", "PeerTestOptions", "PytestRun", "SDIST_NAME", "SdistLink",
            "TEST_DEPENDENCIES", "TEST_ROOT", "VLLM_VERSION", "available_files", "build_table", "cache_root",
-           "check_sdist", "download", "ensure_test_dependencies", "extract_tests", "fetch_sdist", "find_sdist",
+           "check_sdist", "download", "ensure_test_dependencies", "extract_tests", "fetch_sdist", "file_groups",
+           "find_sdist", "merge_runs",
            "format_table", "imported_modules", "missing_dependencies", "model_configs", "needed_files",
            "new_run_dir", "parse_project_page", "pip_config_values", "pip_default_index", "pip_index_settings",
            "prepare", "read_sdist", "resolve_targets", "run_peer_tests", "run_pytest", "sha256_file",

@@ -22,12 +22,10 @@ from schedspec.base.errors import UsageError, shown
 from schedspec.base.progress import Progress
 from schedspec.spec.config import ConfigError, SchedulerConfig, config_from_dict
 
-from .compare import Divergence, compare_runs
-from .coverage import StepCoverage, add_coverage
+from .compare import Divergence
 from .engine import run_scenario
 from .example_files import resolve_scenario_path
-from .impl import SpecScheduler
-from .scenario import Scenario, ScenarioError, load_scenario, save_scenario
+from .scenario import Scenario, ScenarioError, load_scenario
 from .shrink import shrink
 
 
@@ -46,7 +44,8 @@ class CampaignOptions:
     `out_dir`: where diverging scenarios are written; `shrink` and
     `shrink_seconds`: whether a diverging random scenario is shrunk, and the time
     budget for one; `quiet`: print nothing on the output stream (the caller
-    prints the returned report, e.g. as JSON)."""
+    prints the returned report, e.g. as JSON); `scenario_timeout`: seconds a
+    worker may spend on one scenario (its shrink aside) before it counts as hung."""
 
     impl: str
     against: str = "spec"
@@ -60,6 +59,7 @@ class CampaignOptions:
     shrink: bool = True
     shrink_seconds: float = 120.0
     quiet: bool = False
+    scenario_timeout: float = 300.0
 
 
 class TimedImpl:
@@ -127,17 +127,6 @@ def run_guarded(scenario: Scenario, impl, on_step=None) -> dict[str, Any]:
         return crash_trace(scenario, impl, e)
 
 
-def _is_spec(impl) -> bool:
-    return isinstance(getattr(impl, "impl", impl), SpecScheduler)
-
-
-def _run_pair(scenario: Scenario, a, b, on_step=(None, None)) -> tuple[dict, dict, Divergence | None]:
-    """Both runs (`on_step`: the engine observers of a's run and of b's) and
-    their first divergence, a crash included."""
-    ta, tb = (run_guarded(scenario, impl, observer) for impl, observer in zip((a, b), on_step))
-    return ta, tb, compare_runs(ta, tb, getattr(a, "name", "a"), getattr(b, "name", "b"))
-
-
 def safe_stem(name: str, limit: int = 80) -> str:
     """A scenario name made into a file name that stays inside its folder: only
     letters, digits, `.`, `_` and `-`; no leading dot (`..`, hidden files); at
@@ -152,17 +141,6 @@ def safe_stem(name: str, limit: int = 80) -> str:
         digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         stem = f"{stem[:limit - 9]}-{digest}"
     return stem
-
-
-def _unique_path(directory: Path, stem: str) -> Path:
-    """directory/<safe stem>.json, or -2, -3, ... before .json: a file that does not exist yet."""
-    stem = safe_stem(stem)
-    p = directory / f"{stem}.json"
-    k = 2
-    while p.exists():
-        p = directory / f"{stem}-{k}.json"
-        k += 1
-    return p
 
 
 def repro_command(options: CampaignOptions, path: Path) -> str:
@@ -187,25 +165,33 @@ def load_scenario_files(paths: Iterable[str]) -> list[tuple[Scenario, bool]]:
     return out
 
 
-def random_scenarios(num_scenarios: int | None, seed: int,
-                     flags: Sequence[tuple[bool, bool]] | None = None) -> Iterator[tuple[Scenario, bool]]:
-    """(scenario, True) for the random scenarios 0 .. num_scenarios - 1 of `seed`,
-    drawing the engine-flag combinations `flags` (reference/generator.py; None:
-    none, as torch campaigns need).  Each one's description says how to draw it again."""
-    if not num_scenarios:
-        return
-    from .generator import FLAG_NAMES, FLAGS_ALL, FLAGS_OFF, generate_scenario, scenario_rng
+def flags_description(flags: Sequence[tuple[bool, bool]]) -> str:
+    """The --flags words that draw `flags` (the flags drawn change the scenario of an index)."""
+    from .generator import FLAG_NAMES, FLAGS_ALL
+
+    return (" --flags all, not with torch" if flags == FLAGS_ALL
+            else " --flags " + ",".join(n for n, f in FLAG_NAMES.items() if f in flags))
+
+
+def random_scenario(seed: int, i: int, flags: Sequence[tuple[bool, bool]] | None = None) -> Scenario:
+    """Random scenario `i` of `seed`, drawing the engine-flag combinations
+    `flags` (reference/generator.py; None: none, as torch campaigns need); its
+    description says how to draw it again."""
+    from .generator import FLAGS_OFF, generate_scenario, scenario_rng
 
     flags = flags or FLAGS_OFF
-    # The flags drawn change the scenario of an index: say which were drawn.
-    which = (" --flags all, not with torch" if flags == FLAGS_ALL
-             else " --flags " + ",".join(n for n, f in FLAG_NAMES.items() if f in flags))
-    for i in range(num_scenarios):
-        s = generate_scenario(scenario_rng(seed, i), i, flags)
-        yield dataclasses.replace(
-            s, name=f"random-s{seed}-{i}",
-            description=f"random scenario {i} of seed {seed} (schedspec diff --scenarios N --seed "
-                        f"{seed}{which}, N > {i})"), True
+    s = generate_scenario(scenario_rng(seed, i), i, flags)
+    return dataclasses.replace(
+        s, name=f"random-s{seed}-{i}",
+        description=f"random scenario {i} of seed {seed} (schedspec diff --scenarios N --seed "
+                    f"{seed}{flags_description(flags)}, N > {i})")
+
+
+def random_scenarios(num_scenarios: int | None, seed: int,
+                     flags: Sequence[tuple[bool, bool]] | None = None) -> Iterator[tuple[Scenario, bool]]:
+    """(random_scenario(seed, i, flags), True) for i in 0 .. num_scenarios - 1."""
+    for i in range(num_scenarios or 0):
+        yield random_scenario(seed, i, flags), True
 
 
 def campaign_flags(options: CampaignOptions):
@@ -289,89 +275,247 @@ def print_campaign_report(res: dict[str, Any], elapsed: float, timing: str, out)
         print("coverage: " + ", ".join(f"{k} {v}" for k, v in res["coverage"].items()), file=out)
 
 
-def run_campaign(options: CampaignOptions, files: list[tuple[Scenario, bool]], a: TimedImpl, b: TimedImpl,
-                 out) -> dict[str, Any]:
-    """Runs `a` against `b` on `files` (from load_scenario_files), or when there
-    are none on `options.num_scenarios` random scenarios, one at a time; writes
-    and reports each divergence (report_divergence).  The report: `scenarios`,
-    `steps_compared`, `divergences`, `ms_per_step` (per implementation, in its
-    scheduler calls), `seconds`, `coverage`."""
-    total, source = campaign_source(options, files, campaign_flags(options))
+def scenario_items(options: CampaignOptions, files: list[tuple[Scenario, bool]]) -> list[tuple[int, tuple]]:
+    """The campaign's work as base/workers.py items: a file's scenario, or the
+    seed and index of a random one (the worker draws it)."""
+    if files:
+        return [(i, ("file", s)) for i, (s, _) in enumerate(files)]
+    return [(i, ("random", options.seed, i)) for i in range(options.num_scenarios or 0)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """Where a campaign runs (base/workers.py): `workers` processes (1: this
+    one) or, with `ray_address`, that many Ray actors; `store`: the results
+    folder results stream to (campaign_store.py), `done`: results it already
+    holds (--resume)."""
+
+    workers: int = 1
+    ray_address: str | None = None
+    store: Any = None
+    done: dict = dataclasses.field(default_factory=dict)
+    devices: tuple[str | None, str | None] = (None, None)
+
+
+def run_campaign(options: CampaignOptions, files: list[tuple[Scenario, bool]], out,
+                 execution: Execution | None = None) -> dict[str, Any]:
+    """Runs `options.impl` against `options.against` on `files` (from
+    load_scenario_files), or when there are none on `options.num_scenarios`
+    random scenarios, where `execution` says; merges the results in scenario
+    order, whatever order they arrive in, and writes and reports each
+    divergence.  The report: `scenarios`, `steps_compared`, `divergences`,
+    `failures` (scenarios whose worker crashed or hung), `coverage` (all
+    deterministic: `deterministic_report`), and `ms_per_step` (per
+    implementation, in its scheduler calls), `seconds`, `load_seconds` (per
+    implementation, per worker), `workers`.  Raises UsageError when workers
+    cannot load the implementations."""
+    from schedspec.base.workers import Job, SetupError, WorkerFailure, WorkerInfo, run_job
+
+    execution = execution or Execution()
+    flags = campaign_flags(options)
+    items = scenario_items(options, files)
+    total = len(items)
+    results: dict[int, dict[str, Any]] = dict(execution.done)
+    pending = [(i, item) for i, item in items if i not in results]
+    from .scenario import default_vllm_version
+
+    inline = execution.workers <= 1 and execution.ray_address is None
+    job = Job(WORKER_SETUP, (options, flags, execution.devices, default_vllm_version(), inline), WORKER_RUN,
+              item_timeout=options.scenario_timeout, long_timeout=options.scenario_timeout + options.shrink_seconds)
     progress = Progress("diff", total, min_total=20)
-    divergences = []
-    steps = 0
-    coverage: dict[str, int] = {}
+    merged = Merge(options, files, flags, out, resumed=bool(execution.done), before_print=progress.close)
+    info = WorkerInfo()
     t0 = time.monotonic()
-    # Prefix-cache and async coverage reads the spec's states: b's, or a's when a is the spec.
-    observed = 0 if _is_spec(a) and not _is_spec(b) else 1
     try:
-        for k, (scenario, is_random) in enumerate(source, 1):
-            observers = [None, None]
-            observers[observed] = StepCoverage(coverage)
-            ta, tb, d = _run_pair(scenario, a, b, tuple(observers))
-            steps += min(len(ta.get("steps", [])), len(tb.get("steps", [])))
-            add_coverage(scenario, tb, coverage)
-            if d is not None:
-                progress.close() if progress.enabled else None
-                divergences.append(report_divergence(options, scenario, is_random, d, a.impl, b.impl, out))
-            progress(k, total)
+        merged.advance(results)
+        progress(len(results), total)
+        for index, outcome in run_job(job, pending, workers=execution.workers, ray_address=execution.ray_address,
+                                      info=info):
+            if isinstance(outcome, WorkerFailure):
+                outcome = {"scenario": merged.scenario(index).name,
+                           "failure": {"kind": outcome.kind, "detail": outcome.detail}}
+            outcome["index"] = index
+            if execution.store is not None:
+                execution.store.append(outcome)
+            results[index] = outcome
+            merged.advance(results)
+            progress(len(results), total)
+    except SetupError as e:
+        raise UsageError(str(e)) from None
     finally:
         progress.close()
     elapsed = time.monotonic() - t0
-    per_step = {x.name: (1000.0 * x.seconds / x.steps if x.steps else None) for x in (a, b)}
-    res = {
-        "scenarios": total,
-        "steps_compared": steps,
-        "divergences": divergences,
-        "ms_per_step": per_step,
-        "seconds": round(elapsed, 1),
-        "coverage": dict(sorted(coverage.items())),
-    }
+    names = (options.impl, options.against)
+    per_step = {n: (1000.0 * merged.seconds[k] / merged.calls[k] if merged.calls[k] else None)
+                for k, n in enumerate(names)}
+    res = {**merged.report(total), "ms_per_step": per_step, "seconds": round(elapsed, 1),
+           "workers": len(info.setups) or 1, "worker_restarts": info.restarts,
+           "load_seconds": {n: [s[n] for s in info.setups if s] for n in names}}
     if not options.quiet:
-        pa, pb = per_step[a.name], per_step[b.name]
-        ratio = f"  ({a.name}/{b.name} = {pa / pb:.1f}x)" if pa and pb else ""
+        pa, pb = per_step[names[0]], per_step[names[1]]
+        ratio = f"  ({names[0]}/{names[1]} = {pa / pb:.1f}x)" if pa and pb else ""
         fmt = lambda x: f"{x:.3f} ms" if x is not None else "-"  # noqa: E731
-        print_campaign_report(res, elapsed, f"time per step in scheduler calls: {a.name} {fmt(pa)}, "
-                              f"{b.name} {fmt(pb)}{ratio}", out)
+        print_campaign_report(res, elapsed, f"time per step in scheduler calls: {names[0]} {fmt(pa)}, "
+                              f"{names[1]} {fmt(pb)}{ratio}", out)
+        if res["failures"]:
+            print(f"worker failures: {len(res['failures'])} (scenarios written to {options.out_dir})", file=out)
     return res
+
+
+WORKER_SETUP = "schedspec.reference.campaign_worker:setup_pair"
+WORKER_RUN = "schedspec.reference.campaign_worker:run_item"
+DETERMINISTIC_KEYS = ("implementations", "scenarios", "steps_compared", "divergences", "failures", "coverage")
+
+
+def deterministic_report(res: dict[str, Any]) -> dict[str, Any]:
+    """The part of a campaign's report that the scenarios and implementations
+    alone decide: no timings, no worker counts."""
+    return {k: res[k] for k in DETERMINISTIC_KEYS if k in res}
+
+
+class Merge:
+    """A campaign's results taken in scenario order: totals, coverage, and the
+    divergences and worker failures written and printed as their turn comes."""
+
+    def __init__(self, options: CampaignOptions, files: list[tuple[Scenario, bool]], flags, out, resumed: bool,
+                 before_print=lambda: None):
+        self.options, self.files, self.flags, self.out, self.resumed = options, files, flags, out, resumed
+        self.before_print = before_print  # e.g. take the progress bar off the screen
+        self.next = 0
+        self.steps = 0
+        self.coverage: dict[str, int] = {}
+        self.seconds = [0.0, 0.0]
+        self.calls = [0, 0]
+        self.divergences: list[dict[str, Any]] = []
+        self.failures: list[dict[str, Any]] = []
+
+    def scenario(self, index: int) -> Scenario:
+        if self.files:
+            return self.files[index][0]
+        return random_scenario(self.options.seed, index, self.flags)
+
+    def advance(self, results: dict[int, dict[str, Any]]) -> None:
+        while self.next in results:
+            self.take(results[self.next])
+            self.next += 1
+
+    def take(self, rec: dict[str, Any]) -> None:
+        scenario = self.scenario(rec["index"])
+        is_random = not self.files
+        if ("failure" in rec or rec.get("found")) and not self.options.quiet:
+            self.before_print()
+        if "failure" in rec:
+            self.failures.append(write_failure(self.options, scenario, rec["failure"], self.out, self.resumed))
+            return
+        self.steps += rec["steps"]
+        for k, v in rec["coverage"].items():
+            self.coverage[k] = self.coverage.get(k, 0) + v
+        for k in (0, 1):
+            self.seconds[k] += rec["seconds"][k]
+            self.calls[k] += rec["calls"][k]
+        found = rec.get("found")
+        if found:
+            from .scenario import scenario_from_json
+
+            minimal = found.get("minimal")
+            small = ((scenario_from_json(minimal["scenario"]), Divergence(**minimal["divergence"]))
+                     if minimal else None)
+            self.divergences.append(write_divergence(self.options, scenario, is_random,
+                                                     Divergence(**found["divergence"]), small, self.out,
+                                                     self.resumed))
+
+    def report(self, total: int) -> dict[str, Any]:
+        return {"implementations": [self.options.impl, self.options.against], "scenarios": total,
+                "steps_compared": self.steps, "divergences": self.divergences, "failures": self.failures,
+                "coverage": dict(sorted(self.coverage.items()))}
+
+
+def scenario_text(scenario: Scenario) -> str:
+    """A scenario file's bytes as save_scenario writes them."""
+    return json.dumps(scenario.to_json(), indent=2) + "\n"
+
+
+def write_fresh(directory: Path, stem: str, render, reuse: bool) -> Path:
+    """Writes `render(path)` to a new file directory/<stem>[-k].json and returns
+    its path.  With `reuse` (a resumed campaign redoing its own writes), a file
+    already holding exactly those bytes is taken instead of a new one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = safe_stem(stem)
+    k = 1
+    while True:
+        path = directory / (f"{stem}.json" if k == 1 else f"{stem}-{k}.json")
+        text = render(path)
+        if not path.exists():
+            path.write_text(text)
+            return path
+        if reuse and path.read_text() == text:
+            return path
+        k += 1
+
+
+def with_reproduce(options: CampaignOptions, scenario: Scenario, path: Path) -> Scenario:
+    return dataclasses.replace(scenario, description=(scenario.description + " | " if scenario.description else "")
+                               + f"Reproduce: {repro_command(options, path)}")
+
+
+def write_failure(options: CampaignOptions, scenario: Scenario, failure: dict[str, str], out,
+                  reuse: bool = False) -> dict[str, Any]:
+    """A scenario on which a worker crashed or hung: written to `options.out_dir`
+    like a divergence, so that it can be run again alone."""
+    path = write_fresh(options.out_dir, scenario.name, lambda p: scenario_text(with_reproduce(options, scenario, p)),
+                       reuse)
+    if not options.quiet:
+        print(f"WORKER {failure['kind'].upper()} on {shown(scenario.name)}: {shown(failure['detail'], 300)}", file=out)
+        print(f"  scenario written to {path}", file=out)
+    return {"scenario": scenario.name, **failure, "file": str(path)}
 
 
 def report_divergence(options: CampaignOptions, scenario: Scenario, is_random: bool, d: Divergence, impl_a,
                       impl_b, out) -> dict[str, Any]:
+    """A divergence found with the implementations at hand (gpu/campaign.py):
+    a random scenario is shrunk (`impl_a` and `impl_b` rerun it), then both are
+    written (write_divergence)."""
+    small = None
+    if is_random and options.shrink and d.kind != "crash":
+        small = shrink(scenario, impl_a, impl_b, d, budget_s=options.shrink_seconds)
+    return write_divergence(options, scenario, is_random, d, small, out)
+
+
+def write_divergence(options: CampaignOptions, scenario: Scenario, is_random: bool, d: Divergence,
+                     small: tuple[Scenario, Divergence] | None, out, reuse: bool = False) -> dict[str, Any]:
     """Writes the diverging scenario to `options.out_dir` (a fresh file) with the
-    command that reproduces it in its description; a random one is also shrunk
-    (`impl_a` and `impl_b` rerun it) and the small one written beside it.  The
-    report's entry for the divergence."""
-    outdir = options.out_dir
-    outdir.mkdir(parents=True, exist_ok=True)
+    command that reproduces it in its description, and its shrunk form `small`
+    (scenario, divergence) beside it.  The report's entry for the divergence."""
     entry: dict[str, Any] = {"scenario": scenario.name, **d.to_json()}
-    path = _unique_path(outdir, scenario.name)
-    save_scenario(dataclasses.replace(
-        scenario, description=(scenario.description + " | " if scenario.description else "")
-        + f"Reproduce: {repro_command(options, path)}"), path)
+    path = write_fresh(options.out_dir, scenario.name,
+                       lambda p: scenario_text(with_reproduce(options, scenario, p)), reuse)
     entry["file"] = str(path)
     if not options.quiet:
         print(f"DIVERGENCE in {shown(scenario.name)}: {d.describe()}", file=out)
         print(f"  scenario written to {path}", file=out)
-    if is_random and options.shrink and d.kind != "crash":
-        small, sd = shrink(scenario, impl_a, impl_b, d, budget_s=options.shrink_seconds)
-        mpath = _unique_path(outdir, f"{scenario.name}-min")
-        small = dataclasses.replace(
-            small, name=f"{scenario.name}-min",
-            description=(f"Shrunk from {scenario.name} ({scenario.description}): {options.impl} and "
-                         f"{options.against} first differ at "
-                         + (f"step {sd.step}, " if sd.step is not None else "")
-                         + f"field {sd.field}. Reproduce: {repro_command(options, mpath)}"))
-        save_scenario(small, mpath)
-        entry["minimal"] = {"file": str(mpath), "requests": len(small.requests),
-                            "max_steps": small.max_steps, **sd.to_json()}
+    if small is not None:
+        shrunk, sd = small
+
+        def render(p: Path) -> str:
+            return scenario_text(dataclasses.replace(
+                shrunk, name=f"{scenario.name}-min",
+                description=(f"Shrunk from {scenario.name} ({scenario.description}): {options.impl} and "
+                             f"{options.against} first differ at "
+                             + (f"step {sd.step}, " if sd.step is not None else "")
+                             + f"field {sd.field}. Reproduce: {repro_command(options, p)}")))
+
+        mpath = write_fresh(options.out_dir, f"{scenario.name}-min", render, reuse)
+        entry["minimal"] = {"file": str(mpath), "requests": len(shrunk.requests),
+                            "max_steps": shrunk.max_steps, **sd.to_json()}
         if not options.quiet:
-            print(f"  shrunk to {len(small.requests)} request(s), {small.max_steps} step(s): {mpath}", file=out)
+            print(f"  shrunk to {len(shrunk.requests)} request(s), {shrunk.max_steps} step(s): {mpath}", file=out)
             print(f"  {sd.describe()}".replace("\n", "\n  "), file=out)
             print(f"  reproduce: {repro_command(options, mpath)}", file=out)
     return entry
 
 
-__all__ = ["CampaignOptions", "TimedImpl", "campaign_flags", "campaign_source", "close_impl", "crash_trace",
-           "load_scenario_files", "print_campaign_report", "random_scenarios", "repro_command",
-           "report_divergence", "run_campaign", "run_config_agreement", "run_guarded", "safe_stem"]
+__all__ = ["CampaignOptions", "DETERMINISTIC_KEYS", "Execution", "Merge", "TimedImpl", "campaign_flags",
+           "campaign_source", "close_impl", "crash_trace", "deterministic_report", "flags_description",
+           "load_scenario_files", "print_campaign_report", "random_scenario", "random_scenarios", "repro_command",
+           "report_divergence", "run_campaign", "run_config_agreement", "run_guarded", "safe_stem",
+           "scenario_items", "scenario_text", "with_reproduce", "write_divergence", "write_failure", "write_fresh"]

@@ -218,15 +218,87 @@ class SearchResult:
     method: str = METHOD
 
 
+# --- judging candidates on worker processes (base/workers.py) ----------------------------------------
+
+#: Candidates drawn and judged per round when workers judge them: enough to keep
+#: every worker busy, few enough that a hit early in a round wastes little.
+PER_WORKER_ROUND = 16
+
+
+@dataclass
+class Judge:
+    """A worker's goal and implementation."""
+
+    goal: Goal
+    k: int
+    impl: Any
+
+
+def setup_judge(goal_name: str, k: int, impl_name: str) -> Judge:
+    from schedspec.reference.campaign_worker import load_named
+
+    from .goals import get_goal
+
+    return Judge(get_goal(goal_name), k, load_named(impl_name, None))
+
+
+def judge(j: Judge, scenario: Scenario, heartbeat) -> tuple[str, Any, bool]:
+    """("hit", Hit | None, undecided), or the failure as ("implementation" |
+    "goal", message, False), raised again in the searching process."""
+    info: dict = {}
+    try:
+        return "hit", evaluate(scenario, j.impl, j.goal, j.k, info), bool(info.get("undecided", False))
+    except ImplementationFailed as e:
+        return "implementation", str(e), False
+    except GoalFailed as e:
+        return "goal", str(e), False
+
+
+def judged_in_order(goal: Goal, k: int, impl, scenarios: list[Scenario], pool=None):
+    """(hit, undecided) of each scenario, in order: here, or on `pool`'s worker
+    processes (base/workers.py `open_pool` of `setup_judge` and `judge`).  The
+    first failure, in scenario order, is raised as evaluate raises it."""
+    if pool is None:
+        out = []
+        for s in scenarios:
+            info: dict = {}
+            out.append((evaluate(s, impl, goal, k, info), bool(info.get("undecided", False))))
+        return out
+    from schedspec.base.workers import SetupError, WorkerFailure
+
+    try:
+        got = dict(pool.run(list(enumerate(scenarios))))
+    except SetupError as e:
+        raise ImplementationFailed(str(e)) from None
+    out = []
+    for i, s in enumerate(scenarios):
+        r = got[i]
+        if isinstance(r, WorkerFailure):
+            raise ImplementationFailed(f"{getattr(impl, 'name', impl)} {r.kind} its worker on scenario "
+                                       f"{s.name!r}: {r.detail}")
+        kind, value, undecided = r
+        if kind == "implementation":
+            raise ImplementationFailed(value)
+        if kind == "goal":
+            raise GoalFailed(value)
+        out.append((value, undecided))
+    return out
+
+
 def search(goal: Goal, k: int, impl, *, max_requests: int = 6, max_steps: int = 64, seed: int = 0,
            tries: int = 20000, budget_s: float = 60.0, fixed_config: dict[str, Any] | None = None,
            shrink_s: float = 20.0, max_prompt_len: int | None = None, candidates: int = 5,
-           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+           progress: Callable[[int, int], None] | None = None, workers: int = 1,
+           impl_name: str | None = None) -> SearchResult:
+    """Draw, judge and shrink until `candidates` hits, `tries` draws or
+    `budget_s` seconds.  With `workers` > 1 (and `impl_name`, for the workers
+    to load), candidates are judged in rounds on worker processes and taken
+    in the order drawn: the same hits as one worker, the budget aside, which
+    is checked between rounds.  Shrinking stays in this process, on `impl`."""
     rng = random.Random(f"schedspec-counterexample/{goal.name}/{seed}")
     t0 = time.monotonic()
     deadline = t0 + budget_s
     tried = undecided = 0
-    info: dict = {}
 
     def reached(s: Scenario) -> Hit | None:
         try:
@@ -236,24 +308,40 @@ def search(goal: Goal, k: int, impl, *, max_requests: int = 6, max_steps: int = 
 
     best: SearchResult | None = None
     hits = 0
-    while tried < tries and time.monotonic() < deadline and hits < candidates:
-        s = draw_scenario(rng, goal.name, max_requests, max_steps, fixed_config, max_prompt_len)
-        tried += 1
-        if progress is not None:
-            progress(tried, tries)
-        hit = evaluate(s, impl, goal, k, info)
-        undecided += info.get("undecided", False)
-        if hit is None:
-            continue
-        # Several hits, each shrunk, the smallest kept: greedy shrinking stops in local minima.
-        hits += 1
-        found_at = time.monotonic() - t0
-        small, shit, stats = shrink_while(s, reached, hit, last_step=lambda h: h.last_step,
-                                          fix_config=fixed_config is not None,
-                                          budget_s=max(0.5, min(shrink_s, deadline - time.monotonic())))
-        if best is None or scenario_size(small) < scenario_size(best.found):
-            best = SearchResult(goal.name, k, small, shit, s, tried, undecided, found_at, stats,
-                                max_requests, max_steps, seed)
+    judged: list[tuple[Scenario, Hit | None, bool]] = []
+    pool = None
+    if workers > 1 and impl_name is not None:
+        from schedspec.base.workers import Job, open_pool
+
+        pool = open_pool(Job("schedspec.search.counterexample:setup_judge", (goal.name, k, impl_name),
+                             "schedspec.search.counterexample:judge"), workers=workers)
+    per_round = 1 if pool is None else workers * PER_WORKER_ROUND
+    try:
+        while tried < tries and time.monotonic() < deadline and hits < candidates:
+            if not judged:
+                batch = [draw_scenario(rng, goal.name, max_requests, max_steps, fixed_config, max_prompt_len)
+                         for _ in range(min(per_round, tries - tried))]
+                verdicts = judged_in_order(goal, k, impl, batch, pool)
+                judged = [(s, h, u) for s, (h, u) in zip(batch, verdicts)]
+            s, hit, was_undecided = judged.pop(0)
+            tried += 1
+            if progress is not None:
+                progress(tried, tries)
+            undecided += was_undecided
+            if hit is None:
+                continue
+            # Several hits, each shrunk, the smallest kept: greedy shrinking stops in local minima.
+            hits += 1
+            found_at = time.monotonic() - t0
+            small, shit, stats = shrink_while(s, reached, hit, last_step=lambda h: h.last_step,
+                                              fix_config=fixed_config is not None,
+                                              budget_s=max(0.5, min(shrink_s, deadline - time.monotonic())))
+            if best is None or scenario_size(small) < scenario_size(best.found):
+                best = SearchResult(goal.name, k, small, shit, s, tried, undecided, found_at, stats,
+                                    max_requests, max_steps, seed)
+    finally:
+        if pool is not None:
+            pool.close()
     if best is not None:
         best.tried, best.undecided = tried, undecided
         return best
