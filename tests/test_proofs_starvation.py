@@ -269,7 +269,7 @@ MUTANTS = {
                              "min(n, s.token_budget - 1, s.input_budget)")],
     "admission after preemption": [M("scheduler.schedule", "not s.preempted", "True")],
     "threshold with one eligible": [M("scheduler.ScheduleWork.__init__",
-                                      "c.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0",
+                                      "0 if alone else c.long_prefill_token_threshold",
                                       "c.long_prefill_token_threshold")],
     "watermark off": [M("kv_cache.allocate_slots", "config.watermark_blocks if admission else 0", "0")],
     "full-ISL gate off": [M("kv_cache.allocate_slots", "full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",

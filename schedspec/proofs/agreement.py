@@ -152,3 +152,127 @@ def formula_terms(ev: "StepEvaluator") -> list:
         terms += list(f(ev.before, ev.decision, ev.after))
     terms += [f(ev.after) for f in INVARIANT_FORMULAS.values()]
     return terms
+
+
+# --- add_request, abort and the all-roles step, on any slot assignment ----------------------------
+
+
+def read_state(sym_vals: list[dict], free: int, rid_of: Mapping[int, str]) -> dict[str, Any]:
+    """The comparison shape of a symbolic state's evaluated slots (`state_shape`),
+    plus `positions_not_dense` when a queue's positions are not 0..len-1."""
+    present = {rid_of[s]: v for s, v in enumerate(sym_vals) if v["present"] and s in rid_of}
+    stray = [s for s, v in enumerate(sym_vals) if v["present"] and s not in rid_of]
+    by_pos = sorted(present.items(), key=lambda kv: kv[1]["pos"])
+    out: dict[str, Any] = {
+        "running": [r for r, v in by_pos if v["running"]],
+        "waiting": [r for r, v in by_pos if not v["running"]],
+        "requests": {r: (v["status"], v["num_computed_tokens"], v["num_output_tokens"], v["num_preemptions"],
+                         v["num_blocks"]) for r, v in sorted(present.items())},
+    }
+    out["held"] = {r: v[4] for r, v in out["requests"].items() if v[4]}
+    out["num_free_blocks"] = free
+    for flag in (True, False):
+        ps = sorted(v["pos"] for v in present.values() if v["running"] == flag)
+        if ps != list(range(len(ps))):
+            out["positions_not_dense"] = ps
+    if stray:
+        out["present_without_request"] = stray
+    return out
+
+
+class _StateReader:
+    """Evaluates a symbolic state (and extra terms) under a substitution."""
+
+    def __init__(self, before: SymState, after: SymState, extra: list | None = None):
+        self.before, self.after = before, after
+        self.width = len(after.slots[0].leaves())
+        self.fields = list(after.slots[0].__dataclass_fields__)
+        self.extra = list(extra or [])
+        terms = [after.num_free_blocks]
+        for s in after.slots:
+            terms += s.leaves()
+        self.n_state = len(terms)
+        self.eval = Evaluator(terms + self.extra)
+
+    def read(self, pairs, rid_of) -> tuple[dict, list]:
+        vals = self.eval(pairs)
+        free, rest = vals[0], vals[1:self.n_state]
+        slots = [dict(zip(self.fields, rest[k * self.width:(k + 1) * self.width])) for k in range(len(self.after.slots))]
+        return read_state(slots, free, rid_of), vals[self.n_state:]
+
+
+class AddEvaluator:
+    """encoding.add_request over `n` slots, any of which may hold a running or a
+    waiting request (the all-roles form the add_request obligation uses)."""
+
+    def __init__(self, n: int = 8, variant: str = "correct"):
+        from .symbolic import SymSlot
+
+        self.n = n
+        self.before = SymState.fresh(n, "ab")
+        self.new = SymSlot.fresh("ab.new")
+        self.slot = n - 1
+        self.after = encoding.add_request(self.before, self.slot, self.new, True, variant)
+        self.reader = _StateReader(self.before, self.after)
+
+    def evaluate(self, state: SchedulerState, request, slot_of: Mapping[str, int]) -> dict:
+        """The state after adding `request` (a spec Request) to `state`, whose
+        requests sit in slots `slot_of` (never slot n-1, which the new one takes)."""
+        from .symbolic import const_val, dense_rank
+
+        ids = list(state.requests) + [request.request_id]
+        arrivals = [r.arrival_time for r in state.requests.values()] + [request.arrival_time]
+        pairs = substitution(self.before, state, dict(slot_of), {}, all_ids=[request.request_id],
+                             all_arrivals=[request.arrival_time])
+        rid_rank, arr_rank = dense_rank(ids), dense_rank(arrivals)
+        for f, v in dict(rid_rank=rid_rank[request.request_id], num_prompt_tokens=request.num_prompt_tokens,
+                         max_tokens=request.max_tokens, output_len=0, priority=request.priority,
+                         arrival=arr_rank[request.arrival_time], present=True, running=False, pos=0,
+                         status=int(request.status), num_computed_tokens=0, num_output_tokens=0,
+                         num_preemptions=0, num_blocks=0).items():
+            pairs.append((getattr(self.new, f), const_val(v)))
+        rid_of = {v: k for k, v in slot_of.items()}
+        rid_of[self.slot] = request.request_id
+        got, _ = self.reader.read(pairs, rid_of)
+        return got
+
+
+class AbortEvaluator:
+    """encoding.abort of slot 0 over `n` all-roles slots."""
+
+    def __init__(self, n: int = 8, variant: str = "correct"):
+        self.n = n
+        self.before = SymState.fresh(n, "ob")
+        self.after = encoding.abort(self.before, 0, True, variant)
+        self.reader = _StateReader(self.before, self.after)
+
+    def evaluate(self, state: SchedulerState, slot_of: Mapping[str, int]) -> dict:
+        """The state after aborting the request in slot 0 (`slot_of` must put one there)."""
+        pairs = substitution(self.before, state, dict(slot_of), {})
+        got, _ = self.reader.read(pairs, {v: k for k, v in slot_of.items()})
+        return got
+
+
+class AllRolesStepEvaluator(StepEvaluator):
+    """The step over `n` slots that may each hold a running or a waiting request
+    (schedule_update with running_slots = waiting_slots = all: the form the BMC
+    witnesses use), on a slot assignment the caller chooses."""
+
+    def __init__(self, n: int = 6, variant: str = "correct"):
+        self.R = self.W = n
+        self.running_slots = self.waiting_slots = list(range(n))
+        self.before = SymState.fresh(n, "ar")
+        self.decision, self.after = encoding.schedule_update(self.before, variant)
+        self.extra = []
+        self.terms = self.decision.leaves() + [self.after.num_free_blocks]
+        for s in self.after.slots:
+            self.terms += s.leaves()
+        self.eval = Evaluator(self.terms)
+        self.slot_of: dict[str, int] | None = None
+
+    def fits(self, state: SchedulerState) -> bool:
+        return len(state.requests) <= self.R
+
+    def pairs(self, state: SchedulerState, output_len):
+        slot_of = self.slot_of if self.slot_of is not None else {rid: i for i, rid in enumerate(state.requests)}
+        return slot_of, substitution(self.before, state, slot_of, output_len)

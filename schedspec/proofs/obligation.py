@@ -24,8 +24,9 @@ from typing import Any, Callable, Literal
 #   "step"       - the property holds on every step from a state that satisfies the state invariant;
 #   "inductive"  - the state invariant is preserved by a transition (schedule+update, add_request, abort);
 #   "initial"    - the initial (empty) state satisfies the invariant;
-#   "theorem"    - a closed-form statement over unbounded integers (e.g. the starvation condition).
-Kind = Literal["step", "inductive", "initial", "theorem"]
+#   "theorem"    - a closed-form statement over unbounded integers (e.g. the starvation condition);
+#   "loop"       - a property for any number of requests, by loop invariants (proofs/loop_invariants.py).
+Kind = Literal["step", "inductive", "initial", "theorem", "loop"]
 Status = Literal["proved", "refuted", "unknown"]
 
 

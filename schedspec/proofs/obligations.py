@@ -32,9 +32,14 @@ from .symbolic import BLOCK_SIZES, SymConfig, SymSlot, SymState, fixed_roles
 from .variants import VARIANTS
 
 DEFAULT_TIMEOUT_S = 20.0
-# One-step claims: running and waiting slots.  The encoding takes any number;
-# these are what the whole run affords in <= 60 s on 2 cores (proofs/README.md).
-DEFAULT_BOUND = 2
+# One-step claims: running and waiting slots.  The encoding takes any number; with
+# the symmetry reduction below the whole run takes about a minute on 2 cores at
+# these bounds (proofs/README.md).
+DEFAULT_BOUND = 3
+# Obligations whose default bound is lower (z3 unknown at the default after the
+# adaptive retry): the block-demand conjunct sums ceilings over every running
+# request.  `--bound N` sets every bound.  proofs/README.md, "Symmetry reduction".
+BOUND_OVERRIDES = {"step:preemption_only_on_allocation_failure": 2}
 INVARIANT = "state_invariant"
 
 # property -> the bad variants that must refute its step obligation.
@@ -69,10 +74,33 @@ def make_solver(timeout_s: float):
     return s
 
 
+# Adaptive timeouts: a call that comes back unknown is retried with the timeout
+# multiplied by each further factor before the answer is declared unknown (which
+# stays a failure).  A loaded machine turns a 1 s proof into a 20 s timeout now and
+# then; the retry absorbs that without raising every call's limit.
+RETRY_FACTORS = (1, 4)
+# Calls retried so far in this process (prove reports the count per obligation).
+RETRIES = {"calls": 0}
+
+
 def check(constraints: list, timeout_s: float, expect_sat: bool = False) -> tuple[str, z3.ModelRef | None, float]:
-    """'unsat' / 'sat' / 'unknown', the model when sat, and the seconds.  Where a
-    model is expected (a bad variant, a witness), z3's default strategy, which
-    finds models faster, gets the first half of the time."""
+    """'unsat' / 'sat' / 'unknown', the model when sat, and the seconds, with the
+    adaptive retries of RETRY_FACTORS."""
+    total = 0.0
+    r, model = "unknown", None
+    for k, factor in enumerate(RETRY_FACTORS):
+        if k:
+            RETRIES["calls"] += 1
+        r, model, dt = _check_once(constraints, timeout_s * factor, expect_sat)
+        total += dt
+        if r != "unknown":
+            break
+    return r, model, total
+
+
+def _check_once(constraints: list, timeout_s: float, expect_sat: bool = False):
+    """One try.  Where a model is expected (a bad variant, a witness), z3's default
+    strategy, which finds models faster, gets the first half of the time."""
     t = time.perf_counter()
     solvers = [make_solver(timeout_s)]
     if expect_sat:
@@ -142,7 +170,8 @@ class _Claim:
                 return Result("refuted" if negate else "proved", total,
                               f"block_size {bs}, {'priority' if prio else 'fcfs'}", model_state(model, before))
             if r == "unknown":
-                return Result("unknown", total, f"z3 unknown (timeout {self.timeout_s:g} s) at block_size {bs}, "
+                return Result("unknown", total, f"z3 unknown (timeouts {self.timeout_s:g} s, then "
+                              f"{self.timeout_s * RETRY_FACTORS[-1]:g} s) at block_size {bs}, "
                               f"{'priority' if prio else 'fcfs'}")
         return Result("proved" if negate else "refuted", total, f"{len(list(self.cases()))} cases unsat")
 
@@ -168,13 +197,37 @@ def _config(block_sizes) -> SymConfig:
     return SymConfig.fresh("c", block_sizes)
 
 
+# Symmetry reduction on top of the fixed roles: slot i holds running position i
+# (waiting slot R + j holds waiting position j), and the present slots of each queue
+# are a prefix.  Sound because every state with at most R running and W waiting
+# requests is a relabelling of exactly one such state (running[i] -> slot i,
+# waiting[j] -> slot R + j: symbolic.slot_assignment, the agreement test's
+# layout), and the encoding, the property formulas and the state invariant never
+# read a slot's index: loops go by queue position, victims and queue orders by
+# (priority, arrival, id rank, position), all of which the relabelling carries
+# along.  proofs/README.md, "Symmetry reduction".
+CANONICAL_POSITIONS = True
+
+
 def _roles_state(R: int, W: int, block_sizes) -> SymState:
     """A fresh state whose first R slots can only be running and the next W only
     waiting, with the queue flag a constant so that z3 simplifies the other
-    queue's branches away (symbolic.fixed_roles states the same as a premise)."""
+    queue's branches away (symbolic.fixed_roles states the same as a premise);
+    with CANONICAL_POSITIONS each slot's queue position is a constant too."""
     st = SymState.fresh(R + W, "b", _config(block_sizes))
     slots = tuple(sl.evolve(running=z3.BoolVal(i < R)) for i, sl in enumerate(st.slots))
+    if CANONICAL_POSITIONS:
+        slots = tuple(sl.evolve(pos=z3.IntVal(i if i < R else i - R)) for i, sl in enumerate(slots))
     return replace(st, slots=slots)
+
+
+def _prefix(st: SymState, R: int, W: int):
+    """The present slots of each queue are a prefix of its slots (canonical layout)."""
+    if not CANONICAL_POSITIONS:
+        return z3.BoolVal(True)
+    out = [z3.Implies(st.slots[i].present, st.slots[i - 1].present) for i in range(1, R)]
+    out += [z3.Implies(st.slots[R + j].present, st.slots[R + j - 1].present) for j in range(1, W)]
+    return z3.And(out)
 
 
 def step_claim(prop: str, R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
@@ -185,7 +238,7 @@ def step_claim(prop: str, R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEF
         applicable, holds = PROPERTY_FORMULAS[prop](before, d, after)
         # A property that does not apply holds (spec/properties.py NOT_APPLICABLE).
         claim = z3.Implies(applicable, holds)
-        return [state_invariant(before), fixed_roles(before, RS, WS)], claim, applicable, before
+        return [state_invariant(before), fixed_roles(before, RS, WS), _prefix(before, R, W)], claim, applicable, before
     return _Claim(build, timeout_s)
 
 
@@ -195,7 +248,8 @@ def inductive_step_claim(R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEFA
         RS, WS = list(range(R)), list(range(R, R + W))
         d, after = encoding.schedule_update(before, variant, RS, WS)
         something = z3.Or(list(d.scheduled))
-        return [state_invariant(before), fixed_roles(before, RS, WS)], state_invariant(after), something, before
+        return ([state_invariant(before), fixed_roles(before, RS, WS), _prefix(before, R, W)], state_invariant(after),
+                something, before)
     return _Claim(build, timeout_s)
 
 
@@ -254,7 +308,8 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
     inductiveness over the three transitions, the initial state, and the
     theorems of proofs/starvation.py."""
     n = bound or DEFAULT_BOUND
-    b1 = Bound(n, n, 1, f"block_size in {{{','.join(map(str, BLOCK_SIZES))}}}")
+    note = f"block_size in {{{','.join(map(str, BLOCK_SIZES))}}}"
+    b1 = Bound(n, n, 1, note)
     out = []
     for prop in PROPERTIES:
         if prop in OUTSIDE_ENCODING:
@@ -262,8 +317,9 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
         # KeyError for a registered property without a z3 formula or bad variants:
         # every property the encoding can state must have its obligation.
         PROPERTY_FORMULAS[prop], STEP_BAD_VARIANTS[prop]
+        m = bound or BOUND_OVERRIDES.get(f"step:{prop}", n)
         out.append(_obligation(
-            f"step:{prop}", prop, "step", b1, step_claim(prop, n, n, timeout_s=timeout_s),
+            f"step:{prop}", prop, "step", Bound(m, m, 1, note), step_claim(prop, m, m, timeout_s=timeout_s),
             STEP_BAD_VARIANTS.get(prop, ()), PROPERTIES[prop].doc, f"property:{prop}"))
     out.append(_obligation("inductive:schedule+update", INVARIANT, "inductive", b1,
                            inductive_step_claim(n, n, timeout_s=timeout_s),
@@ -280,7 +336,15 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
                            initial_claim(2 * n, timeout_s=timeout_s), ("initial_free_includes_null",),
                            "the empty state satisfies the state invariant", "initial"))
     out += theorem_obligations()
+    out += loop_obligations(timeout_s)
     return out
+
+
+def loop_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+    """proofs/loop_invariants.py's claims for any number of requests."""
+    from . import loop_invariants
+
+    return loop_invariants.obligations(timeout_s)
 
 
 def theorem_obligations() -> list[Obligation]:

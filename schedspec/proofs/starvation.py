@@ -406,10 +406,20 @@ def agg_domain(z3, s: AggState):
 
 
 def _check(z3, solver) -> str:
-    r = solver.check()
-    if r == z3.sat:
-        return "sat"
-    return "unsat" if r == z3.unsat else "unknown"
+    """sat / unsat / unknown; an unknown is retried with the longer timeouts of
+    obligations.RETRY_FACTORS (adaptive timeouts; unknown stays a failure)."""
+    from .obligations import RETRIES, RETRY_FACTORS
+
+    for k, factor in enumerate(RETRY_FACTORS):
+        if k:
+            RETRIES["calls"] += 1
+            solver.set("timeout", int(SOLVER_TIMEOUT_MS * factor))
+        r = solver.check()
+        if r == z3.sat:
+            return "sat"
+        if r == z3.unsat:
+            return "unsat"
+    return "unknown"
 
 
 def _model_dict(z3, m) -> dict[str, Any]:

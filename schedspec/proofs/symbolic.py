@@ -217,7 +217,7 @@ def fixed_roles(state: SymState, running_slots, waiting_slots):
 # --- concrete <-> symbolic ------------------------------------------------------------------
 
 
-def _dense_rank(values) -> dict:
+def dense_rank(values) -> dict:
     return {v: i for i, v in enumerate(sorted(set(values)))}
 
 
@@ -239,7 +239,7 @@ def config_values(config: SchedulerConfig) -> dict[str, Any]:
 _VALS: dict = {}
 
 
-def _val(v):
+def const_val(v):
     key = (type(v) is bool, v)
     if key not in _VALS:
         _VALS[key] = z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(v)
@@ -263,10 +263,10 @@ def substitution(sym: SymState, state: SchedulerState, slot_of: dict[str, int],
     to be added)."""
     pairs = []
     for f, v in config_values(state.config).items():
-        pairs.append((getattr(sym.config, f), _val(v)))
+        pairs.append((getattr(sym.config, f), const_val(v)))
     pairs.append((sym.num_free_blocks, z3.IntVal(state.num_free_blocks)))
-    rid_rank = _dense_rank(list(state.requests) + list(all_ids))
-    arr_rank = _dense_rank([r.arrival_time for r in state.requests.values()] + list(all_arrivals))
+    rid_rank = dense_rank(list(state.requests) + list(all_ids))
+    arr_rank = dense_rank([r.arrival_time for r in state.requests.values()] + list(all_arrivals))
     pos = {rid: i for i, rid in enumerate(state.running)}
     pos.update({rid: i for i, rid in enumerate(state.waiting)})
     by_slot = {i: rid for rid, i in slot_of.items()}
@@ -285,7 +285,7 @@ def substitution(sym: SymState, state: SchedulerState, slot_of: dict[str, int],
                         num_computed_tokens=r.num_computed_tokens, num_output_tokens=r.num_output_tokens,
                         num_preemptions=r.num_preemptions, num_blocks=state.num_blocks(rid))
         for f, v in vals.items():
-            pairs.append((getattr(s, f), _val(v)))
+            pairs.append((getattr(s, f), const_val(v)))
     return pairs
 
 

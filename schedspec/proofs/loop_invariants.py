@@ -1,0 +1,914 @@
+"""Per-step properties for ANY number of requests, by loop invariants (z3).
+
+`schedule()` is two loops over arbitrarily long lists: the running loop
+(S:793-1036, spec/scheduler.py `schedule_running` with `allocate_or_preempt`)
+and the waiting loop (S:1050-1614, `schedule_waiting` / `admit`), then
+`_update_after_schedule` and `update_from_output`, whose removal of finished
+requests is a third loop (S:2541-2551, `remove_finished`).  The bounded
+encoding (encoding.py) unrolls them over a fixed number of slots; here each
+loop is one *iteration* from an arbitrary *iteration state*, as Dafny, Verus or
+Why3 would state it:
+
+- entry:        the state before the loop satisfies the invariant;
+- preservation: invariant ∧ loop guard ∧ one iteration ⇒ invariant afterwards;
+- exit:         invariant ∧ ¬guard ⇒ the property (or the next loop's entry).
+
+By induction on the number of iterations the property then holds after any
+number of iterations, so for any number of running and waiting requests.
+
+**Iteration state.**  Aggregates of the whole list (never one variable per
+request): budgets left (`tb`, `ib`, S:719/722), tokens granted (`T`),
+preemptions so far (`P`), `len(running)` (`Rn`), the cursor (`cur`), free and
+held blocks (`F`, `H`), the FCFS break flag (`stopped`), blocks allocated
+(`AL`) and the block demand of the requests visited / not yet visited (`DV`,
+`Drest`), the capped needs of the granted requests (`CG`), and, relative to
+the ghost request below, the capped needs of the ungranted and of the
+preempted requests ahead of it (`UA`, `PA`).
+
+**Requests: one ghost and two instances.**  A claim about every request is
+proved for one arbitrary request `x` (the ghost): since nothing constrains
+which one, it holds for all.  The per-request invariant `J` is assumed for
+`x`, for the request at the cursor (`c`) and for the victim (`v`), which are
+instances of the same universally quantified fact, and proved for `x` after
+the iteration.  Two of them are the same request exactly when both are running
+at the same position; then their fields are equal.
+
+**Sums.**  Where an iteration takes one request's share out of a sum (a
+refund out of `T`, a victim's blocks out of `H`, the current request's demand
+out of `Drest`), the sum is split as `share + rest` with `rest >= 0`: true of
+any list whose elements are non-negative, so sound for every N.
+
+**The victim** (S:932-970): FCFS the tail of `running`, PRIORITY the largest
+(priority, arrival_time), first in running order.  Within one step this order
+of the requests of `before.running` never changes, so it is a fixed ranking
+`rank` (0 = the first victim): FCFS `rank = R0 - 1 - position`, PRIORITY by
+(priority, arrival_time) descending, then position.  The invariant says a
+request is preempted iff its rank is below `P`; so the next victim, the live
+request of least rank, is the one of rank `P`, which the iteration assumes of
+`v` (the agreement test checks on concrete runs that the spec's own
+`choose_victim` returns exactly it).
+
+**Scope.** The synchronous engine without prefix caching (both flags off), as
+the bounded encoding.  The block size is a case split over BLOCK_SIZES (each
+`cdiv` then divides by a numeral); every other value is an unbounded integer.
+
+`run_iteration`, `wait_iteration` and `finish_iteration` are the encodings;
+`tests/test_proofs_loop_invariants.py` drives the spec's own rule functions
+(`num_new_tokens_running`, `blocks_to_allocate`, `choose_victim`, `preempt`,
+`allocate`, `grant`, `num_new_tokens_waiting`, `admit`) one iteration at a
+time on concrete states and compares every field of the iteration state with
+these encodings evaluated on the same values; mutants of the encodings must
+make that comparison fail.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable
+
+import z3
+
+from .encoding import z3_max0, z3_min
+from .obligation import Bound, Obligation, Result
+from .symbolic import BLOCK_SIZES, cdiv_const
+
+DEFAULT_TIMEOUT_S = 20.0
+
+
+# --- rule variants of the iteration encodings -------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoopRules:
+    """The spec's rules ("correct") and known-bad changes, one rule each."""
+
+    token_budget_extra: int = 0  # the step starts with token_budget + 1
+    grant_ignores_input_budget: bool = False  # running grant not capped by the input budget
+    running_cap: int | None = None  # an extra cap on every running grant (a request left short)
+    running_need_extra: int = 0  # the running need over-estimated
+    skip_zero_grant: bool = True  # S:891-909: n == 0 is skipped, never granted
+    model_len_margin: int = 1  # cap 3: max_model_len - num_computed_tokens - margin (S:852)
+    fcfs_victim_head: bool = False  # FCFS victim = head of running instead of its tail (S:970)
+    n_once_per_request: bool = True  # False: n recomputed after each preemption (a refund raises it)
+    fail_when_exact_fit: bool = False  # allocation "fails" although it fits exactly
+    cursor_fix: bool = True  # S:948: a victim behind the cursor moves the cursor back
+    refund: bool = True  # S:951-957: a granted victim gives its grant back
+    preempt_frees_blocks: bool = True
+    fcfs_break: bool = True  # S:982-992: FCFS stops after a self-preemption
+    admit_after_preemption: bool = False  # S:1050 gate removed
+    run_slot_check_strict: bool = True  # S:1071-1073: len(running) >= max stops admission
+    admission_budget_extra: int = 0  # admission chunk capped at budget + extra
+    chunked_off_fit_strict: bool = False  # chunked off: stop when the need is >= the budget (not >)
+    watermark_on_first_admission: bool = False  # the watermark also when nothing runs (K:518-525)
+    gate_without_watermark: bool = False  # the full-ISL gate leaves the watermark out (K:531-548)
+    finish_frees_blocks: bool = True
+
+
+LOOP_VARIANTS: dict[str, LoopRules] = {
+    "correct": LoopRules(),
+    "budget_off_by_one": LoopRules(token_budget_extra=1),
+    "grant_ignores_input_budget": LoopRules(grant_ignores_input_budget=True),
+    "running_capped_at_1": LoopRules(running_cap=1),
+    "running_need_plus_2": LoopRules(running_need_extra=2),
+    # as encoding.py's: with cap 3 one token tighter a 0-token grant exists, and is not skipped
+    "zero_grant": LoopRules(model_len_margin=2, skip_zero_grant=False),
+    "victim_head_of_running": LoopRules(fcfs_victim_head=True),
+    "n_recomputed_after_preemption": LoopRules(n_once_per_request=False),
+    "preemption_without_allocation_failure": LoopRules(fail_when_exact_fit=True),
+    "no_cursor_fix": LoopRules(cursor_fix=False),
+    "no_refund": LoopRules(refund=False),
+    "preemption_leaks_blocks": LoopRules(preempt_frees_blocks=False),
+    "no_fcfs_break": LoopRules(fcfs_break=False),
+    "admit_after_preemption": LoopRules(admit_after_preemption=True),
+    "run_slot_check_off_by_one": LoopRules(run_slot_check_strict=False),
+    "admission_over_budget": LoopRules(admission_budget_extra=1),
+    "chunked_off_fit_strict": LoopRules(chunked_off_fit_strict=True),
+    "watermark_on_first_admission": LoopRules(watermark_on_first_admission=True),
+    "gate_without_watermark": LoopRules(gate_without_watermark=True),
+    "finish_leaks_blocks": LoopRules(finish_frees_blocks=False),
+}
+
+
+# --- records ----------------------------------------------------------------------------
+
+
+def _fresh(cls, prefix: str):
+    out = {}
+    for f in fields(cls):
+        kind = f.metadata.get("kind", "int")
+        out[f.name] = z3.Bool(f"{prefix}.{f.name}") if kind == "bool" else z3.Int(f"{prefix}.{f.name}")
+    return cls(**out)
+
+
+def _B():
+    return field(metadata={"kind": "bool"})
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What the loops read of the config, for one block size.  `th` is the
+    long-prefill threshold in force this step (0 with one eligible request,
+    S:757-763); `wm` the watermark's blocks; `U` the usable blocks."""
+
+    TB0: Any  # max_num_scheduled_tokens (S:719)
+    IB0: Any  # max_num_batched_tokens (S:722)
+    M: Any  # max_num_active_reqs (S:1071-1073)
+    L: Any  # max_model_len
+    th: Any
+    wm: Any
+    U: Any
+    chunked: Any = _B()
+    full_isl: Any = _B()
+    prio: Any = _B()
+    bs: int = 1
+
+    @staticmethod
+    def fresh(prefix: str, bs: int) -> "LoopConfig":
+        return replace(_fresh_config(prefix), bs=bs)
+
+    def cdiv(self, x):
+        return cdiv_const(x, self.bs)
+
+    def constraints(self):
+        # vLLM's acceptance conditions that the loops rely on (spec/config.py validate_config).
+        return z3.And(self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0, self.th <= self.L,
+                      self.wm >= 0, self.U >= self.cdiv(self.L), self.IB0 >= self.M,
+                      z3.Or(self.chunked, self.IB0 >= self.L))
+
+    @property
+    def B(self):
+        return z3_min(self.TB0, self.IB0)
+
+
+def _fresh_config(prefix: str) -> LoopConfig:
+    I, Bo = z3.Int, z3.Bool
+    return LoopConfig(I(f"{prefix}.TB0"), I(f"{prefix}.IB0"), I(f"{prefix}.M"), I(f"{prefix}.L"),
+                      I(f"{prefix}.th"), I(f"{prefix}.wm"), I(f"{prefix}.U"), Bo(f"{prefix}.chunked"),
+                      Bo(f"{prefix}.full_isl"), Bo(f"{prefix}.prio"))
+
+
+@dataclass(frozen=True)
+class RunReq:
+    """A request of `before.running`: what the step read of it (nc, nt, b0 = its
+    computed tokens, num_tokens and blocks before the step; pos0 its position;
+    rank its victim rank), and where the running loop has got it (in: still in
+    running; pos; g: granted; n: the grant; b: blocks held; seq: its preemption
+    index, -1 if none)."""
+
+    nc: Any
+    nt: Any
+    b0: Any
+    pos0: Any
+    rank: Any
+    pos: Any
+    n: Any
+    b: Any
+    seq: Any
+    inr: Any = _B()
+    g: Any = _B()
+
+    def thcap(self, c: LoopConfig, n):
+        return z3.If(z3.And(0 < c.th, c.th < n), c.th, n)
+
+    def cap(self, c: LoopConfig):
+        """get_capped_need (spec/properties.py): the need after the threshold and
+        model-length caps (S:839-856), no budget cap."""
+        return z3_max0(z3_min(self.thcap(c, self.nt - self.nc), c.L - self.nc - 1))
+
+    def dem(self, c: LoopConfig):
+        """get_block_demand(before, rid, capped need): new blocks for the whole capped need."""
+        return z3_max0(c.cdiv(z3_min(self.nc + self.cap(c), c.L)) - self.b0)
+
+    def static_facts(self, c: LoopConfig, R0):
+        """The state invariant's facts about a running request (spec/invariants.py:
+        computed_tokens_below_num_tokens, request_lengths_valid, blocks_match_computed_tokens)."""
+        fcfs_rank = self.rank == R0 - 1 - self.pos0
+        return z3.And(0 <= self.nc, self.nc < self.nt, self.nt < c.L, self.b0 == c.cdiv(self.nc),
+                      0 <= self.pos0, self.pos0 < R0, 0 <= self.rank, self.rank < R0,
+                      z3.Or(c.prio, fcfs_rank))
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The running loop's iteration state (module docstring)."""
+
+    tb: Any
+    ib: Any
+    T: Any
+    P: Any
+    Rn: Any
+    cur: Any
+    F: Any
+    H: Any
+    AL: Any
+    DV: Any
+    Drest: Any
+    CG: Any
+    UA: Any
+    PA: Any
+    pend: Any  # the grant being allocated for the request at the cursor after a failure, else -1
+    stopped: Any = _B()
+
+
+@dataclass(frozen=True)
+class RunConsts:
+    """The values of the step's start the invariant refers to: R0 = len(running),
+    F0 / H0 free and held blocks, D0 the running requests' whole block demand
+    (the premise of preemption_only_on_allocation_failure), CAx the capped needs
+    of the requests ahead of the ghost x."""
+
+    R0: Any
+    F0: Any
+    H0: Any
+    D0: Any
+    CAx: Any
+
+
+@dataclass(frozen=True)
+class RunSplit:
+    """Fresh non-negative rests of the sums an iteration takes one share out of."""
+
+    T_oth: Any  # T of the granted requests other than the victim
+    T_slack: Any  # (CG - T) of the granted requests other than the victim
+    H_oth: Any
+    D_oth: Any
+    UA_oth: Any
+
+
+def _same(a: RunReq, b: RunReq):
+    return z3.And(a.inr, b.inr, a.pos == b.pos)
+
+
+def _equal(a: RunReq, b: RunReq):
+    return z3.And([getattr(a, f.name) == getattr(b, f.name) for f in fields(RunReq)])
+
+
+def run_guard(s: RunState):
+    """S:795-797: a request left under the cursor, budget left; and no FCFS break."""
+    return z3.And(z3.Not(s.stopped), s.cur < s.Rn, s.tb > 0, s.ib > 0)
+
+
+def run_J(c: LoopConfig, k: RunConsts, s: RunState, r: RunReq):
+    """The per-request invariant of the running loop, for a request of before.running."""
+    cap = r.cap(c)
+    return z3.And(
+        z3.Implies(r.inr, z3.And(0 <= r.pos, r.pos < s.Rn, r.rank >= s.P, r.seq == -1,
+                                 z3.Or(c.prio, r.pos == r.pos0))),  # FCFS removes only the tail
+        z3.Implies(z3.Not(r.inr), z3.And(r.rank < s.P, r.seq == r.rank, z3.Not(r.g), r.b == 0, r.n == 0)),
+        z3.Implies(r.g, z3.And(r.inr, r.pos < s.cur, 1 <= r.n, r.n <= cap, r.b == c.cdiv(z3_min(r.nc + r.n, c.L)))),
+        z3.Implies(z3.And(r.inr, z3.Not(r.g)), z3.And(r.b == r.b0, r.n == 0)),
+        # visited and not granted: skipped, its capped need was 0 (S:891-909)
+        z3.Implies(z3.And(r.inr, r.pos < s.cur, z3.Not(r.g)), cap == 0),
+        # a grant short of the capped need used the last of a budget (no refund since: P == 0)
+        z3.Implies(z3.And(r.g, r.n < cap), z3.Or(s.P > 0, s.tb <= 0, s.ib <= 0)),
+        # the grant pending for the request at the cursor is within its capped need
+        z3.Implies(z3.And(s.pend >= 1, r.inr, r.pos == s.cur), s.pend <= cap),
+    )
+
+
+def run_I(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq):
+    """The global invariant of the running loop, with the ghost-relative sums of x."""
+    return z3.And(
+        s.tb == c.TB0 - s.T, s.ib == c.IB0 - s.T, s.tb >= 0, s.ib >= 0, s.T >= 0,
+        s.P >= 0, s.Rn == k.R0 - s.P, 0 <= s.cur, s.cur <= s.Rn,
+        s.F + s.H == k.F0 + k.H0, s.F >= 0, s.H >= 0,
+        z3.Implies(s.P == 0, z3.And(s.F == k.F0 - s.AL, s.AL <= s.DV, s.DV + s.Drest == k.D0, s.Drest >= 0)),
+        z3.Implies(s.P > 0, k.D0 > k.F0),
+        z3.Implies(s.stopped, z3.And(s.P > 0, z3.Not(c.prio), s.cur >= s.Rn)),
+        s.T <= s.CG,
+        z3.Or(s.pend == -1, z3.And(s.pend >= 1, s.P >= 1, s.cur < s.Rn, s.pend <= s.tb, s.pend <= s.ib)),
+        z3.Implies(z3.And(x.inr, x.pos >= s.cur),
+                   z3.And(s.CG + s.UA + s.PA == k.CAx, s.UA >= 0, s.PA >= 0)),
+        # x's grant (or the grant pending for it) is at least what the budget left
+        # after the capped needs ahead of it: min(cap, budget - CAx)
+        z3.Implies(x.g, x.n >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB0 - k.CAx)),
+        z3.Implies(z3.And(s.pend >= 1, x.inr, x.pos == s.cur),
+                   s.pend >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB0 - k.CAx)),
+    )
+
+
+def run_entry(c: LoopConfig, k: RunConsts, x: RunReq):
+    """(premises, the state and ghost at S:793) from a before-state satisfying the state invariant."""
+    s = RunState(c.TB0, c.IB0, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
+                 z3.IntVal(0), k.D0, z3.IntVal(0), k.CAx, z3.IntVal(0), z3.IntVal(-1), z3.BoolVal(False))
+    x0 = replace(x, inr=z3.BoolVal(True), pos=x.pos0, g=z3.BoolVal(False), n=z3.IntVal(0), b=x.b0,
+                 seq=z3.IntVal(-1))
+    premises = [c.constraints(), x.static_facts(c, k.R0), k.R0 >= 1, k.R0 <= c.M, k.F0 >= 0, k.H0 >= 0,
+                k.F0 + k.H0 == c.U, k.D0 >= 0, k.CAx >= 0]
+    return premises, s, x0
+
+
+def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunReq, v: RunReq, sp: RunSplit,
+                  rules: LoopRules = LoopRules()):
+    """One round of the running loop from `s`: the request at the cursor `cr` is
+    skipped, granted, or its allocation fails and victim `v` is preempted
+    (S:839-992).  Returns (frame assumptions, new state, new ghost x, facts about
+    the round for the claims)."""
+    # choose_victim (S:932-970): the live request of least rank, which run_J makes rank P.
+    victim = z3.If(c.prio, v.rank == s.P, v.pos == 0) if rules.fcfs_victim_head else (v.rank == s.P)
+    frame = [cr.inr, cr.pos == s.cur, v.inr, victim,
+             cr.static_facts(c, k.R0), v.static_facts(c, k.R0),
+             run_J(c, k, s, cr), run_J(c, k, s, v)]
+    for a, b in ((x, cr), (x, v), (cr, v)):
+        frame.append(z3.Implies(_same(a, b), _equal(a, b)))
+        # one request per rank and per position (rank is a bijection onto [0, R0))
+        frame.append(z3.Implies(z3.And(a.inr, b.inr, a.rank == b.rank), _same(a, b)))
+        frame.append(z3.Implies(z3.And(a.inr, b.inr, a.pos0 == b.pos0), _same(a, b)))
+    frame += [sp.T_oth >= 0, sp.T_slack >= 0, sp.H_oth >= 0, sp.D_oth >= 0, sp.UA_oth >= 0,
+              z3.Implies(v.g, z3.And(s.T == v.n + sp.T_oth, s.CG - s.T == (v.cap(c) - v.n) + sp.T_slack)),
+              s.H == v.b + sp.H_oth,
+              # Drest means something only before the first preemption (run_I)
+              z3.Implies(s.P == 0, s.Drest == cr.dem(c) + sp.D_oth)]
+    x_unvisited = z3.And(x.inr, x.pos >= s.cur)
+    ahead_c = z3.And(x_unvisited, z3.Not(_same(x, cr)))  # cr is at the cursor, x behind it
+    ahead_v = z3.And(x_unvisited, z3.Not(_same(x, v)), v.pos < x.pos)
+
+    guard = run_guard(s)
+    # num_new_tokens_running (S:839-856): the need, threshold, both budgets, model length.
+    need_tokens = cr.nt - cr.nc + rules.running_need_extra
+    budgets = [s.tb] if rules.grant_ignores_input_budget else [s.tb, s.ib]
+    n = z3_min(cr.thcap(c, need_tokens), *budgets, c.L - cr.nc - rules.model_len_margin)
+    if rules.running_cap is not None:
+        n = z3_min(n, z3.IntVal(rules.running_cap))
+    # allocate_or_preempt retries with the same n after preempting another request
+    # (S:912-980): n is computed once per request, not once per round.
+    if rules.n_once_per_request:
+        n = z3.If(s.pend >= 1, s.pend, n)
+    skip = (n == 0) if rules.skip_zero_grant else z3.BoolVal(False)
+    # allocate_slots for a running request (K:550-588): no watermark, no gate.
+    need = z3_max0(c.cdiv(z3_min(z3_min(cr.nc, c.L) + n, c.L)) - cr.b)
+    fits = (need < s.F) if rules.fail_when_exact_fit else (need <= s.F)
+    skipping = z3.And(guard, skip)
+    success = z3.And(guard, z3.Not(skip), fits)
+    fail = z3.And(guard, z3.Not(skip), z3.Not(fits))
+    self_pre = z3.And(fail, _same(cr, v))
+    # UA (ahead of x, alive, ungranted) gives up the share the round moves out of it.
+    frame += [z3.Implies(z3.And(success, ahead_c), s.UA == cr.cap(c) + sp.UA_oth),
+              z3.Implies(z3.And(fail, ahead_v, z3.Not(v.g)), s.UA == v.cap(c) + sp.UA_oth)]
+    refund = z3.And(fail, v.g) if rules.refund else z3.BoolVal(False)
+
+    tb = s.tb - z3.If(success, n, 0) + z3.If(refund, v.n, 0)
+    ib = s.ib - z3.If(success, n, 0) + z3.If(refund, v.n, 0)
+    T = s.T + z3.If(success, n, 0) - z3.If(z3.And(fail, v.g), v.n, 0)
+    freed = v.b if rules.preempt_frees_blocks else z3.IntVal(0)
+    F = s.F - z3.If(success, need, 0) + z3.If(fail, freed, 0)
+    H = s.H + z3.If(success, need, 0) - z3.If(fail, v.b, 0)
+    P = s.P + z3.If(fail, 1, 0)
+    Rn = s.Rn - z3.If(fail, 1, 0)
+    back = z3.And(fail, v.pos < s.cur) if rules.cursor_fix else z3.BoolVal(False)
+    cur = s.cur + z3.If(z3.Or(skipping, success), 1, 0) - z3.If(back, 1, 0)
+    stop_now = z3.And(self_pre, z3.Not(c.prio)) if rules.fcfs_break else z3.BoolVal(False)
+    stopped = z3.Or(s.stopped, stop_now)
+    AL = s.AL + z3.If(success, need, 0)
+    moved_on = z3.Or(skipping, success)
+    DV = s.DV + z3.If(moved_on, cr.dem(c), 0)
+    Drest = s.Drest - z3.If(moved_on, cr.dem(c), 0)
+    CG = s.CG + z3.If(success, cr.cap(c), 0) - z3.If(z3.And(fail, v.g), v.cap(c), 0)
+    UA = s.UA - z3.If(z3.And(success, ahead_c), cr.cap(c), 0) - z3.If(z3.And(fail, ahead_v, z3.Not(v.g)), v.cap(c), 0)
+    PA = s.PA + z3.If(z3.And(fail, ahead_v), v.cap(c), 0)
+    pend = z3.If(guard, z3.If(z3.And(fail, z3.Not(self_pre)), n, -1), s.pend)
+    s2 = RunState(tb, ib, T, P, Rn, cur, F, H, AL, DV, Drest, CG, UA, PA, pend, stopped)
+
+    # the ghost after the round
+    x_is_c, x_is_v = _same(x, cr), _same(x, v)
+    shift = z3.And(fail, x.inr, z3.Not(x_is_v), v.pos < x.pos)
+    gone = z3.And(fail, x_is_v)
+    x_grant = z3.And(success, x_is_c)
+    x2 = replace(x, inr=z3.And(x.inr, z3.Not(gone)),
+                 pos=x.pos - z3.If(shift, 1, 0),
+                 g=z3.Or(x_grant, z3.And(x.g, z3.Not(gone))),
+                 n=z3.If(gone, 0, z3.If(x_grant, n, x.n)),
+                 b=z3.If(gone, 0, z3.If(x_grant, x.b + need, x.b)),
+                 seq=z3.If(gone, s.P, x.seq))
+    facts = {"guard": guard, "n": n, "need": need, "skip": skipping, "success": success, "fail": fail,
+             "self_preempt": self_pre, "cr_granted_before": cr.g}
+    return frame, s2, x2, facts
+
+
+# --- the waiting loop ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WaitReq:
+    """A request of `before.waiting`: nt its num_tokens (it has no computed tokens
+    and no blocks: spec/invariants.py waiting_requests_hold_nothing), q its queue
+    position; adm: admitted this step, n its grant, b its blocks."""
+
+    nt: Any
+    q: Any
+    n: Any
+    b: Any
+    adm: Any = _B()
+
+    def static_facts(self, c: LoopConfig, W0):
+        return z3.And(1 <= self.nt, self.nt < c.L, 0 <= self.q, self.q < W0)
+
+
+@dataclass(frozen=True)
+class WaitState:
+    """tbE / ibE: the budgets at the loop's entry; Tr: tokens the running loop
+    granted; A: admissions so far (the head is before.waiting[A])."""
+
+    tb: Any
+    ib: Any
+    T: Any
+    Tr: Any
+    tbE: Any
+    ibE: Any
+    Rn: Any
+    A: Any
+    F: Any
+    H: Any
+    stopped: Any = _B()
+
+
+def wait_guard(c: LoopConfig, s: WaitState, W0, rules: LoopRules = LoopRules()):
+    """S:1050-1073: budget, a request waiting, a run slot; no earlier stop."""
+    slot = (s.Rn < c.M) if rules.run_slot_check_strict else (s.Rn <= c.M)
+    return z3.And(z3.Not(s.stopped), s.A < W0, s.tb > 0, s.ib > 0, slot)
+
+
+def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
+    return z3.And(
+        r.adm == (r.q < s.A),
+        z3.Implies(r.adm, z3.And(1 <= r.n, r.n <= r.nt, r.b == c.cdiv(z3_min(r.n, c.L)))),
+        z3.Implies(z3.Not(r.adm), z3.And(r.n == 0, r.b == 0)),
+    )
+
+
+def wait_I(c: LoopConfig, s: WaitState, W0):
+    return z3.And(
+        s.tb == c.TB0 - s.T, s.ib == c.IB0 - s.T, s.tb >= 0, s.ib >= 0, s.T >= s.Tr, s.Tr >= 0,
+        s.tb <= s.tbE, s.ib <= s.ibE, z3.Implies(s.A > 0, z3.And(s.tbE > 0, s.ibE > 0)),
+        s.Rn >= 0, s.Rn <= c.M, s.F + s.H == c.U, s.F >= 0, s.H >= 0, 0 <= s.A, s.A <= W0,
+    )
+
+
+def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rules: LoopRules = LoopRules()):
+    """One admission attempt of the head `h` (S:1295-1461): admitted with its
+    chunk, or admission stops (a `break`: the chunked-off rule, the full-ISL gate,
+    the pool with the watermark).  Returns (frame, state, ghost, facts)."""
+    frame = [h.q == s.A, h.static_facts(c, W0), wait_J(c, s, h),
+             z3.Implies(x.q == h.q, z3.And(x.nt == h.nt, x.adm == h.adm, x.n == h.n, x.b == h.b))]
+    guard = wait_guard(c, s, W0, rules)
+    budget = z3_min(s.tb, s.ib)  # S:1295
+    n0 = z3.If(z3.And(0 < c.th, c.th < h.nt), c.th, h.nt)  # S:1306, S:1332 (0 computed tokens)
+    no_fit = z3.And(z3.Not(c.chunked), (n0 >= budget) if rules.chunked_off_fit_strict else (n0 > budget))  # S:1337-1344
+    n = z3_min(n0, budget + rules.admission_budget_extra)  # S:1346
+    # allocate_slots for an admission (K:518-588): the watermark unless nothing runs, the gate.
+    wm = c.wm if rules.watermark_on_first_admission else z3.If(s.Rn > 0, c.wm, 0)
+    full = z3_max0(c.cdiv(z3_min(h.nt, c.L)) - h.b)
+    gate_fail = z3.And(c.full_isl, (full if rules.gate_without_watermark else full + wm) > s.F)
+    need = z3_max0(c.cdiv(z3_min(n, c.L)) - h.b)
+    admit = z3.And(guard, z3.Not(no_fit), z3.Not(gate_fail), need + wm <= s.F)
+    stop = z3.And(guard, z3.Not(admit))
+    s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n, 0), s.T + z3.If(admit, n, 0), s.Tr,
+                   s.tbE, s.ibE, s.Rn + z3.If(admit, 1, 0), s.A + z3.If(admit, 1, 0),
+                   s.F - z3.If(admit, need, 0), s.H + z3.If(admit, need, 0), z3.Or(s.stopped, stop))
+    xa = z3.And(admit, x.q == h.q)
+    x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + need, x.b))
+    return frame, s2, x2, {"guard": guard, "admit": admit, "n": n, "need": need, "head_admitted_before": h.adm}
+
+
+# --- update_from_output's removal of finished requests -------------------------------------
+
+
+@dataclass(frozen=True)
+class FinishState:
+    F: Any
+    H: Any
+
+
+def finish_iteration(c: LoopConfig, s: FinishState, b, H_oth, rules: LoopRules = LoopRules()):
+    """One finished request, holding `b` blocks, leaves; its blocks return (S:3031-3061)."""
+    frame = [b >= 0, H_oth >= 0, s.H == b + H_oth]
+    freed = b if rules.finish_frees_blocks else z3.IntVal(0)
+    return frame, FinishState(s.F + freed, s.H - b)
+
+
+def finish_I(c: LoopConfig, s: FinishState):
+    return z3.And(s.F + s.H == c.U, s.F >= 0, s.H >= 0)
+
+
+# --- the claims -----------------------------------------------------------------------------
+
+
+class LoopVars:
+    """Fresh symbols for one claim and one block size."""
+
+    def __init__(self, bs: int, rules: LoopRules):
+        # c_real: the config; c: what the loops start from (the budget_off_by_one
+        # variant's step starts with one token more than max_num_scheduled_tokens)
+        self.c_real = LoopConfig.fresh("L.c", bs)
+        self.c = replace(self.c_real, TB0=self.c_real.TB0 + rules.token_budget_extra) \
+            if rules.token_budget_extra else self.c_real
+        self.k = RunConsts(*(z3.Int(f"L.k.{f.name}") for f in fields(RunConsts)))
+        self.s = _fresh(RunState, "L.s")
+        self.x = _fresh(RunReq, "L.x")
+        self.cr = _fresh(RunReq, "L.cr")
+        self.v = _fresh(RunReq, "L.v")
+        self.sp = _fresh(RunSplit, "L.sp")
+        self.ws = _fresh(WaitState, "L.ws")
+        self.wx = _fresh(WaitReq, "L.wx")
+        self.wh = _fresh(WaitReq, "L.wh")
+        self.W0 = z3.Int("L.W0")
+        self.fs = _fresh(FinishState, "L.fs")
+        self.fb, self.fH = z3.Int("L.fb"), z3.Int("L.fH")
+
+
+# One "part" = (name, builder(vars, rules) -> (premises, goal)).  A claim is
+# proved when every part's premises ∧ ¬goal is unsat, for every block size.
+Part = tuple[str, Callable[["LoopVars", LoopRules], tuple[list, Any]]]
+
+
+def _run_pre(V: LoopVars):
+    c, k, s, x = V.c, V.k, V.s, V.x
+    return [c.constraints(), x.static_facts(c, k.R0), k.R0 >= 1, k.R0 <= c.M, k.F0 >= 0, k.H0 >= 0,
+            k.F0 + k.H0 == c.U, k.D0 >= 0, k.CAx >= 0, run_I(c, k, s, x), run_J(c, k, s, x)]
+
+
+def part_run_entry(V: LoopVars, R: LoopRules):
+    premises, s0, x0 = run_entry(V.c, V.k, V.x)
+    return premises, z3.And(run_I(V.c, V.k, s0, x0), run_J(V.c, V.k, s0, x0))
+
+
+def part_run_preserved(V: LoopVars, R: LoopRules):
+    frame, s2, x2, _ = run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, R)
+    return _run_pre(V) + frame + [run_guard(V.s)], z3.And(run_I(V.c, V.k, s2, x2), run_J(V.c, V.k, s2, x2))
+
+
+def _wait_pre(V: LoopVars):
+    c = V.c
+    return [c.constraints(), V.W0 >= 1, V.wx.static_facts(c, V.W0), wait_I(c, V.ws, V.W0), wait_J(c, V.ws, V.wx)]
+
+
+def part_wait_entry(V: LoopVars, R: LoopRules):
+    """From the running loop's exit with no preemption (S:1050) to the waiting
+    loop's invariant; the bad variant admits after a preemption too."""
+    c, s = V.c, V.s
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), V.W0 >= 1, V.wx.static_facts(c, V.W0)]
+    if not R.admit_after_preemption:
+        pre.append(s.P == 0)
+    ws0 = WaitState(s.tb, s.ib, s.T, s.T, s.tb, s.ib, s.Rn, z3.IntVal(0), s.F, s.H, z3.BoolVal(False))
+    wx0 = replace(V.wx, adm=z3.BoolVal(False), n=z3.IntVal(0), b=z3.IntVal(0))
+    # With the waiting loop entered, the pool's blocks are the usable blocks.
+    pre.append(V.k.F0 + V.k.H0 == c.U)
+    return pre, z3.And(wait_I(c, ws0, V.W0), wait_J(c, ws0, wx0), s.P == 0)
+
+
+def part_wait_preserved(V: LoopVars, R: LoopRules):
+    frame, s2, x2, _ = wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, R)
+    return _wait_pre(V) + frame + [wait_guard(V.c, V.ws, V.W0, R)], z3.And(wait_I(V.c, s2, V.W0),
+                                                                             wait_J(V.c, s2, x2))
+
+
+def part_finish_entry(V: LoopVars, R: LoopRules):
+    ws = V.ws
+    return _wait_pre(V), finish_I(V.c, FinishState(ws.F, ws.H))
+
+
+def part_finish_preserved(V: LoopVars, R: LoopRules):
+    frame, s2 = finish_iteration(V.c, V.fs, V.fb, V.fH, R)
+    return [V.c.constraints(), finish_I(V.c, V.fs)] + frame, finish_I(V.c, s2)
+
+
+# Exit claims, one per property, each from an invariant and a loop's exit.
+
+
+def exit_token_budget(V: LoopVars, R: LoopRules):
+    """token_budget_respected: after the waiting loop (or a running loop with a
+    preemption, which skips it) the grants sum to <= both budgets of the real config."""
+    c = V.c_real
+    return _wait_pre(V), z3.And(V.ws.T <= c.TB0, V.ws.T <= c.IB0)
+
+
+def exit_token_budget_running(V: LoopVars, R: LoopRules):
+    c = V.c_real
+    return _run_pre(V) + [z3.Not(run_guard(V.s))], z3.And(V.s.T <= c.TB0, V.s.T <= c.IB0)
+
+
+def exit_max_num_seqs(V: LoopVars, R: LoopRules):
+    """max_num_seqs_respected: running never exceeds max_num_active_reqs after
+    the waiting loop (finishes only shrink it)."""
+    return _wait_pre(V), V.ws.Rn <= V.c.M
+
+
+def exit_max_num_seqs_running(V: LoopVars, R: LoopRules):
+    return _run_pre(V), V.s.Rn <= V.c.M
+
+
+def iter_grants_positive(V: LoopVars, R: LoopRules):
+    """grants_positive: every running grant is >= 1 token, to a request not granted before in the step."""
+    frame, _, _, f = run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, R)
+    return _run_pre(V) + frame + [f["success"]], z3.And(f["n"] >= 1, z3.Not(f["cr_granted_before"]))
+
+
+def iter_admission_positive(V: LoopVars, R: LoopRules):
+    frame, _, _, f = wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, R)
+    return _wait_pre(V) + frame + [f["admit"]], z3.And(f["n"] >= 1, z3.Not(f["head_admitted_before"]))
+
+
+def exit_running_full_needs(V: LoopVars, R: LoopRules):
+    """running_before_waiting, running part: the running loop left budget and
+    preempted nothing (the waiting loop's premise), so every request of
+    before.running with a positive capped need got all of it."""
+    s, x = V.s, V.x
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), s.P == 0, s.tb > 0, s.ib > 0, x.cap(V.c) > 0]
+    return pre, z3.And(x.inr, x.g, x.n == x.cap(V.c))
+
+
+def exit_admissions_within_left(V: LoopVars, R: LoopRules):
+    """running_before_waiting, waiting part: admissions use at most the budget the
+    running loop left, min(token_budget, max_num_batched_tokens) - Tr, and only
+    if it left some of both budgets."""
+    c, ws = V.c_real, V.ws
+    return _wait_pre(V) + [ws.A > 0], z3.And(ws.T - ws.Tr <= z3_min(c.TB0, c.IB0) - ws.Tr,
+                                              ws.tbE > 0, ws.ibE > 0)
+
+
+def exit_preemption_failure(V: LoopVars, R: LoopRules):
+    """preemption_only_on_allocation_failure: a preemption implies the whole block
+    demand of before.running exceeds the free pool, and the victims are the first
+    P of the policy's order (rank)."""
+    s, x, k = V.s, V.x, V.k
+    return _run_pre(V) + [s.P > 0], z3.And(k.D0 > k.F0, z3.Implies(z3.Not(x.inr), x.seq == x.rank),
+                                           z3.Implies(x.inr, x.rank >= s.P))
+
+
+def exit_no_admission_after_preemption(V: LoopVars, R: LoopRules):
+    """... and no request is admitted in that step: the waiting loop is entered
+    only with P == 0 (S:1050); the bad variant enters it always."""
+    entered = z3.BoolVal(True) if R.admit_after_preemption else (V.s.P == 0)
+    return _run_pre(V) + [z3.Not(run_guard(V.s)), V.s.P > 0], z3.Not(entered)
+
+
+def exit_kv_conserved(V: LoopVars, R: LoopRules):
+    """kv_blocks_conserved: after the finish loop, free + held == usable and free
+    >= 0; each request holds cdiv(min(computed, L)) blocks: a running one of
+    before.running (computed advanced by its grant, or 0 if preempted), and an
+    admitted one."""
+    c, x, wx = V.c, V.x, V.wx
+    nc_after = z3.If(x.g, x.nc + x.n, z3.If(x.inr, x.nc, 0))
+    per_x = x.b == c.cdiv(z3_min(nc_after, c.L))
+    per_wx = wx.b == c.cdiv(z3_min(wx.n, c.L))
+    return _run_pre(V) + _wait_pre(V) + [finish_I(c, V.fs)], z3.And(
+        V.fs.F + V.fs.H == c.U, V.fs.F >= 0, per_x, per_wx)
+
+
+def exit_computed_bounded(V: LoopVars, R: LoopRules):
+    """computed_tokens_bounded: 0 <= computed <= num_tokens after the step (the
+    grant never passes the need; update_from_output only appends)."""
+    x, wx = V.x, V.wx
+    nc_after = z3.If(x.g, x.nc + x.n, z3.If(x.inr, x.nc, 0))
+    return _run_pre(V) + _wait_pre(V), z3.And(0 <= nc_after, nc_after <= x.nt,
+                                              z3.Implies(wx.adm, wx.n <= wx.nt))
+
+
+def exit_never_starved(V: LoopVars, R: LoopRules):
+    """A request x of before.running that is still running after the running loop
+    received >= 1 token, given the premises: the capped needs of the requests
+    ahead of it sum to less than the step budget (`ahead_within_budget`), and its
+    own capped need is >= 1 (`capped_need_positive`: false only under the async
+    max_tokens guard, S:800-814, or the max_model_len cap, S:852)."""
+    s, x, k, c = V.s, V.x, V.k, V.c
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, k.CAx < z3_min(c.TB0, c.IB0), x.cap(c) >= 1]
+    return pre, z3.And(x.g, x.n >= 1)
+
+
+def exit_whole_need_when_it_fits(V: LoopVars, R: LoopRules):
+    """... and when its own capped need fits the budget too (CAx + cap <= B), it
+    received all of it.  Applied to each request y ahead of x (whose needs ahead
+    and own are within x's: CAy + cap_y <= CAx < B), every request ahead of a
+    request meeting `ahead_within_budget` gets its whole capped need: what the
+    lemma `capped needs ahead never grow` needs to carry the premise to the next step."""
+    s, x, k, c = V.s, V.x, V.k, V.c
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, x.cap(c) >= 1, k.CAx + x.cap(c) <= z3_min(c.TB0, c.IB0)]
+    return pre, z3.And(x.g, x.n == x.cap(c))
+
+
+def lemma_cap_positive_sync(V: LoopVars, R: LoopRules):
+    """`capped_need_positive` holds in the synchronous engine under the state
+    invariant: computed < num_tokens < max_model_len gives a need >= 1 and room
+    L - computed - 1 >= 1 (so only async scheduling's guard and the model-length
+    cap with placeholders can make it 0)."""
+    return [V.c.constraints(), V.x.static_facts(V.c, V.k.R0)], V.x.cap(V.c) >= 1
+
+
+def lemma_caps_nonincreasing(V: LoopVars, R: LoopRules):
+    """`ahead_within_budget` is kept from step to step: a request that got its whole
+    capped need c has a capped need <= c in the next step (its prefill chunk
+    shrinks, or it samples and needs one token; the threshold in force is the
+    same), so the sum ahead of x never grows (requests join running only at its
+    tail, S:1547-1549, and leave by preemption or finish)."""
+    c, x = V.c, V.x
+    cap = x.cap(c)
+    nc2 = x.nc + cap
+    sampled = nc2 >= x.nt
+    nt2 = x.nt + z3.If(sampled, 1, 0)
+    finished = z3.And(sampled, nt2 >= c.L)  # the length stop (U:98-140): it leaves
+    x2 = replace(x, nc=nc2, nt=nt2)
+    return [c.constraints(), x.static_facts(c, V.k.R0), cap >= 1, z3.Not(finished)], x2.cap(c) <= cap
+
+
+@dataclass(frozen=True)
+class LoopClaim:
+    name: str  # the registry property, or a named theorem
+    parts: tuple[Part, ...]
+    bad_variants: tuple[str, ...]
+    doc: str
+
+
+RUN_INV: tuple[Part, ...] = (("running loop: entry", part_run_entry), ("running loop: preserved", part_run_preserved))
+WAIT_INV: tuple[Part, ...] = (("waiting loop: entry", part_wait_entry), ("waiting loop: preserved", part_wait_preserved))
+FIN_INV: tuple[Part, ...] = (("finish loop: entry", part_finish_entry),
+                             ("finish loop: preserved", part_finish_preserved))
+
+CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
+    LoopClaim("token_budget_respected", RUN_INV + WAIT_INV + (
+        ("exit: running loop", exit_token_budget_running), ("exit: waiting loop", exit_token_budget)),
+        ("budget_off_by_one", "grant_ignores_input_budget", "admission_over_budget"),
+        "the grants of one step sum to <= max_num_scheduled_tokens and <= max_num_batched_tokens"),
+    LoopClaim("max_num_seqs_respected", RUN_INV + WAIT_INV + (
+        ("exit: running loop", exit_max_num_seqs_running), ("exit: waiting loop", exit_max_num_seqs)),
+        ("run_slot_check_off_by_one",), "len(running) <= max_num_active_reqs after the step"),
+    LoopClaim("running_before_waiting", RUN_INV + WAIT_INV + (
+        ("exit: running needs met", exit_running_full_needs),
+        ("exit: admissions within what running left", exit_admissions_within_left)),
+        ("running_capped_at_1", "admit_after_preemption"),
+        "an admission happens only after every running request got its whole capped need, from the budget left"),
+    LoopClaim("preemption_only_on_allocation_failure", RUN_INV + (
+        ("exit: demand exceeds the pool, victims in policy order", exit_preemption_failure),
+        ("exit: no admission after a preemption", exit_no_admission_after_preemption)),
+        ("preemption_without_allocation_failure", "admit_after_preemption", "victim_head_of_running"),
+        "a preemption only when the running requests' block demand exceeds the free pool, the policy's victims, "
+        "no admission"),
+    LoopClaim("grants_positive", RUN_INV + WAIT_INV + (
+        ("iteration: running grant >= 1, once", iter_grants_positive),
+        ("iteration: admission grant >= 1, once", iter_admission_positive)),
+        ("zero_grant",), "every grant >= 1 token, no request granted twice"),
+    LoopClaim("kv_blocks_conserved", RUN_INV + WAIT_INV + FIN_INV + (("exit: after the finish loop", exit_kv_conserved),),
+              ("preemption_leaks_blocks", "finish_leaks_blocks"),
+              "free + held == usable blocks, and each request holds cdiv(min(computed, L)) blocks"),
+    LoopClaim("computed_tokens_bounded", RUN_INV + WAIT_INV + (("exit: computed <= num_tokens", exit_computed_bounded),),
+              ("running_need_plus_2",), "0 <= num_computed_tokens <= num_tokens after the step"),
+    LoopClaim("running_never_starved", RUN_INV + (
+        ("exit: a running request that stays running got >= 1 token", exit_never_starved),
+        ("exit: ... and all its capped need when that fits too", exit_whole_need_when_it_fits),
+        ("lemma: capped need >= 1 in the synchronous engine", lemma_cap_positive_sync),
+        ("lemma: capped needs ahead never grow", lemma_caps_nonincreasing)),
+        ("no_cursor_fix", "no_refund"),
+        "a request running before the step and after it received >= 1 token in it, given its premises "
+        "(ahead_within_budget, capped_need_positive)"),
+)}
+
+
+def make_solver(timeout_s: float):
+    s = z3.Then("simplify", "propagate-values", "solve-eqs", "elim-term-ite", "simplify", "smt").solver()
+    s.set("timeout", int(timeout_s * 1000))
+    return s
+
+
+def _check(constraints: list, timeout_s: float) -> str:
+    """unsat / sat / unknown, with obligations.check's adaptive retries; z3's
+    default strategy gets a second chance on an unknown (it decides some of these
+    faster)."""
+    from .obligations import RETRIES, RETRY_FACTORS
+
+    r = z3.unknown
+    for k, factor in enumerate(RETRY_FACTORS):
+        if k:
+            RETRIES["calls"] += 1
+        for s in (make_solver(timeout_s * factor), z3.Solver()):
+            s.set("timeout", int(timeout_s * factor * 1000))
+            s.add(*constraints)
+            r = s.check()
+            if r != z3.unknown:
+                return str(r)
+    return str(r)
+
+
+def discharge(claim: LoopClaim, variant: str = "correct", timeout_s: float = DEFAULT_TIMEOUT_S,
+              block_sizes=BLOCK_SIZES) -> Result:
+    """Proved when every part holds for every block size (its negation unsat);
+    refuted at the first part and block size where z3 finds a counterexample."""
+    rules = LOOP_VARIANTS[variant]
+    t0 = time.perf_counter()
+    for bs in block_sizes:
+        V = LoopVars(bs, rules)
+        for name, build in claim.parts:
+            premises, goal = build(V, rules)
+            for part in _conjuncts(goal):
+                r = _check(premises + [z3.Not(part)], timeout_s)
+                if r == "sat":
+                    return Result("refuted", time.perf_counter() - t0, f"{name}, block_size {bs}: {part}"[:300])
+                if r == "unknown":
+                    return Result("unknown", time.perf_counter() - t0,
+                                  f"z3 unknown (timeout {timeout_s:g} s) in {name}, block_size {bs}")
+    return Result("proved", time.perf_counter() - t0,
+                  f"{len(claim.parts)} parts x {len(block_sizes)} block sizes unsat")
+
+
+def _conjuncts(goal) -> list:
+    """A conjunction as its conjuncts, flattened (each is checked alone: the same
+    claim, and z3 decides the parts faster than the whole)."""
+    if z3.is_and(goal):
+        return [p for ch in goal.children() for p in _conjuncts(ch)]
+    return [goal]
+
+
+def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4) -> Result:
+    """Every part's premises are satisfiable, and the iterations can do what the
+    claim is about: a grant and a preemption in the running loop (P == 0 before
+    it), an admission in the waiting loop.  A part whose premises were unsat would
+    prove its goal vacuously."""
+    t0 = time.perf_counter()
+    rules = LOOP_VARIANTS["correct"]
+    V = LoopVars(bs, rules)
+    checks = []
+    for name, build in claim.parts:
+        premises, _ = build(V, rules)
+        checks.append((name, premises))
+    frame, _, _, f = run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, rules)
+    run = _run_pre(V) + frame
+    checks += [("a running grant", run + [f["success"], z3.Not(_same(V.x, V.cr)), V.x.inr, V.x.pos > V.s.cur]),
+               ("a first preemption of another request", run + [f["fail"], V.s.P == 0, z3.Not(f["self_preempt"])]),
+               ("a self-preemption", run + [f["self_preempt"]])]
+    wframe, _, _, wf = wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, rules)
+    checks.append(("an admission", _wait_pre(V) + wframe + [wf["admit"], V.ws.A > 0]))
+    for name, cons in checks:
+        s = z3.Solver()
+        s.set("timeout", int(timeout_s * 1000))
+        s.add(*cons)
+        r = s.check()
+        if r != z3.sat:
+            return Result("refuted" if r == z3.unsat else "unknown", time.perf_counter() - t0,
+                          f"premises of {name!r} are {r}: the claim would be vacuous")
+    return Result("proved", time.perf_counter() - t0, f"{len(checks)} premise sets satisfiable")
+
+
+def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+    """`loop:<name>` obligations for `schedspec prove`.  The witness is the z3
+    vacuity check above, plus the bounded encoding's reachable witness of the
+    property (a scenario file), which shows the property applies on a real run."""
+    from .witness import find_witness
+
+    out = []
+    for name, claim in CLAIMS.items():
+        goal = f"property:{name}" if name != "running_never_starved" else "running-kept"
+
+        def witness(claim=claim, goal=goal):
+            v = vacuity(claim, timeout_s)
+            if v.status != "proved":
+                return v, None
+            res, scenario = find_witness(goal)
+            return Result(res.status, v.seconds + res.seconds, f"{v.detail}; {res.detail}", res.model), scenario
+
+        out.append(Obligation(
+            name=f"loop:{name}", property=name,
+            kind="loop", bound=Bound(None, None, 1, f"any number of requests; block_size in "
+                                                    f"{{{','.join(map(str, BLOCK_SIZES))}}}"),
+            discharge=lambda variant, claim=claim: discharge(claim, variant, timeout_s),
+            witness=witness, bad_variants=claim.bad_variants, expected="proved", doc=claim.doc,
+            extra={"parts": [p for p, _ in claim.parts]}))
+    return out
