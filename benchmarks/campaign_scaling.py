@@ -11,8 +11,9 @@ scenarios; the figures:
     a long campaign approaches;
   - speedup: against --workers 1 of the same implementation;
   - load per worker: what each worker spent loading (vLLM: about 12 s);
-  - peak RSS: the largest process of the run (a worker holding vLLM, or the
-    parent), from the kernel's accounting of children.
+  - peak RSS: the largest process so far (a worker holding vLLM, or the
+    parent), from the kernel's accounting of children: a running maximum over
+    the runs, not each run's own.
 
 The runs must agree: the deterministic part of the report (scenarios, steps,
 divergences, coverage) of every worker count is compared with --workers 1, and

@@ -17,9 +17,10 @@ campaign gives the same report whatever runs it.
 
 Why not `concurrent.futures.ProcessPoolExecutor`: one dead worker breaks that
 pool and fails every pending future, and no single task can be stopped when it
-hangs.  Here each worker has its own pipe and holds one item at a time, so a
-crash or a hang is charged to exactly one item, and only that worker is
-replaced.  Across machines the same job runs on Ray actors (`ray_address`):
+hangs.  Here each worker has its own pipe and runs one item at a time (the next
+one waits in the pipe, so no round trip leaves it idle); results come back in
+the order sent, so a crash or a hang is charged to exactly the item running,
+the ones waiting go back in line, and only that worker is replaced.  Across machines the same job runs on Ray actors (`ray_address`):
 Ray places, starts and restarts them; nothing of a scheduler or RPC is
 rebuilt here.
 
@@ -49,6 +50,8 @@ DEFAULT_ITEM_TIMEOUT = 300.0
 MAX_SETUP_FAILURES = 2
 #: Seconds a worker may take to set up (vLLM: about 12 s; a cold disk: a minute).
 SETUP_TIMEOUT = 600.0
+#: Items a local worker holds at once: the one it runs and the next, already in its pipe.
+HELD_PER_WORKER = 2
 
 
 class SetupError(RuntimeError):
@@ -201,8 +204,7 @@ class LocalWorker:
     process: Any
     conn: Any
     ready: bool = False
-    index: int | None = None  # the item it holds
-    item: Any = None
+    held: deque = dataclasses.field(default_factory=deque)  # indices sent, oldest (the one running) first
     deadline: float = float("inf")
 
 
@@ -251,21 +253,27 @@ class ProcessPool:
     def run(self, items: Sequence[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
         job, info = self.job, self.info
         todo: deque[tuple[int, Any]] = deque(items)
+        items_by_index = dict(items)
         remaining = len(items)
 
         def give(w: LocalWorker) -> None:
-            if todo:
-                w.index, w.item = todo.popleft()
-                w.deadline = time.monotonic() + job.item_timeout
-                w.conn.send((w.index, w.item))
-            else:
-                w.index, w.item, w.deadline = None, None, float("inf")
+            """Tops the worker up to HELD_PER_WORKER items (the next one waits in its
+            pipe while it runs one: no idle round trip); the oldest one's clock runs."""
+            while todo and len(w.held) < HELD_PER_WORKER:
+                index, item = todo.popleft()
+                try:
+                    w.conn.send((index, item))
+                except OSError:  # it died after its last answer: the wait below sees it; the item waits
+                    todo.appendleft((index, item))
+                    break
+                w.held.append(index)
+            w.deadline = time.monotonic() + job.item_timeout if w.held else float("inf")
 
         try:
             while len(self.pool) < min(self.n, max(1, remaining)):
                 self.pool.append(self.start())
             for w in self.pool:
-                if w.ready and w.index is None:
+                if w.ready and not w.held:
                     give(w)
             while remaining:
                 timeout = max(0.0, min(w.deadline for w in self.pool) - time.monotonic())
@@ -291,6 +299,7 @@ class ProcessPool:
                         else:
                             kind, index, payload = msg
                             remaining -= 1
+                            w.held.popleft()  # results come back in the order sent
                             give(w)
                             yield index, (payload if kind == "done" else WorkerFailure("raised", payload))
                     elif w.process.sentinel in ready and not w.process.is_alive():
@@ -299,6 +308,8 @@ class ProcessPool:
                         lost = "hung"
                     if lost is None:
                         continue
+                    if lost == "crashed":
+                        w.process.join(5)  # its pipe closes a moment before its exit code is known
                     code = w.process.exitcode
                     self.stop(w)
                     if not w.ready:
@@ -306,11 +317,14 @@ class ProcessPool:
                         if self.setup_failures >= MAX_SETUP_FAILURES:
                             raise SetupError(f"a worker took more than {SETUP_TIMEOUT:g} s to set up" if lost == "hung"
                                              else f"a worker died while setting up (exit code {code})")
-                    elif w.index is not None:
+                    elif w.held:
+                        # The oldest item sent was the one running; the others go back in line, first.
                         remaining -= 1
+                        running = w.held.popleft()
+                        todo.extendleft((i, items_by_index[i]) for i in reversed(w.held))
                         detail = (f"no result within {job.item_timeout:g} s; the worker was stopped"
                                   if lost == "hung" else f"the worker process died (exit code {code})")
-                        yield w.index, WorkerFailure(lost, detail)
+                        yield running, WorkerFailure(lost, detail)
                     self.pool.remove(w)
                     if todo or not self.pool:  # a replacement only when there is work left for it
                         info.restarts += 1

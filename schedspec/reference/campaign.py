@@ -400,12 +400,12 @@ class Merge:
             self.next += 1
 
     def take(self, rec: dict[str, Any]) -> None:
-        scenario = self.scenario(rec["index"])
         is_random = not self.files
         if ("failure" in rec or rec.get("found")) and not self.options.quiet:
             self.before_print()
         if "failure" in rec:
-            self.failures.append(write_failure(self.options, scenario, rec["failure"], self.out, self.resumed))
+            self.failures.append(write_failure(self.options, self.scenario(rec["index"]), rec["failure"], self.out,
+                                               self.resumed))
             return
         self.steps += rec["steps"]
         for k, v in rec["coverage"].items():
@@ -420,7 +420,7 @@ class Merge:
             minimal = found.get("minimal")
             small = ((scenario_from_json(minimal["scenario"]), Divergence(**minimal["divergence"]))
                      if minimal else None)
-            self.divergences.append(write_divergence(self.options, scenario, is_random,
+            self.divergences.append(write_divergence(self.options, self.scenario(rec["index"]), is_random,
                                                      Divergence(**found["divergence"]), small, self.out,
                                                      self.resumed))
 
