@@ -18,6 +18,7 @@ SCENARIOS=${SCENARIOS:-2000}
 SEED=${SEED:-21}
 RELEASES=${RELEASES:-"0.33.0 0.32.0 0.31.0 0.30.0 0.28.0 0.25.0 0.20.0"}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 BASE=$("$PY" -c 'import sys; print(sys._base_executable)')
 
 status=0

@@ -199,7 +199,7 @@ def ray_head():
     # A session of its own: every process of this cluster (head, raylet, actors) is then in one process
     # group, stopped at the end without `ray stop`, which would stop every Ray cluster of the machine.
     start = subprocess.Popen([str(ray_bin), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                              "--ray-client-server-port", str(free_port()), "--num-cpus", "2",
+                              "--num-cpus", "2",
                               "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
