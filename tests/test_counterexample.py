@@ -22,6 +22,7 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import RequestSpec, Scenario, load_scenario, save_scenario
 
 from schedspec.cli.main import main as cli_main
+from broken_schedulers import BudgetPlusOne, ReversedRunning
 
 HERE = Path(__file__).parent / "counterexamples"
 FILES = sorted(HERE.glob("*.json"))
@@ -32,35 +33,6 @@ def goal_of(scenario):
     m = re.match(r"Counterexample for goal (\S+?)(?: \(K=(\d+)\))?: ", scenario.description)
     assert m, scenario.description
     return m.group(1), int(m.group(2) or 3)
-
-
-class ReversedRunning(SpecScheduler):
-    """A deliberately broken spec: its running loop serves the running list from the tail."""
-
-    name = "broken-reversed-running"
-
-    def schedule(self):
-        st = self.state
-        self.state = dataclasses.replace(st, running=tuple(reversed(st.running)))
-        out = super().schedule()
-        back = [r for r in st.running if r in self.state.running]
-        self.state = dataclasses.replace(self.state, running=tuple(back) + tuple(
-            r for r in self.state.running if r not in back))
-        return out
-
-
-class BudgetPlusOne(SpecScheduler):
-    """A deliberately broken spec: one token more than the budget, reporting the real config."""
-
-    name = "broken-budget-plus-one"
-
-    def reset(self, config):
-        self.real = config
-        super().reset(dataclasses.replace(config, max_num_scheduled_tokens=config.token_budget + 1,
-                                          max_num_batched_tokens=config.max_num_batched_tokens + 1))
-
-    def observe(self):
-        return dataclasses.replace(self.state, config=self.real)
 
 
 def test_every_goal_has_a_regression_file():

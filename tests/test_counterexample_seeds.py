@@ -28,6 +28,7 @@ from schedspec.cli.main import main as cli_main
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import RequestSpec, Scenario, load_scenario, save_scenario
 from schedspec.search.goals import GOALS, get_goal, goal_names
+from broken_schedulers import BudgetPlusOne, ReversedRunning
 
 HERE = Path(__file__).parent / "counterexamples"
 FILES = sorted(HERE.glob("*.json"))
@@ -63,36 +64,6 @@ def test_every_goal_on_every_file_shifted_later(goal):
     # Each goal with a committed file is reached by at least that file.
     if goal in GOALS and goal != "running-starved":
         assert reached >= 1, goal
-
-
-class ReversedRunning(SpecScheduler):
-    """Broken: the running loop serves the running list from its tail, so the head
-    of a long running list can get nothing for several steps (running-starved)."""
-
-    name = "broken-reversed-running"
-
-    def schedule(self):
-        st = self.state
-        self.state = dataclasses.replace(st, running=tuple(reversed(st.running)))
-        out = super().schedule()
-        back = [r for r in st.running if r in self.state.running]
-        self.state = dataclasses.replace(self.state, running=tuple(back) + tuple(
-            r for r in self.state.running if r not in back))
-        return out
-
-
-class BudgetPlusOne(SpecScheduler):
-    """Broken: one token over the budget, reporting the real config."""
-
-    name = "broken-budget-plus-one"
-
-    def reset(self, config):
-        self.real = config
-        super().reset(dataclasses.replace(config, max_num_scheduled_tokens=config.token_budget + 1,
-                                          max_num_batched_tokens=config.max_num_batched_tokens + 1))
-
-    def observe(self):
-        return dataclasses.replace(self.state, config=self.real)
 
 
 # Found by `search(running-starved, K=2, ReversedRunning(), seed=1)`: reversed, r1's
