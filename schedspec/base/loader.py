@@ -47,10 +47,23 @@ def _import(module_name: str, name: str):
             raise
 
 
+#: `vllm==X`: vLLM release X, which the process must already be running
+#: (cli/vllm_version.py re-executes a command under X's interpreter).
+RELEASE_PREFIX = "vllm=="
+
+
+def split_release(name: str) -> tuple[str, str | None]:
+    """`vllm==0.30.0` -> ("vllm", "0.30.0"); any other name -> (name, None)."""
+    if name.startswith(RELEASE_PREFIX):
+        return "vllm", name[len(RELEASE_PREFIX):]
+    return name, None
+
+
 def check_impl_name(name: str) -> None:
-    """ImplementationError unless `name` is a built-in name or module:Class (a
-    cheap check, before workers start and import it)."""
-    if not _IMPL_FORM.match(BUILTIN_IMPLS.get(name, name)):
+    """ImplementationError unless `name` is a built-in name, vllm==X or
+    module:Class (a cheap check, before workers start and import it)."""
+    base, _ = split_release(name)
+    if not _IMPL_FORM.match(BUILTIN_IMPLS.get(base, base)):
         raise ImplementationError(
             f"--impl {shown(name)}: unknown implementation; use one of {', '.join(BUILTIN_IMPLS)} or "
             "module:Class (a dotted module path and a class name)")
@@ -66,15 +79,16 @@ def load_impl(name: str, device: str | None = None, status=None) :
     if device is not None and name != "torch":
         raise ImplementationError(f"implementation '{shown(name)}' takes no device; --device is for --impl torch")
     check_impl_name(name)
-    target = BUILTIN_IMPLS.get(name, name)
+    base, release = split_release(name)
+    target = BUILTIN_IMPLS.get(base, base)
     module_name, _, cls_name = target.partition(":")
-    if name == "vllm" and status is not None:
+    if base == "vllm" and status is not None:
         status("loading vLLM 0.33.0 (about 20 s) ...")
     t0 = time.perf_counter()
     try:
         module = _import(module_name, name)
     except ImportError as e:
-        hint = (" (install it with `schedspec install-vllm`)" if name == "vllm"
+        hint = (" (install it with `schedspec install-vllm`)" if base == "vllm"
                 else " (looked on sys.path and in the current folder)" if isinstance(e, ModuleNotFoundError)
                 else "")
         raise ImplementationError(f"--impl {shown(name)}: cannot import {module_name}: {shown(e, 200)}{hint}") from None
@@ -99,8 +113,14 @@ def load_impl(name: str, device: str | None = None, status=None) :
     if missing:
         raise ImplementationError(f"--impl {shown(name)}: {target} lacks {', '.join(missing)} of the "
                                   "implementation protocol")
+    if release is not None and getattr(impl, "vllm_version", release) != release:
+        close = getattr(impl, "close", None)
+        if callable(close):
+            close()
+        raise ImplementationError(f"--impl {name}: this interpreter ({sys.executable}) has vLLM "
+                                  f"{impl.vllm_version}; run schedspec from vLLM {release}'s environment")
     try:
-        if not hasattr(impl, "name"):
+        if not hasattr(impl, "name") or release is not None:
             impl.name = name
         impl.load_seconds = time.perf_counter() - t0
     except AttributeError:  # __slots__ or a read-only property: timing is optional

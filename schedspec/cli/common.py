@@ -66,14 +66,9 @@ def load_impl_or_fail(name: str, device: str | None = None):
         shown_release = release or (installed_vllm() if base == "vllm" else None)
         say = status if shown_release is None else \
             (lambda m: status(m.replace("vLLM 0.33.0", f"vLLM {shown_release}")))
-        impl = load_impl(base, device=device, status=say)
+        impl = load_impl(name, device=device, status=say)
     except ImplementationError as e:
-        raise UsageError(str(e).replace(f"--impl {base}", f"--impl {name}", 1)) from None
-    if release is not None:
-        impl.name = name
-        if getattr(impl, "vllm_version", release) != release:
-            raise UsageError(f"--impl {name}: this interpreter ({sys.executable}) has vLLM "
-                             f"{impl.vllm_version}; run schedspec from vLLM {release}'s environment")
+        raise UsageError(str(e)) from None
     if base == "vllm":
         # Said apart so the load is not mistaken for the run's own time.
         status(f"vLLM loaded in {getattr(impl, 'load_seconds', 0.0):.1f} s (not part of the run's figures)")

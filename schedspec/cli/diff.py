@@ -144,7 +144,7 @@ def cmd_diff(args) -> int:
 
     for name in (args.impl, args.against):  # before any worker starts to load it
         try:
-            check_impl_name(name.partition("==")[0] if name.startswith("vllm==") else name)
+            check_impl_name(name)
         except ImplementationError as e:
             raise UsageError(str(e)) from None
     batched = is_batched_pair(args.impl, args.against)

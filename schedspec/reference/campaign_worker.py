@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from schedspec.base import errors
-from schedspec.base.loader import ImplementationError, load_impl
+from schedspec.base.loader import load_impl
 
 from .campaign import (
     CampaignOptions,
@@ -52,21 +52,6 @@ class PairContext:
                 self.options.against: round(getattr(self.b.impl, "load_seconds", 0.0), 2)}
 
 
-def load_named(name: str, device: str | None, status=None):
-    """The implementation `name` names; `vllm==X` is vLLM, checked to be release X
-    (the command already runs under X's interpreter: cli/vllm_version.py).
-    `status` is told before a slow load (base/loader.py)."""
-    base, _, release = name.partition("==")
-    impl = load_impl(base if release else name, device=device, status=status)
-    if release:
-        have = getattr(impl, "vllm_version", release)
-        if have != release:
-            close_impl(impl)
-            raise ImplementationError(f"--impl {name}: this interpreter has vLLM {have}")
-        impl.name = name
-    return impl
-
-
 def setup_pair(options: CampaignOptions, flags: tuple, devices: tuple[str | None, str | None],
                vllm_version: str | None = None, announce: bool = False) -> PairContext:
     """Loads `options.impl` and `options.against` (ImplementationError, one
@@ -77,9 +62,9 @@ def setup_pair(options: CampaignOptions, flags: tuple, devices: tuple[str | None
     if vllm_version is not None:
         set_default_vllm_version(vllm_version)
     status = errors.status if announce else None
-    a = load_named(options.impl, devices[0], status)
+    a = load_impl(options.impl, device=devices[0], status=status)
     try:
-        b = load_named(options.against, devices[1], status)
+        b = load_impl(options.against, device=devices[1], status=status)
     except Exception:
         close_impl(a)
         raise
@@ -136,7 +121,7 @@ def setup_one(name: str, device: str | None = None, vllm_version: str | None = N
     """One implementation, loaded once per worker."""
     if vllm_version is not None:
         set_default_vllm_version(vllm_version)
-    return load_named(name, device)
+    return load_impl(name, device=device)
 
 
 def run_trace(impl, item: tuple[Scenario, bool], heartbeat) -> dict[str, Any]:
@@ -149,4 +134,4 @@ def run_trace(impl, item: tuple[Scenario, bool], heartbeat) -> dict[str, Any]:
     return trace
 
 
-__all__ = ["PairContext", "is_spec", "load_named", "run_item", "run_trace", "scenario_of", "setup_one", "setup_pair"]
+__all__ = ["PairContext", "is_spec", "run_item", "run_trace", "scenario_of", "setup_one", "setup_pair"]

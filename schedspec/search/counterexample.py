@@ -235,11 +235,11 @@ class Judge:
 
 
 def setup_judge(goal_name: str, k: int, impl_name: str) -> Judge:
-    from schedspec.reference.campaign_worker import load_named
+    from schedspec.base.loader import load_impl
 
     from .goals import get_goal
 
-    return Judge(get_goal(goal_name), k, load_named(impl_name, None))
+    return Judge(get_goal(goal_name), k, load_impl(impl_name))
 
 
 def judge(j: Judge, scenario: Scenario, heartbeat) -> tuple[str, Any, bool]:
