@@ -15,8 +15,15 @@ two batches in flight, as in spec_vs_vllm.py.
 The comparison is void unless the monitor checked every timed call of the
 shadowed side with no divergence and no monitor error: the script stops otherwise.
 
+Steps are timed by the wall clock; on a loaded machine (more runnable processes
+than cores) a long step is more often descheduled part-way than a short one,
+which inflates the ratio, sometimes by 2x: `--clock cpu` times each step by the
+thread's CPU time instead (time.thread_time), which a descheduled step does not
+accrue.
+
     python benchmarks/monitor_overhead.py                  # N = 10,100,1000; modes off, async (both flags on)
     python benchmarks/monitor_overhead.py --n 100 --modes off,prefix,async --steps 100 --json out.json
+    python benchmarks/monitor_overhead.py --n 1000 --steps 20 --clock cpu
 
 Progress goes to stderr, the markdown table to stdout.  A script, not a test.
 """
@@ -98,7 +105,8 @@ def measure(mode: str, n: int, steps: int, repeat: int, relift: bool) -> dict:
     log(f"[{mode} N={n} relift={relift}] plain {p:.3f} ms/step, shadowed {s:.3f} ms/step, ratio {s / p:.2f} "
         f"({perf() - t_setup:.1f}s)")
     return {"mode": mode, "n": n, "relift": relift, "enable_prefix_caching": caching, "async_scheduling": async_,
-            "steps": steps, "repeat": repeat, "plain_ms_per_step": p, "shadowed_ms_per_step": s,
+            "steps": steps, "repeat": repeat, "clock": "cpu" if sys.modules["spec_vs_vllm"].perf is time.thread_time
+            else "wall", "plain_ms_per_step": p, "shadowed_ms_per_step": s,
             "ratio": s / p, "calls_checked": checked}
 
 
@@ -109,7 +117,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per repeat (default: by N)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the results here (refuses an existing file)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="time steps by the wall clock (default) or by the thread's CPU time")
     a = ap.parse_args()
+    if a.clock == "cpu":
+        import spec_vs_vllm
+
+        spec_vs_vllm.perf = time.thread_time  # what VllmSide.step times its calls with
     ns = [int(x) for x in a.n.split(",")]
     modes = a.modes.split(",")
     unknown = [m for m in modes if m not in MODES]

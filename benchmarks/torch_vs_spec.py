@@ -22,8 +22,15 @@ Torch is timed twice: with full traces, and with `record_steps=False` (the
 stepping and the per-request summaries, no per-step records), which is what a
 sweep or a throughput run needs.
 
+`--prefix-caching` turns `enable_prefix_caching` on in every scenario (the
+generator workload then draws it on and off, as torch campaigns do), and
+`--shared-prefix N` gives the decode workload's requests a shared system prompt
+of N tokens (prefix_group, formats.md).  `--summaries-only` skips the run with
+full traces (only the `record_steps=False` run is timed).
+
     python benchmarks/torch_vs_spec.py [--device cpu|cuda] [--workload generator|decode]
                                        [--sizes 1,64,1024,8192] [--spec-sample 1024]
+                                       [--prefix-caching] [--shared-prefix N] [--summaries-only]
 """
 
 from __future__ import annotations
@@ -42,22 +49,27 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import RequestSpec, Scenario
 
 
-def generator_workload(n: int) -> list[Scenario]:
+def generator_workload(n: int, prefix_caching: bool = False, shared_prefix: int = 0) -> list[Scenario]:
     from schedspec.reference.generator import generate_scenario, scenario_rng
 
-    return [dataclasses.replace(generate_scenario(scenario_rng(0, i), i), name=f"random-s0-{i}") for i in range(n)]
+    flags = ((False, False), (True, False)) if prefix_caching else ((False, False),)
+    return [dataclasses.replace(generate_scenario(scenario_rng(0, i), i, flags), name=f"random-s0-{i}")
+            for i in range(n)]
 
 
-def decode_workload(n: int) -> list[Scenario]:
+def decode_workload(n: int, prefix_caching: bool = False, shared_prefix: int = 0) -> list[Scenario]:
     out = []
     for i in range(n):
         rng = random.Random(f"bench-decode/{i}")
-        reqs = tuple(RequestSpec(id=f"r{j}", prompt_len=rng.randint(16, 256), arrival_step=j // 4,
-                                 max_tokens=1000, arrival_time=float(j)) for j in range(32))
-        out.append(Scenario(name=f"decode-{i}", config={
-            "max_num_batched_tokens": 1024, "max_num_seqs": 64, "max_model_len": 2048,
-            "block_size": 16, "num_gpu_blocks": 8192, "policy": rng.choice(["fcfs", "priority"])},
-            requests=reqs, max_steps=200))
+        reqs = tuple(RequestSpec(id=f"r{j}", prompt_len=rng.randint(16, 256) + shared_prefix, arrival_step=j // 4,
+                                 max_tokens=1000, arrival_time=float(j),
+                                 prefix_group="system" if shared_prefix else None, prefix_len=shared_prefix)
+                     for j in range(32))
+        config = {"max_num_batched_tokens": 1024, "max_num_seqs": 64, "max_model_len": 2048,
+                  "block_size": 16, "num_gpu_blocks": 8192, "policy": rng.choice(["fcfs", "priority"])}
+        if prefix_caching:
+            config["enable_prefix_caching"] = True
+        out.append(Scenario(name=f"decode-{i}", config=config, requests=reqs, max_steps=200))
     return out
 
 
@@ -71,21 +83,25 @@ def _rss_kb() -> int:
 def _tensor_bytes(scenarios, device) -> int | None:
     """Bytes of the batch's tensors (the static Batch and one step State) for
     the accepted scenarios, built as gpu/batch.py builds them."""
-    from schedspec.gpu.batch import build_batch, config_row, prepare
+    from schedspec.gpu.batch import build_batch, config_row, prefix_columns, prepare
     from schedspec.gpu.device import resolve_device
     from schedspec.gpu.state import initial_state
 
     prepared = [p for p in map(prepare, scenarios) if not isinstance(p, str)]
     if not prepared:
         return None
-    b = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared],
-                    resolve_device(device))
+    dev = resolve_device(device)
+    prefix = None
+    if any(p.prefix_caching for p in prepared):
+        prefix = prefix_columns(prepared, max([len(p.ids) for p in prepared] + [1]), dev)
+    b = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared], dev, prefix)
     total = 0
-    for obj in (b, initial_state(b)):
-        for f in dataclasses.fields(obj):
-            t = getattr(obj, f.name)
-            total += t.element_size() * t.nelement()
-    return total
+    def size(t) -> int:
+        if dataclasses.is_dataclass(t):  # the block-level pool (prefix caching)
+            return sum(size(getattr(t, f.name)) for f in dataclasses.fields(t))
+        return t.element_size() * t.nelement() if hasattr(t, "element_size") else 0
+
+    return sum(size(getattr(obj, f.name)) for obj in (b, initial_state(b)) for f in dataclasses.fields(obj))
 
 
 def summaries_only(scenarios, device) -> tuple[float, int]:
@@ -104,7 +120,7 @@ def summaries_only(scenarios, device) -> tuple[float, int]:
     return time.perf_counter() - t, sum(tr["summary"]["steps"] for tr in traces if "summary" in tr)
 
 
-def torch_child(workload: str, n: int, device: str | None, threads: int, conn) -> None:
+def torch_child(workload: str, n: int, device: str | None, threads: int, conn, opts: dict | None = None) -> None:
     """One torch measurement in a fresh process: (seconds, scenario-steps, rss growth kB, tensor bytes)."""
     import torch
 
@@ -113,9 +129,16 @@ def torch_child(workload: str, n: int, device: str | None, threads: int, conn) -
 
     from schedspec.gpu.batch import run_batch
 
-    scenarios = WORKLOADS[workload](n)
-    run_batch(WORKLOADS[workload](2), device=device)  # warm-up: imports, first kernels
+    opts = opts or {}
+    summaries = opts.pop("summaries_only", False)
+    scenarios = WORKLOADS[workload](n, **opts)
+    run_batch(WORKLOADS[workload](2, **opts), device=device)  # warm-up: imports, first kernels
     tensor_bytes = _tensor_bytes(scenarios, device)
+    if summaries:
+        eng = summaries_only(scenarios, device)
+        conn.send((None, eng[1], None, tensor_bytes, 0, eng))
+        conn.close()
+        return
     before = _rss_kb()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -135,10 +158,10 @@ def torch_child(workload: str, n: int, device: str | None, threads: int, conn) -
     conn.close()
 
 
-def measure_torch(workload: str, n: int, device: str | None, threads: int):
+def measure_torch(workload: str, n: int, device: str | None, threads: int, opts: dict | None = None):
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=torch_child, args=(workload, n, device, threads, child))
+    p = ctx.Process(target=torch_child, args=(workload, n, device, threads, child, dict(opts or {})))
     p.start()
     child.close()
     res = parent.recv()
@@ -167,26 +190,38 @@ def main() -> None:
                     help="torch CPU threads (default 1, like the spec; 0 = torch's default). On a shared "
                          "machine more threads can be far slower: a parallel reduction waits for a "
                          "descheduled thread")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="enable_prefix_caching on (decode) / drawn on and off (generator)")
+    ap.add_argument("--shared-prefix", type=int, default=0, metavar="N",
+                    help="decode: the requests of a scenario share their first N prompt tokens")
+    ap.add_argument("--summaries-only", action="store_true",
+                    help="time torch only without per-step records (record_steps=False)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    opts = {"prefix_caching": args.prefix_caching, "shared_prefix": args.shared_prefix}
     sizes = [int(x) for x in args.sizes.split(",")]
     import torch
 
     threads = args.threads or torch.get_num_threads()
     print(f"# torch {torch.__version__}, device {args.device}, {threads} torch CPU thread(s) (spec: 1); "
-          f"workload {args.workload}; python {sys.version.split()[0]}", flush=True)
+          f"workload {args.workload}{' + prefix caching' if args.prefix_caching else ''}"
+          f"{f' + shared prefix {args.shared_prefix}' if args.shared_prefix else ''}; "
+          f"python {sys.version.split()[0]}", flush=True)
     print(f"{'S':>6} {'scen-steps':>11} {'spec steps/s':>14} {'torch steps/s':>14} {'torch/spec':>11} "
           f"{'torch s':>8} {'no-rec steps/s':>15} {'no-rec/spec':>12} {'tensor B/scen':>14} {'RSS kB/scen':>12}",
           flush=True)
     rows = []
     spec_cache: dict[int, tuple[float, int]] = {}
     for n in sizes:
-        ts, tsteps, rss_kb, tbytes, errors, eng = measure_torch(args.workload, n, args.device, args.threads)
+        ts, tsteps, rss_kb, tbytes, errors, eng = measure_torch(
+            args.workload, n, args.device, args.threads, {**opts, "summaries_only": args.summaries_only})
         sample = min(n, args.spec_sample)
         if sample not in spec_cache:
-            spec_cache[sample] = measure_spec(WORKLOADS[args.workload](sample))
+            spec_cache[sample] = measure_spec(WORKLOADS[args.workload](sample, **opts))
         ss, ssteps = spec_cache[sample]
         spec_rate = ssteps / ss
+        if ts is None:  # --summaries-only
+            ts, rss_kb = eng[0], 0
         torch_rate = tsteps / ts
         est = sample < n
         row = {"S": n, "scenario_steps": tsteps, "spec_steps_per_s": spec_rate, "spec_estimated_from": sample if est else None,

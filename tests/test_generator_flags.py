@@ -1,6 +1,6 @@
 """The generator's engine flags (reference/generator.py): prefix caching and async
 scheduling in all four combinations, prefix groups, duplicates and tight pools;
-none of it for torch campaigns; and the campaign coverage that counts what they
+for torch campaigns prefix caching only; and the campaign coverage that counts what they
 exercised (reference/coverage.py).  No vLLM needed."""
 
 from __future__ import annotations
@@ -133,22 +133,27 @@ def test_the_default_draws_no_flags_and_keeps_the_pinned_streams():
 PINNED = {0: "0050669921399a6a", 7: "e07864e555e7775a"}
 
 
-def test_torch_campaigns_draw_no_flags():
-    assert flags_for("torch", "spec") == FLAGS_OFF and flags_for("spec", "torch") == FLAGS_OFF
+def test_torch_campaigns_draw_only_the_flags_torch_models():
+    # torch models prefix caching, not async scheduling (gpu/README.md).
+    sync_only = ((False, False), (True, False))
+    assert flags_for("torch", "spec") == sync_only and flags_for("spec", "torch") == sync_only
     assert flags_for("vllm", "spec") == FLAGS_ALL and flags_for("mymod:Sched", "spec") == FLAGS_ALL
-    # gpu/campaign.py draws through random_scenarios without `flags`: none.
-    plain = list(random_scenarios(80, SEED))
+    plain = list(random_scenarios(80, SEED))  # no `flags`: none drawn
     assert all(_flags(s) == (False, False) for s, _ in plain)
     flagged = list(random_scenarios(80, SEED, FLAGS_ALL))
     assert len({_flags(s) for s, _ in flagged}) == 4
+    torch_drawn = {_flags(s) for s, _ in random_scenarios(80, SEED, sync_only)}
+    assert torch_drawn == set(sync_only)
 
 
-def test_torch_diff_command_draws_no_flags(capsys, tmp_path):
+def test_torch_diff_command_draws_prefix_caching_but_no_async(capsys, tmp_path):
     rc, out, err = cli(capsys, "diff", "--impl", "torch", "--device", "cpu", "--scenarios", "24", "--seed",
                        SEED, "--json", "-o", tmp_path / "div")
     assert rc == 0, err
     cov = json.loads(out)["coverage"]
-    assert cov.get("scenarios (sync)") == 24, cov
+    drawn = {k for k in cov if k.startswith("scenarios (")}
+    assert drawn == {"scenarios (sync)", "scenarios (sync + prefix caching)"}, cov
+    assert cov["scenarios (sync)"] + cov["scenarios (sync + prefix caching)"] == 24, cov
 
 
 def test_step_coverage_counts_a_shared_prompt():
@@ -196,8 +201,8 @@ def test_flags_option_restricts_the_draw(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--impl", "torch", "--flags", "async"], ["--flags", "torch", "sync"]),
-    (["--impl", "spec", "--against", "torch", "--flags", "all"], ["--flags", "torch"]),
+    (["--impl", "torch", "--flags", "async"], ["--flags", "torch", "async", "sync,sync+prefix"]),
+    (["--impl", "spec", "--against", "torch", "--flags", "all"], ["--flags", "torch", "async"]),
     (["--impl", "vllm", "--flags", "asyn"], ["--flags", "asyn", "sync+prefix"]),
     (["--impl", "vllm", "--flags", ""], ["--flags"]),
 ])

@@ -3,6 +3,7 @@ JSON, integer fields that take integers only, schedspec's bounds, the rules a
 schema cannot say, and one-line errors that name the field."""
 
 import copy
+import dataclasses
 import json
 import re
 
@@ -368,3 +369,35 @@ def test_scenario_problem_is_none_for_the_shipped_examples():
 
     for f in sorted(EXAMPLES_DIR.glob("*.json")):
         assert scenario_problem(load_scenario(f)) is None, f
+
+
+def test_synthetic_prompt_ids_avoid_every_explicit_id():
+    # An explicit prompt equal to what the spec would pick for another request must
+    # not make the two share a prefix: synthetic first ids skip the explicit ones.
+    from schedspec.reference.prompts import prompt_token_ids
+
+    config = {"max_num_batched_tokens": 16, "max_num_seqs": 4, "max_model_len": 16, "block_size": 2,
+              "num_gpu_blocks": 20, "enable_prefix_caching": True}
+    plain = Scenario("p", config, (RequestSpec("a", 4), RequestSpec("b", 4, prefix_group="g", prefix_len=4)),
+                     max_steps=10)
+    ids = prompt_token_ids(plain)
+    # The same ids, given explicitly by a third request: the first two now get others.
+    clash = dataclasses.replace(plain, requests=plain.requests + (
+        RequestSpec("x", 4, prompt_token_ids=ids["a"]), RequestSpec("y", 4, prompt_token_ids=ids["b"])))
+    got = prompt_token_ids(clash)
+    assert got["x"] == ids["a"] and got["y"] == ids["b"]
+    assert got["a"][0] not in {got["x"][0], got["y"][0]} and got["b"][0] not in {got["x"][0], got["y"][0]}
+    # Without a clash the ids are the ones files have always had.
+    assert ids["a"][0] == 1000 and ids["b"][0] == 200
+
+
+@pytest.mark.parametrize("token", [2, 100])
+def test_explicit_prompts_may_not_use_the_fake_models_output_ids(token, tmp_path):
+    d = {"format": "schedspec.scenario/1", "name": "o",
+         "config": {"max_num_batched_tokens": 16, "max_num_seqs": 4, "max_model_len": 16, "block_size": 2,
+                    "num_gpu_blocks": 20, "enable_prefix_caching": True},
+         "requests": [{"id": "a", "prompt_len": 3, "max_tokens": 2, "prompt_token_ids": [5, token, 6]}]}
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ScenarioError, match=rf"requests\[0\]\.prompt_token_ids\[1\]: = {token} is an id the fake"):
+        load_scenario(path)

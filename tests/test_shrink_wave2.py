@@ -75,7 +75,7 @@ def test_the_one_shrinker_takes_any_predicate():
                             "num_gpu_blocks": 64, "policy": "priority", "enable_prefix_caching": True},
                  (RequestSpec("a", 20, 1, priority=-3, prefix_group="sys", prefix_len=12, arrival_time=0.0),
                   RequestSpec("b", 30, 2, max_tokens=9, prefix_group="sys", prefix_len=12, arrival_time=5.0),
-                  RequestSpec("c", 9, 4, output_len=4, prompt_token_ids=tuple(range(9)), arrival_time=2.0),
+                  RequestSpec("c", 9, 4, output_len=4, prompt_token_ids=tuple(range(10, 19)), arrival_time=2.0),
                   RequestSpec("d", 7, 6, arrival_time=3.0)),
                  (Abort("d", 9),), max_steps=40)
 
@@ -89,6 +89,6 @@ def test_the_one_shrinker_takes_any_predicate():
     assert found == "found" and shared_prefix(small) and scenario_problem(small) is None
     assert [(r.id, r.prompt_len, r.prefix_len, r.arrival_step, r.priority) for r in small.requests] == \
         [("r0", 2, 2, 0, 0), ("r1", 2, 2, 0, 0), ("r2", 3, 0, 0, 0)]
-    assert small.requests[2].prompt_token_ids == (0, 1, 2) and not small.aborts
+    assert small.requests[2].prompt_token_ids == (10, 11, 12) and not small.aborts
     assert stats.accepted > 0 and stats.runs >= stats.accepted
     assert shrink_while(s, shared_prefix, "found", last_step=lambda f: None)[0] == small

@@ -1,9 +1,11 @@
 """The differential campaign spec vs torch: random scenarios of
-reference/generator.py run through `run_batch` as batches and through the spec
-engine, compared field by field with compare_traces: 0 divergences."""
+reference/generator.py (prefix caching drawn on and off, as torch campaigns
+draw it) run through `run_batch` as batches and through the spec engine,
+compared field by field with compare_traces: 0 divergences."""
 
 import pytest
 from schedspec.gpu.batch import run_batch, run_one
+from schedspec.gpu.campaign import TORCH_FLAGS
 from schedspec.gpu.limits import MAX_MODEL_LEN, MAX_STEPS
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
@@ -18,7 +20,7 @@ BATCH = 128
 
 def campaign(seed: int, count: int, run=run_batch):
     """(scenario, divergence) for each diverging scenario of the campaign."""
-    scenarios = [generate_scenario(scenario_rng(seed, i), i) for i in range(count)]
+    scenarios = [generate_scenario(scenario_rng(seed, i), i, TORCH_FLAGS) for i in range(count)]
     torch_traces = []
     for k in range(0, count, BATCH):
         torch_traces += run(scenarios[k:k + BATCH], device="cpu")
@@ -39,7 +41,7 @@ def test_campaign_agrees():
 def test_protocol_class_agrees():
     """TorchScheduler through the reference engine: the same traces."""
     for i in range(25):
-        sc = generate_scenario(scenario_rng(2, i), i)
+        sc = generate_scenario(scenario_rng(2, i), i, TORCH_FLAGS)
         spec = run_scenario(sc, SpecScheduler())
         assert compare_traces(spec, run_scenario(sc, load_impl("torch", device="cpu"))) is None, sc.name
         assert compare_traces(spec, run_one(sc, device="cpu")) is None, sc.name
@@ -96,3 +98,97 @@ def test_device_choice():
             resolve_device("cuda")
     with pytest.raises(ImplementationError, match="takes no device"):
         load_impl("spec", device="cpu")
+
+
+def _prefix(name, requests, max_steps=40, **config):
+    base = {"max_num_batched_tokens": 64, "max_num_seqs": 4, "max_model_len": 64, "block_size": 4,
+            "num_gpu_blocks": 40, "enable_prefix_caching": True}
+    return Scenario(name=name, config={**base, **config}, requests=tuple(requests), max_steps=max_steps)
+
+
+def _agrees(sc):
+    spec = run_scenario(sc, SpecScheduler())
+    assert "error" not in spec, spec["error"]
+    batched = run_one(sc, device="cpu")
+    assert compare_traces(spec, batched) is None, (sc.name, compare_traces(spec, batched))
+    assert compare_traces(spec, run_scenario(sc, load_impl("torch", device="cpu"))) is None, sc.name
+    return batched
+
+
+def _hits(trace):
+    return {rid: n for st in trace["steps"] for rid, n in st.get("prefix_hits", {}).items()}
+
+
+def test_prefix_hit_capped_below_num_tokens():
+    """A block-aligned full-prompt hit recomputes the last block: 16 tokens -> 12."""
+    t = _agrees(_prefix("cap", [RequestSpec(id="a", prompt_len=16, max_tokens=1, prefix_group="g", prefix_len=16),
+                                RequestSpec(id="b", prompt_len=16, max_tokens=1, prefix_group="g", prefix_len=16,
+                                            arrival_step=3)]))
+    assert _hits(t) == {"a": 0, "b": 12}
+
+
+def test_prefix_hit_within_the_step():
+    """Two requests of one group admitted in the same step: the second hits the
+    blocks the first was allocated (hashed when allocated, before the model runs)."""
+    t = _agrees(_prefix("same-step", [
+        RequestSpec(id="a", prompt_len=20, max_tokens=2, prefix_group="g", prefix_len=13),
+        RequestSpec(id="b", prompt_len=22, max_tokens=2, prefix_group="g", prefix_len=13)]))
+    assert t["steps"][0]["prefix_hits"] == {"a": 0, "b": 12}
+
+
+def test_prefix_hit_on_resumption_and_eviction():
+    """A tight pool: preemption, a resumed request's hit on its own cached blocks,
+    and eviction of cached blocks when new ones are needed."""
+    reqs = [RequestSpec(id=f"r{i}", prompt_len=18 + i, max_tokens=14, prefix_group="g" if i % 2 else None,
+                        prefix_len=9 if i % 2 else 0, arrival_step=i) for i in range(6)]
+    resumed_hits = 0
+    for blocks in (10, 13, 17):
+        t = _agrees(_prefix(f"tight-{blocks}", reqs, max_steps=120, num_gpu_blocks=blocks, max_model_len=36))
+        resumed = {rid for st in t["steps"] for rid in st["resumed"]}
+        resumed_hits += sum(1 for st in t["steps"] for rid, n in st["prefix_hits"].items() if rid in resumed and n)
+    assert resumed_hits > 0
+
+
+@pytest.mark.parametrize("version", ["0.20.0", "0.25.0", "0.33.0"])
+def test_prefix_free_order_by_release(version):
+    """0.20.0 appends every freed block (hashed or not) to the free queue's tail."""
+    reqs = [RequestSpec(id=f"r{i}", prompt_len=10 + 3 * i, max_tokens=6 + i, prefix_group="g",
+                        prefix_len=8, arrival_step=2 * i) for i in range(6)]
+    _agrees(_prefix("release", reqs, max_steps=100, num_gpu_blocks=12, max_model_len=40, vllm_version=version))
+
+
+def test_prefix_examples_agree():
+    from schedspec.reference.example_files import resolve_scenario_path
+    from schedspec.reference.scenario import load_scenario
+    for name in ("prefix-eviction", "prefix-resume-hit", "prefix-shared-system-prompt"):
+        t = _agrees(load_scenario(resolve_scenario_path(name)))
+        assert all("prefix_hits" in st for st in t["steps"])
+
+
+def test_async_scheduling_is_refused_in_one_line():
+    sc = _scenario(async_scheduling=True)
+    err = run_one(sc, device="cpu")["error"]
+    assert err.startswith("config.async_scheduling:") and "\n" not in err
+
+
+def test_observed_block_pool_equals_the_specs():
+    """TorchScheduler.observe() with prefix caching: the whole block-level pool
+    (vLLM's block ids, free queue, ref counts, hashes, cached map, block tables)
+    and the requests' block hashes equal the spec's after every step."""
+    from schedspec.reference.campaign import random_scenario
+    states = 0
+    for i in range(12):
+        sc = random_scenario(5, i, ((True, False),))
+        a, b = [], []
+        run_scenario(sc, SpecScheduler(), on_step=lambda t: a.append(t.after))
+        run_scenario(sc, load_impl("torch", device="cpu"), on_step=lambda t: b.append(t.after))
+        assert len(a) == len(b), sc.name
+        for x, y in zip(a, b):
+            kx, ky = x.kv_cache, y.kv_cache
+            assert kx.free_queue() == ky.free_queue(), sc.name
+            for f in ("ref_cnt", "block_hash", "cached", "req_to_blocks", "num_cached_block"):
+                assert getattr(kx, f) == getattr(ky, f), (sc.name, f)
+            assert {k: (r.block_hashes, r.partial_block_token_ids) for k, r in x.requests.items()} == \
+                {k: (r.block_hashes, r.partial_block_token_ids) for k, r in y.requests.items()}, sc.name
+            states += 1
+    assert states > 100

@@ -1,12 +1,14 @@
 """Every mutant of tests/torch_mutants.py is caught by the default differential
 campaign (the scenarios of `schedspec diff --impl torch --scenarios 500 --seed 0`:
-generator seed 0, indexes 0..499), and the unmutated code agrees on all of them.
+generator seed 0, indexes 0..499, prefix caching drawn on and off as torch
+campaigns draw it), and the unmutated code agrees on all of them.
 
 A mutant's campaign stops at its first divergence (that is all "caught" needs),
 in batches, in index order."""
 
 import pytest
 from schedspec.gpu.batch import run_batch
+from schedspec.gpu.campaign import TORCH_FLAGS
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import generate_scenario, scenario_rng
@@ -40,7 +42,7 @@ TARGETED = {
 
 @pytest.fixture(scope="module")
 def default_campaign():
-    scenarios = [generate_scenario(scenario_rng(SEED, i), i) for i in range(COUNT)]
+    scenarios = [generate_scenario(scenario_rng(SEED, i), i, TORCH_FLAGS) for i in range(COUNT)]
     return scenarios, [run_scenario(sc, SpecScheduler()) for sc in scenarios]
 
 
@@ -58,6 +60,14 @@ def test_unmutated_code_agrees(default_campaign):
 
 def test_at_least_ten_mutants():
     assert len(MUTANTS) >= 10
+
+
+def test_prefix_caching_mutants():
+    """At least four mutants break a prefix-caching rule (gpu/pool.py and the
+    admissions that look the cache up)."""
+    pc = {"hit_not_capped", "free_head_first", "hashed_to_front", "no_hashing_within_step",
+          "no_hits_on_resumption", "no_eviction"}
+    assert pc <= set(MUTANTS)
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))

@@ -284,3 +284,23 @@ def test_changes_writes_one_replayable_scenario_per_rule_change(tmp_path):
     assert [c["gates"] for c in report] == [["long_prefill_threshold_needs_two"]]
     path = tmp_path / "long_prefill_threshold_needs_two.json"
     assert trace_on(path, "0.30.0")["steps"] != trace_on(path, "0.31.0")["steps"]
+
+
+def test_generated_scenarios_draw_only_the_fields_their_release_has():
+    # Older releases lack some fields: the generator leaves them out instead of
+    # drawing scenarios the release refuses, and changes nothing else.
+    from schedspec.reference.generator import FLAGS_ALL, generate_scenario, scenario_rng
+
+    dropped = 0
+    for release in versions.RELEASES:
+        lacking = versions.fields_lacking(release)
+        for i in range(300):
+            newest = generate_scenario(scenario_rng(5, i), i, FLAGS_ALL)
+            s = generate_scenario(scenario_rng(5, i), i, FLAGS_ALL, release)
+            config_from_dict({**s.config, "vllm_version": release})  # raises if refused
+            assert s.config == {k: v for k, v in newest.config.items() if k not in lacking}
+            assert (s.requests, s.aborts, s.max_steps) == (newest.requests, newest.aborts, newest.max_steps)
+            dropped += s.config != newest.config
+    assert dropped > 0  # the check saw scenarios that needed a field dropped
+    assert versions.fields_lacking("0.20.0") == {"max_num_active_seqs", "watermark"}
+    assert versions.fields_lacking(versions.DEFAULT_RELEASE) == frozenset()

@@ -1,6 +1,7 @@
 """Deliberately broken variants ("mutants") of the torch implementation, each a
-realistic scheduler bug, as textual replacements of gpu/step.py, and a loader
-that builds them as module variants (step, batch, impl) next to the real ones.
+realistic scheduler bug, as textual replacements of gpu/step.py (or pool.py,
+batch.py), and a loader that builds them as module variants (pool, step, batch,
+impl) next to the real ones.
 Every `old` must occur exactly once, so a mutant cannot silently be the original."""
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import schedspec.gpu
 
 GPU_DIR = Path(schedspec.gpu.__file__).parent
 ST = "step.py"
+PL = "pool.py"
 
 # name -> [(file, old, new)]
 MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # `<` for `<=` on the budget: chunked prefill off admits only a request that fits with room to spare.
-    "budget_lt_for_le": [(ST, "(want <= left)", "(want < left)")],
+    # (Each admission mutant changes both waiting loops: the vectorised one and the one by one
+    # of prefix-caching batches.)
+    "budget_lt_for_le": [(ST, "(want <= left)", "(want < left)"),
+                         (ST, "(want <= budget))", "(want < budget))")],
     # an off-by-one block ceiling: floor((a + b) / b) instead of ceil(a / b).
     "block_ceiling_off_by_one": [(ST, "return (a + b - 1) // b", "return (a + b) // b")],
     # `break` for `continue`: a self-preempted PRIORITY request ends the running loop (vLLM M / Old).
@@ -29,7 +34,8 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # the wrong preemption victim: PRIORITY takes the last of equal keys instead of the first.
     "priority_victim_tie_last": [(ST, "* (R + 1) + (R - pos), -1)", "* (R + 1) + pos, -1)")],
     # admitting after a preemption.
-    "admit_after_preemption": [(ST, "ok &= (active & ~preempted)[:, None]", "ok &= active[:, None]")],
+    "admit_after_preemption": [(ST, "ok &= (active & ~preempted)[:, None]", "ok &= active[:, None]"),
+                               (ST, "batch, state, active & ~preempted, worder", "batch, state, active, worder")],
     # not resetting computed tokens on preemption.
     "preempt_keeps_computed_tokens": [(ST, "        ncomp = torch.where(vmask, 0, ncomp)\n", "")],
     # forgetting the null block: the whole pool counted as usable.
@@ -49,16 +55,34 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "cursor_not_adjusted": [(ST, "        cursor = torch.where(has_fail & (victim_pos < cursor), cursor - 1, cursor)\n", "")],
     # the watermark charged to the first admission too (running empty).
     "watermark_on_first_admission": [(ST, "batch.watermark_blocks[:, None] * (num_running[:, None] + k > 0)",
-                                      "batch.watermark_blocks[:, None] * (num_running[:, None] + k >= 0)")],
+                                      "batch.watermark_blocks[:, None] * (num_running[:, None] + k >= 0)"),
+                                     (ST, "wm = batch.watermark_blocks * (nrun > 0)",
+                                      "wm = batch.watermark_blocks * (nrun >= 0)")],
     # EOS checked after length: an EOS at the last allowed token reported as "length".
     "length_before_eos": [(ST, "length = sampled & ~eos & (", "length = sampled & (")],
+    # --- prefix caching (gpu/pool.py and the admissions of gpu/step.py) ---
+    # the hit not capped at num_tokens - 1: a block-aligned full-prompt hit computes nothing.
+    "hit_not_capped": [(ST, "((ntok - 1) // bsz) * cont)", "(ntok // bsz) * cont)")],
+    # a request's blocks freed head first: its first blocks, not its last, are evicted first.
+    "free_head_first": [(PL, "seq = q[s, r] * H + (H - 1 - i)", "seq = q[s, r] * H + i")],
+    # freed hashed blocks prepended like unhashed ones: the newest cache entries evicted first.
+    "hashed_to_front": [(PL, "back = (pool.bhash.view(-1)[ub] >= 0) | ~unhashed_first[us]",
+                         "back = ~unhashed_first[us]")],
+    # an admission's blocks not hashed within the step: a later admission of the step misses them.
+    "no_hashing_within_step": [(ST, "        pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), "
+                                    "torch.zeros_like(run_pos))\n", "")],
+    # no prefix-cache lookup for a preempted request: resumption recomputes everything.
+    "no_hits_on_resumption": [(ST, "((ntok - 1) // bsz) * cont)",
+                               "((ntok - 1) // bsz) * cont * (status[rows, r] == WAITING))")],
+    # a popped cached block keeps its hash: a later lookup hits a block that now holds other tokens.
+    "no_eviction": [(PL, "    _evict(pool, s, b)\n", "")],
 }
 
 
 def load_torch_mutant(replacements: list[tuple[str, str, str]], name: str = "mutant") -> types.SimpleNamespace:
     """Variants of gpu/step.py, batch.py and impl.py with `replacements`, wired to
     each other; returns a namespace with `step`, `batch` and `impl` modules."""
-    files = ("step.py", "batch.py", "impl.py")
+    files = ("pool.py", "step.py", "batch.py", "impl.py")
     src = {f: (GPU_DIR / f).read_text() for f in files}
     for file, old, new in replacements:
         count = src[file].count(old)
@@ -69,9 +93,11 @@ def load_torch_mutant(replacements: list[tuple[str, str, str]], name: str = "mut
     for f in files:
         stem = f[:-3]
         text = src[f]
-        for dep in ("step", "batch"):
+        for dep in ("pool", "step", "batch"):
             if dep in mods:
                 line = f"from .{dep} import"
+                if dep == "pool" and line not in text:
+                    continue  # batch.py does not use the pool directly
                 assert text.count(line) == 1, f"{f} must import .{dep} exactly once"
                 text = text.replace(line, f"from .{dep}_{name} import")
         mod = types.ModuleType(f"{package}.{stem}_{name}")

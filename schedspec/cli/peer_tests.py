@@ -1,7 +1,10 @@
-"""`schedspec peer-tests`: vLLM 0.33.0's own scheduler tests (tests/v1/core) on
-this machine, plain and under the spec's shadow monitor.
+"""`schedspec peer-tests`: vLLM's own scheduler tests (tests/v1/core) on this
+machine, plain and under the spec's shadow monitor; release 0.33.0's, or with
+`--version X` release X's (its sdist, its tests, its interpreter from
+`schedspec install-vllm --version X`, the spec modelling X).
 
     schedspec peer-tests                       # the five scheduler test files, plain and shadowed
+    schedspec peer-tests --version 0.30.0      # vLLM 0.30.0's own tests against the spec gated to 0.30.0
     schedspec peer-tests --plain               # vLLM alone, no monitor
     schedspec peer-tests --all                 # all of tests/v1/core
     schedspec peer-tests --files test_scheduler.py -k "test_add_requests or test_schedule"
@@ -25,8 +28,9 @@ from schedspec.base.args import int_arg
 from schedspec.base.errors import UsageError, shown, status
 from schedspec.base.workers import default_workers
 from schedspec.base.outputs import check_output_dir, check_output_path
-from schedspec.monitor.peer_tests import (DEFAULT_FILES, TEST_ROOT, PeerTestOptions, format_table,
-                                          run_peer_tests)
+from schedspec.monitor.peer_tests import (DEFAULT_FILES, TEST_ROOT, VLLM_VERSION, PeerTestOptions,
+                                          check_version, format_table, run_peer_tests)
+from schedspec.spec.versions import RELEASES
 
 from .common import standalone_main
 
@@ -68,14 +72,17 @@ def cmd_peer_tests(args) -> int:
     vectors = check_output_dir(args.vectors_out, "--vectors-out") if args.vectors_out is not None else None
     if args.keyword is not None and not args.keyword.strip():
         raise UsageError("-k: empty expression")
+    version = check_version(args.version)
     options = PeerTestOptions(files=args.files or None, all_files=args.all, keyword=args.keyword,
                               plain_only=args.plain, sdist=args.sdist, cache=args.cache,
                               vectors_dir=str(vectors) if vectors is not None else None,
-                              workers=args.workers or default_workers())
+                              workers=args.workers or default_workers(), version=version)
     table = run_peer_tests(options, status=status)
     print(format_table(table))
     run = table.get("run", {})
     times = ", ".join(f"{m} {run[f'{m}_seconds']:.0f} s" for m in table["modes"] if f"{m}_seconds" in run)
+    if run.get("default_files_absent"):
+        print(f"default files vLLM {version} does not have: {', '.join(run['default_files_absent'])}")
     print(f"pytest: {times}; output in {shown(run.get('run_dir', '?'), 300)}")
     if json_out is not None:
         write_json(json_out, table)
@@ -85,11 +92,13 @@ def cmd_peer_tests(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "peer-tests", help="run vLLM 0.33.0's own scheduler tests, plain and under the shadow monitor",
-        description=f"Fetch vLLM 0.33.0's source distribution from the package index pip is configured "
-                    f"with, extract {TEST_ROOT} (and only the helpers it imports), and run its tests with "
-                    "pytest, offline on the CPU: once plain and once with every scheduler call checked "
-                    "against the spec. Prints per file: tests, passed plain, passed shadowed, calls checked, "
+        "peer-tests", help="run vLLM's own scheduler tests (0.33.0's, or --version X's), plain and under "
+                           "the shadow monitor",
+        description=f"Fetch vLLM's source distribution (0.33.0, or --version X) from the package index pip "
+                    f"is configured with, extract {TEST_ROOT} (and only the helpers it imports), and run its "
+                    "tests with pytest, offline on the CPU, under that release's interpreter: once plain and "
+                    "once with every scheduler call checked against the spec modelling that release. "
+                    "Prints per file: tests, passed plain, passed shadowed, calls checked, "
                     "calls outside the spec's scope, divergences, monitor errors. A test that fails plain "
                     "is not counted against the spec. Exit 1 on a divergence or on a test that passes "
                     "plain and fails shadowed.")
@@ -97,10 +106,15 @@ def register(subparsers) -> None:
     which.add_argument("--all", action="store_true", help=f"run all of {TEST_ROOT}")
     which.add_argument("--files", nargs="+", metavar="FILE",
                        help=f"test files of {TEST_ROOT} (or node ids FILE::TEST); default: "
-                            f"{', '.join(DEFAULT_FILES)}")
+                            f"{', '.join(DEFAULT_FILES)} (those the release has)")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching EXPR (pytest's -k)")
     p.add_argument("--plain", action="store_true", help="run vLLM's tests without the monitor only")
-    p.add_argument("--sdist", metavar="PATH", help="use this vllm-0.33.0.tar.gz instead of downloading it")
+    p.add_argument("--version", default=VLLM_VERSION, metavar="X",
+                   help=f"the vLLM release whose tests run, on its own interpreter (`schedspec install-vllm "
+                        f"--version X`), against the spec gated to X: {', '.join(RELEASES)} "
+                        f"(default {VLLM_VERSION})")
+    p.add_argument("--sdist", metavar="PATH", help="use this vllm-X.tar.gz (of --version X) instead of "
+                                                    "downloading it")
     p.add_argument("--cache", metavar="DIR",
                    help="folder for the download and the extracted tests (default $SCHEDSPEC_CACHE/peer-tests, "
                         "else $XDG_CACHE_HOME/schedspec/peer-tests or ~/.cache/schedspec/peer-tests)")

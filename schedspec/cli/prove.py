@@ -1,12 +1,17 @@
 """`schedspec prove`: discharge every proof obligation with z3.
 
-    schedspec prove [--json] [--only NAME] [--bound N] [-o DIR] [--timeout S]
+    schedspec prove [--json] [--only NAME] [--bound N] [-o DIR] [--timeout S] [--vllm-version X]
 
 Per obligation: the claim on the spec's rules (expected: proved), a reachable
 witness of its premises written as a scenario file to DIR (default
 ./proofs-out), and the claim on each of its bad rule variants (expected:
 refuted).  Exit 0 only when all of that holds; 1 otherwise; 2 on a user error.
 z3 `unknown` (a timeout) is a failure.
+
+`--vllm-version X` proves the rules and config checks of release X
+(proofs/release.py).  A property X violates is a vLLM bug the proofs show: its
+obligations are expected refuted there, and the row names the scenario that
+shows it on the real release.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from schedspec.base.errors import UsageError, shown
 from schedspec.base.progress import Progress
 
 from schedspec.base.args import float_arg, int_arg
+
+from .vllm_version import add_vllm_version_argument
 
 WITNESS_MARK = "z3 bounded-model-checking witness"
 
@@ -59,6 +66,8 @@ def run_obligation(o, outdir: Path) -> dict[str, Any]:
                            "expected": o.expected, "result": res.status, "proof_seconds": round(res.seconds, 2)}
     if res.status == "refuted" and res.model is not None:
         row["counterexample"] = res.model
+    if o.extra.get("finding"):
+        row["finding"] = o.extra["finding"]
     if res.status == "unknown":
         row["detail"] = res.detail
     wres, scenario = o.witness()
@@ -86,12 +95,14 @@ def run_obligation(o, outdir: Path) -> dict[str, Any]:
     return row
 
 
-def _work(task: tuple[int, int | None, float, str]) -> dict[str, Any]:
+def _work(task: tuple[int, int | None, float, str, str]) -> dict[str, Any]:
     """One obligation in a worker process: z3 terms do not cross processes, so
     each worker builds the obligations itself and runs the one it is given."""
+    from schedspec.proofs import release
     from schedspec.proofs.obligations import build_obligations
 
-    index, bound, timeout, outdir = task
+    index, bound, timeout, outdir, version = task
+    release.set_release(version)
     return run_obligation(build_obligations(bound, timeout)[index], Path(outdir))
 
 
@@ -103,10 +114,11 @@ def _rows(obligations, outdir: Path, jobs: int, bound, timeout):
         return
     import multiprocessing
 
+    from schedspec.proofs import release
     from schedspec.proofs.obligations import build_obligations
 
     index = {o.name: i for i, o in enumerate(build_obligations(bound, timeout))}
-    tasks = [(index[o.name], bound, timeout, str(outdir)) for o in obligations]
+    tasks = [(index[o.name], bound, timeout, str(outdir), release.release()) for o in obligations]
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         # The slowest first, so that no core is left with a long one at the end;
         # the rows still come out in the obligations' order.
@@ -128,7 +140,11 @@ def cmd_prove(args) -> int:
     from schedspec.base.outputs import check_output_dir
 
     outdir = check_output_dir(args.out, "-o")
+    from schedspec.proofs import release
     from schedspec.proofs.obligations import OUTSIDE_ENCODING, build_obligations
+    from schedspec.reference.scenario import default_vllm_version
+
+    release.set_release(default_vllm_version())  # --vllm-version X (cli/vllm_version.py apply)
 
     obligations = build_obligations(args.bound, args.timeout)
     if args.only:
@@ -156,12 +172,13 @@ def cmd_prove(args) -> int:
             nbad = sum(s == "refuted" for s in row["bad_variants"].values())
             print(f"{row['name']:44} {row['kind']:9} {row['result']:8} {row['seconds']:6.1f}  "
                   f"{nbad}/{len(row['bad_variants'])}  {row['bound']}" + ("" if row["ok"] else "   FAILED")
-                  + f"\n{'':75}{row['witness'] or '- (no witness)'}", file=out, flush=True)
+                  + f"\n{'':75}{row['witness'] or '- (no witness)'}"
+                  + (f"\n{'':75}finding: {row['finding']}" if row.get("finding") else ""), file=out, flush=True)
     progress.close()
     total = time.perf_counter() - t0
     ok = all(r["ok"] for r in rows)
     if args.json:
-        json.dump({"ok": ok, "seconds": round(total, 2), "obligations": rows,
+        json.dump({"ok": ok, "vllm_version": release.release(), "seconds": round(total, 2), "obligations": rows,
                    "not_encoded": {k: list(v) for k, v in OUTSIDE_ENCODING.items()}}, out, indent=2)
         out.write("\n")
     else:
@@ -175,8 +192,11 @@ def cmd_prove(args) -> int:
                   f"{sum(bool(r['witness']) for r in rs):9} "
                   f"{sum(all(s == 'refuted' for s in r['bad_variants'].values()) and bool(r['bad_variants']) for r in rs):11}",
                   file=out)
-        print(f"  {len(rows)} obligations, {sum(r['ok'] for r in rows)} ok, {total:.1f} s; witnesses in {outdir}/",
-              file=out)
+        print(f"  {len(rows)} obligations, {sum(r['ok'] for r in rows)} ok, {total:.1f} s; witnesses in {outdir}/"
+              f"; vLLM {release.release()}", file=out)
+        findings = sorted({r["finding"] for r in rows if r.get("finding")})
+        for f in findings:  # refuted as expected: a bug of that release, not of the proofs
+            print(f"  finding: {f}", file=out)
         if not args.only:
             # Said, not hidden: what the encoding (both engine flags off) cannot state.
             for name, flags in OUTSIDE_ENCODING.items():
@@ -204,4 +224,5 @@ def register(subparsers) -> None:
                    help="time limit of each z3 call, seconds (default 20)")
     p.add_argument("--jobs", type=int_arg(1, 1024), default=None, metavar="N",
                    help="obligations discharged in parallel (default: one per CPU core)")
+    add_vllm_version_argument(p)
     p.set_defaults(func=cmd_prove)

@@ -3,6 +3,7 @@
     schedspec sweep table3-b16 --set max_num_scheduled_tokens=8,16,32 --set max_num_seqs=4,16
     schedspec sweep --seed 7 --scenarios 20 --set policy=fcfs,priority --plot sweep.png
     schedspec sweep my.json --set long_prefill_token_threshold=0,64,256 --json
+    schedspec sweep --seed 7 --scenarios 20 --shared-prefix 32 --set enable_prefix_caching=true,false
 
 Exit status: 0 (rejected grid points are rows of the table, not errors), 2 user error.
 """
@@ -53,6 +54,10 @@ def cmd_sweep(args) -> int:
         raise UsageError("--device is for --impl torch; the spec runs on the CPU")
     device = device_for(args.device, ["torch"])
     workloads, inputs = _workloads(args)
+    if args.shared_prefix is not None:
+        from schedspec.gpu.sweep import with_shared_prefix
+
+        workloads = with_shared_prefix(workloads, args.shared_prefix)
     plot_path = None
     if args.plot is not None:
         from schedspec.base.outputs import check_plot_path, plot_format
@@ -109,6 +114,9 @@ def register(subparsers) -> None:
     p.add_argument("--plot", metavar="FILE.png",
                    help="write the four-panel chart here (PNG; an existing file is replaced only if schedspec drew it)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--shared-prefix", type=int_arg(0, 2**30), metavar="N",
+                   help="give every request of the workload a shared system prompt of its first N tokens (one "
+                        "prefix group per workload), for --set enable_prefix_caching=true,false")
     p.add_argument("--impl", choices=("torch", "spec"), default="torch",
                    help="torch (default: the whole grid in one batch) or spec (the executable specification, one "
                         "scenario at a time on --workers processes); the table is the same")

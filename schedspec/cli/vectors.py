@@ -25,6 +25,7 @@ from schedspec.reference.vectors import (ExportError, VectorError, can_load_stat
 
 from .common import load_impl_or_fail, standalone_main
 from .diff import flags_arg
+from .vllm_version import add_vllm_version_argument
 
 # Differing vectors whose differences `check` prints; the rest are counted.
 SHOWN_VECTORS = 5
@@ -40,7 +41,7 @@ def _refuse_non_empty(out: Path, force: bool) -> None:
 def cmd_export(args) -> int:
     from schedspec.base.outputs import check_output_dir
     from schedspec.reference.campaign import close_impl, load_scenario_files, random_scenarios
-    from schedspec.reference.generator import FLAGS_OFF, IMPLS_WITHOUT_FLAGS, flags_for
+    from schedspec.reference.generator import flags_for, unmodelled_flags
 
     if args.files and args.num_scenarios:
         raise UsageError("give scenario files or --scenarios N, not both")
@@ -49,8 +50,9 @@ def cmd_export(args) -> int:
     out = check_output_dir(args.out, "--out")
     _refuse_non_empty(out, args.force)
     flags = args.flags or flags_for("spec", args.impl)
-    if args.impl in IMPLS_WITHOUT_FLAGS and flags != FLAGS_OFF:
-        raise UsageError(f"--flags: {args.impl} models neither prefix caching nor async scheduling; use --flags sync")
+    reason = unmodelled_flags(flags, args.impl)
+    if reason:
+        raise UsageError(reason)
     # Scenario files are read first, so a bad one fails before anything is written.
     files = [s for s, _ in load_scenario_files(args.files)]
     total = len(files) or args.num_scenarios
@@ -139,6 +141,7 @@ def register(subparsers) -> None:
     e.add_argument("--impl", default="spec",
                    help="the implementation run (default spec); with another, the spec still gives each "
                         "vector's expected result and `observed` records where they differ")
+    add_vllm_version_argument(e)  # each vector names its release (pre_state.config.vllm_version)
     e.set_defaults(func=cmd_export)
 
     c = sub.add_parser("check", help="replay vectors on an implementation; exit 1 on any difference",

@@ -9,6 +9,9 @@ book, differential-tested against the spec.
   `run_one(scenario)`.
 - `impl.py`: `TorchScheduler`, the same step code at S = 1 behind the
   implementation protocol (`--impl torch`).
+- `pool.py`: the block-level KV pool of prefix caching (hits, hashing within
+  the step, the free queue's eviction order); `hashes.py`: block hash ids,
+  interned on the host.
 - `limits.py`: dtype limits and the check that rejects a scenario beyond them.
 - `device.py`: `resolve_device`.
 

@@ -11,6 +11,7 @@ of steps rather than one per step and field.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from typing import Any, Callable, Sequence
 
@@ -22,7 +23,9 @@ from schedspec.reference.scenario import Scenario
 from schedspec.spec.config import ConfigError, SchedulerConfig
 from schedspec.spec.request import Request
 from schedspec.spec.input_processor import make_request
+from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
 from .device import resolve_device
+from .hashes import hash_ids
 from .limits import limit_violation
 from .state import (ABORTED, I32, I64, LENGTH_CAPPED, NEVER, PREEMPTED, RUNNING, STOPPED, WAITING, Batch,
                     initial_state, select)
@@ -80,8 +83,38 @@ _REQUEST_PAD = {"valid": False, "num_prompt_tokens": 1, "max_tokens": 1, "output
                 "arrival_step": NEVER, "abort_step": NEVER, "queue_rank": 0, "victim_rank": 0}
 
 
-def build_batch(configs: Sequence[dict[str, Any]], requests: Sequence[dict[str, list]], device) -> Batch:
-    """A Batch from per-scenario config rows and per-scenario request columns."""
+def num_hash_blocks(config: SchedulerConfig, prompt_len: int, max_tokens: int, max_steps: int) -> int:
+    """The block positions a request can ever use: its tokens are at most its
+    prompt plus one output per step, below max_model_len (one spare position)."""
+    bs = min(config.block_size, config.max_model_len)
+    tokens = min(prompt_len + min(max_tokens, max_steps), config.max_model_len)
+    return -(-tokens // bs) + 1
+
+
+def prefix_columns(prepared: Sequence["_Prepared"], R: int, device) -> dict[str, Any]:
+    """The Batch fields of the block-level pool (gpu/pool.py) for these scenarios."""
+    # Every scenario of the batch runs on the block-level pool, so H covers the
+    # block tables of the scenarios without prefix caching too.
+    H = max([p.hashes.shape[1] if p.hashes is not None
+             else max([num_hash_blocks(p.config, n, m, p.scenario.max_steps)
+                       for n, m in zip(p.columns["num_prompt_tokens"], p.columns["max_tokens"])] + [1])
+             for p in prepared] + [1])
+    bh = np.full((len(prepared), R, H), -1, dtype=np.int64)
+    ar = np.zeros((len(prepared), R), dtype=np.int64)
+    for s, p in enumerate(prepared):
+        if p.hashes is not None:
+            bh[s, : p.hashes.shape[0], : p.hashes.shape[1]] = p.hashes
+        ar[s, : len(p.abort_rank)] = p.abort_rank
+    return {"block_hashes": torch.from_numpy(bh).to(device), "abort_rank": torch.from_numpy(ar).to(device),
+            "unhashed_first": torch.tensor([has(p.config, UNHASHED_FREE_BLOCKS_FIRST) for p in prepared],
+                                           dtype=torch.bool, device=device),
+            "num_hashes": max([p.num_hashes for p in prepared] + [1])}
+
+
+def build_batch(configs: Sequence[dict[str, Any]], requests: Sequence[dict[str, list]], device,
+                prefix: dict[str, Any] | None = None) -> Batch:
+    """A Batch from per-scenario config rows and per-scenario request columns
+    (and, with prefix caching, `prefix_columns`)."""
     R = max([len(r["valid"]) for r in requests] + [1])
     cols = {}
     for name, dtype in _SCENARIO_DTYPES.items():
@@ -90,7 +123,7 @@ def build_batch(configs: Sequence[dict[str, Any]], requests: Sequence[dict[str, 
         pad = _REQUEST_PAD[name]
         rows = [r[name] + [pad] * (R - len(r[name])) for r in requests]
         cols[name] = torch.tensor(rows, dtype=dtype, device=device).reshape(len(requests), R)
-    return Batch(**cols)
+    return Batch(**cols, **(prefix or {}))
 
 
 class _Prepared:
@@ -123,6 +156,12 @@ class _Prepared:
             "victim_rank": victim_rank,
         }
         self.steps: list[dict[str, Any]] = []
+        self.prefix_caching = bool(config.enable_prefix_caching)
+        self.hashes, self.num_hashes = None, 0
+        if self.prefix_caching:
+            nb = [num_hash_blocks(config, r.num_prompt_tokens, m, scenario.max_steps)
+                  for r, m in zip(requests, self.columns["max_tokens"])]
+            self.hashes, self.num_hashes = hash_ids(scenario, config.block_size, nb)
 
 
 def prepare(scenario: Scenario) -> _Prepared | str:
@@ -135,9 +174,12 @@ def prepare(scenario: Scenario) -> _Prepared | str:
     if beyond:
         return beyond
     requests = []
+    # The front end's checks; the prompt's token ids (which make_request wants with
+    # prefix caching) are not needed: gpu/hashes.py works from the scenario.
+    checked = dataclasses.replace(config, enable_prefix_caching=False) if config.enable_prefix_caching else config
     for i, r in enumerate(scenario.requests):
         try:
-            requests.append(make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time))
+            requests.append(make_request(checked, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time))
         except ConfigError as e:
             return f"requests[{i}].{e}"
     return _Prepared(scenario, config, requests)
@@ -146,7 +188,7 @@ def prepare(scenario: Scenario) -> _Prepared | str:
 # The per-step record: these tensors (S, R) of each step, kept as they are (the
 # step builds new tensors, so keeping them copies nothing) and stacked per chunk.
 _RECORD_FIELDS = ("grant", "num_computed_tokens", "status", "run_pos", "wait_key", "admitted",
-                  "preempt_order", "sampled", "aborted")
+                  "preempt_order", "sampled", "aborted", "hit_tokens")
 _LAST = 2**62  # a sort key after every real one
 
 
@@ -175,7 +217,7 @@ def _records_to_steps(rec: dict[str, np.ndarray], first_step: int, scal: np.ndar
         ids_tab[s, : len(p.ids)] = p.ids
     flat_ids = ids_tab.ravel()
     base = ss[:, None] * R  # a request's code in flat_ids: base + slot (ints are cheaper to move than ids)
-    f = {name: rec[name][tt, ss] for name in _RECORD_FIELDS}
+    f = {name: rec[name][tt, ss] for name in _RECORD_FIELDS if name in rec}
     status, grant = f["status"], f["grant"]
     running = status == RUNNING
     sched = grant > 0
@@ -225,12 +267,18 @@ def _records_to_steps(rec: dict[str, np.ndarray], first_step: int, scal: np.ndar
                 for c in np.nonzero(stopped_r[m])[0].tolist()]
         fin_lists[m] = fin
 
+    hit_lists = None
+    if "hit_tokens" in f:  # prefix_hits: each admission's hit, in admission (running) order
+        adm = sched_r & (adm_r > 0)
+        hit_ids = lists(codes_r, adm)
+        hit_vals = _split(f["hit_tokens"][rows, ro][adm].tolist(), adm.sum(1))
+        hit_lists = [dict(zip(a, b)) for a, b in zip(hit_ids, hit_vals)]
     free, held = scal[tt, ss, 0].tolist(), scal[tt, ss, 1].tolist()
     steps = (tt + first_step).tolist()
     for m, s in enumerate(ss.tolist()):
         if not (sched_lists[m] or fin_lists[m] or run_lists[m] or wait_lists[m]):
             continue  # an idle step: not listed (engine.is_idle_record, formats.md Trace)
-        owners[s].steps.append({
+        record = {
             "step": steps[m],
             "scheduled": sched_lists[m],
             "new": new_lists[m],
@@ -243,7 +291,10 @@ def _records_to_steps(rec: dict[str, np.ndarray], first_step: int, scal: np.ndar
             "num_free_blocks": free[m],
             "sampled": sampled_lists[m],
             "slots_held": held[m],
-        })
+        }
+        if owners[s].prefix_caching:
+            record["prefix_hits"] = hit_lists[m]
+        owners[s].steps.append(record)
 
 
 def _summary(p: _Prepared, final: dict[str, list], num_steps: int) -> dict[str, Any]:
@@ -338,7 +389,10 @@ def _groups(prepared: list[_Prepared]) -> list[list[_Prepared]]:
 
 
 def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool) -> None:
-    batch = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared], dev)
+    prefix = None
+    if any(p.prefix_caching for p in prepared):
+        prefix = prefix_columns(prepared, max([len(p.ids) for p in prepared] + [1]), dev)
+    batch = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared], dev, prefix)
     state = initial_state(batch)
     max_steps = torch.tensor([p.scenario.max_steps for p in prepared], dtype=I64, device=dev)
     horizon = max(p.scenario.max_steps for p in prepared)
@@ -352,7 +406,8 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
     def flush():
         nonlocal chunk, scalars, first
         if chunk:
-            rec = {name: torch.stack([c[k] for c in chunk]).cpu().numpy() for k, name in enumerate(_RECORD_FIELDS)}
+            rec = {name: torch.stack([c[k] for c in chunk]).cpu().numpy()
+                   for k, name in enumerate(_RECORD_FIELDS[:len(chunk[0])])}
             _records_to_steps(rec, first, torch.stack(scalars).cpu().numpy(), owners)
             first += len(chunk)
             chunk, scalars = [], []
@@ -387,7 +442,8 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
         if not record_steps:
             continue
         chunk.append((decision.num_scheduled_tokens, state.num_computed_tokens, state.status, state.run_pos,
-                      waiting_key(batch, state), decision.admitted, decision.preempt_order, sampled, aborted))
+                      waiting_key(batch, state), decision.admitted, decision.preempt_order, sampled, aborted)
+                     + ((decision.hit_tokens,) if decision.hit_tokens is not None else ()))
         scalars.append(torch.stack([state.num_free_blocks, decision.num_running, active.to(I64)], dim=1))
         if len(chunk) * chunk[0][0].numel() * _RECORD_BYTES >= _CHUNK_BYTES:
             flush()

@@ -32,12 +32,16 @@ from schedspec.reference.campaign import (
     run_guarded,
 )
 from schedspec.reference.compare import compare_runs
-from schedspec.reference.coverage import add_coverage
+from schedspec.reference.coverage import StepCoverage, add_coverage
+from schedspec.reference.generator import IMPL_FLAGS
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import Scenario
 
 DEFAULT_BATCH_SIZE = 1024
 BATCHED_PAIR = frozenset({"torch", "spec"})
+# The engine-flag combinations (enable_prefix_caching, async_scheduling) torch
+# models, which its random campaigns draw: prefix caching on and off, synchronous.
+TORCH_FLAGS = IMPL_FLAGS["torch"]
 
 
 def is_batched_pair(impl: str, against: str) -> bool:
@@ -88,7 +92,8 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
     device = options.device
     batch_size = options.batch_size or DEFAULT_BATCH_SIZE
     torch_is_a = options.impl == "torch"
-    total, source = campaign_source(options, files, None)  # torch models neither engine flag
+    flags = options.flags if options.flags and set(options.flags) <= set(TORCH_FLAGS) else TORCH_FLAGS
+    total, source = campaign_source(options, files, flags)
     spec = TimedImpl(SpecScheduler())
     shrink_impls: list[Any] = []  # (a, b), made at the first divergence
 
@@ -121,7 +126,9 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
             torch_steps += sum(len(tt.get("steps", [])) for tt in torch_traces)
             for (scenario, is_random), tt in zip(chunk, torch_traces):
                 t = time.perf_counter()
-                st = run_guarded(scenario, spec)
+                # Coverage of what prefix caching did (hits, hits on resumption,
+                # evictions) comes from the spec's states, step by step.
+                st = run_guarded(scenario, spec, StepCoverage(coverage))
                 spec_seconds += time.perf_counter() - t
                 spec_steps += len(st.get("steps", []))
                 ta, tb = (tt, st) if torch_is_a else (st, tt)
@@ -164,4 +171,4 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
     return res
 
 
-__all__ = ["DEFAULT_BATCH_SIZE", "is_batched_pair", "run_batched_campaign", "run_torch_batch"]
+__all__ = ["DEFAULT_BATCH_SIZE", "TORCH_FLAGS", "is_batched_pair", "run_batched_campaign", "run_torch_batch"]

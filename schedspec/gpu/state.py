@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from schedspec.spec.request import RequestStatus
+from .pool import Pool, grow_requests, initial_pool, select_pool
 
 # Request status codes: vLLM's (spec/request.py) plus 0 for "has not arrived".
 NOT_ARRIVED = 0
@@ -59,6 +60,12 @@ class Batch:
     abort_step: torch.Tensor  # int32
     queue_rank: torch.Tensor  # int64: heap order rank (priority, arrival_time, request_id)
     victim_rank: torch.Tensor  # int64: dense rank of (priority, arrival_time)
+    # Prefix caching (gpu/pool.py): set when some scenario of the batch has it on,
+    # and then every scenario runs on the block-level pool.
+    block_hashes: torch.Tensor | None = None  # (S, R, H) int64: request's i-th block's hash id, -1 = none
+    abort_rank: torch.Tensor | None = None  # (S, R) int64: order of the step's aborts (their frees)
+    unhashed_first: torch.Tensor | None = None  # (S,) bool: versions.UNHASHED_FREE_BLOCKS_FIRST
+    num_hashes: int = 0  # hash ids per scenario, at most
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -81,6 +88,7 @@ class State:
     num_free_blocks: torch.Tensor  # int64
     next_run_pos: torch.Tensor  # int64
     next_front_key: torch.Tensor  # int64: the next (more negative) FCFS front key
+    pool: Pool | None = None  # the block-level pool, with Batch.block_hashes
 
 
 @dataclass(frozen=True)
@@ -91,12 +99,18 @@ class Decision:
     admitted: torch.Tensor  # int8: 0 no, 1 new, 2 resumed
     preempt_order: torch.Tensor  # int32: index of the preemption in this step, -1 = none
     num_running: torch.Tensor  # (S,) int64: len(running) after schedule (slots held)
+    hit_tokens: torch.Tensor | None = None  # int32: prefix-cache hit of an admission (prefix_hits)
 
 
 def initial_state(batch: Batch) -> State:
     S, R = batch.shape
     dev = batch.valid.device
     z32 = torch.zeros((S, R), dtype=I32, device=dev)
+    pool = None
+    if batch.block_hashes is not None:
+        H = batch.block_hashes.shape[2]
+        W = max(1, min(int(batch.num_usable_blocks.max()), 64))  # grows as blocks are used (pool.py)
+        pool = initial_pool(batch.num_usable_blocks, R, H, W, max(batch.num_hashes, 1))
     return State(
         status=torch.zeros((S, R), dtype=I8, device=dev),
         num_computed_tokens=z32, num_output_tokens=z32, num_preemptions=z32, num_blocks=z32,
@@ -107,12 +121,13 @@ def initial_state(batch: Batch) -> State:
         num_free_blocks=batch.num_usable_blocks.clone(),
         next_run_pos=torch.zeros(S, dtype=I64, device=dev),
         next_front_key=torch.full((S,), -1, dtype=I64, device=dev),
+        pool=pool,
     )
 
 
 # Padding values of each per-request field when a batch grows (TorchScheduler).
 _BATCH_PAD = {"valid": False, "num_prompt_tokens": 1, "max_tokens": 1, "output_len": 0,
-              "arrival_step": NEVER, "abort_step": NEVER, "queue_rank": 0, "victim_rank": 0}
+              "arrival_step": NEVER, "abort_step": NEVER, "queue_rank": 0, "victim_rank": 0, "abort_rank": 0}
 _STATE_PAD = {"status": NOT_ARRIVED, "num_computed_tokens": 0, "num_output_tokens": 0,
               "num_preemptions": 0, "num_blocks": 0, "run_pos": 0, "wait_key": 0,
               "first_token_step": -1, "finish_step": -1}
@@ -121,16 +136,26 @@ _STATE_PAD = {"status": NOT_ARRIVED, "num_computed_tokens": 0, "num_output_token
 def _grow(obj, pads: dict, extra: int):
     changes = {}
     for f in fields(obj):
-        if f.name in pads:
-            t = getattr(obj, f.name)
+        t = getattr(obj, f.name)
+        if f.name in pads and t is not None:
             pad = torch.full((t.shape[0], extra), pads[f.name], dtype=t.dtype, device=t.device)
             changes[f.name] = torch.cat([t, pad], dim=1)
     return replace(obj, **changes)
 
 
-def grow(batch: Batch, state: State, extra: int) -> tuple[Batch, State]:
-    """`extra` more (empty) request slots per scenario."""
-    return _grow(batch, _BATCH_PAD, extra), _grow(state, _STATE_PAD, extra)
+def grow(batch: Batch, state: State, extra: int, H: int = 0) -> tuple[Batch, State]:
+    """`extra` more (empty) request slots per scenario; with prefix caching, at
+    least H block positions per request."""
+    b, s = _grow(batch, _BATCH_PAD, extra), _grow(state, _STATE_PAD, extra)
+    if batch.block_hashes is not None:
+        bh = batch.block_hashes
+        S, R, H0 = bh.shape
+        H = max(H, H0)
+        bh = torch.cat([bh, bh.new_full((S, R, H - H0), -1)], dim=2)
+        bh = torch.cat([bh, bh.new_full((S, extra, H), -1)], dim=1)
+        b = replace(b, block_hashes=bh)
+        s = replace(s, pool=grow_requests(state.pool, extra, H, b.num_hashes))
+    return b, s
 
 
 def select(obj, rows: torch.Tensor, num_slots: int):
@@ -138,6 +163,10 @@ def select(obj, rows: torch.Tensor, num_slots: int):
     request slots (the rest must be padding)."""
     changes = {}
     for f in fields(obj):
-        t = getattr(obj, f.name).index_select(0, rows)
-        changes[f.name] = t[:, :num_slots] if t.dim() == 2 else t
+        t = getattr(obj, f.name)
+        if isinstance(t, Pool):
+            changes[f.name] = select_pool(t, rows, num_slots)
+        elif isinstance(t, torch.Tensor):
+            t = t.index_select(0, rows)
+            changes[f.name] = t[:, :num_slots] if t.dim() >= 2 else t
     return replace(obj, **changes)

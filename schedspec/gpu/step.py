@@ -1,7 +1,10 @@
 """One engine step of S scenarios at once: aborts, arrivals, schedule(), the fake
 model of formats.md, update_from_output().  Written from the rule book
 (docs/rules.md §0.1: S:839 = line 839 of vLLM 0.33.0's vllm/v1/core/sched/scheduler.py,
-K = vllm/v1/core/kv_cache_manager.py), core scope: synchronous, no prefix caching.
+K = vllm/v1/core/kv_cache_manager.py), core scope: synchronous, prefix caching on
+or off.  With prefix caching (a batch with `block_hashes`) the pool is kept block
+by block (gpu/pool.py) and admissions run one at a time per scenario (see
+`_admit_one_by_one`); without it, the pool is a count.
 
 Every function maps (Batch, State, ...) to new tensors; nothing loops over
 scenarios or requests.  The one loop is in the running loop of `schedule`: one
@@ -35,6 +38,7 @@ from .state import (
     Decision,
     State,
 )
+from .pool import cache, free as free_blocks, lookup, pop, touch
 
 _INF = 2**62
 
@@ -65,14 +69,21 @@ def _in_waiting(status: torch.Tensor) -> torch.Tensor:
     return (status == WAITING) | (status == PREEMPTED)
 
 
-def finish(state: State, mask: torch.Tensor, status: int | torch.Tensor, step) -> State:
+def finish(batch: Batch, state: State, mask: torch.Tensor, status: int | torch.Tensor, step,
+           rank: torch.Tensor | None = None) -> State:
     """Finish the requests in `mask` (S, R): their blocks go back to the pool
-    and they leave running and waiting (their status says so)."""
+    (one request after the other in `rank` order, which the block-level pool
+    needs) and they leave running and waiting (their status says so)."""
     if not _any(mask):
         return state
-    # Selects by arithmetic (x * mask): torch.where branches per element on the
-    # CPU and is several times slower on a mixed mask.
-    freed = (state.num_blocks * mask).sum(1)
+    if state.pool is not None:
+        pool, freed = free_blocks(state.pool, mask, rank if rank is not None else state.run_pos,
+                                  state.num_blocks, batch.unhashed_first)
+        state = replace(state, pool=pool)
+    else:
+        # Selects by arithmetic (x * mask): torch.where branches per element on the
+        # CPU and is several times slower on a mixed mask.
+        freed = (state.num_blocks * mask).sum(1)
     status = torch.as_tensor(status, dtype=I8, device=mask.device)
     return replace(
         state,
@@ -83,11 +94,12 @@ def finish(state: State, mask: torch.Tensor, status: int | torch.Tensor, step) -
     )
 
 
-def abort(state: State, mask: torch.Tensor, step) -> tuple[State, torch.Tensor]:
+def abort(batch: Batch, state: State, mask: torch.Tensor, step) -> tuple[State, torch.Tensor]:
     """finish_requests(..., FINISHED_ABORTED) (S:2964): waiting, running and
-    preempted requests; an already finished one is left alone."""
+    preempted requests; an already finished one is left alone.  The step's
+    aborts free their blocks in the scenario's abort order."""
     hit = mask & _live(state.status)
-    return finish(state, hit, ABORTED, step), hit
+    return finish(batch, state, hit, ABORTED, step, batch.abort_rank), hit
 
 
 def arrive(batch: Batch, state: State, mask: torch.Tensor) -> State:
@@ -144,6 +156,7 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     cap1 = torch.where(threshold > 0, threshold, 2**31 - 1).to(I32)
     budget = torch.where(active, batch.token_budget, 0)
     free = state.num_free_blocks
+    pool = state.pool
 
     grant = torch.zeros((S, R), dtype=I32, device=dev)
     preempt_order = torch.full((S, R), -1, dtype=I32, device=dev)
@@ -197,6 +210,15 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
         first_fail = num_kept
         n_kept = n * keep
         blocks_kept = blocks * keep
+        if pool is not None:
+            # The blocks come off the free queue's head in running order (an
+            # eviction when one is cached), then each granted request hashes the
+            # blocks it fills, so a later admission in this step can hit them.
+            pool = pop(batch.num_usable_blocks, pool, blocks_kept, order, held.gather(1, order))
+            n_slot = torch.zeros_like(grant).scatter(1, order, n_kept)
+            upto = torch.minimum(ncomp + n_slot, num_tokens) // bs
+            rank = torch.zeros_like(state.run_pos).scatter(1, order, pos.to(I64).expand(S, R))
+            pool = cache(batch.block_hashes, pool, upto * (n_slot > 0), rank)
         grant = grant.scatter_add(1, order, n_kept)
         held = held.scatter_add(1, order, blocks_kept)
         budget = budget - n_kept.sum(1)
@@ -223,7 +245,11 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
         budget = budget + torch.where(vmask, grant, 0).sum(1)
         grant = torch.where(vmask, 0, grant)
         # _preempt_request (S:1799-1843): free the blocks, restart from zero, to waiting.
-        free = free + torch.where(vmask, held, 0).sum(1)
+        if pool is not None:
+            pool, freed = free_blocks(pool, vmask, state.run_pos, held, batch.unhashed_first)
+            free = free + freed
+        else:
+            free = free + torch.where(vmask, held, 0).sum(1)
         held = torch.where(vmask, 0, held)
         ncomp = torch.where(vmask, 0, ncomp)
         status = torch.where(vmask, PREEMPTED, status).to(I8)
@@ -247,10 +273,18 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     if not _any(_any_rows(in_wait) & active):  # no active scenario has a waiting request
         ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1858)
         decision = Decision(num_scheduled_tokens=grant, admitted=torch.zeros_like(status),
-                            preempt_order=preempt_order, num_running=num_running)
+                            preempt_order=preempt_order, num_running=num_running,
+                            hit_tokens=None if pool is None else torch.zeros_like(grant))
         return decision, replace(
             state, status=status, num_computed_tokens=ncomp, num_preemptions=num_preemptions,
-            num_blocks=held, wait_key=wait_key, num_free_blocks=free, next_front_key=next_front_key)
+            num_blocks=held, wait_key=wait_key, num_free_blocks=free, next_front_key=next_front_key, pool=pool)
+    if pool is not None:
+        worder, num_waiting = _order(waiting_key(batch, replace(state, wait_key=wait_key)), in_wait)
+        return _admit_one_by_one(
+            batch, state, active & ~preempted, worder, num_waiting, num_tokens, cap1, bs, L, budget, free, pool,
+            grant, held, ncomp, status, num_running,
+            dict(preempt_order=preempt_order, num_preemptions=num_preemptions, wait_key=wait_key,
+                 next_front_key=next_front_key))
     # Admission k (in queue order) is tried only if admissions 0..k-1 succeeded,
     # and any failure ends the loop, so the admitted requests are the longest
     # prefix of the queue whose conditions all hold, each evaluated with the
@@ -300,6 +334,92 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
         next_run_pos=state.next_run_pos + num_admitted, next_front_key=next_front_key)
 
 
+def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, num_waiting, num_tokens, cap1,
+                      bs, L, budget, free, pool, grant, held, ncomp, status, num_running, rest):
+    """The waiting loop with the block-level pool (S:1050-1614, K:295-307,
+    K:380-627): admission k of every scenario at once, k = 0, 1, ... while some
+    scenario goes on, since admission k's hit depends on what admissions 0..k-1
+    cached, evicted and touched.  A scenario stops at its first admission that
+    fails (budget, run slot, chunked prefill off, blocks)."""
+    S, R = batch.shape
+    H = batch.block_hashes.shape[2]
+    dev = batch.valid.device
+    i = torch.arange(H, dtype=I64, device=dev)[None, :]
+    bsz = bs[:, 0].to(I64)
+    Lz = L[:, 0].to(I64)
+    cap = cap1[:, 0].to(I64)
+    budget = budget.clone()
+    nrun = num_running.to(I64)
+    run_pos = state.run_pos
+    admitted = torch.zeros_like(status)
+    hit_tokens = torch.zeros_like(grant)
+    rows = torch.arange(S, device=dev)
+    k = 0
+    while True:
+        # S:1062-1074: budget left, a request waiting, a run slot free.
+        cont = cont & (k < num_waiting) & (budget > 0) & (nrun < batch.max_num_active_reqs)
+        if not _any(cont):
+            break
+        r = worder[:, min(k, R - 1)]
+        ntok = num_tokens[rows, r].to(I64)
+        # The hit (S:1110-1127): num_computed_tokens is 0 for every waiting request
+        # here; at most num_tokens - 1 tokens, whole blocks.
+        hits, hblocks = lookup(pool, batch.block_hashes[rows, r], ((ntok - 1) // bsz) * cont)
+        hits = hits.to(I64)
+        hvalid = i[:, : hblocks.shape[1]] < hits[:, None]
+        evictable = ((pool.ref.gather(1, hblocks.clamp(min=0)) == 0) & hvalid).sum(1)
+        comp = hits * bsz
+        want = torch.minimum(ntok - comp, cap)  # S:1306, S:1332
+        ok = cont & (batch.enable_chunked_prefill | (want <= budget))  # S:1337-1344
+        n = torch.minimum(want, budget)  # S:1346
+        wm = batch.watermark_blocks * (nrun > 0)  # K:518-525
+        full = (_cdiv(torch.minimum(ntok, Lz), bsz) - hits).clamp(min=0)  # K:531-548
+        ok &= ~batch.reserve_full_isl | (full + evictable + wm <= free)
+        new = (_cdiv(torch.minimum(comp + n, Lz), bsz) - hits).clamp(min=0)  # K:550-588
+        ok &= new + evictable + wm <= free
+        cont = ok
+        if not _any(ok):
+            break
+        # allocate_slots (K:590-627): touch the hits, they open the block table,
+        # then the new blocks; then cache what the grant fills.
+        hv = hvalid & ok[:, None]
+        pool = touch(pool, hblocks, hv)
+        hs, hi = hv.nonzero(as_tuple=True)
+        pool.table[hs, r[hs], hi] = hblocks[hs, hi]
+        onehot = torch.zeros((S, R), dtype=torch.bool, device=dev)
+        onehot[rows, r] = ok
+        pool = replace(pool, ncached=torch.where(onehot, hits.to(I32)[:, None], pool.ncached))
+        new_ok = new * ok
+        pool = pop(batch.num_usable_blocks, pool, new_ok[:, None], r[:, None], hits[:, None])
+        upto = torch.minimum(comp + n, ntok) // bsz
+        pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), torch.zeros_like(run_pos))
+        free = free - (evictable + new) * ok
+        n_ok = (n * ok).to(I32)
+        grant = grant.clone()
+        grant[rows, r] += n_ok
+        held = held.clone()
+        held[rows, r] = torch.where(ok, (hits + new).to(I32), held[rows, r])
+        ncomp = ncomp.clone()
+        ncomp[rows, r] = torch.where(ok, comp.to(I32), ncomp[rows, r])
+        hit_tokens[rows, r] = torch.where(ok, comp.to(I32), hit_tokens[rows, r])
+        admitted[rows, r] = torch.where(ok, (2 - (status[rows, r] == WAITING).to(I8)).to(I8), admitted[rows, r])
+        run_pos = run_pos.clone()
+        run_pos[rows, r] = torch.where(ok, state.next_run_pos + nrun - num_running, run_pos[rows, r])
+        status = status.clone()
+        status[rows, r] = torch.where(ok, torch.tensor(RUNNING, dtype=I8, device=dev), status[rows, r])
+        budget = budget - n * ok
+        nrun = nrun + ok
+        k += 1
+    num_admitted = nrun - num_running
+    ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1858)
+    decision = Decision(num_scheduled_tokens=grant, admitted=admitted, preempt_order=rest["preempt_order"],
+                        num_running=nrun, hit_tokens=hit_tokens)
+    return decision, replace(
+        state, status=status, num_computed_tokens=ncomp, num_preemptions=rest["num_preemptions"],
+        num_blocks=held, run_pos=run_pos, wait_key=rest["wait_key"], num_free_blocks=free,
+        next_run_pos=state.next_run_pos + num_admitted, next_front_key=rest["next_front_key"], pool=pool)
+
+
 def fake_model(batch: Batch, state: State, decision: Decision) -> tuple[torch.Tensor, torch.Tensor]:
     """formats.md's model, after the advance: a scheduled request whose prefill is
     complete samples one token, EOS when it is its output_len-th output token.
@@ -327,7 +447,8 @@ def _append_and_stop(batch: Batch, state: State, sampled: torch.Tensor, eos: tor
     length = sampled & ~eos & ((batch.num_prompt_tokens + num_output >= L)
                                | (num_output >= batch.max_tokens))
     assert LENGTH_CAPPED == STOPPED + 1
-    return finish(state, (sampled & eos) | length, length.to(I8) + STOPPED, step)
+    # The stopped requests free their blocks in scheduled (running) order (S:2541-2551).
+    return finish(batch, state, (sampled & eos) | length, length.to(I8) + STOPPED, step, state.run_pos)
 
 
 def engine_step(batch: Batch, state: State, step: int, active: torch.Tensor,
@@ -337,7 +458,7 @@ def engine_step(batch: Batch, state: State, step: int, active: torch.Tensor,
     `aborts` / `arrivals` False: the caller knows no scenario has any at this step."""
     act = active[:, None]
     if aborts:
-        state, aborted = abort(state, (batch.abort_step == step) & act, step)
+        state, aborted = abort(batch, state, (batch.abort_step == step) & act, step)
     else:
         aborted = torch.zeros_like(batch.valid)
     if arrivals:

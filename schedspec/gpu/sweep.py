@@ -102,6 +102,23 @@ def point_label(point: dict[str, Any]) -> str:
     return ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in point.items())
 
 
+def with_shared_prefix(workloads: Sequence[Scenario], n: int) -> list[Scenario]:
+    """The workloads with a shared system prompt: every request's first
+    min(n, prompt_len) tokens are one prefix group's (formats.md "Additions"),
+    shared within each workload, so prefix caching has something to hit
+    (`--shared-prefix N`).  A request with explicit prompt_token_ids keeps them."""
+    if n < 0:
+        raise ValueError(f"shared prefix {n}: must be >= 0")
+    out = []
+    for w in workloads:
+        reqs = tuple(r if getattr(r, "prompt_token_ids", None) is not None
+                     else dataclasses.replace(r, prefix_group="shared" if n else None,
+                                              prefix_len=min(n, r.prompt_len) if n else 0)
+                     for r in w.requests)
+        out.append(dataclasses.replace(w, requests=reqs))
+    return out
+
+
 def grid_scenarios(workloads: Sequence[Scenario], points: Sequence[dict[str, Any]]) -> list[Scenario]:
     """Point-major: the scenarios of grid point p are [p*K, (p+1)*K)."""
     out = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any, Mapping
 
 from schedspec.spec.block_pool import BlockPool
@@ -25,6 +26,7 @@ from schedspec.spec.request import Request
 from schedspec.spec.state import SchedulerOutput, SchedulerState
 
 REQUEST_FIELDS = tuple(f.name for f in fields(Request))
+_block_hashes = attrgetter("block_hashes")
 OUTPUT_FIELDS = tuple(f.name for f in fields(SchedulerOutput))
 
 
@@ -76,7 +78,7 @@ def hash_renaming(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerStat
     rename: dict[bytes, bytes] = {}
     for rid, r in spec.requests.items():
         v = vllm.requests.get(rid)
-        if v is None or r.block_hashes == v.block_hashes:
+        if v is None or r is v or r.block_hashes == v.block_hashes:
             continue
         before = pre.requests[rid].block_hashes if rid in pre.requests else ()
         if r.block_hashes[:len(before)] != before or v.block_hashes[:len(before)] != before \
@@ -95,11 +97,13 @@ def renamed(state: SchedulerState, rename: Mapping[bytes, bytes]) -> SchedulerSt
         return state
     sub = lambda hs: tuple(rename.get(h, h) for h in hs)  # noqa: E731
     requests = dict(state.requests)
-    for rid, r in state.requests.items():
-        if r.block_hashes and (r.block_hashes[-1] in rename or not rename.keys().isdisjoint(r.block_hashes)):
+    # Which requests hold a renamed hash: one pass of map() in C, then only those.
+    disjoint = map(rename.keys().isdisjoint, map(_block_hashes, state.requests.values()))
+    for (rid, r), clear in zip(state.requests.items(), disjoint):
+        if not clear:
             requests[rid] = r.evolve(block_hashes=sub(r.block_hashes))
     kv = state.kv_cache
-    if isinstance(kv, BlockPool):
+    if isinstance(kv, BlockPool) and not kv.cached.keys().isdisjoint(rename):  # else the pool holds none of them
         cached, block_hash = dict(kv.cached), dict(kv.block_hash)
         moved = {h: cached.pop(h) for h in rename if h in cached}
         for h, blocks in moved.items():
@@ -167,6 +171,8 @@ def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerSta
 def same_requests(a: Mapping[str, Request], b: Mapping[str, Request]) -> bool:
     """Request by request, by identity or field dict (a dict compare in C, where
     the dataclass's __eq__ builds two tuples of every field)."""
+    if a is b:
+        return True
     if a.keys() != b.keys():
         return False
     for rid, x in a.items():
@@ -177,14 +183,28 @@ def same_requests(a: Mapping[str, Request], b: Mapping[str, Request]) -> bool:
 
 
 def same_kv(a: Any, b: Any) -> bool:
-    """The quick test before `kv_view`: part by part, in C, false when unsure."""
+    """The quick test before `kv_view`: part by part, in C, each part by identity
+    first (a lifted part equal to the spec's is the spec's own, vllm_lift.py),
+    false when unsure."""
     if a is b:
         return True
     if isinstance(a, BlockPool) and isinstance(b, BlockPool):
-        return (a.num_free_blocks == b.num_free_blocks and a.free_queue() == b.free_queue()
-                and a.req_to_blocks == b.req_to_blocks and a.ref_cnt == b.ref_cnt and a.cached == b.cached
-                and a.block_hash == b.block_hash and a.num_cached_block == b.num_cached_block)
+        return (a.num_free_blocks == b.num_free_blocks and same_free_queue(a, b)
+                and _same(a.req_to_blocks, b.req_to_blocks) and _same(a.ref_cnt, b.ref_cnt)
+                and _same(a.cached, b.cached) and _same(a.block_hash, b.block_hash)
+                and _same(a.num_cached_block, b.num_cached_block))
     return a == b
+
+
+def same_free_queue(a: BlockPool, b: BlockPool) -> bool:
+    """The free queues in pop order, without building them when the parts agree."""
+    if a.next_fresh == b.next_fresh and _same(a.free_front, b.free_front) and _same(a.free_back, b.free_back):
+        return True
+    return a.free_queue() == b.free_queue()
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or a == b
 
 
 __all__ = ["Difference", "compare_finished", "compare_outputs", "compare_states", "first_difference",

@@ -1,5 +1,14 @@
-"""vLLM 0.33.0's own scheduler tests (tests/v1/core), run on this machine, plain
-and under the shadow monitor (`schedspec peer-tests`).
+"""vLLM's own scheduler tests (tests/v1/core), run on this machine, plain and
+under the shadow monitor (`schedspec peer-tests [--version X]`).
+
+Release X is any of spec/versions.py RELEASES (default 0.33.0): its own sdist,
+its own tests/v1/core, run by its own interpreter (the one this process has when
+its vLLM is X, else the environment of `schedspec install-vllm --version X`), so
+the monitor lifts vLLM X's schedulers and the spec models X (the lifted
+config's vllm_version is the installed vLLM's, reference/vllm_lift.py), its
+version gates applied.  The default files a release lacks are left out and
+named (`default_files`: 0.20.0 and 0.25.0 have no
+test_priority_preemption_bug.py).
 
 The steps, each a public function that takes values:
 
@@ -9,19 +18,22 @@ The steps, each a public function that takes values:
                                   ~/.cache/schedspec/peer-tests
     pip_index_settings(env)       the package indexes and CA bundle pip is
                                   configured with (`pip config list`, PIP_*)
-    fetch_sdist(root)             vllm-0.33.0.tar.gz from those indexes (PEP 691
+    fetch_sdist(root, version=X)  vllm-X.tar.gz from those indexes (PEP 691
                                   JSON, or the PEP 503 page), sha256 verified,
                                   kept in `root`; `check_sdist(path)` for --sdist
-    extract_tests(sdist, root)    tests/v1/core and only the helper modules its
+    extract_tests(sdist, root, version=X)  tests/v1/core and only the helper modules its
                                   files import (found by reading their imports),
                                   with vLLM's pytest settings (pyproject.toml)
     write_model_configs(hub)      a Hugging Face hub cache holding one config.json
                                   per model the tests name (model_configs.json
                                   here; OPT-125m from reference/vllm_model)
+    release_python(X)             the interpreter of release X (one line naming
+                                  `schedspec install-vllm --version X` if none)
     ensure_test_dependencies(root)  the few test-only packages vLLM's tests import
-                                  that a scheduler-only vLLM install lacks,
-                                  installed by pip into root/deps (never into
-                                  the running environment)
+                                  that a scheduler-only vLLM install lacks (and
+                                  pytest itself, for a release's environment),
+                                  installed by pip into root/deps (deps-X for
+                                  release X; never into the interpreter)
     run_pytest(...)               pytest in a subprocess with the plugin
                                   schedspec.monitor.pytest_plugin, offline
     build_table(plain, shadow)    the per-file table from the plugin's reports
@@ -69,8 +81,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from schedspec import reference
 from schedspec.base.errors import UsageError, shown
 from schedspec.base.progress import Progress
+from schedspec.spec.versions import DEFAULT_RELEASE, RELEASES
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = DEFAULT_RELEASE  # "0.33.0": the release run without --version
 PROJECT = "vllm"
 SDIST_NAME = f"vllm-{VLLM_VERSION}.tar.gz"
 TEST_ROOT = "tests/v1/core"
@@ -91,6 +104,13 @@ HTML_ACCEPTS = ("application/vnd.pypi.simple.v1+html", "text/html")
 # (mamba/GDN) model code behind Qwen3-Next, pinned as vLLM 0.33.0 pins it.
 TEST_DEPENDENCIES = {"tblib": "tblib==3.2.2", "compressed_tensors": "compressed-tensors==0.17.0",
                      "loguru": "loguru==0.7.3"}
+# Bridge (test dependencies): 0.20.0 pins compressed-tensors 0.15.0.1
+# (0.20.0 requirements/common.txt); 0.25.0 to 0.33.0 pin 0.17.0.
+TEST_DEPENDENCIES_BY_RELEASE = {"0.20.0": {**TEST_DEPENDENCIES, "compressed_tensors": "compressed-tensors==0.15.0.1"}}
+# pytest itself, for a release's environment (install-vllm installs vLLM only):
+# the versions this project's own environment runs.
+PYTEST_DEPENDENCIES = {"pytest": "pytest==9.2.0", "pluggy": "pluggy==1.7.0", "iniconfig": "iniconfig==2.3.1",
+                       "pygments": "pygments==2.21.0"}
 # What tests/conftest.py needs of tblib, when pip cannot install it: it only
 # makes exceptions picklable for tests that run in subprocesses.
 TBLIB_STAND_IN = ('"""Stand-in written by schedspec peer-tests: tblib could not be installed."""\n',
@@ -181,13 +201,25 @@ def _setting(values: Mapping[str, str], env: Mapping[str, str], name: str) -> st
     return None
 
 
+def check_version(version: str) -> str:
+    """A release schedspec models (spec/versions.py), or a one-line UsageError."""
+    if version not in RELEASES:
+        raise UsageError(f"--version {shown(version)}: not a vLLM release schedspec models; "
+                         f"use one of {', '.join(RELEASES)}")
+    return version
+
+
+def sdist_name(version: str = VLLM_VERSION) -> str:
+    return f"vllm-{version}.tar.gz"
+
+
 def pip_default_index() -> str:
     """The index pip uses when it is configured with none."""
     try:
         from pip._internal.models.index import PyPI
     except ImportError:
         raise UsageError("pip is not installed here, so the package index it would use is unknown; "
-                         "download vllm-0.33.0.tar.gz yourself and pass --sdist PATH") from None
+                         "download vllm-X.tar.gz yourself and pass --sdist PATH") from None
     return PyPI.simple_url
 
 
@@ -199,7 +231,7 @@ def pip_index_settings(env: Mapping[str, str] | None = None,
     no_index = _setting(values, env, "no-index")
     if no_index is not None and no_index.strip().lower() in ("1", "true", "yes", "on"):
         raise UsageError("pip is configured with no-index, so there is no package index to fetch "
-                         f"{SDIST_NAME} from; pass --sdist PATH")
+                         "vLLM's sdist from; pass --sdist PATH")
     main = _setting(values, env, "index-url") or pip_default_index()
     extra = (_setting(values, env, "extra-index-url") or "").split()
     urls = tuple(dict.fromkeys([main.strip(), *extra]))
@@ -408,17 +440,18 @@ def download(link: SdistLink, dest: Path, settings: IndexSettings | None = None,
 
 
 def fetch_sdist(root: Path, env: Mapping[str, str] | None = None, status: StatusFn = _quiet,
-                settings: IndexSettings | None = None) -> Path:
-    """vLLM's source distribution, from `root` when a verified copy is there, else
-    from pip's package index (verified against the index's sha256, then kept)."""
-    dest = Path(root) / SDIST_NAME
+                settings: IndexSettings | None = None, version: str = VLLM_VERSION) -> Path:
+    """vLLM `version`'s source distribution, from `root` when a verified copy is
+    there, else from pip's package index (verified against the index's sha256,
+    then kept)."""
+    dest = Path(root) / sdist_name(version)
     recorded = dest.with_name(dest.name + ".sha256")
     if dest.is_file() and recorded.is_file():
         with contextlib.suppress(OSError):
             if recorded.read_text().strip() == sha256_file(dest):
                 return dest
     settings = settings or pip_index_settings(env)
-    link = find_sdist(settings)
+    link = find_sdist(settings, dest.name)
     digest = download(link, dest, settings, status)
     with contextlib.suppress(OSError):
         recorded.write_text(digest + "\n")
@@ -438,13 +471,16 @@ def _members(tar: tarfile.TarFile) -> Iterable[tuple[str, tarfile.TarInfo]]:
         yield "/".join(parts[1:]), m
 
 
-def read_sdist(sdist: Path) -> dict[str, bytes]:
+def read_sdist(sdist: Path, version: str = VLLM_VERSION) -> dict[str, bytes]:
     """Every file of the sdist under tests/, and pyproject.toml, by path below
-    its top folder."""
+    its top folder.  An sdist whose top folder names another vLLM release
+    (vllm-Y/) is refused: its tests are not release `version`'s."""
     files = {}
+    tops = set()
     try:
         with tarfile.open(sdist, "r:*") as tar:
             for rel, m in _members(tar):
+                tops.add(PurePosixPath(m.name).parts[0])
                 if rel.startswith("tests/") or rel == "pyproject.toml":
                     f = tar.extractfile(m)
                     if f is not None:
@@ -452,9 +488,13 @@ def read_sdist(sdist: Path) -> dict[str, bytes]:
     except (tarfile.TarError, OSError, EOFError) as e:
         raise UsageError(f"{shown(str(sdist), 200)}: not a readable .tar.gz source distribution "
                          f"({shown(str(e) or type(e).__name__, 100)})") from None
+    other = sorted(t for t in tops if t.startswith("vllm-") and t != f"vllm-{version}")
+    if other:
+        raise UsageError(f"{shown(str(sdist), 200)} is {shown(other[0], 40)}'s source distribution, not "
+                         f"vLLM {version}'s ({sdist_name(version)}); pass --version to match it")
     if not any(rel.startswith(TEST_ROOT + "/") for rel in files):
-        raise UsageError(f"{shown(str(sdist), 200)} holds no {TEST_ROOT}/; give vLLM {VLLM_VERSION}'s "
-                         f"source distribution ({SDIST_NAME})")
+        raise UsageError(f"{shown(str(sdist), 200)} holds no {TEST_ROOT}/; give vLLM {version}'s "
+                         f"source distribution ({sdist_name(version)})")
     return files
 
 
@@ -532,20 +572,20 @@ def needed_files(files: Mapping[str, bytes], test_root: str = TEST_ROOT) -> list
     return sorted(chosen)
 
 
-def extract_tests(sdist: Path, root: Path, status: StatusFn = _quiet) -> Path:
+def extract_tests(sdist: Path, root: Path, status: StatusFn = _quiet, version: str = VLLM_VERSION) -> Path:
     """The tree pytest runs in: root/vllm-<version>/ with tests/v1/core, its
     helpers and pyproject.toml; reused while the sdist is the same."""
-    dest = Path(root) / f"vllm-{VLLM_VERSION}"
+    dest = Path(root) / f"vllm-{version}"
     digest = sha256_file(sdist)
     marker = dest / EXTRACTED_MARKER
     with contextlib.suppress(OSError, ValueError):
         if json.loads(marker.read_text()).get("sdist_sha256") == digest:
             return dest
     status(f"extracting {TEST_ROOT} and its helpers from {sdist.name}")
-    files = read_sdist(sdist)
+    files = read_sdist(sdist, version)
     chosen = needed_files(files)
     _make_dir(Path(root), "cache folder")
-    tmp = Path(tempfile.mkdtemp(prefix=f".vllm-{VLLM_VERSION}.", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".vllm-{version}.", dir=root))
     try:
         for rel in chosen:
             target = tmp / rel
@@ -568,15 +608,23 @@ def available_files(tree: Path) -> list[str]:
     return sorted(str(p.relative_to(base)) for p in base.rglob("test_*.py"))
 
 
+def default_files(tree: Path) -> tuple[list[str], list[str]]:
+    """(the default files the release's tests/v1/core has, those it lacks):
+    0.20.0 and 0.25.0 have no test_priority_preemption_bug.py (from 0.28.0)."""
+    known = set(available_files(tree))
+    return [f for f in DEFAULT_FILES if f in known], [f for f in DEFAULT_FILES if f not in known]
+
+
 def resolve_targets(tree: Path, files: Sequence[str] | None, all_files: bool) -> list[str]:
-    """pytest's arguments, relative to the tree: the default five files, all of
-    tests/v1/core, or the named files ("test_scheduler.py", "test_scheduler",
-    "prefix_cache/test_x.py", a node id "test_x.py::test_y")."""
+    """pytest's arguments, relative to the tree: the default five files (those
+    of them the release has), all of tests/v1/core, or the named files
+    ("test_scheduler.py", "test_scheduler", "prefix_cache/test_x.py", a node
+    id "test_x.py::test_y")."""
     if all_files:
         return [TEST_ROOT]
     known = available_files(tree)
     targets = []
-    for name in files or DEFAULT_FILES:
+    for name in files or default_files(tree)[0]:
         path, sep, rest = name.partition("::")
         path = path.strip().removeprefix(TEST_ROOT + "/").removeprefix("./")
         if path and not path.endswith(".py"):
@@ -592,6 +640,23 @@ def resolve_targets(tree: Path, files: Sequence[str] | None, all_files: bool) ->
 
 
 # --- offline model configs -----------------------------------------------------------------------
+
+def named_models(tree: Path, files: Iterable[str] | None = None) -> list[str]:
+    """The model ids ("ORG/NAME" string literals) the release's test files and
+    their helpers name, as far as a string can tell: what model_configs()
+    must cover for them."""
+    import re
+
+    base = tree / TEST_ROOT
+    paths = [base / f for f in files] if files is not None else sorted(base.rglob("*.py"))
+    found = set()
+    pattern = re.compile(r"""["']([A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)["']""")
+    for p in [*paths, base / "utils.py"]:
+        with contextlib.suppress(OSError):
+            found.update(m for m in pattern.findall(p.read_text(errors="replace"))
+                         if not m.endswith(".py") and "." not in m.split("/")[0])
+    return sorted(found)
+
 
 def model_configs() -> dict[str, dict[str, Any]]:
     """{model id: config.json contents} of the models vLLM's tests name."""
@@ -624,31 +689,60 @@ def write_model_configs(hub: Path, configs: Mapping[str, Mapping[str, Any]] | No
 
 # --- test-only dependencies ----------------------------------------------------------------------
 
+def release_test_dependencies(version: str = VLLM_VERSION) -> dict[str, str]:
+    """{import name: pinned requirement} release `version`'s tests need beyond a
+    scheduler-only vLLM install."""
+    return dict(TEST_DEPENDENCIES_BY_RELEASE.get(version, TEST_DEPENDENCIES))
+
+
+def absent_modules(python: str | os.PathLike, modules: Iterable[str]) -> set[str]:
+    """The modules interpreter `python` cannot find (asked in a subprocess: no import)."""
+    modules = list(modules)
+    if not modules:
+        return set()
+    if str(python) == sys.executable:
+        return {m for m in modules if importlib.util.find_spec(m) is None}
+    code = ("import importlib.util, json, sys; "
+            "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))")
+    try:
+        proc = subprocess.run([str(python), "-c", code, *modules], capture_output=True, text=True,
+                              timeout=120, check=False, env={k: v for k, v in os.environ.items()
+                                                             if k != "PYTHONPATH"})
+        return set(json.loads(proc.stdout.strip().splitlines()[-1])) if proc.returncode == 0 else set(modules)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return set(modules)
+
+
 def missing_dependencies(deps: Path | None = None,
-                         wanted: Mapping[str, str] | None = None) -> dict[str, str]:
-    """{import name: requirement} of TEST_DEPENDENCIES neither this Python nor
-    `deps` has."""
+                         wanted: Mapping[str, str] | None = None,
+                         python: str | os.PathLike | None = None) -> dict[str, str]:
+    """{import name: requirement} of `wanted` (TEST_DEPENDENCIES) neither the
+    interpreter `python` (this one) nor `deps` has."""
     wanted = TEST_DEPENDENCIES if wanted is None else wanted
-    missing = {}
-    for module, requirement in wanted.items():
-        if importlib.util.find_spec(module) is not None:
-            continue
-        if deps is not None and ((deps / module).is_dir() or (deps / f"{module}.py").is_file()):
-            continue
-        missing[module] = requirement
-    return missing
+    candidates = [m for m in wanted
+                  if deps is None or not ((deps / m).is_dir() or (deps / f"{m}.py").is_file())]
+    absent = absent_modules(python or sys.executable, candidates)
+    return {m: wanted[m] for m in candidates if m in absent}
+
+
+def deps_dir(root: Path, version: str = VLLM_VERSION) -> Path:
+    """root/deps for the default release, root/deps-X for release X's environment."""
+    return Path(root) / ("deps" if version == VLLM_VERSION else f"deps-{version}")
 
 
 def ensure_test_dependencies(root: Path, status: StatusFn = _quiet,
-                             python: str | None = None) -> list[Path]:
-    """Folders to put on the tests' PYTHONPATH with the test-only packages this
-    Python lacks: root/deps, installed there by pip (--no-deps, pinned); where pip
-    fails, a stand-in for tblib (root/stand-ins) so that tests/conftest.py loads."""
-    deps = Path(root) / "deps"
-    missing = missing_dependencies(deps)
+                             python: str | None = None, version: str = VLLM_VERSION) -> list[Path]:
+    """Folders to put on the tests' PYTHONPATH with the test-only packages the
+    interpreter `python` (this one) lacks, and pytest where a release's
+    environment lacks it: deps_dir(root, version), installed there by pip
+    (--no-deps, pinned); where pip fails, a stand-in for tblib (root/stand-ins)
+    so that tests/conftest.py loads."""
+    deps = deps_dir(root, version)
+    wanted = {**release_test_dependencies(version), **PYTEST_DEPENDENCIES}
+    missing = missing_dependencies(deps, wanted, python)
     if missing:
         status(f"installing the test-only packages {', '.join(missing.values())} into {deps} "
-               "(not into this Python)")
+               "(not into the interpreter)")
         _make_dir(Path(root), "cache folder")
         tmp = Path(tempfile.mkdtemp(prefix=".deps.", dir=root))
         try:
@@ -671,13 +765,51 @@ def ensure_test_dependencies(root: Path, status: StatusFn = _quiet,
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     paths = [deps] if deps.is_dir() else []
-    if "tblib" in missing_dependencies(deps, {"tblib": TEST_DEPENDENCIES["tblib"]}):
+    if "tblib" in missing_dependencies(deps, {"tblib": TEST_DEPENDENCIES["tblib"]}, python):
         stand_in = Path(root) / "stand-ins" / "tblib"
         stand_in.mkdir(parents=True, exist_ok=True)
         (stand_in / "__init__.py").write_text(TBLIB_STAND_IN[0])
         (stand_in / "pickling_support.py").write_text("".join(TBLIB_STAND_IN))
         paths.append(stand_in.parent)
+    if "pytest" in missing_dependencies(deps, {"pytest": PYTEST_DEPENDENCIES["pytest"]}, python):
+        raise UsageError(f"pytest is not installed for vLLM {version}'s interpreter {shown(str(python), 200)}, "
+                         f"and pip could not install it into {deps}")
     return paths
+
+
+def installed_vllm() -> str | None:
+    """The vLLM release this interpreter has, from its metadata (no import)."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("vllm")
+    except md.PackageNotFoundError:
+        return None
+
+
+def release_env_python(version: str) -> Path:
+    """Release `version`'s interpreter where `schedspec install-vllm --version X`
+    puts it: $SCHEDSPEC_CACHE/vllm-envs/X, default ~/.cache/schedspec/vllm-envs/X
+    (cli/vllm_version.py env_python, which the command line owns)."""
+    env = os.environ.get("SCHEDSPEC_CACHE", "").strip()
+    base = Path(env).expanduser() if env else Path.home() / ".cache" / "schedspec"
+    return base / "vllm-envs" / version / "bin" / "python"
+
+
+def release_python(version: str = VLLM_VERSION) -> str:
+    """The interpreter that runs release `version`'s tests: this one when its vLLM
+    is that release (or, for the default release, when no environment of it
+    exists: the tests then show what is missing), else the environment of
+    `schedspec install-vllm --version X` (cli/vllm_version.py)."""
+    if installed_vllm() == version:
+        return sys.executable
+    py = release_env_python(version)
+    if os.access(py, os.X_OK):
+        return str(py)
+    if version == VLLM_VERSION:
+        return sys.executable
+    raise UsageError(f"--version {version}: vLLM {version} is not installed for schedspec (no {py}); "
+                     f"install it with `schedspec install-vllm --version {version}`")
 
 
 # --- running pytest ------------------------------------------------------------------------------
@@ -688,7 +820,7 @@ def schedspec_source_root() -> Path:
 
 
 def peer_environment(root: Path, hub: Path, python_path: Sequence[Path] = (),
-                     base: Mapping[str, str] | None = None) -> dict[str, str]:
+                     base: Mapping[str, str] | None = None, version: str = VLLM_VERSION) -> dict[str, str]:
     """The environment vLLM's tests run in: offline, CPU, our hub cache and
     vLLM cache, the extra packages and schedspec importable."""
     env = dict(os.environ if base is None else base)
@@ -697,7 +829,7 @@ def peer_environment(root: Path, hub: Path, python_path: Sequence[Path] = (),
     env.update(OFFLINE_ENV)
     env["HF_HOME"] = str(hub.parent)
     env["HF_HUB_CACHE"] = str(hub)
-    env["VLLM_CACHE_ROOT"] = str(Path(root) / "vllm-cache")
+    env["VLLM_CACHE_ROOT"] = str(Path(root) / ("vllm-cache" if version == VLLM_VERSION else f"vllm-cache-{version}"))
     paths = [str(p) for p in python_path]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
@@ -719,9 +851,12 @@ class PytestRun:
 def run_pytest(tree: Path, targets: Sequence[str], run_dir: Path, env: Mapping[str, str], *,
                plain: bool, keyword: str | None = None, vectors_dir: Path | None = None,
                policy: str = "count", extra_args: Sequence[str] = (), status: StatusFn = _quiet,
-               show_progress: bool | None = None) -> PytestRun:
-    """pytest on `targets` in `tree`, in a subprocess, with the plugin; its
-    output goes to run_dir/pytest-<mode>.log, the count of tests done to stderr."""
+               show_progress: bool | None = None, python: str | None = None,
+               vllm_version: str | None = None) -> PytestRun:
+    """pytest on `targets` in `tree`, in a subprocess of `python` (this
+    interpreter), with the plugin; its output goes to run_dir/pytest-<mode>.log,
+    the count of tests done to stderr.  With `vllm_version` the plugin refuses
+    to run unless that interpreter's vLLM is that release."""
     mode = "plain" if plain else "shadow"
     run_dir = _make_dir(Path(run_dir), "run folder")
     report = run_dir / f"report-{mode}.json"
@@ -731,10 +866,13 @@ def run_pytest(tree: Path, targets: Sequence[str], run_dir: Path, env: Mapping[s
     for p in (report, progress_file):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
-    cmd = [sys.executable, "-m", "pytest", *[str(Path(tree) / t) for t in targets],
+    python = python or sys.executable
+    cmd = [python, "-m", "pytest", *[str(Path(tree) / t) for t in targets],
            "--rootdir", str(tree), "-c", str(Path(tree) / "pyproject.toml"),
            "-p", PLUGIN, "-p", "no:cacheprovider", "-q", "-rN", "--continue-on-collection-errors",
            "--schedspec-report", str(report), "--schedspec-progress", str(progress_file)]
+    if vllm_version:
+        cmd += ["--schedspec-vllm-version", vllm_version]
     if plain:
         cmd.append("--schedspec-plain")
     else:
@@ -753,7 +891,7 @@ def run_pytest(tree: Path, targets: Sequence[str], run_dir: Path, env: Mapping[s
             proc = subprocess.Popen(cmd, cwd=work, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)
         except OSError as e:
-            raise UsageError(f"cannot run {shown(sys.executable, 200)} -m pytest: {e.strerror or e}") from None
+            raise UsageError(f"cannot run {shown(python, 200)} -m pytest: {e.strerror or e}") from None
         try:
             while True:
                 try:
@@ -844,7 +982,7 @@ def _add_stats(row: dict[str, Any], stats: Mapping[str, Any]) -> None:
 
 
 def build_table(plain: Mapping[str, Any] | None, shadow: Mapping[str, Any] | None,
-                test_root: str = TEST_ROOT) -> dict[str, Any]:
+                test_root: str = TEST_ROOT, version: str = VLLM_VERSION) -> dict[str, Any]:
     """The per-file table from the plugin's reports (either may be None).
 
     A test that fails plain is vLLM's test failing on this machine: it is listed
@@ -900,7 +1038,7 @@ def build_table(plain: Mapping[str, Any] | None, shadow: Mapping[str, Any] | Non
     for f in plain_failures:
         modules.setdefault(_first_line(f["message"]), set()).update(f["missing_modules"])
     bad = any(d["counted"] for d in divergences) or bool(pass_fail)
-    return {"format": TABLE_FORMAT, "vllm": VLLM_VERSION, "test_root": test_root,
+    return {"format": TABLE_FORMAT, "vllm": version, "test_root": test_root,
             "modes": [m for m, r in (("plain", plain), ("shadow", shadow)) if r is not None],
             "files": files, "totals": totals,
             "divergences": divergences, "plain_pass_shadow_fail": pass_fail,
@@ -1024,21 +1162,24 @@ class PeerTestOptions:
     policy: str = "count"
     extra_pytest_args: Sequence[str] = field(default_factory=tuple)
     workers: int = 1
+    version: str = VLLM_VERSION
 
 
-def prepare(options: PeerTestOptions, status: StatusFn = _quiet) -> tuple[Path, Path, dict[str, str]]:
-    """(cache root, extracted tree, the tests' environment), everything fetched
-    and written."""
+def prepare(options: PeerTestOptions, status: StatusFn = _quiet) -> tuple[Path, Path, dict[str, str], str]:
+    """(cache root, extracted tree, the tests' environment, the interpreter),
+    everything fetched and written, for release options.version."""
+    version = check_version(options.version)
+    python = release_python(version)  # before anything is fetched: a missing environment is one line
     root = _make_dir(cache_root(options.cache), "cache folder")
-    sdist = check_sdist(options.sdist) if options.sdist else fetch_sdist(root, status=status)
-    tree = extract_tests(sdist, root, status)
+    sdist = check_sdist(options.sdist) if options.sdist else fetch_sdist(root, status=status, version=version)
+    tree = extract_tests(sdist, root, status, version)
     hub = root / "hf" / "hub"
     try:
         write_model_configs(hub)
     except OSError as e:
         raise UsageError(f"cannot write the model configs into {shown(str(hub), 200)}: {e.strerror or e}") from None
-    paths = ensure_test_dependencies(root, status)
-    return root, tree, peer_environment(root, hub, paths)
+    paths = ensure_test_dependencies(root, status, python=python, version=version)
+    return root, tree, peer_environment(root, hub, paths, version=version), python
 
 
 def new_run_dir(root: Path, keep: int = 10) -> Path:
@@ -1087,8 +1228,18 @@ def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
     groups that they would not share in one: a file is never split."""
     from concurrent.futures import ThreadPoolExecutor
 
-    root, tree, env = prepare(options, status)
+    root, tree, env, python = prepare(options, status)
+    version = options.version
     targets = resolve_targets(tree, options.files, options.all_files)
+    lacking = default_files(tree)[1] if not (options.files or options.all_files) else []
+    if lacking:
+        status(f"vLLM {version}'s {TEST_ROOT} has no {', '.join(lacking)}: left out of the default files")
+    paths = None if targets == [TEST_ROOT] else \
+        sorted({t.partition("::")[0].removeprefix(TEST_ROOT + "/") for t in targets})
+    unconfigured = [m for m in named_models(tree, paths) if m not in model_configs()]
+    if unconfigured:
+        status(f"no offline config for {', '.join(unconfigured)} (named by vLLM {version}'s tests): "
+               "the tests that load them fail plain")
     run_dir = new_run_dir(root)
     vectors = Path(options.vectors_dir) if options.vectors_dir else run_dir / "vectors"
     modes = ["plain"] if options.plain_only else ["plain", "shadow"]
@@ -1107,7 +1258,8 @@ def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
         return run_pytest(tree, group, where, env, plain=mode == "plain", keyword=options.keyword,
                           vectors_dir=vectors if mode == "shadow" else None, policy=options.policy,
                           extra_args=options.extra_pytest_args, status=status,
-                          show_progress=show_progress if alone else False)
+                          show_progress=show_progress if alone else False, python=python,
+                          vllm_version=None if python == sys.executable and version == VLLM_VERSION else version)
 
     if alone:
         done = [job(*j) for j in jobs]
@@ -1119,8 +1271,11 @@ def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
     if runs["plain"].returncode == 5 or not runs["plain"].report.get("tests"):
         raise UsageError(f"no test selected in {', '.join(targets)}"
                          + (f" by -k {shown(options.keyword)}" if options.keyword else ""))
-    table = build_table(runs["plain"].report, runs["shadow"].report if "shadow" in runs else None)
-    table["run"] = {"targets": targets, "keyword": options.keyword, "run_dir": str(run_dir),
+    table = build_table(runs["plain"].report, runs["shadow"].report if "shadow" in runs else None,
+                        version=version)
+    table["run"] = {"targets": targets, "default_files_absent": lacking, "python": python,
+                    "models_without_config": unconfigured,
+                    "keyword": options.keyword, "run_dir": str(run_dir),
                     "vectors_dir": str(vectors) if "shadow" in runs else None, "workers": workers,
                     "pytest_sessions": len(jobs),
                     **{f"{mode}_seconds": round(r.seconds, 1) for mode, r in runs.items()},
@@ -1129,11 +1284,13 @@ def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
     return table
 
 
-__all__ = ["DEFAULT_FILES", "IndexSettings", "PeerTestOptions", "PytestRun", "SDIST_NAME", "SdistLink",
-           "TEST_DEPENDENCIES", "TEST_ROOT", "VLLM_VERSION", "available_files", "build_table", "cache_root",
-           "check_sdist", "download", "ensure_test_dependencies", "extract_tests", "fetch_sdist", "file_groups",
-           "find_sdist", "merge_runs",
-           "format_table", "imported_modules", "missing_dependencies", "model_configs", "needed_files",
-           "new_run_dir", "parse_project_page", "pip_config_values", "pip_default_index", "pip_index_settings",
-           "prepare", "read_sdist", "resolve_targets", "run_peer_tests", "run_pytest", "sha256_file",
-           "ssl_context", "peer_environment", "write_model_configs"]
+__all__ = ["DEFAULT_FILES", "IndexSettings", "PYTEST_DEPENDENCIES", "PeerTestOptions", "PytestRun",
+           "SDIST_NAME", "SdistLink", "TEST_DEPENDENCIES", "TEST_ROOT", "VLLM_VERSION", "absent_modules",
+           "available_files", "build_table", "cache_root", "check_sdist", "check_version", "default_files",
+           "deps_dir", "download", "ensure_test_dependencies", "extract_tests", "fetch_sdist", "file_groups",
+           "find_sdist", "format_table", "imported_modules", "installed_vllm", "merge_runs",
+           "missing_dependencies", "model_configs", "named_models", "needed_files", "new_run_dir",
+           "parse_project_page", "peer_environment", "pip_config_values", "pip_default_index",
+           "pip_index_settings", "prepare", "read_sdist", "release_env_python", "release_python",
+           "release_test_dependencies", "resolve_targets", "run_peer_tests", "run_pytest", "sdist_name",
+           "sha256_file", "ssl_context", "write_model_configs"]

@@ -4,11 +4,11 @@ plain, runs every test under the shadow monitor (schedspec/monitor/shadow.py).
     python -m pytest TESTS -p schedspec.monitor.pytest_plugin \
         --schedspec-report report.json [--schedspec-plain] \
         [--schedspec-vectors DIR] [--schedspec-policy count|log|raise] \
-        [--schedspec-progress progress.txt]
+        [--schedspec-progress progress.txt] [--schedspec-vllm-version X]
 
 The report (written at the end of the session, also when tests fail):
 
-    {"version": 1, "plain": bool,
+    {"version": 1, "plain": bool, "vllm_version": the installed vLLM or null,
      "tests": {nodeid: {"outcome": "passed" | "failed" | "skipped" | "error",
                         "message": first line of the failure or skip reason, or null,
                         "missing_modules": [modules a failure's output says are not installed]
@@ -23,6 +23,11 @@ feature, divergences, monitor errors); null when plain.
 
 With --schedspec-progress FILE the plugin writes "collected N" and then one
 line per finished test, for a runner that shows progress.
+
+With --schedspec-vllm-version X the session stops at once (a usage error) unless
+the interpreter's vLLM is release X: the monitor lifts the config's
+vllm_version from the installed vLLM (reference/vllm_lift.py), so the spec
+then models X.  The report's "vllm_version" is the release the session ran.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -52,11 +58,32 @@ def pytest_addoption(parser) -> None:
                     help="what the monitor does on a divergence (default count)")
     group.addoption("--schedspec-progress", metavar="PATH", default=None,
                     help="write 'collected N', then a line per finished test, to PATH")
+    group.addoption("--schedspec-vllm-version", metavar="X", default=None,
+                    help="refuse to run unless the installed vLLM is release X (what the spec then models)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config) -> None:
+    """Before vLLM's conftest.py files import vLLM: on a CPU-only run
+    (VLLM_TARGET_DEVICE=cpu, as peer-tests runs), select vLLM's CPU platform
+    where the release does not itself.  Bridge (platform): up to 0.25.0 a PyPI
+    wheel on Linux infers no platform ("Failed to infer device type"), see
+    reference/vllm_adapter.py select_cpu_platform; from 0.28.0 nothing is done."""
+    if os.environ.get("VLLM_TARGET_DEVICE") != "cpu" or installed_vllm() is None:
+        return
+    from schedspec.spec.versions import RELEASES, release_key
+
+    version = installed_vllm()
+    if version in RELEASES and release_key(version) < release_key("0.28.0"):
+        from schedspec.reference.vllm_adapter import select_cpu_platform
+
+        select_cpu_platform(version)
 
 
 def pytest_configure(config) -> None:
     opts = config.option
-    if not (opts.schedspec_report or opts.schedspec_progress or not opts.schedspec_plain):
+    if not (opts.schedspec_report or opts.schedspec_progress or not opts.schedspec_plain
+            or opts.schedspec_vllm_version):
         return
     config.pluginmanager.register(Recorder(config), "schedspec-recorder")
 
@@ -71,6 +98,11 @@ class Recorder:
         self.plain = bool(opts.schedspec_plain)
         self.tests: dict[str, dict[str, Any]] = {}
         self.monitor = None
+        self.vllm_version = installed_vllm()
+        wanted = opts.schedspec_vllm_version
+        if wanted and self.vllm_version != wanted:
+            raise pytest.UsageError(f"schedspec: this interpreter ({sys.executable}) has vllm "
+                                    f"{self.vllm_version or 'not installed'}, not {wanted}")
         if self.progress_path:
             Path(self.progress_path).write_text("")
         if not self.plain:
@@ -81,6 +113,12 @@ class Recorder:
             except Exception as e:  # the monitor cannot start: a usage error of this run
                 raise pytest.UsageError(f"schedspec: the shadow monitor could not be installed: "
                                         f"{type(e).__name__}: {e}") from None
+            if wanted:
+                import vllm  # the release the lift reads (vllm.__version__), imported by shadow.py
+
+                if getattr(vllm, "__version__", None) != wanted:
+                    raise pytest.UsageError(f"schedspec: vllm.__version__ is {getattr(vllm, '__version__', None)}, "
+                                            f"not {wanted}: the monitor would model another release")
 
     # -- collection and progress ------------------------------------------------
 
@@ -144,7 +182,8 @@ class Recorder:
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         if not self.report_path:
             return
-        data = {"version": REPORT_VERSION, "plain": self.plain, "tests": self.tests}
+        data = {"version": REPORT_VERSION, "plain": self.plain, "vllm_version": self.vllm_version,
+                "tests": self.tests}
         target = Path(self.report_path)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))
         try:
@@ -154,6 +193,16 @@ class Recorder:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def installed_vllm() -> str | None:
+    """The vLLM release this interpreter has, from its metadata (no import)."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("vllm")
+    except md.PackageNotFoundError:
+        return None
 
 
 MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([A-Za-z0-9_.]+)'")

@@ -9,6 +9,12 @@ that builds it and sees the call classified (tests/test_monitor_scope.py).
 Scheduler-wide features come from the config the scheduler was built with
 (S:87-500); request features from each request the call can touch.  Features
 fixed at a request's creation are read once per request.
+
+Releases 0.20.0 to 0.33.0 (`schedspec peer-tests --version X`): an attribute a
+release's Scheduler or Request does not have is read as the value that means
+the feature is absent there, each such read marked "Bridge" with the release
+that brought the attribute; the fields every Scheduler.__init__ sets are the
+release's (`init_fields`).
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     """Features of the scheduler now (read on every call: vLLM's tests attach
     connectors and patch methods after construction), and of this call's
     arguments."""
-    if not _INIT_FIELDS <= sched.__dict__.keys():  # object.__new__(Scheduler) and a few fields set
+    if not init_fields() <= sched.__dict__.keys():  # object.__new__(Scheduler) and a few fields set
         return [HAND_ASSEMBLED]
     out = []
     vc = sched.vllm_config
@@ -91,15 +97,18 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(MM_ENCODER_ONLY)
     if getattr(sched, "prefix_replay_tokens", 0):
         out.append(PREFIX_REPLAY)
-    if sched.hash_block_size != sched.block_size:
+    if hash_block_size(sched) != sched.block_size:
         out.append(HASH_BLOCK_SIZE)
     if sched.dcp_world_size > 1 or sched.pcp_world_size > 1:
         out.append(CONTEXT_PARALLEL)
-    if sched.num_sampled_tokens_per_step == 0 or vc.model_config.runner_type == "pooling":
+    # Bridge (num_sampled_tokens_per_step): from 0.25.0; 0.20.0 tells pooling by
+    # the model's runner type alone.
+    if getattr(sched, "num_sampled_tokens_per_step", 1) == 0 or vc.model_config.runner_type == "pooling":
         out.append(POOLING)
     if throttle_prefills or getattr(sched, "local_prefill_interval", 1) > 1:
         out.append(PREFILL_THROTTLING)
-    if sched.adaptive_long_prefill_threshold and sched.scheduler_config.long_prefill_token_threshold:
+    # Bridge (adaptive_long_prefill_threshold): from 0.31.0; none before.
+    if getattr(sched, "adaptive_long_prefill_threshold", False) and sched.scheduler_config.long_prefill_token_threshold:
         out.append(ADAPTIVE_THRESHOLD)
     if int(sched.pause_state) != 0:  # PauseState.UNPAUSED (sched/interface.py:24)
         out.append(PAUSE)
@@ -114,6 +123,43 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
 _INIT_FIELDS = frozenset({"vllm_config", "scheduler_config", "kv_cache_config", "requests", "running", "waiting",
                           "kv_holding_waiting", "finished_req_ids", "kv_cache_manager", "block_size",
                           "hash_block_size", "use_pp", "current_step"})
+# Bridge (init fields): the release that brought each of them; an older
+# release's Scheduler.__init__ does not set it (0.30.0 has no kv_holding_waiting,
+# 0.25.0 no hash_block_size, 0.20.0 no current_step).
+_INIT_FIELDS_SINCE = {"kv_holding_waiting": "0.31.0", "hash_block_size": "0.28.0", "current_step": "0.25.0"}
+_init_fields: list = []
+
+
+def release() -> str:
+    """The vLLM release this process runs (what the lift gives the spec)."""
+    import vllm
+
+    return vllm.__version__
+
+
+def init_fields(version: str | None = None) -> frozenset:
+    """The fields release `version`'s (this process's) Scheduler.__init__ always sets."""
+    if version is None and _init_fields:
+        return _init_fields[0]
+    from schedspec.spec.versions import release_key
+
+    v = release() if version is None else version
+    try:
+        key = release_key(v)
+    except (KeyError, ValueError):
+        return _INIT_FIELDS
+    out = frozenset(f for f in _INIT_FIELDS
+                    if f not in _INIT_FIELDS_SINCE or key >= release_key(_INIT_FIELDS_SINCE[f]))
+    if version is None:
+        _init_fields.append(out)
+    return out
+
+
+def hash_block_size(sched: Any) -> int:
+    """Bridge (hash_block_size): from 0.28.0; 0.20.0 and 0.25.0 hash in whole
+    blocks (0.25.0 v1/core/kv_cache_utils.py get_request_block_hasher takes the
+    block size)."""
+    return getattr(sched, "hash_block_size", sched.block_size)
 
 _full_attention_spec: list = []
 
@@ -196,8 +242,9 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
         r.__dict__[_STATIC] = static
     status = r.status
     # Drop mode matters only while stale output is in flight (S:1084, 2338-2339);
-    # vLLM leaves the flag set after it drains.
-    dropping = r.drop_stale_output and r.num_stale_output_tokens
+    # vLLM leaves the flag set after it drains.  Bridge (stale output): both
+    # fields from 0.28.0 (0.28.0 v1/request.py:155-163); none before.
+    dropping = getattr(r, "drop_stale_output", False) and getattr(r, "num_stale_output_tokens", 0)
     # The spec hashes every full block as soon as it fills (RQ:285-288); a hasher
     # with lookahead tokens lags (kv_cache_utils.py get_request_block_hasher).
     lagging = prefix_caching and r.block_hashes and \
@@ -244,12 +291,20 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
     out = dict.fromkeys(scheduler_features(sched, throttle_prefills))
     if HAND_ASSEMBLED in out:
         return tuple(out)
-    hbs = sched.hash_block_size if sched.kv_cache_manager.enable_caching else 0
-    for r in (sched.requests.values() if requests is None else requests):
+    hbs = hash_block_size(sched) if sched.kv_cache_manager.enable_caching else 0
+    if requests is None:
+        # Bridge (skipped_waiting): up to 0.30.0 the requests a step skipped (blocked
+        # on remote KVs or a grammar) wait in their own queue (0.30.0 scheduler.py
+        # skipped_waiting), which the lift reads as part of `waiting`; a test can
+        # put one there without add_request, so its features are read there too.
+        skipped = getattr(sched, "skipped_waiting", None)
+        requests = list(sched.requests.values()) + list(skipped) if skipped else sched.requests.values()
+    for r in requests:
         found = request_features(r, hbs)
         if found:
             out.update(dict.fromkeys(found))
     return tuple(out)
 
 
-__all__ = ["BLOCKED_STATUSES", "decode_stagger", "features", "request_features", "scheduler_features", "static_request_features"]
+__all__ = ["BLOCKED_STATUSES", "decode_stagger", "features", "hash_block_size", "init_fields", "release",
+           "request_features", "scheduler_features", "static_request_features"]

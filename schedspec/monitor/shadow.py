@@ -17,20 +17,30 @@ every pre-state afresh instead (what `install()` does, for code that edits the
 scheduler's internals by hand, such as vLLM's tests).  The process's monitor is
 `default_monitor()`; `summary()` gives its figures.
 
-Importing this module imports vLLM.
+Importing this module imports vLLM: whichever release of spec/versions.py
+RELEASES the interpreter has (`schedspec peer-tests --version X` runs release X's
+interpreter).  The shadow classes subclass that release's Scheduler and
+AsyncScheduler, and the lift gives the spec config that release's vllm_version,
+so its version gates apply.  Where a release's methods differ, a "Bridge" below
+says how, with the release's source lines; each is checked per release in
+tests/test_peer_tests_versions.py.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from types import SimpleNamespace
 from typing import Any
 
+import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request
 
 from .monitor import POST_ATTR, Monitor, add_request_check, finish_check, schedule_check, update_check
 
+RELEASE = vllm.__version__  # the release shadowed here (and modelled by the spec: lift_config)
 PREEMPTED_ATTR = "schedspec_preempted"  # the ids `_preempt_request` was called with, in order
 
 _default: Monitor | None = None
@@ -60,6 +70,41 @@ def preempted_list(sched: Any) -> list[str]:
     return lst
 
 
+# Bridge (in-flight counters): a request's num_in_flight_tokens (tokens scheduled
+# whose output has not come back) and num_stale_output_tokens (those of them
+# scheduled before its last preemption) exist from 0.28.0 (0.28.0 v1/request.py:
+# 155-163, kept at scheduler.py:1369, 1393, 1802-1807).  The spec keeps them in
+# every release, and they are nonzero after any schedule() until its
+# update_from_output, so 0.20.0 and 0.25.0 lift (as 0) a value the spec does not
+# hold.  There the monitor keeps them itself on vLLM's request objects, by
+# 0.28.0's four lines, from the calls vLLM's scheduler makes (the release never
+# reads them): + the grant after schedule(), - the grant in update_from_output
+# (the stale share in lockstep), stale = in flight at a preemption.
+GHOST_COUNTERS = "num_in_flight_tokens" not in Request.__init__.__code__.co_names
+
+
+def ghost_scheduled(sched: Any, out: Any) -> None:
+    requests = sched.requests
+    for rid, n in out.num_scheduled_tokens.items():
+        r = requests.get(rid)
+        if r is not None:
+            r.num_in_flight_tokens = getattr(r, "num_in_flight_tokens", 0) + n
+
+
+def ghost_updated(sched: Any, scheduler_output: Any) -> None:
+    requests = sched.requests
+    for rid, n in scheduler_output.num_scheduled_tokens.items():
+        r = requests.get(rid)
+        if r is not None:
+            r.num_in_flight_tokens = getattr(r, "num_in_flight_tokens", 0) - n
+            if getattr(r, "num_stale_output_tokens", 0) > 0:
+                r.num_stale_output_tokens -= n
+
+
+def ghost_preempted(request: Any) -> None:
+    request.num_stale_output_tokens = getattr(request, "num_in_flight_tokens", 0)
+
+
 def monitored(name: str, fn):
     """vLLM's method `fn`, checked by the default monitor."""
 
@@ -68,23 +113,39 @@ def monitored(name: str, fn):
         def preempt(self, request, *args, **kwargs):
             # vLLM keeps the ids preempted in a step in a set; the order is the spec's output.
             preempted_list(self).append(request.request_id)
+            if GHOST_COUNTERS:
+                ghost_preempted(request)
             return fn(self, request, *args, **kwargs)
         return preempt
 
     if name == "schedule":
+        # Bridge (throttle_prefills): schedule() takes it from 0.25.0 (0.25.0
+        # scheduler.py `def schedule(self, throttle_prefills: bool = False)`);
+        # 0.20.0's `schedule(self)` takes nothing, so nothing is throttled there.
         @functools.wraps(fn)
         def schedule(self, *args, **kwargs):
             throttle = kwargs.get("throttle_prefills", args[0] if args else False)
-            return schedule_check(default_monitor(), self, lambda: fn(self, *args, **kwargs), bool(throttle),
-                                  preempted_list(self))
+            if GHOST_COUNTERS:
+                def original():
+                    out = fn(self, *args, **kwargs)
+                    ghost_scheduled(self, out)
+                    return out
+            else:
+                original = functools.partial(fn, self, *args, **kwargs)
+            return schedule_check(default_monitor(), self, original, bool(throttle), preempted_list(self))
         return schedule
 
     if name == "update_from_output":
         @functools.wraps(fn)
         def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
-            return update_check(default_monitor(), self,
-                                lambda: fn(self, scheduler_output, model_runner_output, *args, **kwargs),
-                                scheduler_output, model_runner_output)
+            if GHOST_COUNTERS:
+                def original():
+                    result = fn(self, scheduler_output, model_runner_output, *args, **kwargs)
+                    ghost_updated(self, scheduler_output)
+                    return result
+            else:
+                original = functools.partial(fn, self, scheduler_output, model_runner_output, *args, **kwargs)
+            return update_check(default_monitor(), self, original, scheduler_output, model_runner_output)
         return update_from_output
 
     if name == "add_request":
@@ -96,12 +157,29 @@ def monitored(name: str, fn):
     if name == "finish_requests":
         @functools.wraps(fn)
         def finish_requests(self, request_ids, finished_status, *args, **kwargs):
-            return finish_check(default_monitor(), self,
-                                lambda: fn(self, request_ids, finished_status, *args, **kwargs),
-                                request_ids, finished_status)
+            answer = []  # vLLM's own answer, handed back to the caller whatever the monitor saw
+
+            def original():
+                answer.append(fn(self, request_ids, finished_status, *args, **kwargs))
+                return finished_requests(answer[0])
+
+            judged = finish_check(default_monitor(), self, original, request_ids, finished_status)
+            return answer[0] if answer else judged
         return finish_requests
 
     raise ValueError(f"no monitor for {name}")
+
+
+def finished_requests(done: Any) -> Any:
+    """Bridge (finish_requests' answer): the monitor reads the finished requests'
+    `request_id`s.  From 0.28.0 vLLM answers with the requests themselves (0.28.0
+    scheduler.py `-> list[Request]`); 0.20.0 and 0.25.0 answer (request_id,
+    client_index) pairs (0.25.0 scheduler.py `-> list[tuple[str, int]]`), given
+    to the monitor as objects with that request_id (reference/vllm_adapter.py
+    finished_ids bridges the same).  The caller gets vLLM's own answer."""
+    if not done or not isinstance(done[0], tuple):
+        return done
+    return [SimpleNamespace(request_id=d[0]) if isinstance(d, tuple) else d for d in done]
 
 
 def forgetting(fn):
@@ -132,6 +210,21 @@ def other_methods(cls: type) -> list[str]:
     return sorted(names - set(METHODS) - READ_ONLY)
 
 
+def _block_size_as_hash_block_size(self) -> int:
+    return self.block_size
+
+
+# Bridge (hash_block_size): the monitor reads a scheduler's hash block size
+# (monitor.py add_request_check, scope.py); the attribute is set by
+# Scheduler.__init__ from 0.28.0, and 0.20.0 and 0.25.0 hash in whole blocks
+# (0.25.0 v1/core/kv_cache_utils.py get_request_block_hasher takes block_size).
+# There it is given as a read-only property returning the block size; a release
+# that has the attribute is left as it is.
+RELEASE_ATTRIBUTES = {} if "hash_block_size" in Scheduler.__init__.__code__.co_names else {
+    "hash_block_size": property(_block_size_as_hash_block_size)}
+_added: list[str] = []  # attributes install() gave vLLM's Scheduler
+
+
 class ShadowScheduler(Scheduler):
     """vLLM's synchronous Scheduler, every call checked against the spec."""
 
@@ -141,6 +234,8 @@ class ShadowAsyncScheduler(AsyncScheduler):
 
 
 for _cls, _base in ((ShadowScheduler, Scheduler), (ShadowAsyncScheduler, AsyncScheduler)):
+    for _name, _value in RELEASE_ATTRIBUTES.items():
+        setattr(_cls, _name, _value)
     for _name in METHODS:
         setattr(_cls, _name, monitored(_name, getattr(_base, _name)))
     for _name in other_methods(_base):
@@ -159,6 +254,10 @@ def install(policy: str = "count", vectors_dir: str | None = None, relift: bool 
             original = Scheduler.__dict__[name]
             _installed[name] = original
             setattr(Scheduler, name, monitored(name, original))
+        for name, value in RELEASE_ATTRIBUTES.items():
+            if name not in Scheduler.__dict__:
+                setattr(Scheduler, name, value)
+                _added.append(name)
     return monitor
 
 
@@ -166,7 +265,11 @@ def uninstall() -> None:
     for name, original in _installed.items():
         setattr(Scheduler, name, original)
     _installed.clear()
+    for name in _added:
+        delattr(Scheduler, name)
+    _added.clear()
 
 
-__all__ = ["METHODS", "ShadowAsyncScheduler", "ShadowScheduler", "default_monitor", "install", "monitored",
-           "set_default_monitor", "uninstall"]
+__all__ = ["GHOST_COUNTERS", "METHODS", "RELEASE", "RELEASE_ATTRIBUTES", "ShadowAsyncScheduler", "ShadowScheduler",
+           "default_monitor", "finished_requests", "ghost_preempted", "ghost_scheduled", "ghost_updated", "install",
+           "monitored", "set_default_monitor", "uninstall"]

@@ -22,6 +22,9 @@ from typing import Sequence
 
 import z3
 
+from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES
+
+from . import release
 from .symbolic import PREEMPTED, RUNNING, WAITING, SymSlot, SymState, key_lt, priority_key_le
 from .variants import VARIANTS, Rules
 
@@ -92,14 +95,18 @@ class _Work:
         self.pre = [z3.BoolVal(False)] * n
         self.pseq = [z3.IntVal(0)] * n
         self.token_budget = c.token_budget + rules.token_budget_extra  # S:719
-        self.input_budget = c.max_num_batched_tokens  # S:722
+        # S:722; before 0.28.0 the token budget alone (versions.INPUT_BUDGET): an
+        # input budget that starts equal to it and moves with it caps nothing more.
+        self.input_budget = c.max_num_batched_tokens if release.applies(INPUT_BUDGET) else self.token_budget
         self.free = st.num_free_blocks
         self.gcount = z3.IntVal(0)
         self.pcount = z3.IntVal(0)
         self.acount = z3.IntVal(0)
         eligible = st.num_running + st.num_waiting
         # The long-prefill cap applies only with more than one eligible request (S:757-763).
-        self.threshold = z3.If(eligible >= rules.threshold_min_eligible, c.long_prefill_token_threshold, 0)
+        # Before 0.31.0 it caps every grant (versions.LONG_PREFILL_THRESHOLD_NEEDS_TWO).
+        min_eligible = rules.threshold_min_eligible if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO) else 1
+        self.threshold = z3.If(eligible >= min_eligible, c.long_prefill_token_threshold, 0)
         # The victim order never changes during a step: precompute who beats whom.
         self.beats = {}
         for s in self.RS:
@@ -194,8 +201,10 @@ class _Work:
                 self.blocks[s] = self.blocks[s] + z3.If(here, need, 0)
                 self.do_grant(here, s, n, running_loop=True)
             self.free = self.free - z3.If(granted, need, 0)
-            # FCFS stops at a self-preemption; PRIORITY moves on (S:982-992).
-            active = z3.And(active, z3.Not(z3.And(go, z3.Not(ok), z3.Not(c.is_priority))))
+            # FCFS stops at a self-preemption; PRIORITY moves on (S:982-992), from 0.33.0
+            # (versions.PRIORITY_SELF_PREEMPTION_CONTINUES; before, PRIORITY stops too).
+            moves_on = c.is_priority if release.applies(PRIORITY_SELF_PREEMPTION_CONTINUES) else False
+            active = z3.And(active, z3.Not(z3.And(go, z3.Not(ok), z3.Not(moves_on))))
 
     def waiting_loop(self):
         """S:1050-1614: admissions in queue order; never preempts."""

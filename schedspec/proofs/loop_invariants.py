@@ -69,6 +69,9 @@ from typing import Any, Callable
 
 import z3
 
+from schedspec.spec.versions import INPUT_BUDGET, PRIORITY_SELF_PREEMPTION_CONTINUES
+
+from . import release
 from .encoding import z3_max0, z3_min
 from .obligation import Bound, Obligation, Result
 from .symbolic import BLOCK_SIZES, cdiv_const
@@ -172,13 +175,23 @@ class LoopConfig:
 
     def constraints(self):
         # vLLM's acceptance conditions that the loops rely on (spec/config.py validate_config).
-        return z3.And(self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0, self.th <= self.L,
-                      self.wm >= 0, self.U >= self.cdiv(self.L), self.IB0 >= self.M,
+        # The threshold check exists from 0.28.0 (proofs/release.py).
+        th_check = release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
+        return z3.And(self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
+                      self.th <= self.L if th_check else True, self.wm >= 0, self.U >= self.cdiv(self.L), self.IB0 >= self.M,
                       z3.Or(self.chunked, self.IB0 >= self.L))
 
     @property
     def B(self):
-        return z3_min(self.TB0, self.IB0)
+        """Tokens one step may grant in all (spec/properties.py get_step_budget)."""
+        return z3_min(self.TB0, self.IB) if release.applies(INPUT_BUDGET) else self.TB0
+
+    @property
+    def IB(self):
+        """The input budget a step starts with: max_num_batched_tokens, or before 0.28.0
+        (versions.INPUT_BUDGET) one that starts equal to the token budget and moves
+        with it, so it caps nothing more."""
+        return self.IB0 if release.applies(INPUT_BUDGET) else self.TB0
 
 
 def _fresh_config(prefix: str) -> LoopConfig:
@@ -284,6 +297,12 @@ def _equal(a: RunReq, b: RunReq):
     return z3.And([getattr(a, f.name) == getattr(b, f.name) for f in fields(RunReq)])
 
 
+def moves_on(c: LoopConfig):
+    """Does the running loop go on after a self-preemption?  Under PRIORITY from
+    0.33.0 (S:982-992, versions.PRIORITY_SELF_PREEMPTION_CONTINUES); never before."""
+    return c.prio if release.applies(PRIORITY_SELF_PREEMPTION_CONTINUES) else z3.BoolVal(False)
+
+
 def run_guard(s: RunState):
     """S:795-797: a request left under the cursor, budget left; and no FCFS break."""
     return z3.And(z3.Not(s.stopped), s.cur < s.Rn, s.tb > 0, s.ib > 0)
@@ -310,27 +329,29 @@ def run_J(c: LoopConfig, k: RunConsts, s: RunState, r: RunReq):
 def run_I(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq):
     """The global invariant of the running loop, with the ghost-relative sums of x."""
     return z3.And(
-        s.tb == c.TB0 - s.T, s.ib == c.IB0 - s.T, s.tb >= 0, s.ib >= 0, s.T >= 0,
+        s.tb == c.TB0 - s.T, s.ib == c.IB - s.T, s.tb >= 0, s.ib >= 0, s.T >= 0,
         s.P >= 0, s.Rn == k.R0 - s.P, 0 <= s.cur, s.cur <= s.Rn,
         s.F + s.H == k.F0 + k.H0, s.F >= 0, s.H >= 0,
         z3.Implies(s.P == 0, z3.And(s.F == k.F0 - s.AL, s.AL <= s.DV, s.DV + s.Drest == k.D0, s.Drest >= 0)),
         z3.Implies(s.P > 0, k.D0 > k.F0),
-        z3.Implies(s.stopped, z3.And(s.P > 0, z3.Not(c.prio), s.cur >= s.Rn)),
+        # Stopped after a self-preemption: under FCFS the victim was the tail, so no
+        # request is left behind the cursor; under PRIORITY (before 0.33.0) there may be.
+        z3.Implies(s.stopped, z3.And(s.P > 0, z3.Not(moves_on(c)), z3.Or(c.prio, s.cur >= s.Rn))),
         s.T <= s.CG,
         z3.Or(s.pend == -1, z3.And(s.pend >= 1, s.P >= 1, s.cur < s.Rn, s.pend <= s.tb, s.pend <= s.ib)),
         z3.Implies(z3.And(x.inr, x.pos >= s.cur),
                    z3.And(s.CG + s.UA + s.PA == k.CAx, s.UA >= 0, s.PA >= 0)),
         # x's grant (or the grant pending for it) is at least what the budget left
         # after the capped needs ahead of it: min(cap, budget - CAx)
-        z3.Implies(x.g, x.n >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB0 - k.CAx)),
+        z3.Implies(x.g, x.n >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB - k.CAx)),
         z3.Implies(z3.And(s.pend >= 1, x.inr, x.pos == s.cur),
-                   s.pend >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB0 - k.CAx)),
+                   s.pend >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB - k.CAx)),
     )
 
 
 def run_entry(c: LoopConfig, k: RunConsts, x: RunReq):
     """(premises, the state and ghost at S:793) from a before-state satisfying the state invariant."""
-    s = RunState(c.TB0, c.IB0, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
+    s = RunState(c.TB0, c.IB, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
                  z3.IntVal(0), k.D0, z3.IntVal(0), k.CAx, z3.IntVal(0), z3.IntVal(-1), z3.BoolVal(False))
     x0 = replace(x, inr=z3.BoolVal(True), pos=x.pos0, g=z3.BoolVal(False), n=z3.IntVal(0), b=x.b0,
                  seq=z3.IntVal(-1))
@@ -398,7 +419,7 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     Rn = s.Rn - z3.If(fail, 1, 0)
     back = z3.And(fail, v.pos < s.cur) if rules.cursor_fix else z3.BoolVal(False)
     cur = s.cur + z3.If(z3.Or(skipping, success), 1, 0) - z3.If(back, 1, 0)
-    stop_now = z3.And(self_pre, z3.Not(c.prio)) if rules.fcfs_break else z3.BoolVal(False)
+    stop_now = z3.And(self_pre, z3.Not(moves_on(c))) if rules.fcfs_break else z3.BoolVal(False)
     stopped = z3.Or(s.stopped, stop_now)
     AL = s.AL + z3.If(success, need, 0)
     moved_on = z3.Or(skipping, success)
@@ -479,7 +500,7 @@ def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
 
 def wait_I(c: LoopConfig, s: WaitState, W0):
     return z3.And(
-        s.tb == c.TB0 - s.T, s.ib == c.IB0 - s.T, s.tb >= 0, s.ib >= 0, s.T >= s.Tr, s.Tr >= 0,
+        s.tb == c.TB0 - s.T, s.ib == c.IB - s.T, s.tb >= 0, s.ib >= 0, s.T >= s.Tr, s.Tr >= 0,
         s.tb <= s.tbE, s.ib <= s.ibE, z3.Implies(s.A > 0, z3.And(s.tbE > 0, s.ibE > 0)),
         s.Rn >= 0, s.Rn <= c.M, s.F + s.H == c.U, s.F >= 0, s.H >= 0, 0 <= s.A, s.A <= W0,
     )
@@ -663,7 +684,7 @@ def exit_admissions_within_left(V: LoopVars, R: LoopRules):
     running loop left, min(token_budget, max_num_batched_tokens) - Tr, and only
     if it left some of both budgets."""
     c, ws = V.c_real, V.ws
-    return _wait_pre(V) + [ws.A > 0], z3.And(ws.T - ws.Tr <= z3_min(c.TB0, c.IB0) - ws.Tr,
+    return _wait_pre(V) + [ws.A > 0], z3.And(ws.T - ws.Tr <= c.B - ws.Tr,
                                               ws.tbE > 0, ws.ibE > 0)
 
 
@@ -712,7 +733,7 @@ def exit_never_starved(V: LoopVars, R: LoopRules):
     own capped need is >= 1 (`capped_need_positive`: false only under the async
     max_tokens guard, S:800-814, or the max_model_len cap, S:852)."""
     s, x, k, c = V.s, V.x, V.k, V.c
-    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, k.CAx < z3_min(c.TB0, c.IB0), x.cap(c) >= 1]
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, k.CAx < c.B, x.cap(c) >= 1]
     return pre, z3.And(x.g, x.n >= 1)
 
 
@@ -723,7 +744,7 @@ def exit_whole_need_when_it_fits(V: LoopVars, R: LoopRules):
     request meeting `ahead_within_budget` gets its whole capped need: what the
     lemma `capped needs ahead never grow` needs to carry the premise to the next step."""
     s, x, k, c = V.s, V.x, V.k, V.c
-    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, x.cap(c) >= 1, k.CAx + x.cap(c) <= z3_min(c.TB0, c.IB0)]
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, x.cap(c) >= 1, k.CAx + x.cap(c) <= c.B]
     return pre, z3.And(x.g, x.n == x.cap(c))
 
 

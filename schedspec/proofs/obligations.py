@@ -25,7 +25,7 @@ import z3
 from schedspec.spec.invariants import STATE_INVARIANTS
 from schedspec.spec.properties import PROPERTIES
 
-from . import encoding
+from . import encoding, release
 from .obligation import Bound, Obligation, Result
 from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS, state_invariant
 from .symbolic import BLOCK_SIZES, SymConfig, SymSlot, SymState, fixed_roles
@@ -337,7 +337,21 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
                            "the empty state satisfies the state invariant", "initial"))
     out += theorem_obligations()
     out += loop_obligations(timeout_s)
-    return out
+    return [for_release(o) for o in out]
+
+
+def for_release(o: Obligation) -> Obligation:
+    """`o` for the release the proofs model (proofs/release.py): without the bad
+    variants that are that release's own rule, expected refuted where the release
+    has a known vLLM bug for the property, and its bound naming the release."""
+    finding = release.finding(o.property) if o.kind in ("step", "loop") else None
+    restriction = release.restriction()
+    if not restriction:
+        return o
+    bound = replace(o.bound, note="; ".join(x for x in (o.bound.note, restriction) if x))
+    return replace(o, bad_variants=release.bad_variants(o.bad_variants), bound=bound,
+                   expected="refuted" if finding else o.expected,
+                   extra={**o.extra, **({"finding": finding} if finding else {})})
 
 
 def loop_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
@@ -348,10 +362,10 @@ def loop_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
 
 
 def theorem_obligations() -> list[Obligation]:
-    """proofs/starvation.py's unbounded theorems."""
-    from . import starvation
+    """proofs/starvation.py's unbounded theorems and proofs/liveness.py's liveness theorem."""
+    from . import liveness, starvation
 
-    return list(starvation.OBLIGATIONS)
+    return list(starvation.OBLIGATIONS) + list(liveness.OBLIGATIONS)
 
 
 def covered_properties(obligations: list[Obligation]) -> set[str]:

@@ -16,6 +16,9 @@ from typing import Callable
 
 import z3
 
+from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO
+
+from . import release
 from .encoding import SymDecision, z3_max0, z3_min
 from .symbolic import PREEMPTED, RUNNING, WAITING, SymSlot, SymState, key_lt, priority_key_le
 
@@ -31,10 +34,16 @@ def _granted(d: SymDecision, s: int):
 
 
 def step_budget(st: SymState):
+    """spec/properties.py get_step_budget."""
+    if not release.applies(INPUT_BUDGET):
+        return st.config.token_budget
     return z3_min(st.config.token_budget, st.config.max_num_batched_tokens)
 
 
 def long_prefill_threshold(st: SymState):
+    """spec/properties.py get_long_prefill_threshold."""
+    if not release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
+        return st.config.long_prefill_token_threshold
     return z3.If(st.num_running + st.num_waiting > 1, st.config.long_prefill_token_threshold, 0)
 
 

@@ -38,6 +38,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO
+
+from . import release
 from .obligation import Bound, Obligation, Result
 
 PROPERTY = "starvation_condition"
@@ -175,14 +178,17 @@ class AggOut:
 
 
 def step_budget(o, s: AggState):
+    """spec/properties.py get_step_budget: the token budget alone before 0.28.0."""
+    if not release.applies(INPUT_BUDGET):
+        return s.token_budget
     return o.Min(s.token_budget, s.max_num_batched_tokens)
 
 
 def threshold_in_force(o, s: AggState, variant: str = "correct"):
     """S:757-763: the cap applies only with more than one eligible request."""
     eligible = s.D + s.W + o.If(s.prompt_running, 1, 0)
-    if variant == "threshold_one_eligible":
-        return s.threshold > 0
+    if variant == "threshold_one_eligible" or not release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
+        return s.threshold > 0  # the bad variant is the rule before 0.31.0
     return o.And(s.threshold > 0, eligible > 1)
 
 
@@ -287,7 +293,9 @@ def per_request_step(o, s: PerRequestState, block_size: int) -> PerRequestOut:
     stop, pre = False, False
     decode_total = 0
     eligible = s.D + s.W + o.If(s.prompt_running, 1, 0)
-    thr = o.If(eligible > 1, s.threshold, 0)
+    thr = o.If(eligible > 1, s.threshold, 0) if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO) else s.threshold
+    if not release.applies(INPUT_BUDGET):
+        ib = tb  # the token budget alone (versions.INPUT_BUDGET)
 
     def cap(need, computed):
         n = o.If(o.And(thr > 0, thr < need), thr, need)
@@ -698,7 +706,8 @@ def witness_scenario(w: WitnessValues, name: str, claim: str):
             f"a P={w.P}-token prompt arriving at step 1, max_num_seqs={w.max_num_active_reqs}, "
             f"chunked prefill {'on' if w.chunked else 'off'}, threshold {w.threshold}. {claim} "
             f"Reproduce: schedspec run FILE (written by `schedspec prove`).")
-    return Scenario(name=f"witness-{name}", config=config, requests=tuple(reqs), max_steps=steps,
+    return Scenario(name=f"witness-{name}", config=release.scenario_config(config), requests=tuple(reqs),
+                    max_steps=steps,
                     description=desc)
 
 

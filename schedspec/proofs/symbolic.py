@@ -29,6 +29,8 @@ from schedspec.spec.request import RequestStatus
 from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 
+from . import release
+
 # The small sets the symbolic config draws block_size and watermark from.
 BLOCK_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 # watermark -> (numerator, denominator) of int(watermark * num_gpu_blocks) (K:210).
@@ -94,9 +96,14 @@ class SymConfig:
         return self.num_gpu_blocks - 1
 
     def constraints(self):
-        """What vLLM 0.33.0 accepts (spec/config.py validate_config)."""
+        """What the modelled release accepts (spec/config.py validate_config;
+        proofs/release.py says what its proofs leave out)."""
         c = self
+        threshold_check = release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
+        lacking = release.fields_lacking()  # a field the release lacks has its older meaning
         return z3.And(
+            c.max_num_active_reqs == c.max_num_seqs if "max_num_active_seqs" in lacking else True,
+            c.watermark_index == 0 if "watermark" in lacking else True,
             c.max_num_batched_tokens >= 1, c.token_budget >= 1, c.max_num_seqs >= 1,
             c.max_num_active_reqs >= 1, c.max_num_active_reqs <= c.max_num_seqs,
             c.long_prefill_token_threshold >= 0, c.max_model_len >= 1,
@@ -104,7 +111,7 @@ class SymConfig:
             c.watermark_index >= 0, c.watermark_index < len(WATERMARKS),
             z3.Or(c.enable_chunked_prefill, c.max_num_batched_tokens >= c.max_model_len),
             c.max_num_batched_tokens >= c.max_num_seqs,
-            c.long_prefill_token_threshold <= c.max_model_len,
+            c.long_prefill_token_threshold <= c.max_model_len if threshold_check else True,
             c.num_gpu_blocks - 1 >= c.cdiv(c.max_model_len),
         )
 
@@ -333,12 +340,14 @@ def concrete_state(data: dict) -> tuple[SchedulerState, dict[str, int | None]]:
     wm = list(WATERMARKS)[cfg["watermark_index"]]
     config = SchedulerConfig(
         max_num_batched_tokens=cfg["max_num_batched_tokens"], max_num_scheduled_tokens=cfg["token_budget"],
-        max_num_seqs=cfg["max_num_seqs"], max_num_active_seqs=cfg["max_num_active_reqs"],
+        max_num_seqs=cfg["max_num_seqs"],
+        # A field the release lacks is left at its older meaning (constraints() pins the value).
+        max_num_active_seqs=None if "max_num_active_seqs" in release.fields_lacking() else cfg["max_num_active_reqs"],
         enable_chunked_prefill=cfg["enable_chunked_prefill"],
         long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
         policy=PRIORITY if cfg["is_priority"] else FCFS, watermark=wm,
         scheduler_reserve_full_isl=cfg["scheduler_reserve_full_isl"], max_model_len=cfg["max_model_len"],
-        block_size=cfg["block_size"], num_gpu_blocks=cfg["num_gpu_blocks"])
+        block_size=cfg["block_size"], num_gpu_blocks=cfg["num_gpu_blocks"], vllm_version=release.release())
     reqs, blocks, out_len, running, waiting = {}, {}, {}, [], []
     width = max([len(str(r["rid_rank"])) for r in data["requests"]] + [1])
     for r in data["requests"]:

@@ -18,7 +18,7 @@ import z3
 
 from schedspec.reference.scenario import Abort, RequestSpec, Scenario
 
-from . import encoding
+from . import encoding, release
 from .obligation import Result
 from .property_formulas import PROPERTY_FORMULAS, state_invariant
 from .symbolic import WATERMARKS, SymConfig, SymSlot, SymState
@@ -184,6 +184,7 @@ def to_scenario(m: z3.ModelRef, c: SymConfig, specs, arrive, step: int, goal: st
     name = "witness-" + goal.replace(":", "-").replace("+", "-")
     what = (f"property {goal.split(':', 1)[1]} is applicable at step {step}" if goal.startswith("property:")
             else f"a reachable run for obligation {goal}, witness step {step}: {WHAT[goal]}")
-    return Scenario(name=name, config=config, requests=tuple(reqs), aborts=aborts, max_steps=step + 1,
+    return Scenario(name=name, config=release.scenario_config(config), requests=tuple(reqs), aborts=aborts,
+                    max_steps=step + 1,
                     description=f"z3 bounded-model-checking witness: {what}. Reproduce: schedspec check <this file>; "
                                 f"regenerate: schedspec prove")

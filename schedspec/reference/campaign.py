@@ -169,7 +169,7 @@ def flags_description(flags: Sequence[tuple[bool, bool]]) -> str:
     """The --flags words that draw `flags` (the flags drawn change the scenario of an index)."""
     from .generator import FLAG_NAMES, FLAGS_ALL
 
-    return (" --flags all, not with torch" if flags == FLAGS_ALL
+    return (" --flags all" if flags == FLAGS_ALL
             else " --flags " + ",".join(n for n, f in FLAG_NAMES.items() if f in flags))
 
 
@@ -178,12 +178,17 @@ def random_scenario(seed: int, i: int, flags: Sequence[tuple[bool, bool]] | None
     `flags` (reference/generator.py; None: none, as torch campaigns need); its
     description says how to draw it again."""
     from .generator import FLAGS_OFF, generate_scenario, scenario_rng
+    from schedspec.spec.versions import DEFAULT_RELEASE
+
+    from .scenario import default_vllm_version
 
     flags = flags or FLAGS_OFF
-    s = generate_scenario(scenario_rng(seed, i), i, flags)
+    release = default_vllm_version()  # the command's release: its fields are the ones drawn
+    s = generate_scenario(scenario_rng(seed, i), i, flags, release)
+    for_release = "" if release == DEFAULT_RELEASE else f" for vLLM {release}"
     return dataclasses.replace(
         s, name=f"random-s{seed}-{i}",
-        description=f"random scenario {i} of seed {seed} (schedspec diff --scenarios N --seed "
+        description=f"random scenario {i} of seed {seed}{for_release} (schedspec diff --scenarios N --seed "
                     f"{seed}{flags_description(flags)}, N > {i})")
 
 
@@ -196,17 +201,16 @@ def random_scenarios(num_scenarios: int | None, seed: int,
 
 def campaign_flags(options: CampaignOptions):
     """The engine-flag combinations random scenarios draw: `options.flags`, else
-    every combination unless torch, which models neither flag, takes part.
-    Asking torch for a flag is a user error."""
-    from .generator import FLAGS_OFF, IMPLS_WITHOUT_FLAGS, flags_for
+    every combination both implementations model (generator.py `flags_for`).
+    Asking an implementation for a combination it does not model is a user error."""
+    from .generator import flags_for, unmodelled_flags
 
     impls = (options.impl, options.against)
     if options.flags is None:
         return flags_for(*impls)
-    without = sorted(IMPLS_WITHOUT_FLAGS.intersection(impls))
-    if without and options.flags != FLAGS_OFF:
-        raise UsageError(f"--flags: {without[0]} models neither prefix caching nor async scheduling; "
-                         "use --flags sync")
+    reason = unmodelled_flags(options.flags, *impls)
+    if reason:
+        raise UsageError(reason)
     return options.flags
 
 

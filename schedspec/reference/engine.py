@@ -19,7 +19,7 @@ from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
 from schedspec.spec.input_processor import make_request
 from schedspec.spec.state import SchedulerOutput, SchedulerState
 from .impl import SchedulerImpl
-from .prompts import prompt_token_ids
+from .prompts import NON_EOS_TOKEN_ID, prompt_token_ids
 from .scenario import Scenario
 
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from .trace_io import TraceSink
 
 TRACE_FORMAT = "schedspec.trace/1"
-NON_EOS_TOKEN_ID = 100
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,16 @@ without them is exactly the one `flags=FLAGS_OFF` gives:
 - under async scheduling, extra aborts one to three steps after arrival,
   while the request's batches are in flight.
 
-`FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the torch
-implementation and the proofs model neither flag, and the scenario streams
-pinned by their tests stay as they were.
+`release` (default 0.33.0) is the vLLM release the scenario is for: the
+config fields that release lacks (spec/versions.py `FIELDS_SINCE`) are left
+out, after every draw, so the scenario of an index differs between releases
+only by those fields and older releases run what they can instead of refusing
+a quarter of the campaign.
+
+`FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
+model neither flag, and the scenario streams pinned by their tests stay as they
+were.  A campaign draws the combinations both its implementations model
+(`flags_for`; torch: prefix caching on and off, synchronous).
 
 Excluded: in `generate_config_dict` only, `max_model_len = -1`, vLLM's
 model-dependent "auto-fit" sentinel (formats.md fixes max_model_len's default
@@ -61,6 +68,8 @@ import math
 import random
 from collections.abc import Sequence
 from typing import Any
+
+from schedspec.spec.versions import DEFAULT_RELEASE, fields_lacking
 
 from .scenario import Abort, RequestSpec, Scenario
 
@@ -142,8 +151,10 @@ FlagCombination = tuple[bool, bool]
 FLAG_COMBINATIONS: tuple[FlagCombination, ...] = ((False, False), (True, False), (False, True), (True, True))
 FLAGS_OFF: tuple[FlagCombination, ...] = ((False, False),)
 FLAGS_ALL = FLAG_COMBINATIONS
-# Implementations that model neither flag: campaigns they take part in draw none.
-IMPLS_WITHOUT_FLAGS = frozenset({"torch"})
+# The combinations an implementation models, where it is not all of them: torch
+# models prefix caching but not async scheduling (gpu/README.md).  A campaign
+# draws the combinations every implementation in it models.
+IMPL_FLAGS: dict[str, tuple[FlagCombination, ...]] = {"torch": ((False, False), (True, False))}
 
 
 # Names of the combinations on the command line (`schedspec diff --flags`) and in coverage.
@@ -152,8 +163,21 @@ FLAG_NAMES: dict[str, FlagCombination] = {"sync": (False, False), "sync+prefix":
 
 
 def flags_for(*impl_names: str) -> tuple[FlagCombination, ...]:
-    """The flag combinations a campaign between these implementations draws."""
-    return FLAGS_OFF if IMPLS_WITHOUT_FLAGS.intersection(impl_names) else FLAGS_ALL
+    """The flag combinations a campaign between these implementations draws: those
+    every one of them models, in FLAG_COMBINATIONS order."""
+    return tuple(f for f in FLAG_COMBINATIONS if all(f in IMPL_FLAGS.get(n, FLAGS_ALL) for n in impl_names))
+
+
+def unmodelled_flags(flags, *impl_names: str) -> str | None:
+    """A one-line reason when one of `impl_names` does not model a combination of
+    `flags`, or None."""
+    for n in impl_names:
+        missing = [f for f in flags if f not in IMPL_FLAGS.get(n, FLAGS_ALL)]
+        if missing:
+            names = {v: k for k, v in FLAG_NAMES.items()}
+            return (f"--flags: {n} does not model {names[missing[0]]}; it models "
+                    + ",".join(names[f] for f in IMPL_FLAGS[n]))
+    return None
 
 
 def parse_flags(text: str) -> tuple[FlagCombination, ...]:
@@ -171,10 +195,11 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
 
 
 def generate_scenario(rng: random.Random, index: int,
-                      flags: Sequence[FlagCombination] = FLAGS_OFF) -> Scenario:
-    """One random valid scenario; `index` only names it.  `flags`: the
-    (enable_prefix_caching, async_scheduling) combinations to draw from, equally
-    likely; with FLAGS_OFF nothing is drawn after the flag-free scenario."""
+                      flags: Sequence[FlagCombination] = FLAGS_OFF, release: str = DEFAULT_RELEASE) -> Scenario:
+    """One random scenario valid in vLLM `release`; `index` only names it.
+    `flags`: the (enable_prefix_caching, async_scheduling) combinations to draw
+    from, equally likely; with FLAGS_OFF nothing is drawn after the flag-free
+    scenario."""
     flags = tuple(flags)
     if not flags or any(f not in FLAG_COMBINATIONS for f in flags):
         raise ValueError(f"flags: {flags!r} must be a non-empty sequence of (bool, bool) pairs")
@@ -229,6 +254,8 @@ def generate_scenario(rng: random.Random, index: int,
         prefix_caching, async_scheduling = flags[0] if len(flags) == 1 else rng.choice(flags)
         config, requests, aborts = _engine_flags(rng, config, requests, aborts, prefix_caching,
                                                  async_scheduling)
+    # Dropped, not drawn differently: the rest of the scenario is the same for every release.
+    config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 
     return Scenario(
         name=f"random-{index}",

@@ -37,6 +37,7 @@ from schedspec.spec.config import (CONFIG_FIELDS, EXCERPT_CHARS, ConfigError, Sc
 from schedspec.spec.input_processor import make_request
 from schedspec.spec.versions import DEFAULT_RELEASE
 
+from .prompts import OUTPUT_TOKEN_IDS
 from .strict_json import (TYPE_WORDS, DuplicateKeys, Refused, StrictValidator, fast_check_covers, fast_valid, object_pairs,
                           refuse_constant)
 
@@ -417,6 +418,12 @@ def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
                 raise ScenarioError(
                     f"{where}.prompt_token_ids: holds {len(r.prompt_token_ids)} tokens, must hold "
                     f"prompt_len ({r.prompt_len})")
+            for k, tok in enumerate(r.prompt_token_ids):
+                if tok in OUTPUT_TOKEN_IDS:
+                    raise ScenarioError(
+                        f"{where}.prompt_token_ids[{k}]: = {tok} is an id the fake model samples (EOS "
+                        f"{OUTPUT_TOKEN_IDS[0]}, other outputs {OUTPUT_TOKEN_IDS[1]}); explicit prompts must avoid "
+                        "both, so that no prompt block equals an output block by the choice of ids (docs/formats.md)")
     if isinstance(scenario.config, dict) and scenario.config.get("enable_prefix_caching") is True:
         total = 0
         for i, r in enumerate(scenario.requests):

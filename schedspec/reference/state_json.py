@@ -36,6 +36,7 @@ from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.output import SchedulerOutput
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import SchedulerState
+from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
 
 
 class StateJsonError(ValueError):
@@ -348,7 +349,9 @@ def kv_to_json(kv: BlockCounts | BlockPool) -> dict[str, Any]:
     raise TypeError(f"not a KV pool of the spec: {type(kv).__name__}")
 
 
-def kv_from_json(obj: Any, where: str = "kv_cache") -> BlockCounts | BlockPool:
+def kv_from_json(obj: Any, where: str = "kv_cache", unhashed_first: bool = True) -> BlockCounts | BlockPool:
+    """`unhashed_first`: where the pool puts a freed unhashed block, a rule of the
+    release the state's config models (versions.UNHASHED_FREE_BLOCKS_FIRST)."""
     raw = read_object(obj, where, ("kind",))
     kind = raw["kind"]
     if kind not in KV_KINDS:
@@ -391,7 +394,7 @@ def kv_from_json(obj: Any, where: str = "kv_cache") -> BlockCounts | BlockPool:
         next_fresh=next_fresh,
         free_back=read_block_list(raw["free_back"], f("free_back"), n),
         ref_cnt=ref_cnt, block_hash=block_hash, cached=cached, req_to_blocks=req_to_blocks,
-        num_cached_block=num_cached_block)
+        num_cached_block=num_cached_block, unhashed_first=unhashed_first)
 
 
 # --- the state -----------------------------------------------------------------------------
@@ -444,7 +447,7 @@ def state_from_json(obj: Any, where: str = "state", *, validate: bool = False) -
         _fail(field_path(f("kv_cache"), "kind"),
               f"= {excerpt(kind)}, must be {want!r} when config.enable_prefix_caching is "
               f"{'true' if config.enable_prefix_caching else 'false'}")
-    kv = kv_from_json(raw["kv_cache"], f("kv_cache"))
+    kv = kv_from_json(raw["kv_cache"], f("kv_cache"), has(config, UNHASHED_FREE_BLOCKS_FIRST))
     return SchedulerState(config=config, requests=requests, running=queues["running"], waiting=queues["waiting"],
                           kv_cache=kv, finished_req_ids=read_str_list(raw["finished_req_ids"],
                                                                       f("finished_req_ids")))

@@ -206,7 +206,8 @@ def apply_call(state: SchedulerState, call: Mapping[str, Any]) -> tuple[dict[str
 def vector_json(pre_state: SchedulerState, call: Mapping[str, Any], expected: Mapping[str, Any],
                 post_state: SchedulerState, source: Mapping[str, Any]) -> dict[str, Any]:
     """A vector from its parts; `format` first, as readers that sniff files expect."""
-    return {"format": VECTOR_FORMAT, "vllm_version": VLLM_VERSION, "source": dict(source),
+    # The release the spec modelled: the pre-state's (spec/versions.py), 0.33.0 by default.
+    return {"format": VECTOR_FORMAT, "vllm_version": pre_state.config.vllm_version, "source": dict(source),
             "pre_state": state_to_json(pre_state), "call": dict(call), "expected": dict(expected),
             "post_state": state_to_json(post_state)}
 
@@ -394,7 +395,10 @@ def validate_vector(obj: Any) -> None:
                               f"({e.schema.get('description', 'the format')})")
         raise VectorError(schema_error_text(e))
     try:
-        state_from_json(obj["pre_state"], "pre_state")
+        pre = state_from_json(obj["pre_state"], "pre_state")
+        if pre.config.vllm_version != obj["vllm_version"]:
+            raise VectorError(f"vllm_version: = {excerpt(obj['vllm_version'])}, but pre_state.config models vLLM "
+                              f"{pre.config.vllm_version} (its vllm_version, default {VLLM_VERSION}); they must agree")
         call = call_from_json(obj["call"])
         result_from_json(call.name, obj["expected"], "expected")
         state_from_json(obj["post_state"], "post_state")

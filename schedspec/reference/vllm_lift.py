@@ -19,7 +19,9 @@ lifts; whether a call may be compared is the monitor's scope check.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import fields as dataclass_fields
+from itertools import chain, repeat
 from operator import attrgetter, is_
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -108,7 +110,21 @@ def _shared_of(r: Any) -> tuple:
         return _shared(r)
     except AttributeError:
         return tuple(getattr(r, f, 0) for f in SHARED_REQUEST_FIELDS)
+
+
 LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last lifted Request)
+_STATUS_OF: dict[Any, tuple[Any, RequestStatus]] = {}  # vLLM status member -> (it, lift_status(it))
+
+
+def _spec_status(status: Any) -> RequestStatus:
+    """`lift_status`, remembered per vLLM enum member (an enum's `.name` is a slow property)."""
+    known = _STATUS_OF.get(status)
+    if known is not None and known[0] is status:
+        return known[1]
+    lifted = lift_status(status)
+    if isinstance(status, enum.Enum):
+        _STATUS_OF[status] = (status, lifted)
+    return lifted
 
 
 def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -> Request:
@@ -131,27 +147,40 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
                  tuple(r.prompt_token_ids or ()) if config.enable_prefix_caching else ())
         cache = r.__dict__[LIFT_ATTR] = [fixed, None, None]
     fixed = cache[0]
+    try:
+        shared = _shared(r)
+    except AttributeError:
+        shared = _shared_of(r)
     if config.enable_prefix_caching:
         hashes = tuple(r.block_hashes)
-        tail = tuple(r.all_token_ids[len(hashes) * config.block_size:])
+        tokens = r.all_token_ids
+        # A ConstantList's items are its list's (v1/utils.py:79-80): slice that, not through a method call.
+        tail = tuple(getattr(tokens, "_x", tokens)[len(hashes) * config.block_size:])
     else:
         hashes = tail = ()
-    key = (_shared_of(r), r.status, hashes, tail)
+    key = (shared, r.status, hashes, tail)
     if key == cache[1]:
         return cache[2]
-    if like is not None and like.status is _STATUS.get(r.status.name) and _shared(like) == key[0] \
-            and (like.request_id, like.eos_token_id, like.stop_token_ids, like.prompt_token_ids) == fixed[1:] \
-            and like.block_hashes == hashes and like.partial_block_token_ids == tail:
+    status = _spec_status(r.status)
+    if like is not None and like.status is status and _shared(like) == shared \
+            and (like.block_hashes, like.partial_block_token_ids, like.request_id, like.eos_token_id) \
+            == (hashes, tail, fixed[1], fixed[2]) \
+            and _same(like.stop_token_ids, fixed[3]) and _same(like.prompt_token_ids, fixed[4]):
         cache[1], cache[2] = key, like
         return like
-    values = dict(zip(SHARED_REQUEST_FIELDS, key[0]))
-    values.update(request_id=fixed[1], status=lift_status(r.status), eos_token_id=fixed[2],
+    values = dict(zip(SHARED_REQUEST_FIELDS, shared))
+    values.update(request_id=fixed[1], status=status, eos_token_id=fixed[2],
                   stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
                   partial_block_token_ids=tail)
     lifted = Request.__new__(Request)
     lifted.__dict__ = values  # every field, by name: what Request(...) would hold
     cache[1], cache[2] = key, lifted
     return lifted
+
+
+def _same(a: Any, b: Any) -> bool:
+    """a == b, by identity first (a tuple or dict compared with itself is still walked)."""
+    return a is b or a == b
 
 
 def waiting_order(sched: Any) -> tuple[str, ...]:
@@ -195,23 +224,28 @@ def lift_hash_map(pool: Any) -> tuple[dict, dict]:
 
     The map is large and changes little between two calls, mostly by blocks
     cached at its end, so the last lift is reused: whole when the map's keys
-    and entries are the same (entries compared by identity, one holding several
-    blocks by content too), extended when the old map is a prefix of the new
-    one, read again otherwise.  Each test is one pass of map() in C."""
+    and entries are the same (both compared by identity, in order, and an entry
+    holding several blocks, a dict that can change in place, by its block ids
+    too), extended when the old map is a prefix of the new one, read again
+    otherwise.  Each test is one pass of map() in C."""
     cache = pool.cached_block_hash_to_block._cache  # noqa: SLF001 - vLLM's map has no public view
-    keys, entries = list(cache), list(cache.values())
-    multi = [(k, tuple(e)) for k, e in cache.items() if type(e) is dict] if dict in set(map(type, entries)) else []
     last = pool.__dict__.get(POOL_ATTR)
-    start, cached, block_hash = 0, {}, {}
-    if last is not None and not multi and not last[2]:
+    start, cached, block_hash, multi = 0, {}, {}, []
+    if last is not None:
         n = len(last[0])
-        if n <= len(keys) and keys[:n] == last[0] and all(map(is_, last[1], entries)):
-            if n == len(keys):
+        if n <= len(cache) and all(map(is_, cache, last[0])) and all(map(is_, cache.values(), last[1])) \
+                and all(tuple(entry) == ids for entry, ids in last[2]):
+            if n == len(cache):
                 return last[3], last[4]
-            start, cached, block_hash = n, dict(last[3]), dict(last[4])
+            start, cached, block_hash, multi = n, dict(last[3]), dict(last[4]), list(last[2])
+    keys, entries = list(cache), list(cache.values())
     for key, entry in zip(keys[start:], entries[start:]):
         h = key[:-4]  # the hash without its 4-byte group id
-        blocks = tuple(entry) if type(entry) is dict else (entry.block_id,)
+        if type(entry) is dict:
+            blocks = tuple(entry)
+            multi.append((entry, blocks))
+        else:
+            blocks = (entry.block_id,)
         cached[h] = blocks
         for b in blocks:
             block_hash[b] = h
@@ -219,9 +253,67 @@ def lift_hash_map(pool: Any) -> tuple[dict, dict]:
     return cached, block_hash
 
 
-def lift_block_pool(sched: Any, config: SchedulerConfig | None = None) -> BlockPool:
+TABLES_ATTR = "schedspec_tables"  # on vLLM's block-table manager: each table's blocks and ids, last lifted
+
+
+def lift_tables(manager: Any, like: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, tuple[int, ...]], list[list]]:
+    """Each request's block ids (tables holding no block left out), and the tables.
+
+    A block's id never changes (its index in the pool, kv_cache_utils.py:166), so
+    a table holding the very blocks it held at the last lift (by identity, in
+    order: a pass of map() in C over the list, touching no block) has the same
+    ids, and one that starts with them only needs the blocks appended since read.
+    Ids equal to `like`'s (the spec's tables) are kept as `like`'s own tuple."""
+    last = manager.__dict__.get(TABLES_ATTR) or {}
+    seen, req_to_blocks, tables = {}, {}, []
+    for rid, blks in manager.req_to_blocks.items():
+        if blks:
+            entry = last.get(rid)
+            if entry is None or len(blks) != len(entry[0]) or not all(map(is_, blks, entry[0])):
+                entry = (list(blks), table_ids(blks, entry))
+            had = like.get(rid)
+            if had is not None and had is not entry[1] and had == entry[1]:
+                entry = (entry[0], had)
+            seen[rid] = entry
+            req_to_blocks[rid] = entry[1]
+            tables.append(blks)
+    manager.__dict__[TABLES_ATTR] = seen
+    return req_to_blocks, tables
+
+
+def table_ids(blks: list, last: tuple[list, tuple] | None) -> tuple[int, ...]:
+    if last is not None:
+        nodes, ids = last
+        n = len(nodes)
+        if n < len(blks) and all(map(is_, blks, nodes)):
+            return ids + tuple(map(_block_id, blks[n:]))
+    return tuple(map(_block_id, blks))
+
+
+def lift_ref_cnt(req_to_blocks: Mapping[str, tuple[int, ...]], tables: list[list],
+                 like: Mapping[int, int] | None) -> Mapping[int, int]:
+    """Block id -> vLLM's ref_cnt, for the held blocks: a block in several tables
+    is one block, with one id and one count; the null block (P:191) is nobody's.
+    `like` itself when equal: each (id, count) read is `like`'s, and `like` has no
+    other key (it has as many as there are distinct ids), all in C."""
+    ids = list(chain.from_iterable(req_to_blocks.values()))
+    counts = list(map(_ref_cnt, chain.from_iterable(tables)))
+    if like is not None and list(map(like.get, ids)) == counts and len(like) == len(set(ids)) and 0 not in like:
+        return like
+    ref_cnt = dict(zip(ids, counts))  # one dict(zip): a dict.update per table costs several times more
+    ref_cnt.pop(0, None)
+    return ref_cnt
+
+
+_UNHASHED_FIRST: dict[str, bool] = {}  # vLLM release -> has(it, UNHASHED_FREE_BLOCKS_FIRST)
+
+
+def lift_block_pool(sched: Any, config: SchedulerConfig | None = None, like: BlockPool | None = None) -> BlockPool:
     """vLLM's pool block by block (spec/block_pool.py): the free queue in pop
-    order (kv_cache_utils.py:486), vLLM's block ids and hashes."""
+    order (kv_cache_utils.py:486), vLLM's block ids and hashes.  `like`, a pool
+    of the spec (the monitor passes the spec's answer): each part equal to its
+    own is taken from it (equal values), and it is returned itself when every
+    part is, so that comparing the two is one identity test (see lift_request)."""
     kv = sched.kv_cache_manager
     pool = kv.block_pool
     managers = kv.coordinator.single_type_managers
@@ -236,13 +328,8 @@ def lift_block_pool(sched: Any, config: SchedulerConfig | None = None) -> BlockP
     # Held blocks are those in some block table, hashed ones those in the hash
     # map (a block's hash and its map entry are set and reset together,
     # block_pool.py:630-686): neither needs a pass over the whole pool.
-    req_to_blocks, ref_cnt = {}, {}
-    for rid, blks in manager.req_to_blocks.items():
-        if blks:
-            ids = tuple(map(_block_id, blks))
-            req_to_blocks[rid] = ids
-            ref_cnt.update(zip(ids, map(_ref_cnt, blks)))
-    ref_cnt.pop(0, None)  # the null block (P:191) is nobody's
+    req_to_blocks, tables = lift_tables(manager, like.req_to_blocks if like is not None else {})
+    ref_cnt = lift_ref_cnt(req_to_blocks, tables, like.ref_cnt if like is not None else None)
     cached, block_hash = lift_hash_map(pool)
     free = []
     append = free.append
@@ -257,18 +344,40 @@ def lift_block_pool(sched: Any, config: SchedulerConfig | None = None) -> BlockP
     # which hashed and unhashed free blocks can sit.
     # Bridge (free order): 0.20.0 appends every freed block, hashed or not (spec/versions.py
     # UNHASHED_FREE_BLOCKS_FIRST): its queue is kept whole as the back, in order.
-    unhashed_first = has(config or lift_config(sched), UNHASHED_FREE_BLOCKS_FIRST)
+    release = (config or lift_config(sched)).vllm_version
+    unhashed_first = _UNHASHED_FIRST.get(release)
+    if unhashed_first is None:
+        unhashed_first = _UNHASHED_FIRST[release] = has(release, UNHASHED_FREE_BLOCKS_FIRST)
     k = len(free) if unhashed_first else 0
     while k and free[k - 1] in block_hash:
         k -= 1
     if k and not block_hash.keys().isdisjoint(free[:k]):
         stray = next(b for b in free[:k] if b in block_hash)
         raise LiftError(f"free block {stray} has a prefix-cache hash but sits before unhashed free blocks")
-    return BlockPool(
-        num_gpu_blocks=pool.num_gpu_blocks, free_front=tuple(free[:k]), next_fresh=pool.num_gpu_blocks,
-        free_back=tuple(free[k:]), ref_cnt=ref_cnt, block_hash=block_hash, cached=cached,
-        req_to_blocks=req_to_blocks, num_cached_block=dict(manager.num_cached_block), unhashed_first=unhashed_first,
-    )
+    parts = (pool.num_gpu_blocks, tuple(free[:k]), pool.num_gpu_blocks, tuple(free[k:]), ref_cnt, block_hash,
+             cached, req_to_blocks, dict(manager.num_cached_block), unhashed_first)
+    if like is not None:
+        theirs = tuple(map(getattr, repeat(like), POOL_PARTS))
+        same = tuple(map(_same, parts[:5] + parts[7:], theirs[:5] + theirs[7:]))
+        # The hash maps (parts 5, 6), large, are compared only when all else agrees and their
+        # newest keys do: a hash made in the call is the spec's, not vLLM's (check.py renames it).
+        if all(same) and newest(cached) == newest(like.cached) and _same(cached, like.cached) \
+                and _same(block_hash, like.block_hash):
+            return like
+        # The hash maps are the last lift's objects while vLLM's map is unchanged (lift_hash_map): kept.
+        parts = tuple(b if eq else a for a, b, eq in zip(parts, theirs, same[:5] + (False, False) + same[5:]))
+    return BlockPool(*parts)
+
+
+def newest(d: Mapping) -> Any:
+    """The last key inserted into a dict (None if empty, or not a dict: then no shortcut is taken)."""
+    return next(reversed(d), None) if type(d) is dict else None
+
+
+POOL_PARTS = tuple(f.name for f in dataclass_fields(BlockPool))
+if POOL_PARTS != ("num_gpu_blocks", "free_front", "next_fresh", "free_back", "ref_cnt", "block_hash", "cached",
+                  "req_to_blocks", "num_cached_block", "unhashed_first"):  # lift_block_pool builds it by position
+    raise ImportError(f"vllm_lift: the spec's BlockPool fields changed: {POOL_PARTS}")
 
 
 def lift_state(sched: Any, config: SchedulerConfig | None = None,
@@ -280,6 +389,7 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
     alike = like.requests if like is not None else {}
     requests = {rid: lift_request(r, config, alike.get(rid)) for rid, r in sched.requests.items()
                 if not r.is_finished()}
+    pool = like.block_pool if like is not None else None
     vset = sched.finished_req_ids
     finished = [rid for rid in dict.fromkeys(finish_order) if rid in vset]
     finished += sorted(set(vset) - set(finished))
@@ -288,7 +398,7 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
         requests=requests,
         running=tuple(r.request_id for r in sched.running),
         waiting=waiting_order(sched),
-        kv_cache=lift_block_pool(sched, config) if config.enable_prefix_caching else lift_block_counts(sched),
+        kv_cache=lift_block_pool(sched, config, pool) if config.enable_prefix_caching else lift_block_counts(sched),
         finished_req_ids=tuple(finished),
     )
 
@@ -337,7 +447,7 @@ def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str
     out = {}
     for rid in req_ids:
         i = index.get(rid)
-        out[rid] = [int(t) for t in sampled[i]] if (i is not None and sampled) else []
+        out[rid] = list(map(int, sampled[i])) if (i is not None and sampled) else []
     return out
 
 

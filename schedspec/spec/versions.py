@@ -16,6 +16,7 @@ each rule change its campaign finds add one Gate (and a scenario that shows it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 # Oldest first.  Only releases whose real scheduler the differential tester has run
@@ -24,6 +25,7 @@ RELEASES = ("0.20.0", "0.25.0", "0.28.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"
 DEFAULT_RELEASE = "0.33.0"
 
 
+@lru_cache(maxsize=64)  # asked on every rule that has a gate: parse each release once
 def release_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
 
@@ -79,6 +81,11 @@ PRIORITY_SELF_PREEMPTION_CONTINUES = _gate(
     "there, as it does under FCFS (docs/rules.md §3.8).",
     "0.33.0 S:982-994 (`continue` when PRIORITY and request.status == PREEMPTED); "
     "0.32.0 scheduler.py:846-848 (`if new_blocks is None: break`)")
+
+
+def fields_lacking(version: str) -> frozenset[str]:
+    """The config fields release `version` does not have."""
+    return frozenset(f for f, (since, _, _) in FIELDS_SINCE.items() if release_key(version) < release_key(since))
 
 
 def field_minimum(version: str, field: str, minimum: int) -> int | None:

@@ -1,0 +1,115 @@
+"""The vLLM release a proof run models (`schedspec prove --vllm-version X`).
+
+The spec asks `versions.has(config, GATE)` with the release in the config.  In
+the z3 encodings the config is symbolic but the release is not: it is a
+constant of the whole run, like the block size of a case, so it is set once
+here before the obligations are built and every rule site of the encodings
+asks `applies(GATE)` (the same gates, spec/versions.py).  Fork workers of
+`prove --jobs` inherit it; `set_release` is also called in each worker.
+
+What a release changes in the proofs:
+- its rules (the gates);
+- its config checks: a release that accepts more configs (no
+  `long_prefill_token_threshold <= max_model_len` check before 0.28.0) is
+  proved over all of them.  Two looser bounds stay restricted, and each
+  obligation's bound says so (`restriction`): `max_num_scheduled_tokens` <= 0
+  (accepted before 0.32.0; a step then schedules nothing) and a negative
+  `long_prefill_token_threshold` (accepted in 0.20.0; it caps nothing, as 0);
+- bad variants that are the release's own rule (`SAME_AS_RULE_OF`): there they
+  are not bad, so they are dropped from that release's list;
+- properties the release violates (`FINDINGS`): a vLLM bug the proofs show,
+  fixed in a later release.  Expected refuted on those releases, with the
+  scenario that shows it on the real release.
+"""
+
+from __future__ import annotations
+
+from schedspec.spec import versions
+from schedspec.spec.versions import (DEFAULT_RELEASE, GATES, INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO,
+                                     PRIORITY_SELF_PREEMPTION_CONTINUES, RELEASES, checks, field_minimum, has)
+
+_release = [DEFAULT_RELEASE]
+
+
+def set_release(version: str) -> None:
+    if version not in RELEASES:
+        raise ValueError(f"vllm_version: {version!r} is not a modelled release ({', '.join(RELEASES)})")
+    _release[0] = version
+
+
+def release() -> str:
+    return _release[0]
+
+
+def applies(gate: str) -> bool:
+    """Does the modelled release apply 0.33.0's rule `gate`?"""
+    return has(_release[0], gate)
+
+
+def checks_config(check: str) -> bool:
+    """Does the modelled release make config check `check` (versions.CHECKS_SINCE)?"""
+    return checks(_release[0], check)
+
+
+def fields_lacking() -> frozenset[str]:
+    """The config fields the modelled release lacks (versions.FIELDS_SINCE)."""
+    return versions.fields_lacking(_release[0])
+
+
+def scenario_config(config: dict) -> dict:
+    """A witness scenario's config for the modelled release: without the fields
+    it lacks, and naming the release unless it is the default."""
+    out = {k: v for k, v in config.items() if k not in fields_lacking()}
+    if _release[0] != DEFAULT_RELEASE:
+        out["vllm_version"] = _release[0]
+    return out
+
+
+def restriction() -> str:
+    """What the proofs of the modelled release leave out of the configs it accepts."""
+    if _release[0] == DEFAULT_RELEASE:
+        return ""
+    out = [f"{field} >= {bound}" for field, bound in (("max_num_scheduled_tokens", 1),
+                                                      ("long_prefill_token_threshold", 0))
+           if field_minimum(_release[0], field, bound) != bound]
+    return f"vLLM {_release[0]}" + (f"; {', '.join(out)}" if out else "")
+
+
+# Bad variant -> the gate whose older rule it is (not bad where the gate is off).
+SAME_AS_RULE_OF = {
+    "threshold_with_one_eligible": LONG_PREFILL_THRESHOLD_NEEDS_TWO,  # encoding.py / variants.py
+    "threshold_one_eligible": LONG_PREFILL_THRESHOLD_NEEDS_TWO,  # starvation.py
+}
+
+
+def bad_variants(variants) -> tuple[str, ...]:
+    """`variants` less those that are the modelled release's own rule."""
+    return tuple(v for v in variants if v not in SAME_AS_RULE_OF or applies(SAME_AS_RULE_OF[v]))
+
+
+# Property -> (the gate that fixed it, the command that shows it on the real
+# release, {release} standing for it; its scenario file is in the repository's
+# docs/changes).  A step:/loop: obligation of the property is expected refuted on
+# every release before the gate's, and proved from it.
+FINDINGS = {
+    # A step grants more than max_num_batched_tokens (no input budget before 0.28.0).
+    "token_budget_respected": (INPUT_BUDGET, "schedspec check --impl vllm=={release} docs/changes/input_budget.json"),
+    # Under PRIORITY a self-preemption ended the running loop, so the running requests
+    # after the victim stay running with no token that step (0.32.0 scheduler.py:846-848).
+    "running_never_starved": (PRIORITY_SELF_PREEMPTION_CONTINUES,
+                              "schedspec run --impl vllm=={release} docs/changes/priority_self_preemption_continues.json"
+                              " (step 3: r1 stays running with no token)"),
+}
+
+
+def finding(prop: str) -> str | None:
+    """The vLLM bug the modelled release has for `prop`, said in one line, or None."""
+    if prop not in FINDINGS or applies(FINDINGS[prop][0]):
+        return None
+    gate, replay = FINDINGS[prop]
+    return (f"vLLM {_release[0]} violates {prop} (fixed in {GATES[gate].since}, gate {gate}); "
+            f"on the real release: {replay.format(release=_release[0])}")
+
+
+__all__ = ["FINDINGS", "SAME_AS_RULE_OF", "applies", "bad_variants", "checks_config", "fields_lacking", "finding",
+           "release", "restriction", "scenario_config", "set_release"]
