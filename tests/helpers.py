@@ -62,3 +62,21 @@ def assert_one_line_error(rc, err, *words):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     for w in words:
         assert w in err, err
+
+
+def python_of(release: str):
+    """The interpreter that has vLLM `release` (this one, or its install-vllm
+    environment); skips the test when the release is not installed."""
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from schedspec.cli.vllm_version import env_python, installed_vllm
+
+    if installed_vllm() == release:
+        return Path(sys.executable)
+    py = env_python(release)
+    if not py.exists():
+        pytest.skip(f"vLLM {release} is not installed for schedspec; run `schedspec install-vllm --version {release}`")
+    return py

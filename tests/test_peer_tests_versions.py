@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from schedspec.base.errors import UsageError
+from helpers import python_of
 from schedspec.cli.vllm_version import env_python, installed_vllm
 from schedspec.monitor import peer_tests as pt
 from schedspec.spec.versions import RELEASES
@@ -149,15 +150,6 @@ def test_scope_init_fields_per_release():
 
 
 # --- in each release's interpreter -----------------------------------------------------------------
-
-def python_of(release: str) -> Path:
-    if installed_vllm() == release:
-        return Path(sys.executable)
-    py = env_python(release)
-    if not py.exists():
-        pytest.skip(f"vLLM {release} is not installed for schedspec; run `schedspec install-vllm --version {release}`")
-    return py
-
 
 # What shadow.py bridges in the release's interpreter, as JSON.
 PROBE = r'''

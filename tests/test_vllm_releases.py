@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from schedspec.cli.vllm_version import env_python, installed_vllm
+from helpers import python_of
 from schedspec.spec.versions import RELEASES, release_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,15 +79,6 @@ out["has_kv_holding_waiting"] = hasattr(impl.sched, "kv_holding_waiting")
 out["lift_version"] = state.config.vllm_version
 print("PROBE " + json.dumps(out))
 '''
-
-
-def python_of(release: str) -> Path:
-    if installed_vllm() == release:
-        return Path(sys.executable)
-    py = env_python(release)
-    if not py.exists():
-        pytest.skip(f"vLLM {release} is not installed for schedspec; run `schedspec install-vllm --version {release}`")
-    return py
 
 
 def run_in(release: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -25,9 +25,9 @@ from array import array
 
 import numpy as np
 
-from schedspec.reference.prompts import prompt_token_ids
+from schedspec.reference.prompts import NON_EOS_TOKEN_ID, prompt_token_ids
 
-OUTPUT_TOKEN_ID = 100  # the fake model's non-EOS token (formats.md)
+OUTPUT_TOKEN_ID = NON_EOS_TOKEN_ID  # the fake model's non-EOS token (formats.md)
 
 
 def _explicit(scenario) -> bool:

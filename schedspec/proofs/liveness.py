@@ -59,23 +59,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from schedspec.spec.properties import get_step_budget
+from schedspec.spec.state import SchedulerState
+
 from .obligation import Bound, Obligation, Result
+from .starvation import prove
 from .symbolic import BLOCK_SIZES, cdiv_const
 
 PROPERTY = "liveness"
-SOLVER_TIMEOUT_MS = 30_000
 
 
 # --- the statement on scenarios -----------------------------------------------------------
-
-
-def step_budget(config) -> int:
-    """Tokens a step may grant in all (spec/properties.py get_step_budget, on a config)."""
-    from schedspec.spec.versions import INPUT_BUDGET, has
-
-    if not has(config, INPUT_BUDGET):
-        return config.token_budget
-    return min(config.token_budget, config.max_num_batched_tokens)
 
 
 def unmet_conditions(config) -> list[str]:
@@ -87,7 +81,7 @@ def unmet_conditions(config) -> list[str]:
         out.append("synchronous engine")
     if config.enable_prefix_caching:
         out.append("prefix caching off")
-    if not config.enable_chunked_prefill and step_budget(config) < config.max_model_len - 1:
+    if not config.enable_chunked_prefill and get_step_budget(SchedulerState(config)) < config.max_model_len - 1:
         out.append("chunked prefill on or a step budget >= max_model_len - 1")
     return out
 
@@ -203,19 +197,6 @@ def claim_ranking(z3, variant: str):
     return z3.Implies(z3.And(premises), z3.And(R_after <= R - 1 + arrivals, R_after >= 0))
 
 
-def prove(z3, formula, what: str, timeout_ms: int = SOLVER_TIMEOUT_MS) -> tuple[str, Any]:
-    s = z3.Solver()
-    s.set("timeout", timeout_ms)
-    s.add(z3.Not(formula))
-    r = s.check()
-    if r == z3.unsat:
-        return "proved", None
-    if r == z3.sat:
-        m = s.model()
-        return "refuted", {str(d): str(m[d]) for d in m.decls()}
-    return "unknown", f"{what}: z3 returned unknown ({s.reason_unknown()})"
-
-
 PARTS = (
     ("head_kept", lambda z3, v: [(f"block_size {bs}", claim_head_kept(z3, bs, v)) for bs in BLOCK_SIZES]),
     ("idle_admission", lambda z3, v: [(f"block_size {bs}", claim_idle_admission(z3, bs, v)) for bs in BLOCK_SIZES]),
@@ -225,17 +206,17 @@ PARTS = (
 
 def discharge(variant: str = "correct") -> Result:
     """Proved when every part holds for every block size; refuted at the first
-    part that z3 refutes, with its model."""
+    part that z3 refutes, with its model (starvation.py's `prove`, retries included)."""
     import z3
 
     t0 = time.perf_counter()
     for name, build in PARTS:
         for where, formula in build(z3, variant):
-            status, info = prove(z3, formula, f"{name} {where}")
-            if status == "refuted":
-                return Result("refuted", time.perf_counter() - t0, f"{name} {where}".strip(), info)
-            if status == "unknown":
-                return Result("unknown", time.perf_counter() - t0, info)
+            r = prove(lambda _z3, formula=formula: formula, f"{name} {where}".strip())
+            if r.status == "refuted":
+                return Result("refuted", time.perf_counter() - t0, f"{name} {where}".strip(), r.model)
+            if r.status == "unknown":
+                return Result("unknown", time.perf_counter() - t0, r.detail)
     return Result("proved", time.perf_counter() - t0,
                   f"{len(PARTS)} lemmas, {len(BLOCK_SIZES)} block sizes each for the first two")
 
@@ -294,4 +275,4 @@ OBLIGATIONS: list[Obligation] = [
 
 
 __all__ = ["BAD_VARIANTS", "OBLIGATIONS", "PROPERTY", "claim_head_kept", "claim_idle_admission", "claim_ranking",
-           "discharge", "finish_bound", "step_budget", "unmet_conditions", "witness", "work"]
+           "discharge", "finish_bound", "unmet_conditions", "witness", "work"]
