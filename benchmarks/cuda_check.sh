@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The torch implementation on a CUDA machine: the differential campaign against
-# the spec on cuda (prefix caching drawn on and off, as torch campaigns draw it),
-# the prefix-caching examples against the spec, then the spec-vs-torch benchmark
-# on cuda, decode workload without and with prefix caching (and a shared system
-# prompt).  Without CUDA it says so and exits 0 (nothing to check here).
+# the spec on cuda (the four combinations of prefix caching and async scheduling,
+# as torch campaigns draw them, then each async combination alone), the shipped
+# examples against the spec (the async ones included), then the spec-vs-torch
+# benchmark on cuda, decode workload: both flags off, prefix caching, async
+# scheduling, both on (and a shared system prompt).  Without CUDA it says so and
+# exits 0 (nothing to check here).
 #
 #   benchmarks/cuda_check.sh [SCENARIOS]      # default 5000 scenarios, seed 3
 #
@@ -21,15 +23,21 @@ fi
 "$PY" -c 'import torch; print("cuda_check:", torch.cuda.get_device_name(0), "torch", torch.__version__)'
 
 out="$(mktemp -d "${TMPDIR:-/tmp}/cuda_check.XXXXXX")"
-echo "== differential campaign: $N random scenarios, seed 3, torch on cuda against the spec (prefix caching on/off)"
+echo "== differential campaign: $N random scenarios, seed 3, torch on cuda against the spec (all four flag combinations)"
 "$PY" -m schedspec diff --impl torch --device cuda --scenarios "$N" --seed 3 -o "$out/divergences"
 
-echo "== prefix-caching examples: torch on cuda against the spec"
-"$PY" -m schedspec diff --impl torch --device cuda -o "$out/divergences-examples" \
-    prefix-eviction prefix-resume-hit prefix-shared-system-prompt
+echo "== differential campaign: async scheduling only (with and without prefix caching), seed 5"
+"$PY" -m schedspec diff --impl torch --device cuda --scenarios "$N" --seed 5 --flags async,async+prefix \
+    -o "$out/divergences-async"
+
+echo "== shipped examples: torch on cuda against the spec"
+"$PY" -m schedspec diff --impl torch --device cuda -o "$out/divergences-examples" schedspec/reference/examples/*.json
 
 echo "== benchmark: scenario-steps per second, spec vs torch on cuda"
 "$PY" benchmarks/torch_vs_spec.py --device cuda
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --prefix-caching
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --prefix-caching --shared-prefix 512
+"$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --async-scheduling
+"$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --prefix-caching --async-scheduling
+"$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --prefix-caching --async-scheduling

@@ -23,14 +23,21 @@ stepping and the per-request summaries, no per-step records), which is what a
 sweep or a throughput run needs.
 
 `--prefix-caching` turns `enable_prefix_caching` on in every scenario (the
-generator workload then draws it on and off, as torch campaigns do), and
+generator workload then draws it on and off, as torch campaigns do), likewise
+`--async-scheduling` for `async_scheduling` (both: the generator draws the four
+combinations), and
 `--shared-prefix N` gives the decode workload's requests a shared system prompt
 of N tokens (prefix_group, formats.md).  `--summaries-only` skips the run with
-full traces (only the `record_steps=False` run is timed).
+full traces (only the `record_steps=False` run is timed).  `--write-traces DIR`
+writes every full trace to disk, on both sides, inside the timed run: the spec
+through reference/trace_io.py's TraceWriter as it steps (`run --trace-out`),
+torch each trace of the batch once it has run (gpu/batch.py); DIR is emptied of
+the files each side wrote before the next size runs.
 
     python benchmarks/torch_vs_spec.py [--device cpu|cuda] [--workload generator|decode]
                                        [--sizes 1,64,1024,8192] [--spec-sample 1024]
-                                       [--prefix-caching] [--shared-prefix N] [--summaries-only]
+                                       [--prefix-caching] [--async-scheduling] [--shared-prefix N]
+                                       [--summaries-only] [--write-traces DIR]
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import multiprocessing as mp
 import random
 import resource
@@ -49,15 +57,18 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import RequestSpec, Scenario
 
 
-def generator_workload(n: int, prefix_caching: bool = False, shared_prefix: int = 0) -> list[Scenario]:
+def generator_workload(n: int, prefix_caching: bool = False, shared_prefix: int = 0,
+                       async_scheduling: bool = False) -> list[Scenario]:
     from schedspec.reference.generator import generate_scenario, scenario_rng
 
-    flags = ((False, False), (True, False)) if prefix_caching else ((False, False),)
+    flags = tuple((p, a) for p in ((False, True) if prefix_caching else (False,))
+                  for a in ((False, True) if async_scheduling else (False,)))
     return [dataclasses.replace(generate_scenario(scenario_rng(0, i), i, flags), name=f"random-s0-{i}")
             for i in range(n)]
 
 
-def decode_workload(n: int, prefix_caching: bool = False, shared_prefix: int = 0) -> list[Scenario]:
+def decode_workload(n: int, prefix_caching: bool = False, shared_prefix: int = 0,
+                    async_scheduling: bool = False) -> list[Scenario]:
     out = []
     for i in range(n):
         rng = random.Random(f"bench-decode/{i}")
@@ -69,6 +80,8 @@ def decode_workload(n: int, prefix_caching: bool = False, shared_prefix: int = 0
                   "block_size": 16, "num_gpu_blocks": 8192, "policy": rng.choice(["fcfs", "priority"])}
         if prefix_caching:
             config["enable_prefix_caching"] = True
+        if async_scheduling:
+            config["async_scheduling"] = True
         out.append(Scenario(name=f"decode-{i}", config=config, requests=reqs, max_steps=200))
     return out
 
@@ -91,9 +104,13 @@ def _tensor_bytes(scenarios, device) -> int | None:
     if not prepared:
         return None
     dev = resolve_device(device)
-    prefix = None
+    import torch
+
+    prefix = {}
     if any(p.prefix_caching for p in prepared):
         prefix = prefix_columns(prepared, max([len(p.ids) for p in prepared] + [1]), dev)
+    if any(p.async_scheduling for p in prepared):
+        prefix["async_sched"] = torch.tensor([p.async_scheduling for p in prepared], dtype=torch.bool, device=dev)
     b = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared], dev, prefix)
     total = 0
     def size(t) -> int:
@@ -120,6 +137,27 @@ def summaries_only(scenarios, device) -> tuple[float, int]:
     return time.perf_counter() - t, sum(tr["summary"]["steps"] for tr in traces if "summary" in tr)
 
 
+def write_torch_traces(scenarios, device, trace_dir: str) -> tuple[int, int]:
+    """Run the batch and write each scenario's full trace to trace_dir/torch-<i>.json:
+    (scenario-steps listed, rejected scenarios).  The traces stay text until
+    written (gpu/batch.py `run_batch_traces`); a tree without it writes dicts."""
+    from schedspec.gpu import batch
+    from schedspec.reference.trace_io import write_trace
+
+    steps = errors = 0
+    if hasattr(batch, "run_batch_traces"):
+        for i, tr in enumerate(batch.run_batch_traces(scenarios, device=device)):
+            tr.write(os.path.join(trace_dir, f"torch-{i}.json"))
+            steps += tr.num_steps
+            errors += tr.error is not None
+        return steps, errors
+    for i, tr in enumerate(batch.run_batch(scenarios, device=device)):
+        write_trace(tr, os.path.join(trace_dir, f"torch-{i}.json"))
+        steps += len(tr.get("steps", []))
+        errors += "error" in tr
+    return steps, errors
+
+
 def torch_child(workload: str, n: int, device: str | None, threads: int, conn, opts: dict | None = None) -> None:
     """One torch measurement in a fresh process: (seconds, scenario-steps, rss growth kB, tensor bytes)."""
     import torch
@@ -131,6 +169,7 @@ def torch_child(workload: str, n: int, device: str | None, threads: int, conn, o
 
     opts = opts or {}
     summaries = opts.pop("summaries_only", False)
+    trace_dir = opts.pop("trace_dir", None)
     scenarios = WORKLOADS[workload](n, **opts)
     run_batch(WORKLOADS[workload](2, **opts), device=device)  # warm-up: imports, first kernels
     tensor_bytes = _tensor_bytes(scenarios, device)
@@ -143,12 +182,16 @@ def torch_child(workload: str, n: int, device: str | None, threads: int, conn, o
     if device == "cuda":
         torch.cuda.synchronize()
     t = time.perf_counter()
-    traces = run_batch(scenarios, device=device)
+    if trace_dir:
+        steps, errors = write_torch_traces(scenarios, device, trace_dir)
+        traces = None
+    else:  # in memory: the trace dicts run_batch returns
+        traces = run_batch(scenarios, device=device)
+        steps = sum(len(tr.get("steps", [])) for tr in traces)
+        errors = sum(1 for tr in traces if "error" in tr)
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t
-    steps = sum(len(tr.get("steps", [])) for tr in traces)
-    errors = sum(1 for tr in traces if "error" in tr)
     rss = _rss_kb() - before
     del traces
     eng = summaries_only(scenarios, device)
@@ -169,10 +212,63 @@ def measure_torch(workload: str, n: int, device: str | None, threads: int, opts:
     return res
 
 
-def measure_spec(scenarios: list[Scenario]) -> tuple[float, int]:
+def measure_spec(scenarios: list[Scenario], trace_dir: str | None = None) -> tuple[float, int]:
+    """The spec's (seconds, scenario-steps); with trace_dir each trace is written
+    as the run goes (TraceWriter, as `schedspec run --trace-out` does)."""
+    from schedspec.reference.trace_io import TraceWriter
+
     t = time.perf_counter()
-    steps = sum(len(run_scenario(s, SpecScheduler()).get("steps", [])) for s in scenarios)
+    steps = 0
+    for i, s in enumerate(scenarios):
+        if trace_dir:
+            counter = _Count()
+            with TraceWriter(os.path.join(trace_dir, f"spec-{i}.json")) as w:
+                run_scenario(s, SpecScheduler(), sink=_Tee(w, counter))
+            steps += counter.n
+        else:
+            steps += len(run_scenario(s, SpecScheduler()).get("steps", []))
     return time.perf_counter() - t, steps
+
+
+class _Count:
+    """A trace sink that counts the steps written."""
+
+    n = 0
+
+    def begin(self, header):
+        pass
+
+    def step(self, record):
+        self.n += 1
+
+    def end(self, trace):
+        pass
+
+
+class _Tee:
+    def __init__(self, *sinks):
+        self.sinks = sinks
+
+    def begin(self, header):
+        for s in self.sinks:
+            s.begin(header)
+
+    def step(self, record):
+        for s in self.sinks:
+            s.step(record)
+
+    def end(self, trace):
+        for s in self.sinks:
+            s.end(trace)
+
+
+def _clear(trace_dir: str | None) -> None:
+    """Remove the trace files this benchmark wrote (and nothing else)."""
+    if not trace_dir:
+        return
+    for name in os.listdir(trace_dir):
+        if (name.startswith("torch-") or name.startswith("spec-")) and name.endswith(".json"):
+            os.unlink(os.path.join(trace_dir, name))
 
 
 def _num(x, width: int, digits: int = 0) -> str:
@@ -192,19 +288,27 @@ def main() -> None:
                          "descheduled thread")
     ap.add_argument("--prefix-caching", action="store_true",
                     help="enable_prefix_caching on (decode) / drawn on and off (generator)")
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="async_scheduling on (decode) / drawn on and off (generator)")
     ap.add_argument("--shared-prefix", type=int, default=0, metavar="N",
                     help="decode: the requests of a scenario share their first N prompt tokens")
     ap.add_argument("--summaries-only", action="store_true",
                     help="time torch only without per-step records (record_steps=False)")
+    ap.add_argument("--write-traces", metavar="DIR", default=None,
+                    help="write every full trace to DIR (both sides, timed); the files are removed after each size")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    opts = {"prefix_caching": args.prefix_caching, "shared_prefix": args.shared_prefix}
+    opts = {"prefix_caching": args.prefix_caching, "shared_prefix": args.shared_prefix,
+            "async_scheduling": args.async_scheduling}
     sizes = [int(x) for x in args.sizes.split(",")]
+    if args.write_traces:
+        os.makedirs(args.write_traces, exist_ok=True)
     import torch
 
     threads = args.threads or torch.get_num_threads()
     print(f"# torch {torch.__version__}, device {args.device}, {threads} torch CPU thread(s) (spec: 1); "
           f"workload {args.workload}{' + prefix caching' if args.prefix_caching else ''}"
+          f"{' + async scheduling' if args.async_scheduling else ''}"
           f"{f' + shared prefix {args.shared_prefix}' if args.shared_prefix else ''}; "
           f"python {sys.version.split()[0]}", flush=True)
     print(f"{'S':>6} {'scen-steps':>11} {'spec steps/s':>14} {'torch steps/s':>14} {'torch/spec':>11} "
@@ -214,12 +318,22 @@ def main() -> None:
     spec_cache: dict[int, tuple[float, int]] = {}
     for n in sizes:
         ts, tsteps, rss_kb, tbytes, errors, eng = measure_torch(
-            args.workload, n, args.device, args.threads, {**opts, "summaries_only": args.summaries_only})
+            args.workload, n, args.device, args.threads,
+            {**opts, "summaries_only": args.summaries_only, "trace_dir": args.write_traces})
+        _clear(args.write_traces)
         sample = min(n, args.spec_sample)
         if sample not in spec_cache:
-            spec_cache[sample] = measure_spec(WORKLOADS[args.workload](sample, **opts))
-        ss, ssteps = spec_cache[sample]
+            # The spec as the traced torch run is measured (traces to disk with
+            # --write-traces), and plain (run_scenario's in-memory trace), which
+            # the summaries-only torch run is compared with.
+            plain = measure_spec(WORKLOADS[args.workload](sample, **opts))
+            written = (measure_spec(WORKLOADS[args.workload](sample, **opts), args.write_traces)
+                       if args.write_traces and not args.summaries_only else plain)
+            _clear(args.write_traces)
+            spec_cache[sample] = (written, plain)
+        (ss, ssteps), (ps, psteps) = spec_cache[sample]
         spec_rate = ssteps / ss
+        plain_rate = psteps / ps
         if ts is None:  # --summaries-only
             ts, rss_kb = eng[0], 0
         torch_rate = tsteps / ts
@@ -228,8 +342,9 @@ def main() -> None:
                "torch_steps_per_s": torch_rate, "ratio": torch_rate / spec_rate, "torch_seconds": ts,
                "tensor_bytes_per_scenario": tbytes / n if tbytes else None, "rss_kb_per_scenario": rss_kb / n,
                "rejected_scenarios": errors,
+               "spec_plain_steps_per_s": plain_rate,
                "no_records_steps_per_s": eng[1] / eng[0] if eng else None,
-               "no_records_ratio": eng[1] / eng[0] / spec_rate if eng else None}
+               "no_records_ratio": eng[1] / eng[0] / plain_rate if eng else None}
         rows.append(row)
         spec_txt = f"{spec_rate:>10.0f}" + (" est" if est else "    ")
         tb = f"{tbytes / n:>14.0f}" if tbytes else f"{'-':>14}"
@@ -239,6 +354,12 @@ def main() -> None:
     if any(r["spec_estimated_from"] for r in rows):
         print(f"# est: the spec's rate measured on the first {args.spec_sample} scenarios of the same workload "
               "(the spec runs scenarios one by one, so its rate does not depend on S)")
+    if args.write_traces:
+        print(f"# full traces written to {args.write_traces} on both sides, inside the timed runs "
+              "(spec: TraceWriter as it steps; torch: the batch's traces once run)")
+    if args.write_traces and not args.summaries_only:
+        print("# spec steps/s with traces to disk; no-rec/spec divides by the spec without writing: "
+              + ", ".join(f"S={r['S']}: {r['spec_plain_steps_per_s']:.0f}" for r in rows))
     print("# torch steps/s: run_batch with full traces; no-rec: run_batch(record_steps=False), the batched "
           "stepping with summaries only (no per-step records); spec: run_scenario, the whole engine loop")
     print("# RSS kB/scen: peak RSS growth of the torch child during run_batch, traces included, per scenario")

@@ -7,11 +7,12 @@ from __future__ import annotations
 import copy
 import math
 from collections import Counter, deque
+from dataclasses import replace
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from schedspec.reference.engine import engine_step
+from schedspec.reference.engine import FakeModel, engine_step
 from schedspec.reference.impl import SpecScheduler
 from schedspec.spec.config import SchedulerConfig, validate_config
 from schedspec.spec.properties import PROPERTIES, check_step
@@ -22,8 +23,8 @@ from schedspec.spec.state import SchedulerState
 @st.composite
 def configs(draw, wave2: bool = True) -> SchedulerConfig:
     """Small vLLM-valid configs: small pools force preemption, small max_model_len
-    forces length caps.  `wave2=False` keeps prefix caching and async scheduling off
-    (the scope of the z3 encoding and of the torch implementation)."""
+    forces length caps.  `wave2=False` keeps prefix caching, async scheduling,
+    speculative decoding and LoRA off (the scope of the z3 encoding)."""
     block_size = draw(st.integers(1, 8))
     max_model_len = draw(st.integers(3, 48))
     max_num_seqs = draw(st.integers(1, 6))
@@ -50,6 +51,15 @@ def configs(draw, wave2: bool = True) -> SchedulerConfig:
         enable_prefix_caching=draw(st.booleans()) if wave2 else False,
         async_scheduling=draw(st.booleans()) if wave2 else False,
     )
+    if wave2:
+        # Drafts per step, and a lookahead; a long-prefill cap at or below the drafts
+        # would make a padded admission crash vLLM (and the spec): not drawn here.
+        k = draw(st.sampled_from([0, 0, 1, 2, 3]))
+        if 0 < c.long_prefill_token_threshold <= k:
+            k = 0
+        c = replace(c, num_speculative_tokens=k,
+                    num_lookahead_tokens=draw(st.sampled_from([0, 0, 1, 2])) if k else 0,
+                    max_loras=draw(st.sampled_from([None, None, 1, 2])))
     validate_config(c)
     return c
 
@@ -68,6 +78,11 @@ def count_coverage(before: SchedulerState, output, after: SchedulerState) -> Non
     COVERAGE[f"steps caching={c.enable_prefix_caching} async={c.async_scheduling}"] += 1
     COVERAGE["prefix hits"] += sum(1 for _, h in output.prefix_hits if h > 0)
     COVERAGE["preemptions"] += len(output.preempted_req_ids)
+    COVERAGE["drafts sent"] += sum(len(ids) for _, ids in output.scheduled_spec_decode_tokens)
+    if c.max_loras is not None:
+        running = {after.requests[x].lora_int_id for x in after.running} - {0}
+        COVERAGE["adapters held back"] += len(running) == c.max_loras and any(
+            after.requests[w].lora_int_id not in running | {0} for w in after.waiting)
     COVERAGE[f"preemptions async={c.async_scheduling}"] += len(output.preempted_req_ids)
     # Async: preempted while its previous batch was in flight; that batch returns in
     # the same engine step, and its token is applied to the waiting request.
@@ -94,6 +109,8 @@ def make_machine(watch: str | None = None):
             self.impl.reset(config)
             self.next_id = 0
             self.output_len: dict[str, int | None] = {}
+            # The fake model and drafter; per-request draft and acceptance patterns.
+            self.model = FakeModel(self.output_len, config.num_speculative_tokens, {}, {})
             self.steps = 0
             self.in_flight = deque() if config.async_scheduling else None
 
@@ -103,9 +120,13 @@ def make_machine(watch: str | None = None):
 
         @rule(prompt_len=st.integers(1, 47), max_tokens=st.one_of(st.none(), st.integers(1, 12)),
               output_len=st.one_of(st.none(), st.integers(1, 12)), priority=st.integers(0, 3),
-              arrival_tie=st.booleans(), family=st.integers(0, 2), shared=st.integers(0, 47))
-        def add_request(self, prompt_len, max_tokens, output_len, priority, arrival_tie, family, shared):
+              arrival_tie=st.booleans(), family=st.integers(0, 2), shared=st.integers(0, 47),
+              drafts=st.lists(st.integers(0, 3), min_size=1, max_size=3),
+              accepted=st.lists(st.integers(0, 3), min_size=1, max_size=3), adapter=st.integers(0, 3))
+        def add_request(self, prompt_len, max_tokens, output_len, priority, arrival_tie, family, shared,
+                        drafts, accepted, adapter):
             c = self.state.config
+            k = c.num_speculative_tokens
             prompt_len = min(prompt_len, c.max_model_len - 1)
             # Prefix caching: three families of shared prefixes, then the request's own token.
             shared = min(shared, prompt_len)
@@ -114,8 +135,11 @@ def make_machine(watch: str | None = None):
             arrival = float(self.next_id - 1 if arrival_tie and self.next_id else self.next_id)
             self.next_id += 1
             self.output_len[rid] = output_len
+            self.model.num_draft_tokens[rid] = [min(d, k) for d in drafts]
+            self.model.num_accepted_tokens[rid] = accepted
             self.impl.add_request(make_request(
-                c, rid, prompt_len, max_tokens, priority, arrival, tokens[:prompt_len] if c.enable_prefix_caching else None))
+                c, rid, prompt_len, max_tokens, priority, arrival, tokens[:prompt_len] if c.enable_prefix_caching else None,
+                adapter if c.max_loras is not None else 0))
 
         @precondition(lambda self: bool(self.state.requests))
         @rule(data=st.data())
@@ -134,7 +158,7 @@ def make_machine(watch: str | None = None):
         def step(self):
             """One engine step of formats.md, the engine's own (reference/engine.py)."""
             snapshot = copy.deepcopy(self.state)
-            e = engine_step(self.impl, self.steps, self.output_len, self.in_flight)
+            e = engine_step(self.impl, self.steps, self.model, self.in_flight)
             assert e.before == snapshot, "a scheduler call changed the state it was given"
             self.steps += 1
             count_coverage(e.before, e.output, e.after)

@@ -25,6 +25,9 @@ from typing import Any, Iterable, Mapping
 
 import pytest
 
+from schedspec.monitor.check import compare_states, renamed
+from schedspec.reference.impl import SpecScheduler
+
 
 def vllm_required() -> bool:
     """As tests/conftest.py: CI=true or SCHEDSPEC_REQUIRE_VLLM=1 make a missing vLLM a failure."""
@@ -314,3 +317,79 @@ def assert_all_checked(stats: Mapping[str, Any], *calls: str) -> None:
         assert n.get("checked", 0) == n["total"], (call, n)
     assert stats["outside_scope"] == {}
     assert_clean(stats)
+
+
+class Both:
+    """vLLM and the spec side by side behind the implementation protocol: after
+    every call, lift(vLLM) must equal the spec's state."""
+
+    name = "both"
+
+    def __init__(self, vllm):
+        self.vllm, self.spec = vllm, SpecScheduler()
+        self.rename: dict[bytes, bytes] = {}  # spec hash -> vLLM hash, learnt as blocks are hashed
+        self.calls = 0
+
+    def reset(self, config):
+        self.vllm.reset(config)
+        self.spec.reset(config)
+        self.rename = {}
+
+    def agree(self, call: str):
+        self.calls += 1
+        a, b = self.spec.observe(), self.vllm.observe()
+        for rid, r in a.requests.items():  # every hash pairs with the one at its place
+            v = b.requests.get(rid)
+            if v is not None and len(v.block_hashes) == len(r.block_hashes):
+                for x, y in zip(r.block_hashes, v.block_hashes):
+                    assert self.rename.setdefault(x, y) == y, f"after {call}: hash renaming is not one to one"
+        pa, pb = a.block_pool, b.block_pool
+        if pa is not None and pb is not None:
+            # A block hashed and freed in one call (its request finished in it) pairs
+            # by block id, which both sides must agree on anyway; the renaming stays
+            # one to one across every later call.
+            for blk, x in pa.block_hash.items():
+                y = pb.block_hash.get(blk)
+                if y is not None and x not in self.rename:
+                    assert y not in self.rename.values(), f"after {call}: hash renaming is not one to one"
+                    self.rename[x] = y
+        # pre = the spec's own state: every hash is known, so compare_states renames nothing itself
+        d = compare_states(a, renamed(a, self.rename), b)
+        assert d is None, f"after {call}: lift(vLLM) differs from the spec at {d.describe()}"
+
+    def add_request(self, request):
+        self.vllm.add_request(request)
+        self.spec.add_request(request)
+        self.agree("add_request")
+
+    def finish_requests(self, ids, status):
+        a, b = self.spec.finish_requests(ids, status), self.vllm.finish_requests(ids, status)
+        assert list(a) == list(b)
+        self.agree("finish_requests")
+        return a
+
+    def schedule(self):
+        a, b = self.spec.schedule(), self.vllm.schedule()
+        assert a == b, (a, b)
+        self.agree("schedule")
+        self.pending = getattr(self, "pending", {})
+        self.pending[id(a)] = b
+        return a
+
+    def update_from_output(self, output, sampled):
+        b = self.pending.pop(id(output))
+        x, y = self.spec.update_from_output(output, sampled), self.vllm.update_from_output(b, sampled)
+        assert list(x) == list(y)
+        self.agree("update_from_output")
+        return x
+
+    def update_draft_token_ids(self, drafts):
+        self.spec.update_draft_token_ids(drafts)
+        self.vllm.update_draft_token_ids(drafts)
+        self.agree("update_draft_token_ids")
+
+    def observe(self):
+        return self.spec.observe()
+
+    def close(self):
+        pass

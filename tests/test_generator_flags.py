@@ -133,11 +133,15 @@ def test_the_default_draws_no_flags_and_keeps_the_pinned_streams():
 PINNED = {0: "0050669921399a6a", 7: "e07864e555e7775a"}
 
 
-def test_torch_campaigns_draw_only_the_flags_torch_models():
-    # torch models prefix caching, not async scheduling (gpu/README.md).
+def test_torch_campaigns_draw_every_flag_combination_and_no_feature_it_lacks():
+    # torch models both flags, not speculative decoding nor LoRA (gpu/README.md).
+    from schedspec.reference.generator import FEATURES, features_for
+
     sync_only = ((False, False), (True, False))
-    assert flags_for("torch", "spec") == sync_only and flags_for("spec", "torch") == sync_only
+    assert flags_for("torch", "spec") == FLAGS_ALL and flags_for("spec", "torch") == FLAGS_ALL
     assert flags_for("vllm", "spec") == FLAGS_ALL and flags_for("mymod:Sched", "spec") == FLAGS_ALL
+    assert features_for("torch", "spec") == frozenset() and features_for("spec", "torch") == frozenset()
+    assert features_for("vllm", "spec") == FEATURES == {"spec_decode", "lora"}
     plain = list(random_scenarios(80, SEED))  # no `flags`: none drawn
     assert all(_flags(s) == (False, False) for s, _ in plain)
     flagged = list(random_scenarios(80, SEED, FLAGS_ALL))
@@ -146,14 +150,22 @@ def test_torch_campaigns_draw_only_the_flags_torch_models():
     assert torch_drawn == set(sync_only)
 
 
-def test_torch_diff_command_draws_prefix_caching_but_no_async(capsys, tmp_path):
+def test_torch_diff_command_draws_both_flags_and_no_feature(capsys, tmp_path):
     rc, out, err = cli(capsys, "diff", "--impl", "torch", "--device", "cpu", "--scenarios", "24", "--seed",
                        SEED, "--json", "-o", tmp_path / "div")
     assert rc == 0, err
     cov = json.loads(out)["coverage"]
-    drawn = {k for k in cov if k.startswith("scenarios (")}
-    assert drawn == {"scenarios (sync)", "scenarios (sync + prefix caching)"}, cov
-    assert cov["scenarios (sync)"] + cov["scenarios (sync + prefix caching)"] == 24, cov
+    drawn = {k: v for k, v in cov.items() if k.startswith("scenarios (")}
+    assert len(drawn) == 4 and sum(drawn.values()) == 24, cov
+    assert "scenarios with speculative decoding" not in cov and "scenarios with LoRA" not in cov, cov
+
+
+def test_an_implementation_that_lacks_a_combination_is_refused_it(capsys, monkeypatch):
+    from schedspec.reference import generator
+
+    monkeypatch.setitem(generator.IMPL_FLAGS, "torch", ((False, False), (True, False)))
+    rc, _, err = cli(capsys, "diff", "--impl", "torch", "--flags", "async", "--scenarios", 2)
+    assert_one_line_error(rc, err, "--flags", "torch", "async", "sync,sync+prefix")
 
 
 def test_step_coverage_counts_a_shared_prompt():
@@ -201,8 +213,6 @@ def test_flags_option_restricts_the_draw(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--impl", "torch", "--flags", "async"], ["--flags", "torch", "async", "sync,sync+prefix"]),
-    (["--impl", "spec", "--against", "torch", "--flags", "all"], ["--flags", "torch", "async"]),
     (["--impl", "vllm", "--flags", "asyn"], ["--flags", "asyn", "sync+prefix"]),
     (["--impl", "vllm", "--flags", ""], ["--flags"]),
 ])

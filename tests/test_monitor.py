@@ -26,6 +26,7 @@ from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.request import Request
 from schedspec.spec.state import SchedulerState
 
+from monitor_helpers import Both
 from mutants import Mutation, mutated
 
 NUM_SCENARIOS = 40
@@ -46,67 +47,6 @@ def campaign(impl, n: int = NUM_SCENARIOS, seed: int = SEED):
     for scenario, _ in random_scenarios(n, seed, FLAGS_ALL):
         trace = run_scenario(scenario, impl)
         assert "error" not in trace, trace["error"]
-
-
-class Both:
-    """vLLM and the spec side by side behind the implementation protocol: after
-    every call, lift(vLLM) must equal the spec's state."""
-
-    name = "both"
-
-    def __init__(self, vllm):
-        self.vllm, self.spec = vllm, SpecScheduler()
-        self.rename: dict[bytes, bytes] = {}  # spec hash -> vLLM hash, learnt as blocks are hashed
-        self.calls = 0
-
-    def reset(self, config):
-        self.vllm.reset(config)
-        self.spec.reset(config)
-        self.rename = {}
-
-    def agree(self, call: str):
-        self.calls += 1
-        a, b = self.spec.observe(), self.vllm.observe()
-        for rid, r in a.requests.items():  # every hash pairs with the one at its place
-            v = b.requests.get(rid)
-            if v is not None and len(v.block_hashes) == len(r.block_hashes):
-                for x, y in zip(r.block_hashes, v.block_hashes):
-                    assert self.rename.setdefault(x, y) == y, f"after {call}: hash renaming is not one to one"
-        # pre = the spec's own state: every hash is known, so compare_states renames nothing itself
-        d = compare_states(a, renamed(a, self.rename), b)
-        assert d is None, f"after {call}: lift(vLLM) differs from the spec at {d.describe()}"
-
-    def add_request(self, request):
-        self.vllm.add_request(request)
-        self.spec.add_request(request)
-        self.agree("add_request")
-
-    def finish_requests(self, ids, status):
-        a, b = self.spec.finish_requests(ids, status), self.vllm.finish_requests(ids, status)
-        assert list(a) == list(b)
-        self.agree("finish_requests")
-        return a
-
-    def schedule(self):
-        a, b = self.spec.schedule(), self.vllm.schedule()
-        assert a == b, (a, b)
-        self.agree("schedule")
-        self.pending = getattr(self, "pending", {})
-        self.pending[id(a)] = b
-        return a
-
-    def update_from_output(self, output, sampled):
-        b = self.pending.pop(id(output))
-        x, y = self.spec.update_from_output(output, sampled), self.vllm.update_from_output(b, sampled)
-        assert list(x) == list(y)
-        self.agree("update_from_output")
-        return x
-
-    def observe(self):
-        return self.spec.observe()
-
-    def close(self):
-        pass
 
 
 def test_lift_equals_the_spec_after_every_call(vllm):

@@ -100,30 +100,15 @@ def add_and_schedule(sched, *reqs):
 # Scheduler-wide features: from the config the scheduler is built with.
 
 
-@case("SPECULATIVE_DECODING", "ngram_config")
+@case("SPECULATIVE_DECODING", "dynamic_drafts")
 def _(mon, tmp_path, monkeypatch):
+    # A draft count chosen per batch size (S:323-329, 1709-1714): not modelled.
     from vllm.config import SpeculativeConfig
 
     s = build_scheduler(speculative_config=SpeculativeConfig(
-        method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1))
+        method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1,
+        num_speculative_tokens_per_batch_size=[(1, 4, 2), (5, 64, 1)]))
     return watch(mon, add_and_step(s, request("a", 20)))
-
-
-@case("SPECULATIVE_DECODING", "draft_tokens")
-def _(mon, tmp_path, monkeypatch):
-    # The request-level signal alone: draft tokens handed over as
-    # EngineCore.post_step does (core.py:699-706) make the request's
-    # spec_token_ids, seen by the next schedule() even on a scheduler built
-    # without a SpeculativeConfig.  (Only schedule(): vLLM's own spec-decode
-    # stats in update_from_output need that config, metrics.py:49.)
-    from vllm.v1.outputs import DraftTokenIds
-
-    s = build_scheduler()
-    s.add_request(request("a", 20, max_tokens=8))
-    step(s)  # prefill, in scope
-    s.update_draft_token_ids(DraftTokenIds(req_ids=["a"], draft_token_ids=[[7, 8]]))
-    assert s.requests["a"].spec_token_ids == [7, 8]
-    return watch(mon, lambda: s.schedule())
 
 
 @case("KV_CONNECTOR", "example_connector")
@@ -215,6 +200,67 @@ def _(mon, tmp_path, monkeypatch):
         s.requests["a"].next_decode_eligible_step = s.current_step + 3
         s.schedule()
     return watch(mon, calls)
+
+
+def test_ngram_speculative_decoding_is_in_scope(monitor):
+    """An n-gram drafter (no rows of its own, no prefill lookahead) is what the spec
+    models (spec/spec_decode.py), and so are drafts handed over by hand on a
+    scheduler built without one (EngineCore.post_step, core.py:699-706)."""
+    from vllm.config import SpeculativeConfig
+    from vllm.v1.outputs import DraftTokenIds
+
+    s = build_scheduler(speculative_config=SpeculativeConfig(
+        method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1))
+    assert scope.features(s) == ()
+    s.add_request(request("a", 20, max_tokens=8))
+    step(s)
+    s.update_draft_token_ids(DraftTokenIds(req_ids=["a"], draft_token_ids=[[7, 8]]))
+    run_to_completion(s)
+    plain = build_scheduler()
+    plain.add_request(request("b", 20, max_tokens=8))
+    step(plain)
+    plain.update_draft_token_ids(DraftTokenIds(req_ids=["b"], draft_token_ids=[[7, 8]]))
+    assert plain.requests["b"].spec_token_ids == [7, 8]
+    # schedule() only: vLLM's spec-decode stats in update_from_output need a drafter (metrics.py:49).
+    assert dict(plain.schedule().scheduled_spec_decode_tokens) == {"b": [7, 8]}
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_block_completed_and_freed_in_one_call_is_compared(monitor, async_scheduling):
+    """A request whose last tokens complete a block and finish it in one
+    update_from_output: the block is cached under a hash no request holds
+    afterwards, paired with the spec's by the finished request's own hashes
+    (check.hash_renaming's `gone`).  Found by vLLM's
+    test_finished_spec_request_caches_completed_blocks, which drives the same."""
+    from vllm.config import SpeculativeConfig
+    from vllm.v1.outputs import DraftTokenIds
+
+    s = build_scheduler(speculative_config=SpeculativeConfig(
+        method="ngram_gpu", num_speculative_tokens=2, prompt_lookup_max=2, prompt_lookup_min=1),
+        prefix_caching=True, block_size=4, async_scheduling=async_scheduling)
+    r = request("a", tokens=[0, 1], sched=s, max_tokens=4, sampling={"ignore_eos": True})
+    s.add_request(r)
+    out = s.schedule()
+    s.update_from_output(out, runner_output(out, {"a": [2]}))
+    s.update_draft_token_ids(DraftTokenIds(req_ids=["a"], draft_token_ids=[[3, 4]]))
+    out = s.schedule()
+    s.update_from_output(out, runner_output(out, {"a": [3, 4, 5]}))
+    assert r.is_finished() and s.kv_cache_manager.block_pool.cached_block_hash_to_block
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+def test_a_lookahead_hasher_with_no_hash_yet_is_outside_scope(monitor):
+    """A block hasher with lookahead tokens hashes a block only once the token after
+    it exists; before its first hash the request already lags the spec's hashing."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    init_none_hash(sha256)
+    s = build_scheduler(prefix_caching=True, block_size=4)
+    r = request("a", tokens=[0, 1, 2, 3], max_tokens=1, block_hasher=get_request_block_hasher(4, sha256, 1))
+    assert r.block_hashes == []
+    assert scope.HASH_LOOKAHEAD in scope.request_features(r, 4)
 
 
 def test_pipeline_parallelism_alone_is_in_scope(monitor):
@@ -358,9 +404,11 @@ def _(mon, tmp_path, monkeypatch):
 
 @case("LORA")
 def _(mon, tmp_path, monkeypatch):
+    # A release before 0.33.0: the spec has 0.33.0's LoRA rule only (spec/lora.py).
     from vllm.config import LoRAConfig
     from vllm.lora.request import LoRARequest
 
+    monkeypatch.setattr(scope, "newest_rules", lambda: False)
     s = build_scheduler(lora_config=LoRAConfig(max_loras=1, max_lora_rank=8))
     return watch(mon, add_and_step(s, request("a", 20, lora_request=LoRARequest("adapter", 1, str(tmp_path)))))
 
@@ -615,11 +663,29 @@ def test_prefix_cache_request_features_are_in_scope_without_caching(monitor, mak
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 
 
-def test_shadow_classes_classify_as_installed_ones(shadow_monitor):
+def test_lora_is_in_scope(monitor):
+    """0.33.0's max_loras rule is the spec's (spec/lora.py): an adapter held back
+    while another runs, every call checked."""
+    from vllm.config import LoRAConfig
+    from vllm.lora.request import LoRARequest
+
+    s = build_scheduler(lora_config=LoRAConfig(max_loras=1, max_lora_rank=8))
+    for rid, adapter in (("a", 1), ("b", 2), ("c", 1)):
+        s.add_request(request(rid, 20, max_tokens=3, lora_request=LoRARequest(f"lora{adapter}", adapter, "/none")))
+    out = s.schedule()
+    assert set(out.num_scheduled_tokens) == {"a", "c"}
+    s.update_from_output(out, runner_output(out, {"a": [100], "c": [100]}))
+    run_to_completion(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+def test_shadow_classes_classify_as_installed_ones(shadow_monitor, monkeypatch):
     """ShadowScheduler / ShadowAsyncScheduler, vLLM's `scheduler_cls` route,
     classify the same way; plain vLLM classes are not watched without install()."""
     from vllm.config import LoRAConfig
     from vllm.lora.request import LoRARequest
+
+    monkeypatch.setattr(scope, "newest_rules", lambda: False)  # LoRA as on an earlier release
 
     lora = LoRAConfig(max_loras=1, max_lora_rank=8)
     for cls, async_scheduling in ((ShadowScheduler, False), (ShadowAsyncScheduler, True)):

@@ -11,7 +11,9 @@ import schedspec.spec
 SPEC = Path(schedspec.spec.__file__).parent
 CORE = ("scheduler.py", "kv_cache.py", "block_pool.py", "state.py", "request.py")
 MAX_FUNCTION_LINES = 60
-MAX_CORE_LINES = 900
+# 900 until speculative decoding (its rules are in spec_decode.py; the core gained its
+# call sites, the draft fields and the lookahead in allocate_slots).
+MAX_CORE_LINES = 950
 
 
 def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:

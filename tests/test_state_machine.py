@@ -51,8 +51,8 @@ MUTANTS = {
           "self.req_to_num_blocks.pop(request_id, 0)"),
     ],
     "computed_tokens_bounded": [
-        M("scheduler.num_new_tokens_running", "r.num_tokens + r.num_output_placeholders - r.num_computed_tokens",
-          "r.num_tokens + r.num_output_placeholders - r.num_computed_tokens + 2"),
+        M("scheduler.num_new_tokens_running", "r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens",
+          "r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens + 2"),
     ],
     "scheduled_requests_run": [
         M("scheduler.admit", "s.running.append(rid)", "s.waiting.append(rid)"),
@@ -70,12 +70,21 @@ MUTANTS = {
     ],
     # Async scheduling: vLLM asserts placeholders never go below 0 (S:2769).
     "placeholders_never_negative": [
-        M("scheduler.deliver_output", "tokens and had_placeholders", "tokens"),
+        M("scheduler.deliver_output", "if had_placeholders:\n    r.num_output_placeholders -= len(tokens)",
+          "r.num_output_placeholders -= len(tokens)"),
     ],
     # Prefix caching: an admission that forgets its hit recomputes cached tokens past num_tokens.
     "scheduled_within_known_tokens": [
         M("scheduler.num_new_tokens_waiting", "r.num_tokens - num_computed_tokens",
           "r.num_tokens - r.num_computed_tokens"),
+    ],
+    # Speculative decoding: a running request's drafts sent as padding.
+    "drafts_sent_are_known": [
+        M("spec_decode.schedule_drafts", "r.spec_token_ids[:num_drafts]", "(-1,) * num_drafts"),
+    ],
+    # LoRA: an admission that brings one adapter too many.
+    "max_loras_respected": [
+        M("lora.exceeds_max_loras", "len(loras) == c.max_loras", "len(loras) == c.max_loras + 1"),
     ],
     # A hit on a block another request holds must raise its count, not reset it.
     "block_ref_counts_match_holders": [
@@ -102,11 +111,12 @@ def test_machine_reaches_prefix_caching_and_async_events():
     evictions, preemptions with a batch in flight and their stale outputs."""
     COVERAGE.clear()
     run_state_machine_as_test(SpecMachine, settings=settings(
-        max_examples=200, stateful_step_count=60, deadline=None, database=None, derandomize=True,
+        max_examples=400, stateful_step_count=60, deadline=None, database=None, derandomize=True,
         phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
     # (A stale output applied to a waiting request is rarer here; tests/test_rules_wave2.py
     # pins it down on a fixed scenario.)
-    for event in ("prefix hits", "shared blocks", "evictions", "preemptions", "in-flight preemptions"):
+    for event in ("prefix hits", "shared blocks", "evictions", "preemptions", "in-flight preemptions",
+                  "drafts sent", "adapters held back"):
         assert COVERAGE[event] > 0, (event, dict(COVERAGE))
     for caching in (False, True):
         for async_ in (False, True):

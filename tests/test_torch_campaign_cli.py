@@ -15,17 +15,17 @@ from helpers import assert_one_line_error, cli
 
 @pytest.fixture
 def batch_calls(monkeypatch):
-    """Record the size of every run_batch call (the campaign must batch)."""
+    """Record the size of every run_batch_traces call (the campaign must batch)."""
     from schedspec.gpu import batch
 
     sizes = []
-    real = batch.run_batch
+    real = batch.run_batch_traces
 
     def spy(scenarios, **kw):
         sizes.append(len(scenarios))
         return real(scenarios, **kw)
 
-    monkeypatch.setattr(batch, "run_batch", spy)
+    monkeypatch.setattr(batch, "run_batch_traces", spy)
     return sizes
 
 
@@ -39,6 +39,8 @@ def test_batched_campaign_agrees(capsys, tmp_path, batch_calls):
     assert report["coverage"].get("preemptions", 0) > 0
     assert batch_calls == [20, 20, 10]
     assert not (tmp_path / "div").exists()
+    # every torch trace agreed as text: none was parsed into dicts
+    assert report["torch_traces_parsed"] == 0
 
 
 def _break_free_blocks_after_preemption(trace):
@@ -54,16 +56,17 @@ def _break_free_blocks_after_preemption(trace):
 
 def test_divergence_is_reported_written_and_shrunk(capsys, tmp_path, monkeypatch):
     from schedspec.gpu import batch, impl
+    from schedspec.gpu.trace_text import TorchTrace
 
-    real_batch = batch.run_batch
+    real_batch = batch.run_batch_traces
     hit = []
 
     def broken_batch(scenarios, **kw):
         out = []
         for tr in real_batch(scenarios, **kw):
-            tr, broken = _break_free_blocks_after_preemption(tr)
+            tr, broken = _break_free_blocks_after_preemption(tr.to_dict())
             hit.append(broken)
-            out.append(tr)
+            out.append(TorchTrace.from_dict(tr))
         return out
 
     # The same bug at S = 1, which the shrinker drives.
@@ -83,7 +86,7 @@ def test_divergence_is_reported_written_and_shrunk(capsys, tmp_path, monkeypatch
         self._test_preempted = False
         return real_reset(self, config)
 
-    monkeypatch.setattr(batch, "run_batch", broken_batch)
+    monkeypatch.setattr(batch, "run_batch_traces", broken_batch)
     monkeypatch.setattr(impl.TorchScheduler, "observe", broken_observe)
     monkeypatch.setattr(impl.TorchScheduler, "reset", reset)
     outdir = tmp_path / "div"
@@ -107,14 +110,14 @@ def test_divergence_is_reported_written_and_shrunk(capsys, tmp_path, monkeypatch
 def test_a_crashing_scenario_is_a_divergence_not_the_end(capsys, tmp_path, monkeypatch):
     from schedspec.gpu import batch
 
-    real = batch.run_batch
+    real = batch.run_batch_traces
 
     def crash_on_3(scenarios, **kw):
         if any(s.name == "random-s5-3" for s in scenarios):
             raise RuntimeError("boom")
         return real(scenarios, **kw)
 
-    monkeypatch.setattr(batch, "run_batch", crash_on_3)
+    monkeypatch.setattr(batch, "run_batch_traces", crash_on_3)
     rc, out, _err = cli(capsys, "diff", "--impl", "torch", "--scenarios", 6, "--seed", 5, "-o", tmp_path,
                        "--device", "cpu", "--json")
     assert rc == 1

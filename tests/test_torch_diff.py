@@ -1,6 +1,6 @@
 """The differential campaign spec vs torch: random scenarios of
-reference/generator.py (prefix caching drawn on and off, as torch campaigns
-draw it) run through `run_batch` as batches and through the spec engine,
+reference/generator.py (prefix caching and async scheduling drawn on and off,
+as torch campaigns draw them) run through `run_batch` as batches and through the spec engine,
 compared field by field with compare_traces: 0 divergences."""
 
 import pytest
@@ -163,12 +163,6 @@ def test_prefix_examples_agree():
     for name in ("prefix-eviction", "prefix-resume-hit", "prefix-shared-system-prompt"):
         t = _agrees(load_scenario(resolve_scenario_path(name)))
         assert all("prefix_hits" in st for st in t["steps"])
-
-
-def test_async_scheduling_is_refused_in_one_line():
-    sc = _scenario(async_scheduling=True)
-    err = run_one(sc, device="cpu")["error"]
-    assert err.startswith("config.async_scheduling:") and "\n" not in err
 
 
 def test_observed_block_pool_equals_the_specs():

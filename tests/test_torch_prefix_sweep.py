@@ -22,3 +22,17 @@ def test_shared_prefix_zero_is_no_group():
     w = generate_scenario(scenario_rng(7, 0), 0)
     assert with_shared_prefix([w], 0)[0].requests == tuple(
         r.__class__(**{**r.__dict__, "prefix_group": None, "prefix_len": 0}) for r in w.requests)
+
+
+def test_default_engine_axes():
+    """Both flags of vLLM's default engine as sweep axes (four grid points in one
+    torch batch, async scenarios among them): torch's rows equal the spec's, and
+    async scheduling changes the runs (output one step late)."""
+    workloads = with_shared_prefix([generate_scenario(scenario_rng(7, i), i) for i in range(8)], 32)
+    axes = parse_set(["enable_prefix_caching=true,false", "async_scheduling=true,false"])
+    torch_rows = run_sweep(workloads, axes, device="cpu")["rows"]
+    assert run_sweep(workloads, axes, impl="spec", workers=1)["rows"] == torch_rows
+    by = {(r["config"]["enable_prefix_caching"], r["config"]["async_scheduling"]): r for r in torch_rows}
+    assert set(by) == {(p, a) for p in (True, False) for a in (True, False)}
+    assert all(r.get("status") != "rejected" for r in torch_rows)
+    assert by[(False, True)]["steps"] != by[(False, False)]["steps"]

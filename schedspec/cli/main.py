@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedspec.base.errors import UsageError, shown
+from schedspec.base.errors import UsageError, fail, shown
 from schedspec.base.args import int_arg
 from schedspec.base.progress import Progress
 from schedspec.reference.example_files import EXAMPLES_DIR, example_names, resolve_scenario_path
@@ -39,8 +39,19 @@ def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, dev
 
     impl = load_impl_or_fail(impl_name, device)
     progress = Progress(f"{scenario.name}", scenario.max_steps, min_total=2000)
+    at = [0]  # the step being run, for a crash's message
+
+    def track(step: int, total: int) -> None:
+        at[0] = step
+        progress(step, total)
+
     try:
-        return run_scenario(scenario, impl, on_step=on_step, progress=progress, sink=sink)
+        return run_scenario(scenario, impl, on_step=on_step, progress=track, sink=sink)
+    except Exception as e:  # noqa: BLE001 - an implementation that raises: one line, exit 1
+        # Not a user error: the scheduler itself failed (vLLM 0.33.0 asserts on one
+        # speculative-decoding case, docs/rules.md; the spec raises there too).
+        fail(f"{impl_name} raised at step {at[0]} of {shown(scenario.name)}: {type(e).__name__}: "
+             f"{shown(str(e), 200) or '(no message)'}", code=1)
     finally:
         progress.close()
         close_impl(impl)

@@ -4,9 +4,12 @@ book, differential-tested against the spec.
 
 - `state.py`: the tensors (`Batch`: configs and static request fields; `State`).
 - `step.py`: one engine step of all scenarios (aborts, arrivals, schedule, the
-  fake model, update).
+  fake model, update), synchronous or with a batch in flight (async scheduling).
 - `batch.py`: `run_batch(scenarios)` -> one schedspec.trace/1 per scenario;
+  `run_batch_traces(scenarios)` -> the same as trace text (`TorchTrace`);
   `run_one(scenario)`.
+- `trace_text.py`: per-step records to trace text, column by column
+  (`render_chunk`), and `TorchTrace` (write, compare or parse it).
 - `impl.py`: `TorchScheduler`, the same step code at S = 1 behind the
   implementation protocol (`--impl torch`).
 - `pool.py`: the block-level KV pool of prefix caching (hits, hashing within

@@ -3,10 +3,15 @@ the format `reference.engine.run_scenario` writes (formats.md, schedspec.trace/1
 
 The host does what needs Python objects: it validates each scenario (the spec's
 config and front-end checks, then gpu/limits.py), turns `priority` and
-`arrival_time` into ranks, pads the scenarios into one `Batch`, and builds the
-trace dicts.  The device steps every scenario at once (gpu/step.py) and hands a
-few tensors per step to the host, in chunks, so there is one host copy per chunk
-of steps rather than one per step and field.
+`arrival_time` into ranks, pads the scenarios into one `Batch`, and turns the
+per-step records into trace text.  The device steps every scenario at once
+(gpu/step.py) and hands a few tensors per step to the host, in chunks, so there
+is one host copy per chunk of steps rather than one per step and field; each
+chunk becomes the JSON text of its trace steps column by column
+(gpu/trace_text.py), with no Python object per step.  `run_batch_traces`
+returns that text (`TorchTrace`: written to disk or compared as it is);
+`run_batch` parses it into trace dicts.  A batch with an async scenario steps
+through `engine_step_async`, and its records carry which batch was applied.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from schedspec.reference.engine import TRACE_FORMAT, error_trace
+from schedspec.reference.engine import error_trace
 from schedspec.reference.scenario import Scenario
 from schedspec.spec.config import ConfigError, SchedulerConfig
 from schedspec.spec.request import Request
@@ -29,7 +34,8 @@ from .hashes import hash_ids
 from .limits import limit_violation
 from .state import (ABORTED, I32, I64, LENGTH_CAPPED, NEVER, PREEMPTED, RUNNING, STOPPED, WAITING, Batch,
                     initial_state, select)
-from .step import engine_step, pending, waiting_key
+from .step import engine_step, engine_step_async, pending, waiting_key
+from .trace_text import IdTables, TorchTrace, dumps, render_chunk
 
 NAME = "torch"
 _REASON = {STOPPED: "stopped", LENGTH_CAPPED: "length", ABORTED: "aborted"}
@@ -99,7 +105,7 @@ def prefix_columns(prepared: Sequence["_Prepared"], R: int, device) -> dict[str,
              else max([num_hash_blocks(p.config, n, m, p.scenario.max_steps)
                        for n, m in zip(p.columns["num_prompt_tokens"], p.columns["max_tokens"])] + [1])
              for p in prepared] + [1])
-    bh = np.full((len(prepared), R, H), -1, dtype=np.int64)
+    bh = np.full((len(prepared), R, H), -1, dtype=np.int32)  # int32: the largest tensor of a batch (limits.py)
     ar = np.zeros((len(prepared), R), dtype=np.int64)
     for s, p in enumerate(prepared):
         if p.hashes is not None:
@@ -155,8 +161,11 @@ class _Prepared:
             "queue_rank": queue_rank,
             "victim_rank": victim_rank,
         }
-        self.steps: list[dict[str, Any]] = []
+        self.quoted = [dumps(rid) for rid in self.ids]  # each id as JSON text, made once
+        self.parts: list[str] = []  # the trace text of the steps, one piece per chunk of steps
+        self.num_listed = 0
         self.prefix_caching = bool(config.enable_prefix_caching)
+        self.async_scheduling = bool(config.async_scheduling)
         self.hashes, self.num_hashes = None, 0
         if self.prefix_caching:
             nb = [num_hash_blocks(config, r.num_prompt_tokens, m, scenario.max_steps)
@@ -187,116 +196,11 @@ def prepare(scenario: Scenario) -> _Prepared | str:
 
 # The per-step record: these tensors (S, R) of each step, kept as they are (the
 # step builds new tensors, so keeping them copies nothing) and stacked per chunk.
+# `hit_tokens` with prefix caching; `app_key` (the grant order of the batch
+# applied) and `stopped` (the requests its update stopped) in a batch with async
+# scheduling, where the batch applied is not always the one scheduled.
 _RECORD_FIELDS = ("grant", "num_computed_tokens", "status", "run_pos", "wait_key", "admitted",
-                  "preempt_order", "sampled", "aborted", "hit_tokens")
-_LAST = 2**62  # a sort key after every real one
-
-
-def _split(flat: list, counts: np.ndarray) -> list[list]:
-    """`flat` cut into consecutive lists of `counts[m]` items."""
-    ends = np.cumsum(counts).tolist()
-    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
-
-
-def _records_to_steps(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray,
-                      owners: list[_Prepared]) -> None:
-    """Append each active scenario's trace steps of one chunk of steps; `rec`
-    holds each record field as an array (T, S, R), `scal` (T, S, 3) the free
-    blocks, slots held and active flag, owners the scenario of each row.
-
-    Vectorised: the lists of every (step, scenario) are sorted and selected on
-    numpy arrays, their ids read as one flat list per kind and cut into rows,
-    so the Python work per trace step is a few slices and one dict."""
-    tt, ss = np.nonzero(scal[:, :, 2])  # step-major: each scenario's steps in order
-    M = len(tt)
-    if M == 0:
-        return
-    R = rec["status"].shape[2]
-    ids_tab = np.full((len(owners), R), None, dtype=object)
-    for s, p in enumerate(owners):
-        ids_tab[s, : len(p.ids)] = p.ids
-    flat_ids = ids_tab.ravel()
-    base = ss[:, None] * R  # a request's code in flat_ids: base + slot (ints are cheaper to move than ids)
-    f = {name: rec[name][tt, ss] for name in _RECORD_FIELDS if name in rec}
-    status, grant = f["status"], f["grant"]
-    running = status == RUNNING
-    sched = grant > 0
-    live = (status >= WAITING) & (status <= PREEMPTED)
-    rows = np.arange(M)[:, None]
-
-    # Running order (run_pos) for the running list and the grants; the waiting
-    # queue's pop order for waiting.  Both keys are unique among their members.
-    ro = np.argsort(np.where(running | sched, f["run_pos"], _LAST), axis=1, kind="stable")
-    codes_r = base + ro
-    run_r, sched_r = running[rows, ro], sched[rows, ro]
-    waiting = live & ~running
-    wo = np.argsort(np.where(waiting, f["wait_key"], _LAST), axis=1, kind="stable")
-    wait_w = waiting[rows, wo]
-
-    def lists(codes, mask):
-        return _split(flat_ids.take(codes[mask]).tolist(), mask.sum(1))
-
-    run_lists = lists(codes_r, run_r)
-    wait_lists = lists(base + wo, wait_w)
-    grant_r = grant[rows, ro]
-    sched_flat = flat_ids.take(codes_r[sched_r]).tolist()
-    sched_lists = _split(list(map(list, zip(sched_flat, grant_r[sched_r].tolist()))), sched_r.sum(1))
-    adm_r = f["admitted"][rows, ro]
-    new_lists = lists(codes_r, sched_r & (adm_r == 1))
-    resumed_lists = lists(codes_r, sched_r & (adm_r == 2))
-    sampled_lists = lists(codes_r, sched_r & f["sampled"][rows, ro])
-    ncomp_ids = lists(base + np.arange(R), live)
-    ncomp_vals = _split(f["num_computed_tokens"][live].tolist(), live.sum(1))
-
-    # Rare: preemptions, aborts and finishes, per row that has any.
-    preempt = f["preempt_order"]
-    aborted = f["aborted"]
-    status_r = status[rows, ro]
-    stopped_r = sched_r & ((status_r == STOPPED) | (status_r == LENGTH_CAPPED))
-    pre_lists = [[] for _ in range(M)]
-    fin_lists = [[] for _ in range(M)]
-    for m in np.nonzero((preempt >= 0).any(1))[0].tolist():
-        js = np.nonzero(preempt[m] >= 0)[0].tolist()
-        js.sort(key=preempt[m].tolist().__getitem__)
-        pre_lists[m] = flat_ids.take(base[m, 0] + np.asarray(js, dtype=np.int64)).tolist()
-    for m in np.nonzero(aborted.any(1) | stopped_r.any(1))[0].tolist():
-        p = owners[ss[m]]
-        js = sorted(np.nonzero(aborted[m])[0].tolist(), key=p.abort_rank.__getitem__)
-        fin = [[rid, "aborted"] for rid in flat_ids.take(base[m, 0] + np.asarray(js, dtype=np.int64)).tolist()]
-        fin += [[flat_ids[codes_r[m, c]], _REASON[int(status_r[m, c])]]
-                for c in np.nonzero(stopped_r[m])[0].tolist()]
-        fin_lists[m] = fin
-
-    hit_lists = None
-    if "hit_tokens" in f:  # prefix_hits: each admission's hit, in admission (running) order
-        adm = sched_r & (adm_r > 0)
-        hit_ids = lists(codes_r, adm)
-        hit_vals = _split(f["hit_tokens"][rows, ro][adm].tolist(), adm.sum(1))
-        hit_lists = [dict(zip(a, b)) for a, b in zip(hit_ids, hit_vals)]
-    free, held = scal[tt, ss, 0].tolist(), scal[tt, ss, 1].tolist()
-    steps = (tt + first_step).tolist()
-    for m, s in enumerate(ss.tolist()):
-        if not (sched_lists[m] or fin_lists[m] or run_lists[m] or wait_lists[m]):
-            continue  # an idle step: not listed (engine.is_idle_record, formats.md Trace)
-        record = {
-            "step": steps[m],
-            "scheduled": sched_lists[m],
-            "new": new_lists[m],
-            "resumed": resumed_lists[m],
-            "preempted": pre_lists[m],
-            "finished": fin_lists[m],
-            "running": run_lists[m],
-            "waiting": wait_lists[m],
-            "num_computed_tokens": dict(zip(ncomp_ids[m], ncomp_vals[m])),
-            "num_free_blocks": free[m],
-            "sampled": sampled_lists[m],
-            "slots_held": held[m],
-        }
-        if owners[s].prefix_caching:
-            record["prefix_hits"] = hit_lists[m]
-        owners[s].steps.append(record)
-
-
+                  "preempt_order", "sampled", "aborted", "hit_tokens", "app_key", "stopped")
 def _summary(p: _Prepared, final: dict[str, list], num_steps: int) -> dict[str, Any]:
     requests, unfinished, done = {}, [], 0
     for j, rid in enumerate(p.ids):
@@ -323,22 +227,35 @@ def run_batch(scenarios: Sequence[Scenario], *, device=None,
 
     `record_steps=False` leaves the per-step records out (`"steps": []`; the
     summary, including `summary.steps`, is complete): for sweeps and benchmarks,
-    where building Python step records would cost more than the stepping."""
+    where even the trace text would cost more than the stepping.
+
+    The dicts are parsed from `run_batch_traces`'s text; a caller that writes
+    or compares traces should take the text instead."""
+    return [t.to_dict() for t in run_batch_traces(scenarios, device=device, progress=progress,
+                                                  record_steps=record_steps)]
+
+
+def run_batch_traces(scenarios: Sequence[Scenario], *, device=None,
+                     progress: Callable[[int, int], None] | None = None,
+                     record_steps: bool = True) -> list[TorchTrace]:
+    """`run_batch` as TorchTrace objects (gpu/trace_text.py): each scenario's
+    steps as trace text, made from the records column by column, never as one
+    dict per step; `to_dict()`, `write(path)` and `steps_text()` on each."""
     dev = resolve_device(device) if not isinstance(device, torch.device) else device
-    traces: list[dict | None] = [None] * len(scenarios)
+    traces: list[TorchTrace | None] = [None] * len(scenarios)
     prepared: list[_Prepared] = []
     where: list[int] = []
     for i, sc in enumerate(scenarios):
         p = prepare(sc)
         if isinstance(p, str):
-            traces[i] = error_trace(sc, NAME, p)
+            traces[i] = TorchTrace.from_dict(error_trace(sc, NAME, p))
         else:
             prepared.append(p)
             where.append(i)
     if prepared:
-        # The traces are millions of small lists and dicts, none in a cycle; the
-        # cyclic collector would rescan all of them again and again as they grow
-        # (several times the cost of building them), so it pauses meanwhile.
+        # The host holds many objects meanwhile (the summaries, the text pieces
+        # and the object arrays that place them), none in a cycle; the cyclic
+        # collector would rescan them again and again, so it pauses meanwhile.
         collecting = gc.isenabled()
         gc.disable()
         # On the CPU, one intra-op thread: the step is some hundred small tensor
@@ -363,15 +280,31 @@ def run_batch(scenarios: Sequence[Scenario], *, device=None,
             if collecting:
                 gc.enable()
         for i, p in zip(where, prepared):
-            traces[i] = {"format": TRACE_FORMAT, "scenario": p.scenario.name, "implementation": NAME,
-                         "steps": p.steps, "summary": p.summary}
+            traces[i] = TorchTrace(p.scenario.name, NAME, p.parts, p.num_listed, p.summary)
     return traces
 
 
 _GROUP_MIN = 2048  # scenarios per sub-batch, at least: below it a step costs its per-op overhead
+_SPLIT_MIN = 256  # scenarios with and without prefix caching, each, above which they run apart
 
 
 def _groups(prepared: list[_Prepared]) -> list[list[_Prepared]]:
+    """Sub-batches: with and without prefix caching apart when both are many,
+    each cut by `_by_size`.
+
+    In a batch where some scenario has prefix caching, every scenario runs on
+    the block-level pool, whose block tables and hash ids are (S, R, H) for the
+    batch's largest H; the scenarios without it need none of that (the counting
+    model), so once both kinds are numerous they run as two batches, which
+    roughly halves a campaign's peak memory and steps the counting ones faster."""
+    with_pc = [p for p in prepared if p.prefix_caching]
+    without = [p for p in prepared if not p.prefix_caching]
+    if len(with_pc) < _SPLIT_MIN or len(without) < _SPLIT_MIN:
+        return _by_size(prepared)
+    return _by_size(with_pc) + _by_size(without)
+
+
+def _by_size(prepared: list[_Prepared]) -> list[list[_Prepared]]:
     """Sub-batches of similar request counts, when the batch is big enough.
 
     Every scenario is padded to the batch's largest request count R, and a
@@ -389,10 +322,13 @@ def _groups(prepared: list[_Prepared]) -> list[list[_Prepared]]:
 
 
 def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool) -> None:
-    prefix = None
+    extra = {}
     if any(p.prefix_caching for p in prepared):
-        prefix = prefix_columns(prepared, max([len(p.ids) for p in prepared] + [1]), dev)
-    batch = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared], dev, prefix)
+        extra = prefix_columns(prepared, max([len(p.ids) for p in prepared] + [1]), dev)
+    asy = any(p.async_scheduling for p in prepared)
+    if asy:  # the whole batch steps through the async engine step (gpu/step.py)
+        extra["async_sched"] = torch.tensor([p.async_scheduling for p in prepared], dtype=torch.bool, device=dev)
+    batch = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared], dev, extra)
     state = initial_state(batch)
     max_steps = torch.tensor([p.scenario.max_steps for p in prepared], dtype=I64, device=dev)
     horizon = max(p.scenario.max_steps for p in prepared)
@@ -402,13 +338,22 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
     abort_steps = {x for p in prepared for x in p.columns["abort_step"]}
     arrival_steps = {x for p in prepared for x in p.columns["arrival_step"]}
     chunk, scalars, first = [], [], 0
+    text = None  # what the trace text of the batch's rows needs (their ids, flags), made at the first flush
+
+    def text_tables(owners, R):
+        return (IdTables([p.quoted for p in owners], [p.abort_rank for p in owners], R),
+                np.array([p.prefix_caching for p in owners], dtype=bool),
+                np.array([p.async_scheduling for p in owners], dtype=bool))
 
     def flush():
-        nonlocal chunk, scalars, first
+        nonlocal chunk, scalars, first, text
         if chunk:
-            rec = {name: torch.stack([c[k] for c in chunk]).cpu().numpy()
-                   for k, name in enumerate(_RECORD_FIELDS[:len(chunk[0])])}
-            _records_to_steps(rec, first, torch.stack(scalars).cpu().numpy(), owners)
+            rec = {name: torch.stack([c[name] for c in chunk]).cpu().numpy() for name in chunk[0]}
+            if text is None:
+                text = text_tables(owners, rec["status"].shape[2])
+            for row, piece, count in render_chunk(rec, first, torch.stack(scalars).cpu().numpy(), *text):
+                owners[row].parts.append(piece)
+                owners[row].num_listed += count
             first += len(chunk)
             chunk, scalars = [], []
 
@@ -431,21 +376,32 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
             owners = [owners[i] for i in keep]
             num_slots = max(len(p.ids) for p in owners)
             batch, state = select(batch, rows, num_slots), select(state, rows, num_slots)
+            text = None  # the rows changed
             max_steps, active = max_steps.index_select(0, rows), active.index_select(0, rows)
             steps_done = steps_done.index_select(0, rows)
-        state, decision, aborted, sampled = engine_step(batch, state, step, active, step in abort_steps,
-                                                        step in arrival_steps)
+        if asy:
+            state, decision, aborted, sampled, stopped, called, app_step, app_key = engine_step_async(
+                batch, state, step, active, step in abort_steps, step in arrival_steps)
+        else:
+            state, decision, aborted, sampled = engine_step(batch, state, step, active, step in abort_steps,
+                                                            step in arrival_steps)
         steps_done += active
         step += 1
         if progress is not None:
             progress(step, horizon)
         if not record_steps:
             continue
-        chunk.append((decision.num_scheduled_tokens, state.num_computed_tokens, state.status, state.run_pos,
-                      waiting_key(batch, state), decision.admitted, decision.preempt_order, sampled, aborted)
-                     + ((decision.hit_tokens,) if decision.hit_tokens is not None else ()))
-        scalars.append(torch.stack([state.num_free_blocks, decision.num_running, active.to(I64)], dim=1))
-        if len(chunk) * chunk[0][0].numel() * _RECORD_BYTES >= _CHUNK_BYTES:
+        fields = (decision.num_scheduled_tokens, state.num_computed_tokens, state.status, state.run_pos,
+                  waiting_key(batch, state), decision.admitted, decision.preempt_order, sampled, aborted,
+                  decision.hit_tokens)
+        rec = {name: t for name, t in zip(_RECORD_FIELDS, fields) if t is not None}
+        cols = [state.num_free_blocks, decision.num_running, active.to(I64)]
+        if asy:
+            rec["app_key"], rec["stopped"] = app_key, stopped
+            cols += [called.to(I64), app_step.to(I64)]
+        chunk.append(rec)
+        scalars.append(torch.stack(cols, dim=1))
+        if len(chunk) * decision.num_scheduled_tokens.numel() * _RECORD_BYTES >= _CHUNK_BYTES:
             flush()
     flush()
     _finish(owners, range(len(owners)), state, steps_done)

@@ -4,7 +4,11 @@
 torch`, or scenario files) lands here.  The torch implementation steps a whole
 chunk of scenarios at once (gpu/batch.py `run_batch`, `--batch-size` of them,
 default 1024); the spec runs each scenario alone; every pair of traces is
-compared step by step with reference/compare.py.  Progress, coverage,
+compared with the spec's (`compare_with_spec`): torch's steps stay trace text,
+made column by column (gpu/trace_text.py), and are compared with the spec's
+steps as text; only a scenario whose text differs has its torch trace parsed
+and compared field by field with reference/compare.py, which builds the same
+divergence report as ever.  Progress, coverage,
 divergence files and shrinking are those of the per-scenario campaign
 (reference/campaign.py); shrinking drives torch one scenario at a time
 (`TorchScheduler`, S = 1) against the spec.
@@ -16,6 +20,7 @@ the scenario that causes it and reported as that scenario's divergence.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -31,16 +36,18 @@ from schedspec.reference.campaign import (
     report_divergence,
     run_guarded,
 )
-from schedspec.reference.compare import compare_runs
+from schedspec.reference.compare import Divergence, compare_runs
 from schedspec.reference.coverage import StepCoverage, add_coverage
 from schedspec.reference.generator import IMPL_FLAGS
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import Scenario
 
+from .trace_text import TorchTrace
+
 DEFAULT_BATCH_SIZE = 1024
 BATCHED_PAIR = frozenset({"torch", "spec"})
 # The engine-flag combinations (enable_prefix_caching, async_scheduling) torch
-# models, which its random campaigns draw: prefix caching on and off, synchronous.
+# models, which its random campaigns draw: all four.
 TORCH_FLAGS = IMPL_FLAGS["torch"]
 
 
@@ -59,16 +66,17 @@ class _TorchCrash:
     name = "torch"
 
 
-def run_torch_batch(scenarios: list[Scenario], device: str | None, progress=None) -> list[dict[str, Any]]:
-    """Traces of `scenarios` from one run_batch call; if the batch raises, the
-    scenarios are rerun alone and the ones that raise get a crash trace."""
-    from .batch import run_batch
+def run_torch_batch(scenarios: list[Scenario], device: str | None, progress=None) -> list[TorchTrace]:
+    """Traces of `scenarios` from one run_batch_traces call (gpu/trace_text.py
+    `TorchTrace`: the steps as trace text); if the batch raises, the scenarios
+    are rerun alone and the ones that raise get a crash trace."""
+    from .batch import run_batch_traces
 
     try:
-        traces = (run_batch(scenarios, device=device, progress=progress) if progress is not None
-                  else run_batch(scenarios, device=device))
+        traces = (run_batch_traces(scenarios, device=device, progress=progress) if progress is not None
+                  else run_batch_traces(scenarios, device=device))
         if len(traces) != len(scenarios):
-            raise RuntimeError(f"run_batch returned {len(traces)} traces for {len(scenarios)} scenarios")
+            raise RuntimeError(f"run_batch_traces returned {len(traces)} traces for {len(scenarios)} scenarios")
         return traces
     except Exception:
         if len(scenarios) == 1:
@@ -76,10 +84,45 @@ def run_torch_batch(scenarios: list[Scenario], device: str | None, progress=None
     out = []
     for s in scenarios:
         try:
-            out.append(run_batch([s], device=device)[0])
+            out.append(run_batch_traces([s], device=device)[0])
         except Exception as e:  # noqa: BLE001 - reported as this scenario's divergence
-            out.append(crash_trace(s, _TorchCrash(), e))
+            out.append(TorchTrace.from_dict(crash_trace(s, _TorchCrash(), e)))
     return out
+
+
+# json.dumps(steps, separators=(", ", ": ")), made once; a trace is a tree of
+# lists and dicts, so the check for cycles (a fifth of the time) is left out.
+_STEPS_JSON = json.JSONEncoder(separators=(", ", ": "), check_circular=False)
+
+
+def _plain_run(trace: dict[str, Any]) -> bool:
+    return "error" not in trace and "crash" not in trace and isinstance(trace.get("summary"), dict)
+
+
+def compare_with_spec(tt: TorchTrace, spec: dict[str, Any], torch_is_a: bool, a_name: str,
+                      b_name: str) -> tuple[Divergence | None, bool]:
+    """compare_runs(torch, spec) (in the campaign's order), and whether the torch
+    trace's text had to be parsed into dicts.
+
+    Both runs' steps as text first: torch's text (gpu/trace_text.py) is what
+    json.dumps writes for the same steps, so equal text is equal steps, and the
+    summaries (one dict each) are then compared as compare_traces does.  Where
+    the text differs (or a side is an error or crash trace) the torch trace is
+    parsed and compare_runs builds the divergence report it always built; text
+    that differs while the steps agree (a value of another JSON type that
+    Python calls equal) gives None there too."""
+    if tt.is_run and _plain_run(spec):
+        # json.dumps of the whole list writes ", " between steps where the trace text has ",\n"
+        # (no raw newline can occur inside JSON text, so the replacement is exact)
+        if _STEPS_JSON.encode(spec["steps"]) == "[" + tt.steps_text().replace(",\n", ", ") + "]":
+            t_head = {**tt.header, "steps": [], "summary": tt.summary}
+            s_head = {**spec, "steps": []}
+            ta, tb = (t_head, s_head) if torch_is_a else (s_head, t_head)
+            return compare_runs(ta, tb, a_name, b_name), False
+    parsed = tt.is_text  # an error or crash trace is a dict already
+    td = tt.to_dict()
+    ta, tb = (td, spec) if torch_is_a else (spec, td)
+    return compare_runs(ta, tb, a_name, b_name), parsed
 
 
 def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, bool]], out) -> dict[str, Any]:
@@ -108,7 +151,8 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
     divergences: list[dict[str, Any]] = []
     coverage: dict[str, int] = {}
     steps = 0
-    torch_seconds = spec_seconds = 0.0
+    torch_seconds = spec_seconds = compare_seconds = 0.0
+    parsed_traces = 0  # torch traces parsed into dicts (a side's text differed, or an error or crash trace)
     torch_steps = spec_steps = 0
     done = 0
     t0 = time.monotonic()
@@ -123,7 +167,7 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
             finally:
                 steps_bar.close()
             torch_seconds += time.perf_counter() - t
-            torch_steps += sum(len(tt.get("steps", [])) for tt in torch_traces)
+            torch_steps += sum(tt.num_steps for tt in torch_traces)
             for (scenario, is_random), tt in zip(chunk, torch_traces):
                 t = time.perf_counter()
                 # Coverage of what prefix caching did (hits, hits on resumption,
@@ -131,10 +175,13 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
                 st = run_guarded(scenario, spec, StepCoverage(coverage))
                 spec_seconds += time.perf_counter() - t
                 spec_steps += len(st.get("steps", []))
-                ta, tb = (tt, st) if torch_is_a else (st, tt)
-                d = compare_runs(ta, tb, options.impl, options.against)
-                steps += min(len(ta.get("steps", [])), len(tb.get("steps", [])))
-                add_coverage(scenario, tb, coverage)
+                t = time.perf_counter()
+                d, parsed = compare_with_spec(tt, st, torch_is_a, options.impl, options.against)
+                compare_seconds += time.perf_counter() - t
+                parsed_traces += parsed
+                steps += min(tt.num_steps, len(st.get("steps", [])))
+                # coverage reads the second trace; torch's (parsed) only when it differs from the spec's
+                add_coverage(scenario, st if torch_is_a or d is None else tt.to_dict(), coverage)
                 done += 1
                 if d is not None:
                     progress.close()
@@ -158,6 +205,8 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
         "batch_size": batch_size,
         "device": str(resolve_device(device)),
         "seconds": round(elapsed, 1),
+        "compare_seconds": round(compare_seconds, 2),
+        "torch_traces_parsed": parsed_traces,
         "coverage": dict(sorted(coverage.items())),
     }
     if not options.quiet:
@@ -171,4 +220,5 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
     return res
 
 
-__all__ = ["DEFAULT_BATCH_SIZE", "TORCH_FLAGS", "is_batched_pair", "run_batched_campaign", "run_torch_batch"]
+__all__ = ["DEFAULT_BATCH_SIZE", "TORCH_FLAGS", "compare_with_spec", "is_batched_pair", "run_batched_campaign",
+           "run_torch_batch"]

@@ -3,7 +3,8 @@ implementation protocol of reference/impl.py.
 
 It is the same tensor code as `run_batch`, not a second implementation: the
 protocol's calls map onto step.py's functions (finish_requests -> abort,
-add_request -> arrive, schedule, update_from_output -> update).  Requests arrive
+add_request -> arrive, schedule, update_from_output -> update, or with async
+scheduling -> deliver, for the batch the output names).  Requests arrive
 one at a time here, so the request slots grow (doubling) and the priority ranks
 are recomputed on the host at each arrival.
 """
@@ -27,7 +28,7 @@ from .hashes import OUTPUT_TOKEN_ID, block_hash_bytes, chain_ids
 from .limits import limit_violation
 from .pool import BACK, HELD, grow_requests
 from .state import I64, PREEMPTED, RUNNING, WAITING, Decision, grow, initial_state
-from .step import abort, arrive, finish, schedule, update, waiting_key
+from .step import abort, arrive, deliver, finish, schedule, update, waiting_key
 
 
 class TorchScheduler:
@@ -53,10 +54,15 @@ class TorchScheduler:
             self.hash_table: dict = {}
             self.ids: list[list[int]] = []
             dev = self.device
-            prefix = {"block_hashes": torch.full((1, 1, 1), -1, dtype=I64, device=dev),  # R = 1 as build_batch
+            prefix = {"block_hashes": torch.full((1, 1, 1), -1, dtype=torch.int32, device=dev),  # R = 1 as build_batch
                       "abort_rank": torch.zeros((1, 1), dtype=I64, device=dev),
                       "unhashed_first": torch.tensor([has(config, UNHASHED_FREE_BLOCKS_FIRST)], device=dev),
                       "num_hashes": 1}
+        self.asy = bool(config.async_scheduling)
+        if self.asy:
+            prefix = {**(prefix or {}), "async_sched": torch.ones(1, dtype=torch.bool, device=self.device)}
+        # Ids finished since the last schedule() (only has_requests() reads them: the async engine).
+        self.finished_ids: list[str] = []
         self.batch = build_batch([config_row(config)], [{k: [] for k in (
             "valid", "num_prompt_tokens", "max_tokens", "output_len", "arrival_step", "abort_step",
             "queue_rank", "victim_rank")}], self.device, prefix)
@@ -113,7 +119,7 @@ class TorchScheduler:
             if len(ids) < H:
                 ids += chain_ids(self.hash_table, self.requests[j].prompt_token_ids, c.block_size, H, len(ids),
                                  ids[-1] if ids else -1)
-                bh[0, j, :H] = torch.tensor(ids[:H], dtype=I64)
+                bh[0, j, :H] = torch.tensor(ids[:H], dtype=torch.int32)
         self.batch = replace(self.batch, block_hashes=bh, num_hashes=max(len(self.hash_table), 1))
         self.state = replace(self.state, pool=grow_requests(self.state.pool, 0, H, self.batch.num_hashes))
 
@@ -140,6 +146,7 @@ class TorchScheduler:
                     self.state, _ = abort(self.batch, self.state, self._mask([rid]), self.step)
                 else:
                     self.state = finish(self.batch, self.state, self._mask([rid]), int(status), self.step)
+        self.finished_ids += done
         return tuple(done)
 
     def schedule(self) -> SchedulerOutput:
@@ -149,6 +156,7 @@ class TorchScheduler:
             self._extend_hashes(range(n), [r.num_prompt_tokens + o for r, o in zip(self.requests, nout)])
         decision, self.state = schedule(self.batch, self.state, self._active)
         self._decision = decision
+        self.finished_ids = []
         ids = [r.request_id for r in self.requests]
         n = len(ids)
         grant = decision.num_scheduled_tokens[0, :n].tolist()
@@ -186,7 +194,22 @@ class TorchScheduler:
                 sampled[0, self.slot[rid]] = True
                 eos[0, self.slot[rid]] = tokens[0] == EOS_TOKEN_ID
         before = self.state.status[0].tolist()
-        self.state = update(self.batch, self.state, sampled, eos, self.step)
+        if self.asy:
+            if self.prefix:  # hash ids for the blocks the tokens about to be appended can fill
+                nout = self.state.num_output_tokens[0, :len(self.requests)].tolist()
+                self._extend_hashes(range(len(self.requests)),
+                                    [r.num_prompt_tokens + o + 1 for r, o in zip(self.requests, nout)])
+            # `output` may be a batch scheduled before the last schedule(): its grants
+            # and grant order come from the output itself, not from the state.
+            grant = torch.zeros(self.batch.shape, dtype=torch.int32, device=self.device)
+            key = torch.full(self.batch.shape, 2**62, dtype=I64, device=self.device)
+            for k, (rid, n) in enumerate(output.num_scheduled_tokens):
+                j = self.slot.get(rid)
+                if j is not None:
+                    grant[0, j], key[0, j] = n, k
+            self.state, _, _ = deliver(self.batch, self.state, grant, sampled, eos, key, self.step)
+        else:
+            self.state = update(self.batch, self.state, sampled, eos, self.step)
         after = self.state.status[0].tolist()
         self.step += 1
         finished = []
@@ -194,6 +217,7 @@ class TorchScheduler:
             j = self.slot.get(rid)
             if j is not None and before[j] <= PREEMPTED < after[j]:
                 finished.append((rid, RequestStatus(after[j])))
+        self.finished_ids += [rid for rid, _ in finished]
         return tuple(finished)
 
     def observe(self) -> SchedulerState:
@@ -210,6 +234,13 @@ class TorchScheduler:
         requests = {self.requests[j].request_id: self.requests[j].evolve(
             status=RequestStatus(status[j]), num_computed_tokens=ncomp[j], num_output_tokens=nout[j],
             num_preemptions=npre[j]) for j in live}
+        if self.asy:
+            ph, inflight, stale = (t[0, :n].tolist() for t in (s.ph, s.inflight, s.stale))
+            chunk = s.chunk[0, :n].tolist()
+            for j in live:
+                rid = self.requests[j].request_id
+                requests[rid] = requests[rid].evolve(num_output_placeholders=ph[j], num_in_flight_tokens=inflight[j],
+                                                     num_stale_output_tokens=stale[j], is_prefill_chunk=chunk[j])
         if self.prefix:  # the hashes of the full blocks of prompt + outputs, and the rest's ids
             if not hasattr(self, "id_bytes"):
                 self.id_bytes = {}
@@ -226,7 +257,8 @@ class TorchScheduler:
             running=tuple(self.requests[j].request_id for j in running),
             waiting=tuple(self.requests[j].request_id for j in waiting),
             kv_cache=self._observe_pool(live) if self.prefix else BlockCounts(
-                int(s.num_free_blocks[0]), {self.requests[j].request_id: blocks[j] for j in live if blocks[j] > 0}))
+                int(s.num_free_blocks[0]), {self.requests[j].request_id: blocks[j] for j in live if blocks[j] > 0}),
+            finished_req_ids=tuple(self.finished_ids))
 
     def _tokens(self, j: int, n: int) -> tuple:
         r = self.requests[j]

@@ -31,12 +31,20 @@ Dtypes (gpu/state.py, gpu/step.py):
 - R (requests per scenario) has no dtype limit; memory is the limit
   (about 120 bytes of device state per request slot).
 
-- prefix caching (gpu/pool.py): block slots, hash ids and block tables are
-  int64; free-queue keys are int64 with never-used blocks keyed by their id,
-  freed hashed blocks from 2**40 on, so `num_gpu_blocks` must stay below 2**40
-  (formats.md caps it at 2**22).  Memory: the block tables and hash ids are
-  (S, R, H) int64, H the most blocks one request of the batch can hold
-  (ceil(min(prompt + min(max_tokens, max_steps), max_model_len) / block_size) + 1).
+- prefix caching (gpu/pool.py): the block tables and each request's hash ids
+  are (S, R, H) int32, H the most blocks one request of the batch can hold
+  (ceil(min(prompt + min(max_tokens, max_steps), max_model_len) / block_size) + 1):
+  they are a batch's largest tensors (in a 5000-scenario campaign, 1024
+  scenarios x 40 requests x up to 2000 blocks), so int32 halves its memory.
+  Block slots (block id - 1) must then fit in int32: `num_gpu_blocks` <=
+  2**31 - 1 (formats.md caps it at 2**22); hash ids per scenario are below the
+  R * H entries that hold them.  Per-block pool state (ref counts, hashes,
+  stamps, free-queue keys, with never-used blocks keyed by their id and freed
+  hashed blocks from 2**40 on) stays int64, and indices are widened on read.
+- async scheduling: placeholders, tokens in flight and stale tokens are
+  per-request token counts, int32 like num_computed_tokens (each at most
+  max_model_len); the batch in flight keeps its grants int32 and its grant
+  order int64 (run_pos).
 
 The brief's sizes, R = 4096 and max_model_len = 1M (2**20), are well inside.
 """
@@ -46,7 +54,7 @@ from __future__ import annotations
 MAX_MODEL_LEN = 2**30
 MAX_CONFIG_INT = 2**62 - 1
 MAX_STEPS = 2**31 - 1
-MAX_PREFIX_BLOCKS = 2**40
+MAX_PREFIX_BLOCKS = 2**31 - 1
 
 # config fields that land in int64 per-scenario tensors
 _INT64_FIELDS = ("max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs",
@@ -56,12 +64,16 @@ _INT64_FIELDS = ("max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_
 def limit_violation(config, max_steps: int) -> str | None:
     """A one-line message naming the first field beyond the torch limits, or None.
     `config` is a validated spec SchedulerConfig."""
-    if getattr(config, "async_scheduling", False):
-        return ("config.async_scheduling: = true is not modelled by the torch implementation (it steps "
-                "the synchronous scheduler); use --impl spec or vllm")
+    # Features the torch implementation does not model: refused, never ignored.
+    if config.num_speculative_tokens:
+        return (f"config.num_speculative_tokens: = {config.num_speculative_tokens}: the torch implementation "
+                "does not model speculative decoding; use --impl spec or vllm")
+    if config.max_loras is not None:
+        return (f"config.max_loras: = {config.max_loras}: the torch implementation does not model LoRA; "
+                "use --impl spec or vllm")
     if config.enable_prefix_caching and config.num_gpu_blocks > MAX_PREFIX_BLOCKS:
         return (f"config.num_gpu_blocks: = {config.num_gpu_blocks} exceeds the torch implementation's "
-                f"limit {MAX_PREFIX_BLOCKS} with prefix caching (2**40; block ids are free-queue keys, gpu/pool.py)")
+                f"limit {MAX_PREFIX_BLOCKS} with prefix caching (2**31 - 1; int32 block tables, gpu/limits.py)")
     if config.max_model_len > MAX_MODEL_LEN:
         return (f"config.max_model_len: = {config.max_model_len} exceeds the torch implementation's "
                 f"limit {MAX_MODEL_LEN} (2**30; int32 token counters, gpu/limits.py)")

@@ -59,7 +59,7 @@ class Pool:
     bhash: torch.Tensor  # (S, W) int64, -1 = no hash
     cstamp: torch.Tensor  # (S, W) int64, caching order of a hashed block
     fkey: torch.Tensor  # (S, W) int64, free-queue key, HELD when not free
-    table: torch.Tensor  # (S, R, H) int64 slot of each request's i-th block, -1 = none
+    table: torch.Tensor  # (S, R, H) int32 slot of each request's i-th block, -1 = none (int32: memory, limits.py)
     ncached: torch.Tensor  # (S, R) int32
     front: torch.Tensor  # (S,) int64: every front key is >= front
     back: torch.Tensor  # (S,) int64: the next back key
@@ -85,7 +85,7 @@ def initial_pool(num_usable: torch.Tensor, R: int, H: int, W: int, NH: int) -> P
         bhash=torch.full((S, W), -1, dtype=I64, device=dev),
         cstamp=torch.zeros((S, W), dtype=I64, device=dev),
         fkey=_fresh_keys(num_usable, 0, W),
-        table=torch.full((S, R, H), -1, dtype=I64, device=dev),
+        table=torch.full((S, R, H), -1, dtype=I32, device=dev),
         ncached=torch.zeros((S, R), dtype=I32, device=dev),
         front=torch.zeros(S, dtype=I64, device=dev),
         back=torch.full((S,), BACK, dtype=I64, device=dev),
@@ -217,7 +217,7 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
     took_new = ((pick >= U) & taken).sum(1)
     pool = replace(pool, fresh=pool.fresh.index_add(0, rows, took_new),
                    nqueue=pool.nqueue.index_add(0, rows, took_new - total))
-    pool.table[s, r, pos] = b
+    pool.table[s, r, pos] = b.to(I32)
     _evict(pool, s, b)
     pool.ref[s, b] = 1
     pool.fkey[s, b] = HELD
@@ -240,8 +240,8 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, rank: torc
     e = torch.repeat_interleave(torch.arange(s.numel(), device=s.device), n)
     i = lo[s, r].to(I64)[e] + torch.arange(e.numel(), device=s.device) - (n.cumsum(0) - n)[e]
     s, r = s[e], r[e]
-    blk = pool.table[s, r, i]
-    h = block_hashes[s, r, i]
+    blk = pool.table[s, r, i].long()
+    h = block_hashes[s, r, i].long()
     keep = (h >= 0) & (blk >= 0)
     s, r, i, blk, h = s[keep], r[keep], i[keep], blk[keep], h[keep]
     keep = pool.bhash[s, blk] < 0
@@ -282,7 +282,7 @@ def free(pool: Pool, mask: torch.Tensor, rank: torch.Tensor, num_blocks: torch.T
     e = torch.repeat_interleave(torch.arange(s.numel(), device=dev), n)
     i = torch.arange(e.numel(), device=dev) - (n.cumsum(0) - n)[e]
     s, r = s[e], r[e]
-    blk = pool.table[s, r, i]
+    blk = pool.table[s, r, i].long()
     pool.table[s, r, i] = -1
     flat = s * W + blk
     ub, inv = torch.unique(flat, return_inverse=True)
@@ -309,7 +309,7 @@ def lookup(pool: Pool, hashes: torch.Tensor, limit: torch.Tensor) -> tuple[torch
     start of `hashes` (S, H), over at most `limit` (S,) blocks.  Returns the hit
     count (S,) and the blocks (S, H), valid below the count."""
     H = min(hashes.shape[1], max(int(limit.max()), 1) if limit.numel() else 1)
-    hashes = hashes[:, :H]
+    hashes = hashes[:, :H].long()
     blocks = torch.where(hashes >= 0, pool.head.gather(1, hashes.clamp(min=0)), -1)
     i = torch.arange(H, dtype=I64, device=hashes.device)[None, :]
     present = (blocks >= 0) & (i < limit[:, None])

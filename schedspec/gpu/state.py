@@ -62,10 +62,14 @@ class Batch:
     victim_rank: torch.Tensor  # int64: dense rank of (priority, arrival_time)
     # Prefix caching (gpu/pool.py): set when some scenario of the batch has it on,
     # and then every scenario runs on the block-level pool.
-    block_hashes: torch.Tensor | None = None  # (S, R, H) int64: request's i-th block's hash id, -1 = none
+    block_hashes: torch.Tensor | None = None  # (S, R, H) int32: request's i-th block's hash id, -1 = none
     abort_rank: torch.Tensor | None = None  # (S, R) int64: order of the step's aborts (their frees)
     unhashed_first: torch.Tensor | None = None  # (S,) bool: versions.UNHASHED_FREE_BLOCKS_FIRST
     num_hashes: int = 0  # hash ids per scenario, at most
+    # Async scheduling (docs/rules.md §9): set when some scenario of the batch has
+    # it on, and then every scenario steps through the engine step with a batch in
+    # flight (gpu/step.py `engine_step`), the synchronous ones applying theirs at once.
+    async_sched: torch.Tensor | None = None  # (S,) bool: config.async_scheduling
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -89,6 +93,23 @@ class State:
     next_run_pos: torch.Tensor  # int64
     next_front_key: torch.Tensor  # int64: the next (more negative) FCFS front key
     pool: Pool | None = None  # the block-level pool, with Batch.block_hashes
+    # Async scheduling (with Batch.async_sched; None otherwise), vLLM's request
+    # counters (RQ:162-173, docs/rules.md §9), all 0 between synchronous steps:
+    ph: torch.Tensor | None = None  # (S, R) int32: num_output_placeholders
+    inflight: torch.Tensor | None = None  # (S, R) int32: num_in_flight_tokens
+    stale: torch.Tensor | None = None  # (S, R) int32: num_stale_output_tokens
+    chunk: torch.Tensor | None = None  # (S, R) bool: is_prefill_chunk after the last grant
+    # The batch in flight (at most one between engine steps, formats.md): its
+    # grants, which of its requests sample, its grant order (run_pos when it was
+    # scheduled) and its step; `pend_valid` false when none (an empty batch is valid).
+    pend_grant: torch.Tensor | None = None  # (S, R) int32
+    pend_sample: torch.Tensor | None = None  # (S, R) bool
+    pend_key: torch.Tensor | None = None  # (S, R) int64
+    pend_step: torch.Tensor | None = None  # (S,) int32
+    pend_valid: torch.Tensor | None = None  # (S,) bool
+    # finished_req_ids non-empty: a request finished since the last schedule(), so
+    # has_requests() holds and the async engine calls schedule() (I:205-208).
+    fin_flag: torch.Tensor | None = None  # (S,) bool
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,7 @@ class Decision:
     preempt_order: torch.Tensor  # int32: index of the preemption in this step, -1 = none
     num_running: torch.Tensor  # (S,) int64: len(running) after schedule (slots held)
     hit_tokens: torch.Tensor | None = None  # int32: prefix-cache hit of an admission (prefix_hits)
+    sample: torch.Tensor | None = None  # bool: granted and not a prefill chunk (async batches only)
 
 
 def initial_state(batch: Batch) -> State:
@@ -111,6 +133,14 @@ def initial_state(batch: Batch) -> State:
         H = batch.block_hashes.shape[2]
         W = max(1, min(int(batch.num_usable_blocks.max()), 64))  # grows as blocks are used (pool.py)
         pool = initial_pool(batch.num_usable_blocks, R, H, W, max(batch.num_hashes, 1))
+    asy = {}
+    if batch.async_sched is not None:
+        asy = dict(ph=z32, inflight=z32, stale=z32, chunk=torch.zeros((S, R), dtype=torch.bool, device=dev),
+                   pend_grant=z32, pend_sample=torch.zeros((S, R), dtype=torch.bool, device=dev),
+                   pend_key=torch.zeros((S, R), dtype=I64, device=dev),
+                   pend_step=torch.zeros(S, dtype=I32, device=dev),
+                   pend_valid=torch.zeros(S, dtype=torch.bool, device=dev),
+                   fin_flag=torch.zeros(S, dtype=torch.bool, device=dev))
     return State(
         status=torch.zeros((S, R), dtype=I8, device=dev),
         num_computed_tokens=z32, num_output_tokens=z32, num_preemptions=z32, num_blocks=z32,
@@ -122,6 +152,7 @@ def initial_state(batch: Batch) -> State:
         next_run_pos=torch.zeros(S, dtype=I64, device=dev),
         next_front_key=torch.full((S,), -1, dtype=I64, device=dev),
         pool=pool,
+        **asy,
     )
 
 
@@ -130,7 +161,8 @@ _BATCH_PAD = {"valid": False, "num_prompt_tokens": 1, "max_tokens": 1, "output_l
               "arrival_step": NEVER, "abort_step": NEVER, "queue_rank": 0, "victim_rank": 0, "abort_rank": 0}
 _STATE_PAD = {"status": NOT_ARRIVED, "num_computed_tokens": 0, "num_output_tokens": 0,
               "num_preemptions": 0, "num_blocks": 0, "run_pos": 0, "wait_key": 0,
-              "first_token_step": -1, "finish_step": -1}
+              "first_token_step": -1, "finish_step": -1, "ph": 0, "inflight": 0, "stale": 0, "chunk": False,
+              "pend_grant": 0, "pend_sample": False, "pend_key": 0}
 
 
 def _grow(obj, pads: dict, extra: int):

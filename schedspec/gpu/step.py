@@ -1,10 +1,14 @@
 """One engine step of S scenarios at once: aborts, arrivals, schedule(), the fake
 model of formats.md, update_from_output().  Written from the rule book
 (docs/rules.md §0.1: S:839 = line 839 of vLLM 0.33.0's vllm/v1/core/sched/scheduler.py,
-K = vllm/v1/core/kv_cache_manager.py), core scope: synchronous, prefix caching on
-or off.  With prefix caching (a batch with `block_hashes`) the pool is kept block
+K = vllm/v1/core/kv_cache_manager.py, AS = sched/async_scheduler.py, E =
+v1/engine/core.py), core scope: prefix caching on or off, async scheduling on or
+off.  With prefix caching (a batch with `block_hashes`) the pool is kept block
 by block (gpu/pool.py) and admissions run one at a time per scenario (see
-`_admit_one_by_one`); without it, the pool is a count.
+`_admit_one_by_one`); without it, the pool is a count.  With async scheduling
+(a batch with `async_sched`) the requests carry placeholders, tokens in flight
+and stale tokens, and `engine_step_async` keeps one batch in flight per
+scenario, applied by `deliver` one step later (docs/rules.md §9).
 
 Every function maps (Batch, State, ...) to new tensors; nothing loops over
 scenarios or requests.  The one loop is in the running loop of `schedule`: one
@@ -85,6 +89,8 @@ def finish(batch: Batch, state: State, mask: torch.Tensor, status: int | torch.T
         # CPU and is several times slower on a mixed mask.
         freed = (state.num_blocks * mask).sum(1)
     status = torch.as_tensor(status, dtype=I8, device=mask.device)
+    if state.fin_flag is not None:  # finished_req_ids is now non-empty (S:3054)
+        state = replace(state, fin_flag=state.fin_flag | _any_rows(mask))
     return replace(
         state,
         status=state.status + (status - state.status) * mask,
@@ -128,6 +134,25 @@ def waiting_key(batch: Batch, state: State) -> torch.Tensor:
 
 
 def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision, State]:
+    """Scheduler.schedule() (S:699-1784) then `_update_after_schedule` (S:1845-1877),
+    for the scenarios in `active` (S,).  With async scheduling in the batch, the
+    advance also counts the grants in flight and, per AsyncScheduler (AS:24-56),
+    gives each granted request that is not mid-prefill one output placeholder:
+    `is_prefill_chunk = ncomp < num_tokens + ph` after the advance (S:1863-1865)."""
+    decision, new = _schedule(batch, state, active)
+    if state.ph is None:
+        return decision, new
+    grant = decision.num_scheduled_tokens
+    granted = grant > 0
+    # ph here is after the step's preemptions reset it; a granted request was not preempted.
+    chunk = new.num_computed_tokens < batch.num_prompt_tokens + new.num_output_tokens + new.ph
+    sample = granted & ~chunk
+    return replace(decision, sample=sample), replace(
+        new, inflight=new.inflight + grant, chunk=torch.where(granted, chunk, new.chunk),
+        ph=new.ph + (sample & batch.async_sched[:, None]))
+
+
+def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision, State]:
     """Scheduler.schedule() (S:699-1784) then the optimistic advance of
     num_computed_tokens (S:1845-1872), for the scenarios in `active` (S,).
 
@@ -164,6 +189,17 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     wait_key = state.wait_key
     next_front_key = state.next_front_key
     preempted = torch.zeros(S, dtype=torch.bool, device=dev)
+    # Async: a decode is scheduled again while its token is in flight, the need
+    # counting the placeholders (S:839); a request whose last allowed token is
+    # already in flight is passed over, not stopped (the max_tokens guard,
+    # S:800-814: ncomp + 2 - ph >= prompt + max_tokens).  The guard is fixed for
+    # the step: only a preemption changes ncomp and ph, and takes the request off running.
+    ph, stale = state.ph, state.stale
+    target = num_tokens
+    schedulable = None
+    if ph is not None:
+        target = num_tokens + ph
+        schedulable = ~((ph > 0) & (ncomp + 2 - ph >= batch.num_prompt_tokens + batch.max_tokens))
 
     # ---- The running loop (S:793-1036). ----
     # One pass grants every running request from the cursor on, in running order:
@@ -183,8 +219,9 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
             break
         # Per slot, then once into running order: the need (zero off the running
         # list) and the room left in the blocks held (0 off the running list).
-        need_s = torch.minimum(num_tokens - ncomp, cap1)  # S:839, cap 1 (S:844)
-        need_s = torch.minimum(need_s, L - ncomp - 1) * running  # cap 3: room for the sampled token (S:852)
+        need_s = torch.minimum(target - ncomp, cap1)  # S:839, cap 1 (S:844)
+        # cap 3: room for the sampled token (S:852); async: 0 for a decode whose token in flight reaches L
+        need_s = torch.minimum(need_s, L - ncomp - 1) * (running if schedulable is None else running & schedulable)
         room_s = held * bs - ncomp * running
         order, num_running = _order(state.run_pos, running)
         in_running = pos < num_running[:, None]
@@ -252,6 +289,11 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
             free = free + torch.where(vmask, held, 0).sum(1)
         held = torch.where(vmask, 0, held)
         ncomp = torch.where(vmask, 0, ncomp)
+        if ph is not None:
+            # Its tokens in flight become stale (they are still delivered, docs/rules.md §9.3), and
+            # its placeholders go (S:1835-1836).
+            stale = torch.where(vmask, state.inflight, stale)
+            ph = torch.where(vmask, 0, ph)
         status = torch.where(vmask, PREEMPTED, status).to(I8)
         running = status == RUNNING
         num_preemptions = num_preemptions + vmask.to(I32)
@@ -269,6 +311,11 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
 
     # ---- The waiting loop (S:1050-1614), skipped after any preemption (S:1050). ----
     in_wait = _in_waiting(status)
+    if stale is not None:
+        # Async: a request whose stale output is still in flight is skipped; it
+        # keeps its place (S:1084-1089, S:1606-1610).  Skipping changes no budget
+        # or slot, so the skipped requests simply drop out of the admission order.
+        in_wait = in_wait & (stale == 0)
     num_running = running.sum(1)
     if not _any(_any_rows(in_wait) & active):  # no active scenario has a waiting request
         ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1858)
@@ -277,14 +324,15 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
                             hit_tokens=None if pool is None else torch.zeros_like(grant))
         return decision, replace(
             state, status=status, num_computed_tokens=ncomp, num_preemptions=num_preemptions,
-            num_blocks=held, wait_key=wait_key, num_free_blocks=free, next_front_key=next_front_key, pool=pool)
+            num_blocks=held, wait_key=wait_key, num_free_blocks=free, next_front_key=next_front_key, pool=pool,
+            ph=ph, stale=stale)
     if pool is not None:
         worder, num_waiting = _order(waiting_key(batch, replace(state, wait_key=wait_key)), in_wait)
         return _admit_one_by_one(
             batch, state, active & ~preempted, worder, num_waiting, num_tokens, cap1, bs, L, budget, free, pool,
             grant, held, ncomp, status, num_running,
             dict(preempt_order=preempt_order, num_preemptions=num_preemptions, wait_key=wait_key,
-                 next_front_key=next_front_key))
+                 next_front_key=next_front_key, ph=ph, stale=stale))
     # Admission k (in queue order) is tried only if admissions 0..k-1 succeeded,
     # and any failure ends the loop, so the admitted requests are the longest
     # prefix of the queue whose conditions all hold, each evaluated with the
@@ -331,7 +379,7 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     return decision, replace(
         state, status=status, num_computed_tokens=ncomp, num_preemptions=num_preemptions,
         num_blocks=held, run_pos=run_pos, wait_key=wait_key, num_free_blocks=free,
-        next_run_pos=state.next_run_pos + num_admitted, next_front_key=next_front_key)
+        next_run_pos=state.next_run_pos + num_admitted, next_front_key=next_front_key, ph=ph, stale=stale)
 
 
 def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, num_waiting, num_tokens, cap1,
@@ -385,7 +433,7 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
         hv = hvalid & ok[:, None]
         pool = touch(pool, hblocks, hv)
         hs, hi = hv.nonzero(as_tuple=True)
-        pool.table[hs, r[hs], hi] = hblocks[hs, hi]
+        pool.table[hs, r[hs], hi] = hblocks[hs, hi].to(I32)
         onehot = torch.zeros((S, R), dtype=torch.bool, device=dev)
         onehot[rows, r] = ok
         pool = replace(pool, ncached=torch.where(onehot, hits.to(I32)[:, None], pool.ncached))
@@ -417,7 +465,8 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
     return decision, replace(
         state, status=status, num_computed_tokens=ncomp, num_preemptions=rest["num_preemptions"],
         num_blocks=held, run_pos=run_pos, wait_key=rest["wait_key"], num_free_blocks=free,
-        next_run_pos=state.next_run_pos + num_admitted, next_front_key=rest["next_front_key"], pool=pool)
+        next_run_pos=state.next_run_pos + num_admitted, next_front_key=rest["next_front_key"], pool=pool,
+        ph=rest["ph"], stale=rest["stale"])
 
 
 def fake_model(batch: Batch, state: State, decision: Decision) -> tuple[torch.Tensor, torch.Tensor]:
@@ -443,19 +492,26 @@ def _append_and_stop(batch: Batch, state: State, sampled: torch.Tensor, eos: tor
     step_t = torch.as_tensor(step, dtype=I32, device=sampled.device)
     first = torch.where(sampled & (state.first_token_step < 0), step_t, state.first_token_step)
     state = replace(state, num_output_tokens=num_output, first_token_step=first)
+    stopped, length = check_stop(batch, sampled, eos, num_output)
+    # The stopped requests free their blocks in scheduled (running) order (S:2541-2551).
+    return finish(batch, state, stopped, length.to(I8) + STOPPED, step, state.run_pos)
+
+
+def check_stop(batch: Batch, sampled: torch.Tensor, eos: torch.Tensor, num_output: torch.Tensor):
+    """check_stop (U:98-140) after one appended token per `sampled` request: EOS
+    first (FINISHED_STOPPED), then length (num_tokens >= L or max_tokens
+    outputs: FINISHED_LENGTH_CAPPED).  Returns (stopped, length) masks."""
     L = batch.max_model_len.to(I32)[:, None]  # <= 2**30 (gpu/limits.py)
     length = sampled & ~eos & ((batch.num_prompt_tokens + num_output >= L)
                                | (num_output >= batch.max_tokens))
     assert LENGTH_CAPPED == STOPPED + 1
-    # The stopped requests free their blocks in scheduled (running) order (S:2541-2551).
-    return finish(batch, state, (sampled & eos) | length, length.to(I8) + STOPPED, step, state.run_pos)
+    return (sampled & eos) | length, length
 
 
-def engine_step(batch: Batch, state: State, step: int, active: torch.Tensor,
-                aborts: bool = True, arrivals: bool = True):
-    """formats.md's engine step k for the scenarios in `active`: aborts, arrivals,
-    schedule, fake model, update.  Returns (state, decision, aborted, sampled).
-    `aborts` / `arrivals` False: the caller knows no scenario has any at this step."""
+def aborts_and_arrivals(batch: Batch, state: State, step: int, active: torch.Tensor, aborts: bool,
+                        arrivals: bool):
+    """formats.md's engine step k, parts 1 and 2, for the scenarios in `active`:
+    (state, aborted).  False `aborts` / `arrivals`: none at this step anywhere."""
     act = active[:, None]
     if aborts:
         state, aborted = abort(batch, state, (batch.abort_step == step) & act, step)
@@ -463,11 +519,109 @@ def engine_step(batch: Batch, state: State, step: int, active: torch.Tensor,
         aborted = torch.zeros_like(batch.valid)
     if arrivals:
         state = arrive(batch, state, (batch.arrival_step == step) & act & batch.valid)
+    return state, aborted
+
+
+def engine_step(batch: Batch, state: State, step: int, active: torch.Tensor,
+                aborts: bool = True, arrivals: bool = True):
+    """formats.md's engine step k for the scenarios in `active`: aborts, arrivals,
+    schedule, fake model, update.  Returns (state, decision, aborted, sampled).
+    `aborts` / `arrivals` False: the caller knows no scenario has any at this step."""
+    state, aborted = aborts_and_arrivals(batch, state, step, active, aborts, arrivals)
     decision, state = schedule(batch, state, active)
     sampled, eos = fake_model(batch, state, decision)
     # fake_model samples only scheduled, hence running, requests: no liveness check
     state = _append_and_stop(batch, state, sampled, eos, step)
     return state, decision, aborted, sampled
+
+
+def deliver(batch: Batch, state: State, grant: torch.Tensor, tokens: torch.Tensor, eos: torch.Tensor,
+            key: torch.Tensor, step) -> tuple[State, torch.Tensor, torch.Tensor]:
+    """update_from_output (S:2259-2551) of a batch that may be older than the
+    last schedule() (async), given as its grants (S, R), the requests that got a
+    token (`tokens`, one each; `eos`: that token is EOS) and its grant order `key`.
+    Returns the state, the requests that got their token and those it stopped.
+
+    Per granted request still live (a finished or aborted one is passed over,
+    S:2327-2335): its tokens leave flight (S:2316); with stale output (a
+    preemption since, docs/rules.md §9.3) they leave the stale count too and the token is
+    appended with no other change (S:2316-2323); otherwise a returned token
+    replaces a placeholder (S:2767-2769) and, if the request is RUNNING, hashes
+    the blocks now full up to ncomp - in_flight, the tokens whose output has
+    returned (S:2407-2415).  Then check_stop (EOS, then length, U:98-140); the
+    stopped requests free their blocks in grant order (S:2541-2551).  With one
+    token per request nothing is discarded after a stop (S:2756-2763)."""
+    live = _live(state.status)
+    mine = (grant > 0) & live
+    tokens = tokens & mine
+    was_stale = mine & (state.stale > 0)
+    fresh = tokens & ~was_stale
+    had_ph = state.ph > 0
+    inflight = state.inflight - grant * mine
+    was_running = state.status == RUNNING
+    state = replace(state, inflight=inflight, stale=state.stale - grant * was_stale,
+                    ph=state.ph - (fresh & had_ph).to(I32))
+    num_output = state.num_output_tokens + tokens
+    step_t = torch.as_tensor(step, dtype=I32, device=grant.device)
+    first = torch.where(tokens & (state.first_token_step < 0), step_t, state.first_token_step)
+    state = replace(state, num_output_tokens=num_output, first_token_step=first)
+    hashing = fresh & had_ph & was_running
+    if state.pool is not None and _any(hashing):
+        known = batch.num_prompt_tokens + num_output
+        upto = (torch.minimum(state.num_computed_tokens - inflight, known).to(I64) // batch.block_size[:, None])
+        # cache() orders its stamps by a dense rank: the grant order
+        order = torch.argsort(torch.where(hashing, key, _INF), dim=1)
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device)
+                                                .expand_as(order).contiguous())
+        state = replace(state, pool=cache(batch.block_hashes, state.pool, upto * hashing, rank))
+    stopped, length = check_stop(batch, tokens, eos, num_output)
+    return finish(batch, state, stopped, length.to(I8) + STOPPED, step, key), tokens, stopped
+
+
+def engine_step_async(batch: Batch, state: State, step: int, active: torch.Tensor,
+                      aborts: bool = True, arrivals: bool = True):
+    """The engine step of a batch with async scheduling (formats.md "Engine step k
+    with async_scheduling", EngineCore.step_with_batch_queue, E:708-822, with a
+    queue of two batches, V:588-598), for every scenario of it at once; the
+    synchronous scenarios of the batch apply their batch in the step that
+    scheduled it, as `engine_step` does.
+
+    Async, per scenario: schedule() runs when the scheduler has requests (live
+    ones, or ids finished since the last schedule()); the batch it makes (even an
+    empty one) joins the batch in flight.  If that makes two, the older one is
+    applied; if it is alone, it stays in flight when it has tokens or requests
+    are left, else it is applied now.  When schedule() is not called, the batch
+    in flight, if any, is applied.  The fake model's choice of who samples is
+    fixed at schedule time (not mid-prefill), the token itself (EOS or not) when
+    applied.
+
+    Returns (state, decision, aborted, sampled, stopped, called, applied_step,
+    applied_key): `sampled` and `stopped` are of the batch applied, `applied_step`
+    (S,) its step or -1 when none was applied, `applied_key` its grant order."""
+    state, aborted = aborts_and_arrivals(batch, state, step, active, aborts, arrivals)
+    is_async = batch.async_sched
+    live_any = _any_rows(_live(state.status))  # has_requests() after schedule() (no finish there)
+    called = active & (~is_async | live_any | state.fin_flag)
+    decision, state = schedule(batch, state, called)
+    state = replace(state, fin_flag=state.fin_flag & ~called)  # schedule() flushes finished ids (S:1876)
+    grant = decision.num_scheduled_tokens
+    tokens = _any_rows(grant > 0)
+    old = state.pend_valid & active  # a batch in flight from an earlier step
+    new_now = active & (~is_async | (~old & called & ~(tokens | live_any)))
+    applied = old | new_now
+    stays = is_async & called & (old | tokens | live_any)
+    o, n = old[:, None], new_now[:, None]
+    app_grant = torch.where(o, state.pend_grant, grant * n)
+    app_sample = torch.where(o, state.pend_sample, decision.sample & n)
+    app_key = torch.where(o, state.pend_key, state.run_pos)
+    applied_step = torch.where(old, state.pend_step, torch.where(applied, step, -1).to(I32))
+    s = stays[:, None]
+    state = replace(state, pend_grant=grant * s, pend_sample=decision.sample & s,
+                    pend_key=state.run_pos * s, pend_valid=stays,
+                    pend_step=torch.full_like(state.pend_step, step))
+    eos = app_sample & (batch.output_len == state.num_output_tokens + 1)
+    state, sampled, stopped = deliver(batch, state, app_grant, app_sample, eos, app_key, step)
+    return state, decision, aborted, sampled, stopped, called, applied_step, app_key
 
 
 def pending(batch: Batch, state: State) -> torch.Tensor:

@@ -73,18 +73,21 @@ def compare_finished(spec: Any, vllm: Any, what: str) -> Difference | None:
     return None if a == b else Difference(what, a, b)
 
 
-def hash_renaming(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerState) -> dict[bytes, bytes] | Difference:
-    """Spec hash -> vLLM hash for the hashes the call created, position by position."""
+def hash_renaming(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerState,
+                  gone: Mapping[str, tuple[tuple, tuple]] | None = None) -> dict[bytes, bytes] | Difference:
+    """Spec hash -> vLLM hash for the hashes the call created, position by position.
+    `gone`: for requests the call finished (no longer in either state), their block
+    hashes as each side computed them in the call (spec's, vLLM's): a block they
+    completed and freed in one call is cached under such a hash."""
     rename: dict[bytes, bytes] = {}
-    for rid, r in spec.requests.items():
-        v = vllm.requests.get(rid)
-        if v is None or r is v or r.block_hashes == v.block_hashes:
-            continue
+    pairs = [(rid, r.block_hashes, v.block_hashes) for rid, r in spec.requests.items()
+             if (v := vllm.requests.get(rid)) is not None and r is not v and r.block_hashes != v.block_hashes]
+    pairs += [(rid, a, b) for rid, (a, b) in (gone or {}).items() if a != b]
+    for rid, r_hashes, v_hashes in pairs:
         before = pre.requests[rid].block_hashes if rid in pre.requests else ()
-        if r.block_hashes[:len(before)] != before or v.block_hashes[:len(before)] != before \
-                or len(r.block_hashes) != len(v.block_hashes):
-            continue  # a real difference: the field comparison reports it
-        for a, b in zip(r.block_hashes[len(before):], v.block_hashes[len(before):]):
+        if r_hashes[:len(before)] != before or v_hashes[:len(before)] != before or len(r_hashes) != len(v_hashes):
+            continue  # a real difference: the field comparison (or the pool's) reports it
+        for a, b in zip(r_hashes[len(before):], v_hashes[len(before):]):
             if rename.setdefault(a, b) != b:
                 return Difference(f"post_state.requests.{rid}.block_hashes", "one new block hash",
                                   "two different hashes for it")
@@ -140,9 +143,11 @@ def first_difference(field: str, a: Any, b: Any) -> Difference:
     return Difference(field, jsonable(a), jsonable(b))
 
 
-def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerState) -> Difference | None:
-    """The first difference between the spec's post-state and vLLM's lifted one."""
-    rename = hash_renaming(pre, spec, vllm) if spec.block_pool is not None else {}
+def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerState,
+                   gone: Mapping[str, tuple[tuple, tuple]] | None = None) -> Difference | None:
+    """The first difference between the spec's post-state and vLLM's lifted one
+    (`gone`: hash_renaming's)."""
+    rename = hash_renaming(pre, spec, vllm, gone) if spec.block_pool is not None else {}
     if isinstance(rename, Difference):
         return rename
     spec = renamed(spec, rename)

@@ -316,8 +316,8 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
 
     def features():
         extra = []
-        if getattr(scheduler_output, "scheduled_spec_decode_tokens", None):
-            extra.append(scope.SPECULATIVE_DECODING)
+        if getattr(scheduler_output, "scheduled_spec_decode_tokens", None) and not scope.newest_rules():
+            extra.append(scope.SPECULATIVE_DECODING)  # drafts verified: 0.33.0's rules only
         if getattr(model_runner_output, "pooler_output", None):
             extra.append(scope.POOLING)
         if getattr(model_runner_output, "kv_connector_output", None) is not None:
@@ -331,7 +331,9 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
 
     def prepare():
         pre = monitor.pre_state(sched)
-        output = SchedulerOutput(num_scheduled_tokens=tuple(scheduler_output.num_scheduled_tokens.items()))
+        drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+        output = SchedulerOutput(num_scheduled_tokens=tuple(scheduler_output.num_scheduled_tokens.items()),
+                                 scheduled_spec_decode_tokens=tuple((rid, tuple(d)) for rid, d in drafts.items()))
         held = {rid: sched.requests[rid] for rid in ids if rid in pre.requests}
         return Prepared(pre, "update_from_output", output=output, held=held,
                         sampled=sampled_tokens(model_runner_output, ids))
@@ -341,9 +343,26 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
         spec_finished, spec_post = spec.update_from_output(p.pre, p.args["output"], p.args["sampled"])
         p.observed_result, p.observed_post = {"finished": finished}, lift_state(sched, p.pre.config, like=spec_post)
         return compare_finished(spec_finished, finished, "result.finished") or \
-            compare_states(p.pre, spec_post, p.observed_post)
+            compare_states(p.pre, spec_post, p.observed_post, finished_hashes(p, spec_finished))
 
     return monitor.run("update_from_output", sched, original, prepare, judge, features)
+
+
+def finished_hashes(p: Prepared, spec_finished) -> dict[str, tuple[tuple, tuple]]:
+    """For each request the call finished, under prefix caching: its block hashes
+    as the spec's rule extends them with the tokens it kept, and vLLM's request's
+    own.  A block it completed in the call and freed is cached under that hash,
+    which no request holds afterwards (check.hash_renaming)."""
+    if not p.pre.config.enable_prefix_caching:
+        return {}
+    out = {}
+    for rid, _ in spec_finished:
+        r, v = p.pre.requests.get(rid), p.args["held"].get(rid)
+        if r is not None and v is not None:
+            mine = r.copy()
+            spec.append_output_tokens(mine, p.args["sampled"].get(rid, ()), p.pre.config)
+            out[rid] = (mine.block_hashes, tuple(v.block_hashes))
+    return out
 
 
 def add_request_check(monitor: Monitor, sched: Any, original: Callable[[], Any], request: Any) -> Any:

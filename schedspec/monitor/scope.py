@@ -72,8 +72,8 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         return [HAND_ASSEMBLED]
     out = []
     vc = sched.vllm_config
-    if vc.speculative_config is not None or sched.num_spec_tokens or sched.num_lookahead_tokens \
-            or getattr(sched, "num_prefill_lookahead", 0):
+    if (vc.speculative_config is not None or sched.num_spec_tokens or sched.num_lookahead_tokens
+            or getattr(sched, "num_prefill_lookahead", 0)) and not spec_decode_in_scope(sched):
         out.append(SPECULATIVE_DECODING)
     if getattr(sched, "num_hash_lookahead_tokens", 0):
         out.append(HASH_LOOKAHEAD)
@@ -117,6 +117,31 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     if patched(sched):
         out.append(PATCHED_INTERNALS)
     return out
+
+
+_newest_rules: list[bool] = []
+
+
+def newest_rules() -> bool:
+    """Whether this process's release is the one whose speculative-decoding and LoRA
+    rules the spec has (0.33.0: spec/spec_decode.py, spec/lora.py)."""
+    if not _newest_rules:
+        from schedspec.spec.versions import DEFAULT_RELEASE
+
+        _newest_rules.append(release() == DEFAULT_RELEASE)
+    return _newest_rules[0]
+
+
+def spec_decode_in_scope(sched: Any) -> bool:
+    """Speculative decoding as the spec models it (spec/spec_decode.py): vLLM 0.33.0,
+    a fixed number of drafts per step, a drafter with no rows of its own in the
+    target batch (max_num_new_slots_for_drafting, speculative.py:2058-2098) and no
+    prefill lookahead or EAGLE block drop (S:294-345); any KV lookahead."""
+    spec = sched.vllm_config.speculative_config
+    return (newest_rules() and spec is not None and sched.num_spec_tokens > 0
+            and spec.max_num_new_slots_for_drafting == 0 and not getattr(sched, "num_prefill_lookahead", 0)
+            and getattr(sched, "dynamic_sd_lookup", None) is None
+            and not getattr(sched, "use_eagle_block_drop", False))
 
 
 # Fields Scheduler.__init__ always sets, first to last (S:98-500).
@@ -206,7 +231,7 @@ def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
     out = []
     if r.mm_features:
         out.append(ENCODER_INPUTS)
-    if r.lora_request is not None:
+    if r.lora_request is not None and not newest_rules():  # LoRA: 0.33.0's rules (spec/lora.py)
         out.append(LORA)
     if r.structured_output_request is not None:
         out.append(STRUCTURED_OUTPUT)
@@ -247,16 +272,21 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
     dropping = getattr(r, "drop_stale_output", False) and getattr(r, "num_stale_output_tokens", 0)
     # The spec hashes every full block as soon as it fills (RQ:285-288); a hasher
     # with lookahead tokens lags (kv_cache_utils.py get_request_block_hasher).
-    lagging = prefix_caching and r.block_hashes and \
+    # A request with a hasher but no hash yet lags too (a lookahead hasher waits for
+    # the token after its first block); one without a hasher is never hashed.
+    lagging = prefix_caching and (r.block_hashes or getattr(r, "_block_hasher", None) is not None) and \
         len(r.block_hashes) != len(r.all_token_ids) // hash_block_size
-    if not (static[1] or r.spec_token_ids or dropping or lagging or status.name in _UNUSUAL):
+    # Drafts follow 0.33.0's rules (spec/spec_decode.py) with or without a drafter
+    # configured; the scheduler's own features say when its drafter is outside scope.
+    drafts = r.spec_token_ids and not newest_rules()
+    if not (static[1] or drafts or dropping or lagging or status.name in _UNUSUAL):
         return ()  # the common case, in four attribute reads
     out = list(static[1])
     if status.name in BLOCKED_STATUSES:
         out.append(BLOCKED_STATUSES[status.name])
     elif r.is_finished():  # finished (RQ:392) but still held: a delayed free
         out.append(DELAYED_FREE)
-    if r.spec_token_ids:
+    if drafts:
         out.append(SPECULATIVE_DECODING)
     if dropping:
         out.append(DROP_STALE_OUTPUT)

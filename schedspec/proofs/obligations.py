@@ -26,6 +26,7 @@ from schedspec.spec.invariants import STATE_INVARIANTS
 from schedspec.spec.properties import PROPERTIES
 
 from . import encoding, release
+from .loop_invariants import CLAIMS as LOOP_CLAIMS
 from .obligation import Bound, Obligation, Result
 from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS, state_invariant
 from .symbolic import BLOCK_SIZES, SymConfig, SymSlot, SymState, fixed_roles
@@ -60,10 +61,13 @@ STEP_BAD_VARIANTS = {
     "scheduled_within_known_tokens": ("running_need_plus_2",),
 }
 
-# Properties about prefix caching or async scheduling, which the encoding (both
-# flags off) does not model: `schedspec prove` lists them as not encoded; the state
-# machine, `check` and `diff` judge them.
-OUTSIDE_ENCODING = {name: p.engine_flags for name, p in PROPERTIES.items() if p.engine_flags}
+# Properties about prefix caching or async scheduling, which the bounded encoding
+# (both flags off) does not model: no `step:` obligation.
+OUTSIDE_BOUNDED = {name: p.engine_flags for name, p in PROPERTIES.items() if p.engine_flags}
+# Of those, the ones no obligation encodes (the loop encoding has async scheduling,
+# loop_invariants.ASYNC_ONLY): `schedspec prove` lists them as not encoded; the
+# state machine, `check` and `diff` judge them.
+OUTSIDE_ENCODING = {name: flags for name, flags in OUTSIDE_BOUNDED.items() if name not in LOOP_CLAIMS}
 
 
 def make_solver(timeout_s: float):
@@ -312,7 +316,7 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
     b1 = Bound(n, n, 1, note)
     out = []
     for prop in PROPERTIES:
-        if prop in OUTSIDE_ENCODING:
+        if prop in OUTSIDE_BOUNDED:
             continue
         # KeyError for a registered property without a z3 formula or bad variants:
         # every property the encoding can state must have its obligation.
@@ -372,6 +376,6 @@ def covered_properties(obligations: list[Obligation]) -> set[str]:
     return {o.property for o in obligations}
 
 
-__all__ = ["INVARIANT", "OUTSIDE_ENCODING", "STATE_INVARIANTS", "INVARIANT_FORMULAS", "STEP_BAD_VARIANTS",
+__all__ = ["INVARIANT", "OUTSIDE_BOUNDED", "OUTSIDE_ENCODING", "STATE_INVARIANTS", "INVARIANT_FORMULAS", "STEP_BAD_VARIANTS",
            "build_obligations",
            "check"]

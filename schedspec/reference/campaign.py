@@ -25,6 +25,7 @@ from schedspec.spec.config import ConfigError, SchedulerConfig, config_from_dict
 from .compare import Divergence
 from .engine import run_scenario
 from .example_files import resolve_scenario_path
+from .impl import DraftTaking
 from .scenario import Scenario, ScenarioError, load_scenario
 from .shrink import shrink
 
@@ -74,6 +75,8 @@ class TimedImpl:
         self.name = getattr(impl, "name", type(impl).__name__)
         self.seconds = 0.0
         self.steps = 0
+        if isinstance(impl, DraftTaking):  # only then: the engine asks for it (reference/impl.py)
+            self.update_draft_token_ids = lambda drafts: self._timed(impl.update_draft_token_ids, drafts)
 
     def _timed(self, fn, *args):
         t = time.perf_counter()
@@ -112,19 +115,26 @@ def close_impl(impl) -> None:
         close()
 
 
-def crash_trace(scenario: Scenario, impl, e: BaseException) -> dict[str, Any]:
-    """The trace of a run that raised `e`: no steps, and the exception as `crash`."""
+def crash_trace(scenario: Scenario, impl, e: BaseException, step: int | None = None) -> dict[str, Any]:
+    """The trace of a run that raised `e` (in engine step `step`): no steps, and the
+    exception as `crash`, its type as `crash_type`."""
     return {"scenario": scenario.name, "implementation": getattr(impl, "name", "?"), "steps": [],
-            "crash": f"{type(e).__name__}: {e}"}
+            "crash": f"{type(e).__name__}: {e}", "crash_type": type(e).__name__, "crash_step": step}
 
 
 def run_guarded(scenario: Scenario, impl, on_step=None) -> dict[str, Any]:
     """run_scenario, where an implementation that raises gives its crash trace
-    (a divergence to report with the scenario, not the end of the campaign)."""
+    (a divergence to report with the scenario, not the end of the campaign, unless
+    both implementations raise alike: compare.py `compare_runs`)."""
+    at: list[int | None] = [None]
+
+    def track(step: int, total: int) -> None:
+        at[0] = step
+
     try:
-        return run_scenario(scenario, impl, on_step=on_step)
+        return run_scenario(scenario, impl, on_step=on_step, progress=track)
     except Exception as e:  # noqa: BLE001 - report it with the scenario
-        return crash_trace(scenario, impl, e)
+        return crash_trace(scenario, impl, e, at[0])
 
 
 def safe_stem(name: str, limit: int = 80) -> str:
@@ -173,10 +183,11 @@ def flags_description(flags: Sequence[tuple[bool, bool]]) -> str:
             else " --flags " + ",".join(n for n, f in FLAG_NAMES.items() if f in flags))
 
 
-def random_scenario(seed: int, i: int, flags: Sequence[tuple[bool, bool]] | None = None) -> Scenario:
+def random_scenario(seed: int, i: int, flags: Sequence[tuple[bool, bool]] | None = None,
+                    features: frozenset[str] = frozenset()) -> Scenario:
     """Random scenario `i` of `seed`, drawing the engine-flag combinations
-    `flags` (reference/generator.py; None: none, as torch campaigns need); its
-    description says how to draw it again."""
+    `flags` (reference/generator.py; None: none, as torch campaigns need) and
+    `features` (speculative decoding); its description says how to draw it again."""
     from .generator import FLAGS_OFF, generate_scenario, scenario_rng
     from schedspec.spec.versions import DEFAULT_RELEASE
 
@@ -184,7 +195,7 @@ def random_scenario(seed: int, i: int, flags: Sequence[tuple[bool, bool]] | None
 
     flags = flags or FLAGS_OFF
     release = default_vllm_version()  # the command's release: its fields are the ones drawn
-    s = generate_scenario(scenario_rng(seed, i), i, flags, release)
+    s = generate_scenario(scenario_rng(seed, i), i, flags, release, features)
     for_release = "" if release == DEFAULT_RELEASE else f" for vLLM {release}"
     return dataclasses.replace(
         s, name=f"random-s{seed}-{i}",
@@ -197,6 +208,14 @@ def random_scenarios(num_scenarios: int | None, seed: int,
     """(random_scenario(seed, i, flags), True) for i in 0 .. num_scenarios - 1."""
     for i in range(num_scenarios or 0):
         yield random_scenario(seed, i, flags), True
+
+
+def campaign_features(options: CampaignOptions) -> frozenset[str]:
+    """The features random scenarios draw besides the flags: those both
+    implementations model (generator.py `features_for`), with the flags drawn."""
+    from .generator import FLAGS_OFF, features_for
+
+    return features_for(options.impl, options.against) if campaign_flags(options) != FLAGS_OFF else frozenset()
 
 
 def campaign_flags(options: CampaignOptions):
@@ -396,7 +415,7 @@ class Merge:
     def scenario(self, index: int) -> Scenario:
         if self.files:
             return self.files[index][0]
-        return random_scenario(self.options.seed, index, self.flags)
+        return random_scenario(self.options.seed, index, self.flags, campaign_features(self.options))
 
     def advance(self, results: dict[int, dict[str, Any]]) -> None:
         while self.next in results:
@@ -518,7 +537,8 @@ def write_divergence(options: CampaignOptions, scenario: Scenario, is_random: bo
     return entry
 
 
-__all__ = ["CampaignOptions", "DETERMINISTIC_KEYS", "Execution", "Merge", "TimedImpl", "campaign_flags",
+__all__ = ["CampaignOptions", "DETERMINISTIC_KEYS", "Execution", "Merge", "TimedImpl", "campaign_features",
+           "campaign_flags",
            "campaign_source", "close_impl", "crash_trace", "deterministic_report", "flags_description",
            "load_scenario_files", "print_campaign_report", "random_scenario", "random_scenarios", "repro_command",
            "report_divergence", "run_campaign", "run_config_agreement", "run_guarded", "safe_stem",

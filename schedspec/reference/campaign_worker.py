@@ -20,6 +20,7 @@ from schedspec.base.loader import load_impl
 from .campaign import (
     CampaignOptions,
     TimedImpl,
+    campaign_features,
     close_impl,
     random_scenario,
     run_guarded,
@@ -75,17 +76,17 @@ def is_spec(impl) -> bool:
     return isinstance(getattr(impl, "impl", impl), SpecScheduler)
 
 
-def scenario_of(item: tuple, flags: tuple) -> tuple[Scenario, bool]:
+def scenario_of(item: tuple, flags: tuple, features: frozenset[str] = frozenset()) -> tuple[Scenario, bool]:
     """An item is ("random", seed, index) (the worker draws it: cheaper than
     sending it) or ("file", scenario)."""
     if item[0] == "random":
-        return random_scenario(item[1], item[2], flags), True
+        return random_scenario(item[1], item[2], flags, features), True
     return item[1], False
 
 
 def run_item(ctx: PairContext, item: tuple, heartbeat) -> dict[str, Any]:
     """Both implementations on one scenario: the result the campaign merges."""
-    scenario, is_random = scenario_of(item, ctx.flags)
+    scenario, is_random = scenario_of(item, ctx.flags, campaign_features(ctx.options))
     a, b, options = ctx.a, ctx.b, ctx.options
     coverage: dict[str, int] = {}
     # Prefix-cache and async coverage reads the spec's states: b's, or a's when a is the spec.

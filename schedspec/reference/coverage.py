@@ -27,6 +27,7 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         cov["rejected scenarios"] = cov.get("rejected scenarios", 0) + 1
         return
     if "crash" in trace:
+        cov["scenarios that raised"] = cov.get("scenarios that raised", 0) + 1
         return
     L = scenario.config.get("max_model_len", 8192)
     specs = {r.id: r for r in scenario.requests}
@@ -38,6 +39,10 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
 
     bump("scenarios (" + flag_label(bool(scenario.config.get("enable_prefix_caching")),
                                     bool(scenario.config.get("async_scheduling"))) + ")")
+    if scenario.config.get("num_speculative_tokens"):
+        bump("scenarios with speculative decoding")
+    if scenario.config.get("max_loras") is not None:
+        bump("scenarios with LoRA")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -71,6 +76,31 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
             bump("unfinished at max_steps")
 
 
+def spec_decode_coverage(t: Transition, cov: dict[str, int]) -> None:
+    """Speculative decoding: steps with drafts, drafts sent to the model, padded
+    admissions (S:1308-1330, 1577-1582), requests keeping several tokens in one
+    step, and, synchronous engine, requests whose rejected drafts rolled
+    num_computed_tokens back (S:2371-2380), in drafts."""
+    out, before, after = t.output, t.before, t.after
+    _bump(cov, "steps with speculative decoding")
+    admitted = set(out.admitted)
+    for rid, ids in out.scheduled_spec_decode_tokens:
+        _bump(cov, "draft tokens scheduled", len(ids))
+        if rid in admitted:
+            _bump(cov, "padded admissions")
+    if any(n > 1 for n in t.record.get("new_tokens", {}).values()):
+        _bump(cov, "steps with several tokens for a request")
+    if not before.config.async_scheduling:
+        grants, hits = out.scheduled, dict(out.prefix_hits)
+        for rid, ids in out.scheduled_spec_decode_tokens:
+            r = after.requests.get(rid)
+            if r is not None and rid not in admitted:
+                start = before.requests[rid].num_computed_tokens
+                rejected = start + grants[rid] - r.num_computed_tokens
+                if rejected > 0:
+                    _bump(cov, "rejected drafts rolled back", rejected)
+
+
 class StepCoverage:
     """An engine `on_step` observer (reference/engine.py `Transition`) that counts,
     from the states of the spec, what prefix caching and async scheduling did:
@@ -94,7 +124,8 @@ class StepCoverage:
       which vLLM passes them over (sched/scheduler.py:800-812);
       `empty async batches`: schedule() called with nothing to schedule, a batch
       that still takes a place in flight;
-    - `steps (<flags>)`: steps per combination of the two flags.
+    - `steps (<flags>)`: steps per combination of the two flags;
+    - speculative decoding (`spec_decode_coverage`).
 
     Make one per scenario run; counts go into `cov`."""
 
@@ -122,6 +153,14 @@ class StepCoverage:
                     _bump(cov, "async max_tokens guard")
             if t.record.get("schedule_called") and not out.num_scheduled_tokens:
                 _bump(cov, "empty async batches")
+        if c.num_speculative_tokens:
+            spec_decode_coverage(t, cov)
+        if c.max_loras is not None:
+            running = {after.requests[x].lora_int_id for x in after.running} - {0}
+            if len(running) == c.max_loras:
+                _bump(cov, "steps at max_loras")
+                if any(after.requests[w].lora_int_id not in running | {0} for w in after.waiting):
+                    _bump(cov, "steps holding an adapter back")
         resumed = set(out.scheduled_resumed_reqs)
         for rid, hit in out.prefix_hits:
             if hit > 0:

@@ -2,23 +2,27 @@
 
 `run_scenario` drives any implementation (reference/impl.py) through a scenario
 and returns its trace (a `schedspec.trace/1` dict).  The fake model lives here:
-a request scheduled in a step samples exactly one token when, after the step's
-advance, its num_computed_tokens reaches num_tokens; the token is EOS when it is
-the request's `output_len`-th output token.
+a request scheduled in a step samples when, after the step's advance, its
+num_computed_tokens reaches num_tokens: one token, plus one per draft it verified
+and accepted (speculative decoding); a token is EOS when it is the request's
+`output_len`-th output token.  With speculative decoding the fake drafter proposes
+each request's drafts after a step (synchronous engine), from the scenario's
+per-request patterns (formats.md, "Speculative decoding").
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from schedspec.spec.config import ConfigError
 from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
 from schedspec.spec.input_processor import make_request
+from schedspec.spec.scheduler import append_output_tokens
 from schedspec.spec.state import SchedulerOutput, SchedulerState
-from .impl import SchedulerImpl
+from .impl import DraftTaking, SchedulerImpl
 from .prompts import NON_EOS_TOKEN_ID, prompt_token_ids
 from .scenario import Scenario
 
@@ -52,36 +56,118 @@ def error_trace(scenario: Scenario, impl_name: str, message: str) -> dict[str, A
             "error": message, "steps": []}
 
 
-def next_token(output_len: int | None, r: Request) -> int:
-    """The request's next output token: EOS when it is the `output_len`-th, counted
-    over the outputs already applied; otherwise one non-EOS id for every request and
-    position, so equal prompts produce equal outputs (formats.md)."""
-    return EOS_TOKEN_ID if output_len == r.num_output_tokens + 1 else NON_EOS_TOKEN_ID
+def next_token(output_len: int | None, r: Request, k: int = 1) -> int:
+    """The request's `k`-th next output token: EOS when it is the `output_len`-th,
+    counted over the outputs already applied; otherwise one non-EOS id for every
+    request and position, so equal prompts produce equal outputs (formats.md)."""
+    return EOS_TOKEN_ID if output_len == r.num_output_tokens + k else NON_EOS_TOKEN_ID
 
 
-def fake_model(scenario: Scenario | Mapping[str, int | None], output: SchedulerOutput,
+def cycled(pattern: Sequence[int], i: int) -> int:
+    return pattern[i % len(pattern)]
+
+
+@dataclass
+class FakeModel:
+    """The fake model and drafter of formats.md for one run.  Speculative decoding:
+    the i-th time a request verifies drafts it accepts `num_accepted_tokens[i]` of
+    them (cycled, at most those scheduled; -1 padding of an admission never); the
+    i-th time the drafter proposes for it, `num_draft_tokens[i]` drafts (cycled).
+    Under async scheduling the worker proposes into -1 placeholders, so a
+    verification accepts at most the i-th draft count too."""
+
+    output_len: Mapping[str, int | None]
+    num_speculative_tokens: int = 0
+    num_draft_tokens: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    num_accepted_tokens: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    verified: dict[str, int] = field(default_factory=dict)
+    proposed: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, scenario: "Scenario | Mapping[str, int | None] | FakeModel", num_speculative_tokens: int = 0
+           ) -> "FakeModel":
+        if isinstance(scenario, FakeModel):
+            return scenario
+        if isinstance(scenario, Mapping):
+            return cls(scenario)
+        k = num_speculative_tokens
+        return cls({r.id: r.output_len for r in scenario.requests}, k,
+                   {r.id: r.num_draft_tokens or (k,) for r in scenario.requests},
+                   {r.id: r.num_accepted_tokens or (k,) for r in scenario.requests})
+
+    def sample(self, rid: str, r: Request, num_drafts: int = 0, padding: bool = False,
+               async_drafts: bool = False) -> list[int]:
+        """The tokens `rid` samples: one, plus one per accepted draft."""
+        accepted = 0
+        if num_drafts and not padding:
+            i = self.verified.get(rid, 0)
+            self.verified[rid] = i + 1
+            accepted = min(cycled(self.num_accepted_tokens.get(rid, (0,)), i), num_drafts)
+            if async_drafts:
+                accepted = min(accepted, cycled(self.num_draft_tokens.get(rid, (0,)), i))
+        return [next_token(self.output_len[rid], r, k) for k in range(1, accepted + 2)]
+
+    def propose(self, rids: Sequence[str], state: SchedulerState) -> dict[str, list[int]]:
+        """The drafter after a synchronous step, for the batch's requests still
+        there: drafts for those that sampled, none for a prefill chunk."""
+        drafts: dict[str, list[int]] = {}
+        for rid in rids:
+            r = state.requests.get(rid)
+            if r is None:
+                continue
+            if r.is_prefill_chunk:
+                drafts[rid] = []
+                continue
+            i = self.proposed.get(rid, 0)
+            self.proposed[rid] = i + 1
+            drafts[rid] = [NON_EOS_TOKEN_ID] * min(cycled(self.num_draft_tokens.get(rid, (0,)), i),
+                                                   self.num_speculative_tokens)
+        return drafts
+
+
+def batch_drafts(output: SchedulerOutput) -> tuple[dict[str, int], frozenset[str]]:
+    """Each request's number of drafts in a batch, and the admissions among them,
+    whose drafts are -1 padding (S:1577-1582)."""
+    return ({rid: len(ids) for rid, ids in output.scheduled_spec_decode_tokens},
+            frozenset(output.scheduled_new_reqs + output.scheduled_resumed_reqs))
+
+
+def fake_model(scenario: "Scenario | Mapping[str, int | None] | FakeModel", output: SchedulerOutput,
                state: SchedulerState) -> dict[str, list[int]]:
     """Sampled token ids for the step just scheduled (`state` is after the advance)."""
-    output_len = scenario if isinstance(scenario, Mapping) else {r.id: r.output_len for r in scenario.requests}
+    model = FakeModel.of(scenario, state.config.num_speculative_tokens)
+    drafts, admitted = batch_drafts(output)
     sampled: dict[str, list[int]] = {}
     for rid, _ in output.num_scheduled_tokens:
         r = state.requests[rid]
         if r.num_computed_tokens >= r.num_tokens:  # the prefill is complete
-            sampled[rid] = [next_token(output_len[rid], r)]
+            sampled[rid] = model.sample(rid, r, drafts.get(rid, 0), rid in admitted)
     return sampled
 
 
-def _sync_step(impl: SchedulerImpl, output_len: Mapping[str, int | None]):
-    """formats.md steps 3-5: schedule, the fake model, update_from_output."""
+def num_kept(state: SchedulerState, sampled: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """How many of each request's sampled tokens it keeps: those up to a stop (U:98-140)."""
+    kept = {}
+    for rid, tokens in sampled.items():
+        r = state.requests[rid]
+        kept[rid] = len(tokens) - append_output_tokens(r.copy(), tokens, state.config)[1]
+    return kept
+
+
+def _sync_step(impl: SchedulerImpl, model: FakeModel):
+    """formats.md steps 3-5: schedule, the fake model, update_from_output, and with
+    speculative decoding the drafter (EngineCore.step, v1/engine/core.py:690-707)."""
     before = impl.observe()
     output = impl.schedule()
     mid = impl.observe()
-    sampled = fake_model(output_len, output, mid)
+    sampled = fake_model(model, output, mid)
     stopped = impl.update_from_output(output, sampled)
+    if mid.config.num_speculative_tokens:
+        impl.update_draft_token_ids(model.propose([rid for rid, _ in output.num_scheduled_tokens], impl.observe()))
     return before, output, mid, impl.observe(), sampled, stopped
 
 
-def _async_step(impl: SchedulerImpl, step: int, output_len: Mapping[str, int | None], in_flight: deque):
+def _async_step(impl: SchedulerImpl, step: int, model: FakeModel, in_flight: deque):
     """formats.md's async engine step, as vLLM's EngineCore.step_with_batch_queue
     runs it with two batches in flight (v1/engine/core.py:708-822)."""
     before = impl.observe()
@@ -98,11 +184,12 @@ def _async_step(impl: SchedulerImpl, step: int, output_len: Mapping[str, int | N
     elif not in_flight:
         return before, output, mid, mid, {}, (), False, None
     applied, batch, sampling = in_flight.popleft()
+    drafts, admitted = batch_drafts(batch)
     sampled: dict[str, list[int]] = {}
     for rid in sampling:
         r = mid.requests.get(rid)
         if r is not None:  # finished or aborted meanwhile: vLLM drops its output (S:2327-2335)
-            sampled[rid] = [next_token(output_len[rid], r)]
+            sampled[rid] = model.sample(rid, r, drafts.get(rid, 0), rid in admitted, async_drafts=True)
     stopped = impl.update_from_output(batch, sampled)
     return before, output, mid, impl.observe(), sampled, stopped, called, applied
 
@@ -122,14 +209,15 @@ class EngineStep:
     applied: int | None  # the step whose batch update_from_output applied
 
 
-def engine_step(impl: SchedulerImpl, step: int, output_len: Mapping[str, int | None],
+def engine_step(impl: SchedulerImpl, step: int, model: "FakeModel | Mapping[str, int | None]",
                 in_flight: deque | None) -> EngineStep:
     """One engine step of formats.md on `impl`: synchronous when `in_flight` is None,
     else with two batches in flight.  The engine loop and the hypothesis state
     machine (tests/machine.py) both step through here."""
+    model = FakeModel.of(model)
     if in_flight is None:
-        return EngineStep(*_sync_step(impl, output_len), True, step)
-    return EngineStep(*_async_step(impl, step, output_len, in_flight))
+        return EngineStep(*_sync_step(impl, model), True, step)
+    return EngineStep(*_async_step(impl, step, model, in_flight))
 
 
 def step_record(step: int, output: SchedulerOutput, mid: SchedulerState, after: SchedulerState,
@@ -230,7 +318,7 @@ def run_scenario(
     for i, r in enumerate(scenario.requests):
         try:
             requests[r.id] = make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time,
-                                          tokens.get(r.id))
+                                          tokens.get(r.id), r.lora_int_id)
         except ConfigError as e:
             return rejected(f"requests[{i}].{e}")
 
@@ -247,7 +335,10 @@ def run_scenario(
         sink.begin(header)
     emit = sink.step if sink is not None else steps.append
     holds_requests = False  # whether the implementation held a request after the last step
-    output_len = {r.id: r.output_len for r in scenario.requests}
+    model = FakeModel.of(scenario, config.num_speculative_tokens)
+    if config.num_speculative_tokens and not config.async_scheduling and not isinstance(impl, DraftTaking):
+        return rejected(f"config.num_speculative_tokens: {name} does not model speculative decoding "
+                        "(it has no update_draft_token_ids)")
     # Async scheduling: the batches in flight, oldest first (formats.md, async engine step).
     in_flight: deque | None = deque() if config.async_scheduling else None
     step = 0
@@ -265,16 +356,17 @@ def run_scenario(
                 finished.append([done, "aborted"])
         for rid in arrivals.get(step, ()):
             impl.add_request(requests[rid])
-        e = engine_step(impl, step, output_len, in_flight)
+        e = engine_step(impl, step, model, in_flight)
         before, output, mid, after, sampled, stopped = e.before, e.output, e.mid, e.after, e.sampled, e.stopped
         called, applied = e.called, e.applied
         finished += [[rid, FINISH_REASON[status]] for rid, status in stopped]
         holds_requests = bool(after.requests or after.running or after.waiting or in_flight
                               or after.finished_req_ids and in_flight is not None)
 
-        for rid in sampled:
+        kept = num_kept(mid, sampled)
+        for rid, n in kept.items():
             s = summary[rid]
-            s["num_output_tokens"] += 1
+            s["num_output_tokens"] += n
             if s["first_token_step"] is None:
                 s["first_token_step"] = step
         for rid in output.preempted_req_ids:
@@ -287,6 +379,9 @@ def run_scenario(
         record = step_record(step, output, mid, after, finished, sampled, position)
         if config.enable_prefix_caching:
             record["prefix_hits"] = dict(output.prefix_hits)
+        if config.num_speculative_tokens:
+            record["scheduled_spec_decode_tokens"] = {rid: len(ids) for rid, ids in output.scheduled_spec_decode_tokens}
+            record["new_tokens"] = kept
         if in_flight is not None:
             record["schedule_called"] = called
             record["applied_step"] = applied

@@ -44,6 +44,19 @@ out, after every draw, so the scenario of an index differs between releases
 only by those fields and older releases run what they can instead of refusing
 a quarter of the campaign.
 
+With `features={"spec_decode"}` (what a campaign draws when both its
+implementations model speculative decoding, `features_for`), drawn after the
+flags and only for 0.33.0: one scenario in three gets `num_speculative_tokens`
+1..4 (sometimes up to 8), sometimes a lookahead, per-request draft and
+acceptance patterns, and more one-token prompts, which an admission next to a
+running decode pads to 1 + num_speculative_tokens rows.  Such a scenario keeps
+`long_prefill_token_threshold` at 0 or above num_speculative_tokens: below, a
+padded admission crashes vLLM 0.33.0 (docs/rules.md, speculative decoding).
+
+With "lora" in `features`, after speculative decoding and only for 0.33.0, one
+scenario in four gets `max_loras` 1..3 and up to two adapters more than that among
+its requests.
+
 `FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
 model neither flag, and the scenario streams pinned by their tests stay as they
 were.  A campaign draws the combinations both its implementations model
@@ -151,10 +164,10 @@ FlagCombination = tuple[bool, bool]
 FLAG_COMBINATIONS: tuple[FlagCombination, ...] = ((False, False), (True, False), (False, True), (True, True))
 FLAGS_OFF: tuple[FlagCombination, ...] = ((False, False),)
 FLAGS_ALL = FLAG_COMBINATIONS
-# The combinations an implementation models, where it is not all of them: torch
-# models prefix caching but not async scheduling (gpu/README.md).  A campaign
-# draws the combinations every implementation in it models.
-IMPL_FLAGS: dict[str, tuple[FlagCombination, ...]] = {"torch": ((False, False), (True, False))}
+# The combinations an implementation models, where it is not all of them (every
+# implementation here models all four now; a plug-in could model fewer).  A
+# campaign draws the combinations every implementation in it models.
+IMPL_FLAGS: dict[str, tuple[FlagCombination, ...]] = {"torch": FLAG_COMBINATIONS}
 
 
 # Names of the combinations on the command line (`schedspec diff --flags`) and in coverage.
@@ -194,8 +207,19 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
     return tuple(f for f in FLAG_COMBINATIONS if f in chosen)
 
 
+# Scheduler features beyond the two flags, and the implementations that lack one.
+FEATURES = frozenset({"spec_decode", "lora"})
+IMPL_LACKS: dict[str, frozenset[str]] = {"torch": frozenset({"spec_decode", "lora"})}
+
+
+def features_for(*impl_names: str) -> frozenset[str]:
+    """The features every one of `impl_names` models."""
+    return FEATURES.difference(*(IMPL_LACKS.get(n, frozenset()) for n in impl_names))
+
+
 def generate_scenario(rng: random.Random, index: int,
-                      flags: Sequence[FlagCombination] = FLAGS_OFF, release: str = DEFAULT_RELEASE) -> Scenario:
+                      flags: Sequence[FlagCombination] = FLAGS_OFF, release: str = DEFAULT_RELEASE,
+                      features: frozenset[str] = frozenset()) -> Scenario:
     """One random scenario valid in vLLM `release`; `index` only names it.
     `flags`: the (enable_prefix_caching, async_scheduling) combinations to draw
     from, equally likely; with FLAGS_OFF nothing is drawn after the flag-free
@@ -254,6 +278,10 @@ def generate_scenario(rng: random.Random, index: int,
         prefix_caching, async_scheduling = flags[0] if len(flags) == 1 else rng.choice(flags)
         config, requests, aborts = _engine_flags(rng, config, requests, aborts, prefix_caching,
                                                  async_scheduling)
+    if "spec_decode" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 3:
+        config, requests = _spec_decode(rng, config, requests)
+    if "lora" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
+        config, requests = _lora(rng, config, requests)
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 
@@ -325,6 +353,46 @@ def _engine_flags(rng: random.Random, config: dict[str, Any], requests: list[Req
             aborts.append(Abort(r.id, r.arrival_step + rng.randint(1, 3)))
         aborts = sorted(aborts, key=lambda a: a.step)
     return config, requests, aborts
+
+
+def _spec_decode(rng: random.Random, config: dict[str, Any], requests: list[RequestSpec]):
+    """Speculative decoding on a drawn scenario: drafts per step, a lookahead,
+    per-request draft and acceptance patterns, one-token prompts (padded admissions)."""
+    config = dict(config)
+    L = config["max_model_len"]
+    k = rng.choice([1, 2, 3, 4, rng.randint(1, 8)])
+    config["num_speculative_tokens"] = k
+    if rng.random() < 0.25:
+        config["num_lookahead_tokens"] = rng.randint(1, k + 1)
+    threshold = config.get("long_prefill_token_threshold", 0)
+    if 0 < threshold <= k:  # vLLM 0.33.0 asserts a padded admission is not cut (S:1579)
+        config["long_prefill_token_threshold"] = rng.choice([0, min(L, k + 1 + rng.randint(0, 4))])
+        if config["long_prefill_token_threshold"] <= k:
+            config["long_prefill_token_threshold"] = 0
+
+    def pattern(n: int) -> tuple[int, ...]:
+        return tuple(rng.choice([0, k, rng.randint(0, k)]) for _ in range(rng.randint(1, n)))
+
+    out = []
+    for r in requests:
+        changes: dict[str, Any] = {}
+        if rng.random() < 0.6:
+            changes["num_accepted_tokens"] = pattern(4)
+        if rng.random() < 0.4:
+            changes["num_draft_tokens"] = pattern(3)
+        if rng.random() < 0.15 and r.prefix_group is None and r.prompt_token_ids is None:
+            changes["prompt_len"] = 1
+        out.append(dataclasses.replace(r, **changes) if changes else r)
+    return config, out
+
+
+def _lora(rng: random.Random, config: dict[str, Any], requests: list[RequestSpec]):
+    """LoRA on a drawn scenario: max_loras 1..3 and more adapters than that among
+    the requests, so admissions are held back (S:1089-1101)."""
+    config = {**config, "max_loras": rng.choice([1, 1, 2, 3])}
+    adapters = rng.randint(1, config["max_loras"] + 2)
+    return config, [dataclasses.replace(r, lora_int_id=rng.randint(1, adapters)) if rng.random() < 0.75 else r
+                    for r in requests]
 
 
 def _prefix_groups(rng: random.Random, L: int, bs: int, requests: list[RequestSpec]) -> list[RequestSpec]:
@@ -422,5 +490,6 @@ def generate_config_dict(rng: random.Random, valid_bias: float = 0.5) -> dict[st
     return c
 
 
-__all__ = ["FLAGS_ALL", "FLAGS_OFF", "FLAG_COMBINATIONS", "FLAG_NAMES", "config_rng", "flags_for", "generate_config_dict",
+__all__ = ["FEATURES", "FLAGS_ALL", "FLAGS_OFF", "FLAG_COMBINATIONS", "FLAG_NAMES", "config_rng", "features_for",
+           "flags_for", "generate_config_dict",
            "generate_scenario", "parse_flags", "scenario_rng"]

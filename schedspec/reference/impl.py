@@ -49,6 +49,15 @@ class SchedulerImpl(Protocol):
 
 
 @runtime_checkable
+class DraftTaking(Protocol):
+    """The part of the protocol speculative decoding needs (synchronous engine):
+    the drafter's proposals after a step, by request id.  An implementation
+    without it is refused scenarios with num_speculative_tokens > 0."""
+
+    def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None: ...
+
+
+@runtime_checkable
 class StateLoadable(Protocol):
     """The optional part of the protocol: set the implementation to `state`
     (a whole SchedulerState: config, requests, queues, KV pool, finished ids),
@@ -83,6 +92,9 @@ class SpecScheduler:
     def update_from_output(self, output, sampled_token_ids):
         finished, self.state = spec_scheduler.update_from_output(self.state, output, sampled_token_ids)
         return finished
+
+    def update_draft_token_ids(self, draft_token_ids):
+        self.state = spec_scheduler.update_draft_token_ids(self.state, draft_token_ids)
 
     def observe(self) -> SchedulerState:
         return self.state

@@ -153,8 +153,10 @@ class MetricsAccumulator:
             got = self._rebuild_sampled(st)
             if "sampled" not in self._derived:
                 self._derived.append("sampled")
+        # Speculative decoding: a step may add several tokens (`new_tokens`), else one.
+        counts = st.get("new_tokens", {})
         for rid in got:
-            self._outputs[rid] = self._outputs.get(rid, 0) + 1
+            self._outputs[rid] = self._outputs.get(rid, 0) + counts.get(rid, 1)
         if "slots_held" in st:
             held = st["slots_held"]
         else:
@@ -171,12 +173,12 @@ class MetricsAccumulator:
         for rid in got:
             rec = self._tokens.get(rid)
             if rec is None:
-                self._tokens[rid] = [k, k, 1, t_after, 0, 0.0]
+                self._tokens[rid] = [k, k, counts.get(rid, 1), t_after, 0, 0.0]
             else:
                 gap, gap_ms = k - rec[1], t_after - rec[3]
                 self._itl_steps.append(gap)
                 self._itl_ms.append(gap_ms)
-                rec[1], rec[2], rec[3] = k, rec[2] + 1, t_after
+                rec[1], rec[2], rec[3] = k, rec[2] + counts.get(rid, 1), t_after
                 rec[4] += gap
                 rec[5] += gap_ms
         for rid in st["preempted"]:

@@ -80,6 +80,9 @@ CONFIG_BOUNDS: dict[str, tuple[int | None, int]] = {
     "long_prefill_token_threshold": (None, 2**30),
     "block_size": (None, 2**30),
     "num_gpu_blocks": (None, 2**22),
+    "num_speculative_tokens": (None, 1024),
+    "num_lookahead_tokens": (None, 1024),
+    "max_loras": (None, 2**16),
 }
 REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
     "arrival_step": (0, INT32_MAX - 1),
@@ -88,9 +91,14 @@ REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
     "output_len": (1, INT32_MAX),
     "priority": (-2**31, INT32_MAX),
     "prefix_len": (0, 2**30 - 1),
+    "lora_int_id": (0, INT32_MAX),
 }
 ARRIVAL_TIME_BOUND = 2**53  # |arrival_time|; every integer up to it is exact in a float
 TOKEN_ID_BOUNDS = (0, INT32_MAX)
+# Speculative decoding's per-request patterns: each entry, and their length.
+DRAFT_COUNT_BOUNDS = (0, 1024)
+MAX_PATTERN_LEN = 4096
+SPEC_PATTERNS = ("num_draft_tokens", "num_accepted_tokens")
 # With prefix caching every implementation keeps each prompt's token ids (the
 # spec and vLLM also hash them per block): the prompts of one scenario may add
 # up to this many tokens then, 32 MiB of ids.  Without it they are counts.
@@ -117,6 +125,11 @@ class RequestSpec:
     prefix_group: str | None = None
     prefix_len: int = 0
     prompt_token_ids: tuple[int, ...] | None = None
+    # Speculative decoding (formats.md): the fake drafter's and fake model's patterns, cycled.
+    num_draft_tokens: tuple[int, ...] | None = None
+    num_accepted_tokens: tuple[int, ...] | None = None
+    # LoRA (formats.md): the request's adapter, 0 for none.
+    lora_int_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -184,6 +197,11 @@ class Scenario:
                 d["prefix_len"] = r.prefix_len
             if r.prompt_token_ids is not None:
                 d["prompt_token_ids"] = list(r.prompt_token_ids)
+            for name in SPEC_PATTERNS:
+                if getattr(r, name) is not None:
+                    d[name] = list(getattr(r, name))
+            if r.lora_int_id:
+                d["lora_int_id"] = r.lora_int_id
             reqs.append(d)
         out["requests"] = reqs
         out["aborts"] = [asdict(a) for a in self.aborts]
@@ -375,6 +393,13 @@ def check_bounds(scenario: Scenario) -> None:
                                 f"[-{ARRIVAL_TIME_BOUND}, {ARRIVAL_TIME_BOUND}] (schedspec's bound, docs/formats.md)")
         for k, tok in enumerate(r.prompt_token_ids or ()):
             _check_int(f"{where}.prompt_token_ids[{k}]", tok, TOKEN_ID_BOUNDS)
+        for name in SPEC_PATTERNS:
+            pattern = getattr(r, name)
+            if pattern is not None and not 1 <= len(pattern) <= MAX_PATTERN_LEN:
+                raise ScenarioError(f"{where}.{name}: holds {len(pattern)} entries, must hold 1 to "
+                                    f"{MAX_PATTERN_LEN} (schedspec's bound, docs/formats.md)")
+            for k, v in enumerate(pattern or ()):
+                _check_int(f"{where}.{name}[{k}]", v, DRAFT_COUNT_BOUNDS)
     for i, a in enumerate(scenario.aborts):
         _check_int(f"aborts[{i}].step", a.step, ABORT_STEP_BOUNDS)
     _check_int("max_steps", scenario.max_steps, MAX_STEPS_BOUNDS)
@@ -424,6 +449,8 @@ def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
                         f"{where}.prompt_token_ids[{k}]: = {tok} is an id the fake model samples (EOS "
                         f"{OUTPUT_TOKEN_IDS[0]}, other outputs {OUTPUT_TOKEN_IDS[1]}); explicit prompts must avoid "
                         "both, so that no prompt block equals an output block by the choice of ids (docs/formats.md)")
+    _check_spec_patterns(scenario)
+    _check_loras(scenario)
     if isinstance(scenario.config, dict) and scenario.config.get("enable_prefix_caching") is True:
         total = 0
         for i, r in enumerate(scenario.requests):
@@ -442,6 +469,34 @@ def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
             raise ScenarioError(
                 f"{where}.step: = {a.step} must be greater than the request's arrival_step "
                 f"({by_id[a.id].arrival_step}); aborts run before arrivals")
+
+
+def _check_spec_patterns(scenario: Scenario) -> None:
+    """Draft patterns need speculative decoding on, and no more drafts than it allows:
+    a pattern nothing reads would be silently ignored."""
+    k = scenario.config.get("num_speculative_tokens", 0) if isinstance(scenario.config, dict) else 0
+    k = k if isinstance(k, int) and not isinstance(k, bool) else 0
+    for i, r in enumerate(scenario.requests):
+        for name in SPEC_PATTERNS:
+            pattern = getattr(r, name)
+            if pattern is None:
+                continue
+            if k <= 0:
+                raise ScenarioError(f"requests[{i}].{name}: given without speculative decoding; set "
+                                    "config.num_speculative_tokens > 0 or drop it")
+            for j, v in enumerate(pattern):
+                if v > k:
+                    raise ScenarioError(f"requests[{i}].{name}[{j}]: = {v}, more than "
+                                        f"config.num_speculative_tokens ({k})")
+
+
+def _check_loras(scenario: Scenario) -> None:
+    """An adapter needs LoRA on (vLLM's front end refuses it otherwise)."""
+    on = isinstance(scenario.config, dict) and scenario.config.get("max_loras") is not None
+    for i, r in enumerate(scenario.requests):
+        if r.lora_int_id and not on:
+            raise ScenarioError(f"requests[{i}].lora_int_id: = {r.lora_int_id}, but LoRA is off; set "
+                                "config.max_loras or drop it")
 
 
 def scenario_from_json(data: Any) -> Scenario:
@@ -470,6 +525,8 @@ def _from_checked_json(data: Any) -> Scenario:
             arrival_time=float(r.get("arrival_time", i)),
             prefix_group=r.get("prefix_group"), prefix_len=r.get("prefix_len", 0),
             prompt_token_ids=tuple(tokens) if tokens is not None else None,
+            **{name: tuple(r[name]) for name in SPEC_PATTERNS if r.get(name) is not None},
+            lora_int_id=r.get("lora_int_id", 0),
         ))
     scenario = Scenario(
         name=data["name"],
@@ -511,7 +568,8 @@ def validate_scenario(scenario: Scenario) -> SchedulerConfig:
     tokens = prompt_token_ids(scenario) if config.enable_prefix_caching else {}
     for i, r in enumerate(scenario.requests):
         try:
-            make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time, tokens.get(r.id))
+            make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time, tokens.get(r.id),
+                         r.lora_int_id)
         except ConfigError as e:
             raise ConfigError(f"requests[{i}].{e.field}", str(e).split(": ", 1)[1]) from None
     return config

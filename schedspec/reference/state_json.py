@@ -198,7 +198,9 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
     scenario file may not hold still loads, as one lifted from a vLLM test that
     builds its scheduler directly (a pool smaller than one max_model_len sequence)."""
     # vllm_version is optional: vectors written before it model 0.33.0 (spec/versions.py).
-    raw = read_object(obj, where, tuple(f for f in CONFIG_FIELDS if f != "vllm_version"), CONFIG_FIELDS)
+    # So are speculative decoding's fields: vectors written before it have none (0, off).
+    optional = ("vllm_version", "num_speculative_tokens", "num_lookahead_tokens", "max_loras")
+    raw = read_object(obj, where, tuple(f for f in CONFIG_FIELDS if f not in optional), CONFIG_FIELDS)
     values: dict[str, Any] = {}
     for name in CONFIG_FIELDS:
         if name not in raw:
@@ -233,6 +235,9 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
 # --- requests ----------------------------------------------------------------------------
 
 REQUEST_FIELDS = tuple(f.name for f in fields(Request))
+# Speculative decoding's fields are written only when not empty, so vectors of
+# the scope before it read and write as they always did.
+OPTIONAL_REQUEST_FIELDS = ("spec_token_ids", "lora_int_id")
 # name -> minimum, for the integer fields (None: any integer).
 _REQUEST_INTS: dict[str, int | None] = {
     "num_prompt_tokens": 0, "max_tokens": 0, "priority": None, "num_computed_tokens": 0,
@@ -261,16 +266,24 @@ def request_to_json(r: Request) -> dict[str, Any]:
             v = status_to_json(v)
         elif name == "block_hashes":
             v = [hash_to_json(h) for h in v]
-        elif name in _TOKEN_LISTS:
+        elif name == "lora_int_id":
+            if not v:
+                continue
+        elif name in _TOKEN_LISTS or name in OPTIONAL_REQUEST_FIELDS:
             v = list(v)
+            if name in OPTIONAL_REQUEST_FIELDS and not v:
+                continue
         out[name] = v
     return out
 
 
 def request_from_json(obj: Any, where: str = "request") -> Request:
-    raw = read_object(obj, where, REQUEST_FIELDS, REQUEST_FIELDS)
+    raw = read_object(obj, where, tuple(f for f in REQUEST_FIELDS if f not in OPTIONAL_REQUEST_FIELDS),
+                      REQUEST_FIELDS)
     values: dict[str, Any] = {}
     for name in REQUEST_FIELDS:
+        if name not in raw:
+            continue
         path, v = field_path(where, name), raw[name]
         if name == "request_id":
             values[name] = read_str(v, path)
@@ -288,6 +301,10 @@ def request_from_json(obj: Any, where: str = "request") -> Request:
             values[name] = read_bool(v, path)
         elif name == "eos_token_id":
             values[name] = read_int(v, path, 0, nullable=True)
+        elif name == "lora_int_id":
+            values[name] = read_int(v, path, 0)
+        elif name == "spec_token_ids":  # -1: a padding or async placeholder draft
+            values[name] = read_int_list(v, path, -1)
         else:  # a field added to Request that this codec does not know yet
             _fail(path, "this reader does not know the field's type")
     return Request(**values)
@@ -299,20 +316,35 @@ OUTPUT_FIELDS = tuple(f.name for f in fields(SchedulerOutput))
 _OUTPUT_PAIRS = {"num_scheduled_tokens": 1, "prefix_hits": 0}  # name -> the count's minimum
 
 
+DRAFTS = "scheduled_spec_decode_tokens"  # [[id, [draft ids]], ...], written only when not empty
+
+
 def output_to_json(o: SchedulerOutput) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in OUTPUT_FIELDS:
         v = getattr(o, name)
+        if name == DRAFTS:
+            if v:
+                out[name] = [[rid, list(ids)] for rid, ids in v]
+            continue
         out[name] = [[rid, n] for rid, n in v] if name in _OUTPUT_PAIRS else list(v)
     return out
 
 
 def output_from_json(obj: Any, where: str = "output") -> SchedulerOutput:
-    raw = read_object(obj, where, OUTPUT_FIELDS, OUTPUT_FIELDS)
+    raw = read_object(obj, where, tuple(f for f in OUTPUT_FIELDS if f != DRAFTS), OUTPUT_FIELDS)
     values: dict[str, Any] = {}
     for name in OUTPUT_FIELDS:
         path = field_path(where, name)
-        if name in _OUTPUT_PAIRS:
+        if name == DRAFTS:
+            drafts = []
+            for i, pair in enumerate(read_list(raw.get(name, []), path)):
+                at = index_path(path, i)
+                if not isinstance(pair, list) or len(pair) != 2:
+                    _fail(at, f"must be [request id, [draft ids]], got {excerpt(pair)}")
+                drafts.append((read_str(pair[0], index_path(at, 0)), read_int_list(pair[1], index_path(at, 1), -1)))
+            values[name] = tuple(drafts)
+        elif name in _OUTPUT_PAIRS:
             values[name] = read_pair_list(raw[name], path, _OUTPUT_PAIRS[name])
         else:
             values[name] = read_str_list(raw[name], path)

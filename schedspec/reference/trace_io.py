@@ -26,7 +26,9 @@ API:
                                context manager (`with TraceWriter(p) as w:`),
                                which commits a finished trace on a clean exit
                                and discards it on an exception, so a failed or
-                               rejected run leaves `path` as it was.
+                               rejected run leaves `path` as it was;
+                               `step_text(text, count)` writes `count`
+                               steps serialised beforehand.
     write_trace(trace, path)   a whole trace dict, in the same layout.
     read_trace(path) -> dict   plain or gzip (told by the file's first bytes).
     read_trace_header(path) -> dict
@@ -133,6 +135,16 @@ class TraceWriter:
     def step(self, record: dict[str, Any]) -> None:
         self._out.write(("\n" if self._steps == 0 else ",\n") + _dumps(record))
         self._steps += 1
+
+    def step_text(self, text: str, count: int) -> None:
+        """`count` steps already serialised as `step` writes them (each step as
+        `_dumps` makes it, ",\n" between two steps, nothing before the first
+        or after the last): a writer of columnar records (gpu/trace_text.py)
+        hands over many steps in one call."""
+        if count:
+            self._out.write("\n" if self._steps == 0 else ",\n")
+            self._out.write(text)
+            self._steps += count
 
     def end(self, trace: dict[str, Any]) -> None:
         """Finish the document with the fields of `trace` not written yet

@@ -628,6 +628,14 @@ class Recorder:
         return self._record(update_from_output_call(output, sampled_token_ids),
                             lambda: self.impl.update_from_output(output, sampled_token_ids))
 
+    def update_draft_token_ids(self, draft_token_ids):
+        """Passed on, not written: the state vector format has no call for the drafter
+        yet; the next vector's pre-state holds the drafts it set."""
+        update = getattr(self.impl, "update_draft_token_ids", None)
+        if update is None:
+            raise ExportError(f"{self.name} does not model speculative decoding (no update_draft_token_ids)")
+        update(draft_token_ids)
+
 
 def fresh_folder(parent: Path, name: str) -> Path:
     """parent/<safe name>, or -2, -3, ... when that exists: a folder of its own."""

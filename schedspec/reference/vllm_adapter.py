@@ -88,7 +88,8 @@ def import_vllm() -> dict[str, Any]:
     import vllm
 
     select_cpu_platform(vllm.__version__)
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig as VSchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig as VSchedulerConfig, SpeculativeConfig, VllmConfig
+    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import SamplingParams
     check_enough_kv_cache_memory = import_check_enough_kv_cache_memory()
     from vllm.v1.core.kv_cache_utils import get_block_hash, get_request_block_hasher, init_none_hash
@@ -96,7 +97,7 @@ def import_vllm() -> dict[str, Any]:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request as VRequest
     from vllm.v1.request import RequestStatus as VRequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
@@ -115,6 +116,8 @@ def import_vllm() -> dict[str, Any]:
         get_hash_fn_by_name=get_hash_fn_by_name,
         FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec, ModelRunnerOutput=ModelRunnerOutput,
+        SpeculativeConfig=SpeculativeConfig, DraftTokenIds=DraftTokenIds, LoRAConfig=LoRAConfig,
+        LoRARequest=LoRARequest,
         Request=VRequest, RequestStatus=VRequestStatus,
         StructuredOutputManager=StructuredOutputManager,
     )
@@ -333,11 +336,23 @@ class VllmScheduler:
                 block_size=c.block_size,
                 enable_prefix_caching=c.enable_prefix_caching,
             )
+            # Speculative decoding with an n-gram drafter, as vLLM's tests build it
+            # (tests/v1/core/utils.py create_scheduler): no draft model to load.  Async
+            # scheduling takes the GPU n-gram drafter only (config/vllm.py:1655-1680);
+            # neither has rows or lookahead of its own (speculative.py:2058-2098).
+            method = "ngram_gpu" if c.async_scheduling else "ngram"
+            speculative_config = v["SpeculativeConfig"](
+                model=method, method=method, num_speculative_tokens=c.num_speculative_tokens,
+                prompt_lookup_max=c.num_speculative_tokens, prompt_lookup_min=1) \
+                if c.num_speculative_tokens else None
             with platform_keeps_async_scheduling():
                 vllm_config = v["VllmConfig"](
                     scheduler_config=scheduler_config,
                     model_config=model_config,
                     cache_config=cache_config,
+                    speculative_config=speculative_config,
+                    # LoRA: the scheduler reads max_loras only; no adapter weights are loaded.
+                    lora_config=v["LoRAConfig"](max_loras=c.max_loras) if c.max_loras is not None else None,
                 )
             # The engine core resolves the physical KV layout before sizing the
             # pool (v1/attention/backends/utils.py:293); a pre-set value is
@@ -396,6 +411,12 @@ class VllmScheduler:
             hash_block_size=block_size,
             log_stats=True,
         )
+        if c.num_lookahead_tokens:
+            # A drafter with its own forward pass (EAGLE, a draft model) reserves
+            # lookahead KV slots (config/vllm.py:626-653); building one needs its
+            # weights' config, so the adapter sets the one value the scheduler reads
+            # from it, once, at construction (S:298), as such a drafter would.
+            sched.num_lookahead_tokens = c.num_lookahead_tokens
         self._block_hasher = None
         if want_caching:
             # As EngineCore does (v1/engine/core.py:219-230).
@@ -447,6 +468,10 @@ class VllmScheduler:
             self._token_seq += 1
             first = 3 + (self._token_seq % 50000)
             prompt = [first] + [(first + k) % 50000 + 3 for k in range(1, request.num_prompt_tokens)]
+        if request.lora_int_id:
+            # The scheduler reads the adapter's id; its name is what prefix caching hashes.
+            kwargs["lora_request"] = v["LoRARequest"](f"lora{request.lora_int_id}", request.lora_int_id,
+                                                      "/schedspec/no-adapter-weights")
         req = v["Request"](
             request_id=request.request_id,
             prompt_token_ids=prompt,
@@ -514,6 +539,11 @@ class VllmScheduler:
             finished.append((rid, RequestStatus[r.status.name]))
         self._finish_order.extend(rid for rid, _ in finished)
         return finished
+
+    def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
+        """The drafter's proposals after a synchronous step (EngineCore.post_step, core.py:703-706)."""
+        rids = list(draft_token_ids)
+        self.sched.update_draft_token_ids(self._v["DraftTokenIds"](rids, [list(draft_token_ids[r]) for r in rids]))
 
     # -- state --------------------------------------------------------------
 

@@ -76,6 +76,10 @@ def lift_config(sched: Any) -> SchedulerConfig:
         num_gpu_blocks=sched.kv_cache_manager.block_pool.num_gpu_blocks,
         enable_prefix_caching=bool(sched.kv_cache_manager.enable_caching),
         async_scheduling=is_async(sched),
+        # Speculative decoding: the drafts per step and the drafter's KV lookahead (S:297-298).
+        num_speculative_tokens=getattr(sched, "num_spec_tokens", 0),
+        num_lookahead_tokens=getattr(sched, "num_lookahead_tokens", 0),
+        max_loras=sched.lora_config.max_loras if getattr(sched, "lora_config", None) else None,
         vllm_version=vllm.__version__,
     )
 
@@ -93,7 +97,7 @@ _STATUS = {s.name: s for s in RequestStatus}
 
 REQUEST_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Request))
 LIFTED_OTHERWISE = ("request_id", "status", "eos_token_id", "stop_token_ids", "prompt_token_ids", "block_hashes",
-                    "partial_block_token_ids")
+                    "partial_block_token_ids", "spec_token_ids", "lora_int_id")
 # A field added to the spec's Request must be lifted too: fail at import, not lift it silently wrong.
 if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE):
     raise ImportError("vllm_lift: the spec's Request fields changed; lift_request does not cover "
@@ -144,7 +148,8 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
         fixed = (config, r.request_id,
                  params.eos_token_id if params is not None else None,
                  tuple(params.stop_token_ids or ()) if params is not None else (),
-                 tuple(r.prompt_token_ids or ()) if config.enable_prefix_caching else ())
+                 tuple(r.prompt_token_ids or ()) if config.enable_prefix_caching else (),
+                 r.lora_request.lora_int_id if getattr(r, "lora_request", None) is not None else 0)
         cache = r.__dict__[LIFT_ATTR] = [fixed, None, None]
     fixed = cache[0]
     try:
@@ -158,20 +163,21 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
         tail = tuple(getattr(tokens, "_x", tokens)[len(hashes) * config.block_size:])
     else:
         hashes = tail = ()
-    key = (shared, r.status, hashes, tail)
+    drafts = tuple(r.spec_token_ids) if r.spec_token_ids else ()
+    key = (shared, r.status, hashes, tail, drafts)
     if key == cache[1]:
         return cache[2]
     status = _spec_status(r.status)
     if like is not None and like.status is status and _shared(like) == shared \
-            and (like.block_hashes, like.partial_block_token_ids, like.request_id, like.eos_token_id) \
-            == (hashes, tail, fixed[1], fixed[2]) \
+            and (like.block_hashes, like.partial_block_token_ids, like.request_id, like.eos_token_id,
+                 like.spec_token_ids, like.lora_int_id) == (hashes, tail, fixed[1], fixed[2], drafts, fixed[5]) \
             and _same(like.stop_token_ids, fixed[3]) and _same(like.prompt_token_ids, fixed[4]):
         cache[1], cache[2] = key, like
         return like
     values = dict(zip(SHARED_REQUEST_FIELDS, shared))
     values.update(request_id=fixed[1], status=status, eos_token_id=fixed[2],
                   stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
-                  partial_block_token_ids=tail)
+                  partial_block_token_ids=tail, spec_token_ids=drafts, lora_int_id=fixed[5])
     lifted = Request.__new__(Request)
     lifted.__dict__ = values  # every field, by name: what Request(...) would hold
     cache[1], cache[2] = key, lifted
@@ -436,7 +442,9 @@ def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,
     return SchedulerOutput(
         num_scheduled_tokens=grants, scheduled_new_reqs=tuple(new), scheduled_resumed_reqs=tuple(resumed),
         scheduled_running_reqs=tuple(running), preempted_req_ids=preempted,
-        prefix_hits=tuple((rid, hits_at[rid]) for rid in admission_order) if prefix_caching else ())
+        prefix_hits=tuple((rid, hits_at[rid]) for rid in admission_order) if prefix_caching else (),
+        scheduled_spec_decode_tokens=tuple((rid, tuple(ids)) for rid, ids in
+                                           (getattr(out, "scheduled_spec_decode_tokens", None) or {}).items()))
 
 
 def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str, list[int]]:

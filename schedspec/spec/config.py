@@ -47,6 +47,16 @@ class SchedulerConfig:
     enable_prefix_caching: bool = False
     # vLLM's default is on; formats.md keeps the synchronous engine unless asked.
     async_scheduling: bool = False
+    # Speculative decoding (off by default, as in vLLM): the draft tokens a request may
+    # carry per step, and the KV slots the drafter writes past the scheduled tokens
+    # (VllmConfig.num_speculative_tokens and num_lookahead_tokens, config/vllm.py:612-653).
+    # The drafter is one with no rows of its own in the target batch and no prefill
+    # lookahead, as n-gram is (speculative.py:2058-2081); its drafts come from the scenario.
+    num_speculative_tokens: int = 0
+    num_lookahead_tokens: int = 0
+    # LoRA (off by default, as in vLLM): the most distinct adapters running at once
+    # (LoRAConfig.max_loras, config/lora.py); None: no LoRA config, no adapters.
+    max_loras: int | None = None
     # The vLLM release modelled: its rules (spec/versions.py gates) and its config checks.
     vllm_version: str = DEFAULT_RELEASE
 
@@ -88,6 +98,9 @@ INT_FIELDS = {
     "max_model_len": (1, False),
     "block_size": (1, False),
     "num_gpu_blocks": (1, False),
+    "num_speculative_tokens": (0, False),
+    "num_lookahead_tokens": (0, False),
+    "max_loras": (1, True),
 }
 # The true/false fields.
 BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching",
@@ -210,6 +223,7 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
         fail("long_prefill_token_threshold",
              f"= {c.long_prefill_token_threshold} cannot be greater than max_model_len "
              f"({c.max_model_len}) (vLLM config/scheduler.py:355); lower it (0 disables the cap)")
+    validate_spec_decode(c, where)
     # Engine start-up: the pool, less the null block, must hold one full sequence
     # (v1/core/kv_cache_planning.py:151-185).
     need = math.ceil(c.max_model_len / c.block_size)
@@ -219,3 +233,22 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
              f"{need} one max_model_len ({c.max_model_len}) sequence needs at block_size "
              f"{c.block_size} (vLLM v1/core/kv_cache_planning.py:151); use num_gpu_blocks >= "
              f"{need + 1} or lower max_model_len")
+
+
+def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
+    """Speculative decoding's and LoRA's fields: modelled for the newest release
+    only, and a lookahead only beside drafts (a drafter's own forward pass writes it)."""
+    if c.num_speculative_tokens > 0 and c.vllm_version != DEFAULT_RELEASE:
+        raise ConfigError(f"{where}.num_speculative_tokens",
+                          f"= {c.num_speculative_tokens}: schedspec models speculative decoding for vLLM "
+                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; set it to 0 or use vllm_version "
+                          f"{DEFAULT_RELEASE}")
+    if c.max_loras is not None and c.vllm_version != DEFAULT_RELEASE:
+        raise ConfigError(f"{where}.max_loras", f"= {c.max_loras}: schedspec models LoRA for vLLM "
+                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; leave it out or use vllm_version "
+                          f"{DEFAULT_RELEASE}")
+    if c.num_lookahead_tokens > 0 and c.num_speculative_tokens == 0:
+        raise ConfigError(f"{where}.num_lookahead_tokens",
+                          f"= {c.num_lookahead_tokens} without speculative decoding: only a drafter reserves "
+                          "lookahead slots (vLLM config/vllm.py:626-653); set num_speculative_tokens or "
+                          "leave it 0")

@@ -18,6 +18,7 @@ def make_request(
     priority: int = 0,
     arrival_time: float = 0.0,
     prompt_token_ids: Sequence[int] | None = None,
+    lora_int_id: int = 0,
 ) -> Request:
     """A new WAITING request, after vLLM's front-end checks
     (v1/engine/input_processor.py:476-602).  With prefix caching the prompt's
@@ -34,6 +35,9 @@ def make_request(
         max_tokens = config.max_model_len - num_prompt_tokens  # input_processor.py:477
     if max_tokens < 1:
         raise ConfigError("max_tokens", f"= {max_tokens}, must be >= 1")
+    if lora_int_id and config.max_loras is None:
+        # vLLM's front end refuses an adapter when LoRA is not enabled (input_processor.py).
+        raise ConfigError("lora_int_id", f"= {lora_int_id}, but LoRA is off; set config.max_loras")
     tokens: tuple = ()
     hashes: tuple = ()
     if config.enable_prefix_caching:
@@ -41,7 +45,7 @@ def make_request(
             raise ConfigError("prompt_token_ids", "prefix caching needs the prompt's "
                               f"{num_prompt_tokens} token ids")
         tokens = tuple(prompt_token_ids)
-        hashes = extend_block_hashes((), tokens, config.block_size)
+        hashes = extend_block_hashes((), tokens, config.block_size, lora_int_id)
     return Request(
         request_id=request_id,
         num_prompt_tokens=num_prompt_tokens,
@@ -51,4 +55,5 @@ def make_request(
         prompt_token_ids=tokens,
         block_hashes=hashes,
         partial_block_token_ids=tokens[len(hashes) * config.block_size:],
+        lora_int_id=lora_int_id,
     )

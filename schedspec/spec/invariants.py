@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .config import FCFS, PRIORITY
-from .kv_cache import cdiv
-from .properties import HOLDS, Verdict, violated
+from .properties import HOLDS, Verdict, get_block_span, violated
 from .request import RequestStatus
 from .state import SchedulerState
 
@@ -104,16 +103,16 @@ def waiting_requests_hold_nothing(s: SchedulerState) -> Verdict:
 @invariant
 def blocks_match_computed_tokens(s: SchedulerState) -> Verdict:
     """Every request holds exactly cdiv(min(num_computed_tokens, max_model_len), block_size)
-    blocks, and no block is held for an unknown request."""
-    c = s.config
+    blocks (with speculative decoding, up to those of its drafts and lookahead too:
+    properties.get_block_span), and no block is held for an unknown request."""
     for rid, n in s.req_to_num_blocks.items():
         if rid not in s.requests and n != 0:
             return violated("blocks held for a request that is gone", request=rid, blocks=n)
     for rid, r in s.requests.items():
-        expected = cdiv(min(r.num_computed_tokens, c.max_model_len), c.block_size)
-        if s.num_blocks(rid) != expected:
+        lo, hi = get_block_span(s, r)
+        if not lo <= s.num_blocks(rid) <= hi:
             return violated("a request holds the wrong number of blocks", request=rid,
-                            blocks=s.num_blocks(rid), expected=expected)
+                            blocks=s.num_blocks(rid), expected=lo if lo == hi else f"{lo}..{hi}")
     return HOLDS
 
 

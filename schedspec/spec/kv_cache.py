@@ -36,12 +36,12 @@ def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: in
     (T:238-266), but they are not new blocks.
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
-    pre: 0.0 <= config.watermark < 1.0 and 0 <= request.num_computed_tokens <= request.num_tokens
+    pre: 0.0 <= config.watermark < 1.0 and 0 <= request.num_computed_tokens <= request.num_tokens and config.num_lookahead_tokens >= 0
     pre: num_new_tokens > 0 and num_blocks_held >= 0 and num_free_blocks >= 0
     pre: num_hit_blocks == 0 and num_evictable_hit_blocks == 0
     post: __return__ is None or (0 <= __return__ <= num_free_blocks and (has_scheduled_reqs is False or request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED) or __return__ + config.watermark_blocks <= num_free_blocks))
-    post: __return__ is None or (num_blocks_held + __return__) * config.block_size >= min(request.num_computed_tokens + num_new_tokens, config.max_model_len) and (__return__ == 0 or (num_blocks_held + __return__ - 1) * config.block_size < min(request.num_computed_tokens + num_new_tokens, config.max_model_len))
-    post: __return__ is not None or full_sequence_must_fit or config.watermark_blocks > 0 or (num_blocks_held + num_free_blocks) * config.block_size < min(request.num_computed_tokens + num_new_tokens, config.max_model_len)
+    post: __return__ is None or (num_blocks_held + __return__) * config.block_size >= min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len) and (__return__ == 0 or (num_blocks_held + __return__ - 1) * config.block_size < min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len))
+    post: __return__ is not None or full_sequence_must_fit or config.watermark_blocks > 0 or (num_blocks_held + num_free_blocks) * config.block_size < min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len)
     """
     if num_new_tokens <= 0:
         raise ValueError("num_new_tokens must be greater than 0")  # K:483-491
@@ -56,7 +56,8 @@ def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: in
         if full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks:
             return None
     total_computed_tokens = min(request.num_computed_tokens + num_hit_blocks * config.block_size, L)
-    num_tokens_need_slot = min(total_computed_tokens + num_new_tokens, L)  # K:550-553
+    # Speculative decoding: the drafter writes KV past the scheduled tokens (K:550-553).
+    num_tokens_need_slot = min(total_computed_tokens + num_new_tokens + config.num_lookahead_tokens, L)
     new_blocks = get_num_blocks_to_allocate(config.block_size, held, num_tokens_need_slot)
     if new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks:  # K:584-588
         return None

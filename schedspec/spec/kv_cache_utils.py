@@ -21,10 +21,20 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
     return h.digest()
 
 
-def extend_block_hashes(hashes: tuple, token_ids: Sequence[int], block_size: int) -> tuple:
+def lora_root(lora_int_id: int) -> BlockHash | None:
+    """The parent of a request's first block: none without a LoRA adapter (the hashes
+    prefix caching always had), else one per adapter, so that blocks of different
+    adapters never match, as vLLM's extra hash keys make them (KU
+    generate_block_hash_extra_keys, the adapter's name)."""
+    if lora_int_id <= 0:
+        return None
+    return hashlib.blake2b(f"lora:{lora_int_id}".encode(), digest_size=16).digest()
+
+
+def extend_block_hashes(hashes: tuple, token_ids: Sequence[int], block_size: int, lora_int_id: int = 0) -> tuple:
     """`hashes` extended over every full block of `token_ids` (RQ:285-288)."""
     out = list(hashes)
-    parent = out[-1] if out else None
+    parent = out[-1] if out else lora_root(lora_int_id)
     for i in range(len(out), len(token_ids) // block_size):
         parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])
         out.append(parent)

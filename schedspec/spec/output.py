@@ -20,6 +20,9 @@ class SchedulerOutput:
     # Prefix caching: for each admitted request, in admission order, the tokens
     # found in the cache (its num_computed_tokens as set on admission).
     prefix_hits: tuple[tuple[str, int], ...] = ()
+    # Speculative decoding: (request_id, the draft ids it verifies this step) for each
+    # request scheduled with drafts, in grant order; -1 ids pad a new decode (S:1577-1582).
+    scheduled_spec_decode_tokens: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from .config import FCFS, PRIORITY
 from .kv_cache import cdiv, get_num_blocks_to_allocate
+from .lora import exceeds_max_loras, running_loras
 from .request import Request, RequestStatus, last_token_in_flight
 from .state import SchedulerOutput, SchedulerState
 from .versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, UNHASHED_FREE_BLOCKS_FIRST, has
@@ -76,12 +77,22 @@ def get_long_prefill_threshold(state: SchedulerState) -> int:
 
 
 def get_need(r: Request) -> int:
-    """A running request's tokens to compute, before any cap (S:839).  Async: an output
-    placeholder counts as a token to compute, and a request whose last allowed token
-    is in flight needs none (S:800-814)."""
+    """A running request's tokens to compute, before any cap (S:839), its drafts
+    included.  Async: an output placeholder counts as a token to compute, and a
+    request whose last allowed token is in flight needs none (S:800-814)."""
     if last_token_in_flight(r):
         return 0
-    return r.num_tokens + r.num_output_placeholders - r.num_computed_tokens
+    return r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens
+
+
+def get_block_span(state: SchedulerState, r: Request) -> tuple[int, int]:
+    """The blocks a request may hold between steps: exactly those its computed tokens
+    fill, or, with drafts or a lookahead, up to the slots of its drafts and lookahead
+    too: rejected drafts return no block (S:2371-2380, K:550-553)."""
+    c = state.config
+    lo = cdiv(min(r.num_computed_tokens, c.max_model_len), c.block_size)
+    extra = c.num_speculative_tokens + c.num_lookahead_tokens
+    return lo, cdiv(min(r.num_computed_tokens + extra, c.max_model_len), c.block_size) if extra else lo
 
 
 def get_capped_need(state: SchedulerState, r: Request) -> int:
@@ -105,7 +116,9 @@ def get_step_budget(state: SchedulerState) -> int:
 
 def get_block_demand(state: SchedulerState, rid: str, num_new_tokens: int) -> int:
     r = state.requests[rid]
-    num_tokens = min(r.num_computed_tokens + num_new_tokens, state.config.max_model_len)
+    # Speculative decoding: the drafter's lookahead slots too (K:550-553).
+    num_tokens = min(r.num_computed_tokens + num_new_tokens + state.config.num_lookahead_tokens,
+                     state.config.max_model_len)
     return get_num_blocks_to_allocate(state.config.block_size, state.num_blocks(rid), num_tokens)
 
 
@@ -199,7 +212,8 @@ def starvation_condition(before, output, after):
     if not before.waiting:
         return NOT_APPLICABLE
     c = before.config
-    if any(get_need(before.requests[r]) != 1 for r in before.running):
+    # Capped: under async scheduling a decode at max_model_len - 1 needs a token and gets none (S:852).
+    if any(get_capped_need(before, before.requests[r]) != 1 for r in before.running):
         return NOT_APPLICABLE
     D = len(before.running)
     B = get_step_budget(before)
@@ -215,6 +229,10 @@ def starvation_condition(before, output, after):
     r = before.requests[head]
     if r.num_stale_output_tokens > 0:
         return NOT_APPLICABLE  # async: skipped until its in-flight output returns
+    if c.num_speculative_tokens and r.num_tokens - dict(output.prefix_hits).get(head, r.num_computed_tokens) == 1:
+        return NOT_APPLICABLE  # a new decode may be padded, or not admitted (spec_decode.pads_new_decode)
+    if exceeds_max_loras(c, running_loras(before.requests[x] for x in before.running), r):
+        return NOT_APPLICABLE  # LoRA: it would bring one adapter too many and is skipped (lora.py)
     blocks_needed = (sum(get_block_demand(before, d, 1) for d in before.running)
                      + cdiv(r.num_tokens, c.block_size) + c.watermark_blocks)
     if blocks_needed > before.num_free_blocks:
@@ -243,7 +261,7 @@ def max_num_seqs_respected(before, output, after):
 
 @prop
 def kv_blocks_conserved(before, output, after):
-    """Blocks held plus free blocks equal the usable pool, and each request holds exactly the blocks its computed tokens fill."""
+    """Blocks held plus free blocks equal the usable pool, and each request holds exactly the blocks its computed tokens fill (with speculative decoding, up to those of its drafts and lookahead too)."""
     c = after.config
     # With prefix caching a block several requests share counts once.
     held = sum(after.req_to_num_blocks.values()) if after.block_pool is None else len(after.block_pool.ref_cnt)
@@ -251,11 +269,11 @@ def kv_blocks_conserved(before, output, after):
         return violated("blocks held + free != usable blocks", held=held,
                         num_free_blocks=after.num_free_blocks, usable=c.num_usable_blocks)
     for rid, r in after.requests.items():
-        expected = cdiv(min(r.num_computed_tokens, c.max_model_len), c.block_size)
-        if after.num_blocks(rid) != expected:
+        lo, hi = get_block_span(after, r)
+        if not lo <= after.num_blocks(rid) <= hi:
             return violated("a request holds the wrong number of blocks", request=rid,
                             num_computed_tokens=r.num_computed_tokens, held=after.num_blocks(rid),
-                            expected=expected)
+                            expected=lo if lo == hi else f"{lo}..{hi}")
     return HOLDS
 
 
@@ -285,13 +303,15 @@ def scheduled_requests_run(before, output, after):
 
 @prop
 def computed_tokens_advance_by_grant(before, output, after):
-    """A scheduled request that did not finish advances by exactly its grant, from 0 if it was preempted before, or from its prefix hit when admitted."""
-    hits = dict(output.prefix_hits)
+    """A scheduled request that did not finish advances by exactly its grant, from 0 if it was preempted before, or from its prefix hit when admitted; with speculative decoding, less the drafts rejected (at most those it verified: this step's, or under async scheduling an older batch's)."""
+    hits, drafts = dict(output.prefix_hits), dict(output.scheduled_spec_decode_tokens)
+    c = after.config
     for rid, n in output.num_scheduled_tokens:
         if rid not in after.requests:
             continue
         start = hits.get(rid, before.requests[rid].num_computed_tokens)
-        if after.requests[rid].num_computed_tokens != start + n:
+        rejectable = c.num_speculative_tokens if c.async_scheduling else len(drafts.get(rid, ()))
+        if not start + n - rejectable <= after.requests[rid].num_computed_tokens <= start + n:
             return violated("num_computed_tokens did not advance by the grant", request=rid,
                             before=start, granted=n, after=after.requests[rid].num_computed_tokens)
     return HOLDS
@@ -346,17 +366,42 @@ def placeholders_never_negative(before, output, after):
 
 @prop
 def scheduled_within_known_tokens(before, output, after):
-    """No request is scheduled beyond num_tokens + num_output_placeholders, counted from its num_computed_tokens, or from its prefix hit when admitted: a token is computed at most once per admission."""
-    hits = dict(output.prefix_hits)
+    """No request is scheduled beyond num_tokens + num_output_placeholders and the drafts it sends, counted from its num_computed_tokens, or from its prefix hit when admitted: a token is computed at most once per admission."""
+    hits, drafts = dict(output.prefix_hits), dict(output.scheduled_spec_decode_tokens)
     for rid, n in output.num_scheduled_tokens:
         r = before.requests.get(rid)
         if r is None:
             continue
         start = hits.get(rid, r.num_computed_tokens)
-        if start + n > r.num_tokens + r.num_output_placeholders:
+        if start + n > r.num_tokens + r.num_output_placeholders + len(drafts.get(rid, ())):
             return violated("scheduled past num_tokens + num_output_placeholders", request=rid,
                             start=start, granted=n, num_tokens=r.num_tokens,
                             num_output_placeholders=r.num_output_placeholders)
+    return HOLDS
+
+
+@prop(engine_flags=("num_speculative_tokens",))
+def drafts_sent_are_known(before, output, after):
+    """Speculative decoding: the drafts a step sends are a running request's own drafts, a prefix of them, or for an admission num_speculative_tokens -1 paddings (S:1009-1025, 1577-1582); never more than num_speculative_tokens, never an empty list."""
+    if not output.scheduled_spec_decode_tokens:
+        return NOT_APPLICABLE
+    admitted, k = set(output.admitted), before.config.num_speculative_tokens
+    for rid, ids in output.scheduled_spec_decode_tokens:
+        own = before.requests[rid].spec_token_ids
+        ok = ids == (-1,) * k if rid in admitted else 0 < len(ids) and ids == own[:len(ids)]
+        if not ok or rid not in output.scheduled:
+            return violated("drafts sent that the request does not have", request=rid, sent=list(ids),
+                            drafts=list(own), admitted=rid in admitted)
+    return HOLDS
+
+
+@prop(engine_flags=("max_loras",))
+def max_loras_respected(before, output, after):
+    """LoRA: the running requests use at most max_loras distinct adapters (S:1038-1047)."""
+    loras = {after.requests[rid].lora_int_id for rid in after.running} - {0}
+    if after.config.max_loras is not None and len(loras) > after.config.max_loras:
+        return violated("more adapters running than max_loras", adapters=sorted(loras),
+                        max_loras=after.config.max_loras)
     return HOLDS
 
 

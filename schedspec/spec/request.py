@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from .kv_cache_utils import hash_block
+from .kv_cache_utils import hash_block, lora_root
 
 
 class RequestStatus(enum.IntEnum):
@@ -63,6 +63,11 @@ class Request:
     num_in_flight_tokens: int = 0
     num_stale_output_tokens: int = 0
     is_prefill_chunk: bool = False
+    # Speculative decoding: the drafts to verify next step (RQ:`spec_token_ids`); under
+    # async scheduling -1 placeholders for drafts the worker fills in.
+    spec_token_ids: tuple = ()
+    # LoRA: the adapter's id, 0 for none (lora.py).
+    lora_int_id: int = 0
     # Stop tokens (U:101-112): the EOS id (None: none, as with ignore_eos) and the others.
     eos_token_id: int | None = EOS_TOKEN_ID
     stop_token_ids: tuple = ()
@@ -71,6 +76,11 @@ class Request:
     def num_tokens(self) -> int:
         """len(prompt + outputs) (RQ:295)."""
         return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """num_tokens + its drafts: what the scheduler tries to compute (RQ:299-301)."""
+        return self.num_prompt_tokens + self.num_output_tokens + len(self.spec_token_ids)
 
     @property
     def priority_key(self) -> tuple[int, float]:
@@ -104,7 +114,7 @@ class Request:
             return
         self.partial_block_token_ids += (token_id,)
         if len(self.partial_block_token_ids) == block_size:
-            parent = self.block_hashes[-1] if self.block_hashes else None
+            parent = self.block_hashes[-1] if self.block_hashes else lora_root(self.lora_int_id)
             self.block_hashes += (hash_block(parent, self.partial_block_token_ids),)
             self.partial_block_token_ids = ()
 

@@ -2,8 +2,9 @@
 
 S = vllm/v1/core/sched/scheduler.py, U = sched/utils.py, Q = sched/request_queue.py
 (docs/rules.md).  Scope: a decoder-only generate model, one full-attention KV group,
-prefix caching and async scheduling on or off; a comment marks each seam where
-speculative tokens, connectors, encoder inputs, LoRA, pause or DP would act.  Each
+prefix caching, async scheduling and speculative decoding (a drafter with no rows
+of its own, as n-gram) on or off; a comment marks each seam where connectors,
+encoder inputs, LoRA, pause or DP would act.  Each
 public call takes a `SchedulerState` and returns a new one; the named steps inside
 change one working copy (state.py `Working`), guards first, then effects.
 """
@@ -18,6 +19,8 @@ from typing import Iterable, Mapping, Sequence
 from .config import PRIORITY, ConfigError, SchedulerConfig
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
+from . import lora, spec_decode
+from .spec_decode import update_draft_token_ids  # noqa: F401 - a public call of the spec, as the others
 from .state import SchedulerOutput, SchedulerState, Working
 from .versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES, has
 
@@ -67,12 +70,15 @@ class ScheduleWork(Working):
         self.scheduled: dict[str, int] = {}  # insertion order is grant order
         self.scheduled_running, self.new, self.resumed, self.preempted = [], [], [], []
         self.prefix_hits: list[tuple[str, int]] = []
+        self.drafts_sent: dict[str, tuple[int, ...]] = {}  # the drafts sent to the model, by request
+        self.prefill_scheduled = False  # whether the running loop scheduled a prefill chunk (S:1000)
 
     def output(self) -> SchedulerOutput:
         return SchedulerOutput(
             num_scheduled_tokens=tuple(self.scheduled.items()), scheduled_new_reqs=tuple(self.new),
             scheduled_resumed_reqs=tuple(self.resumed), scheduled_running_reqs=tuple(self.scheduled_running),
-            preempted_req_ids=tuple(self.preempted), prefix_hits=tuple(self.prefix_hits))
+            preempted_req_ids=tuple(self.preempted), prefix_hits=tuple(self.prefix_hits),
+            scheduled_spec_decode_tokens=tuple(self.drafts_sent.items()))
 
 
 def schedule(state: SchedulerState) -> tuple[SchedulerOutput, SchedulerState]:
@@ -118,6 +124,8 @@ def schedule_running(s: ScheduleWork) -> None:
             break
         grant(s, rid, n)
         s.scheduled_running.append(rid)
+        s.prefill_scheduled |= s.requests[rid].is_prefill_chunk
+        spec_decode.schedule_drafts(s, rid, n)
         s.cursor += 1
 
 
@@ -127,11 +135,11 @@ def num_new_tokens_running(s: ScheduleWork, r: Request) -> int:
     if last_token_in_flight(r):  # async (S:800-814)
         return 0
     # [seams: PP cadence, deferred prefill, EC pending (S:816-837)]
-    n = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens  # S:839 (no spec tokens)
+    n = r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens  # S:839
     if 0 < s.threshold < n:  # cap 1 (S:844)
         n = s.threshold
     n = min(n, s.token_budget, s.input_budget)  # cap 2 (S:846)
-    # [seams: mamba alignment, encoder budget, MTP lookahead (S:860-889)]
+    # [seams: mamba alignment, encoder budget, MTP prefill lookahead (S:860-889)]
     return min(n, s.config.max_model_len - r.num_computed_tokens - 1)  # cap 3: 1 sampled token (S:852)
 
 
@@ -169,12 +177,14 @@ def preempt(s: ScheduleWork, victim: str) -> None:
     if victim in s.scheduled:
         refund = s.scheduled.pop(victim)
         s.scheduled_running.remove(victim)
+        s.drafts_sent.pop(victim, None)
         s.token_budget += refund
         s.input_budget += refund
     s.kv.free(victim)
     r = s.request(victim)
     r.status = PREEMPTED
     r.num_computed_tokens = 0
+    r.spec_token_ids = ()  # S:1823
     r.num_preemptions += 1
     r.num_stale_output_tokens = r.num_in_flight_tokens
     r.num_output_placeholders = 0
@@ -212,17 +222,21 @@ def schedule_waiting(s: ScheduleWork) -> None:
     """The waiting loop (S:1050-1614): admit from the head while budget, a run slot
     (S:1072-1074) and blocks last; skipped requests keep their place (S:1606-1610)."""
     skipped: list[str] = []
+    loras = lora.running_loras(s.requests[x] for x in s.running)
     while (s.token_budget > 0 and s.input_budget > 0 and s.waiting
            and len(s.running) < s.config.max_num_active_reqs):
         rid = s.waiting[0]
-        # [seams: blocked statuses, LoRA (S:1079-1102)]
-        if s.requests[rid].num_stale_output_tokens > 0:
-            # Async: its output from before the preemption is still in flight;
-            # resuming now could resample a position that output delivers (S:1084).
+        # [seam: blocked statuses (S:1079-1082)]
+        r = s.requests[rid]
+        # Async: its output from before the preemption is still in flight; resuming
+        # now could resample a position that output delivers (S:1084).  LoRA: it
+        # would bring one adapter too many (S:1089-1101).
+        if r.num_stale_output_tokens > 0 or lora.exceeds_max_loras(s.config, loras, r):
             skipped.append(s.waiting.popleft())
             continue
         if not admit(s, rid):
             break
+        loras.update(lora.running_loras((r,)))  # S:1563-1565
     s.waiting.extendleft(reversed(skipped))
 
 
@@ -237,6 +251,7 @@ def admit(s: ScheduleWork, rid: str) -> bool:
     n = num_new_tokens_waiting(s, r, num_computed_tokens)
     if n is None:
         return False
+    padded = spec_decode.pads_new_decode(s, r, num_computed_tokens)
     num_new_blocks = blocks_to_allocate(s, rid, n, hits, full_sequence_must_fit=c.scheduler_reserve_full_isl,
                                         has_scheduled_reqs=bool(s.running))  # S:1449-1451
     if num_new_blocks is None:
@@ -248,6 +263,11 @@ def admit(s: ScheduleWork, rid: str) -> bool:
     if c.enable_prefix_caching:
         s.prefix_hits.append((rid, num_computed_tokens))
     grant(s, rid, n)
+    if padded:
+        # vLLM asserts this (S:1579); a long-prefill cap below 1 + num_speculative_tokens
+        # breaks it, and the scheduler raises (docs/rules.md, speculative decoding).
+        assert n == 1 + c.num_speculative_tokens, "S:1579: a padded new decode was cut by the long-prefill cap"
+        s.drafts_sent[rid] = (-1,) * c.num_speculative_tokens
     r = s.request(rid)
     r.status = RUNNING
     r.num_computed_tokens = num_computed_tokens
@@ -260,6 +280,10 @@ def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int
     budget = min(s.token_budget, s.input_budget)  # S:1295
     # num_tokens, not num_prompt_tokens: a resumed request replays its outputs (S:1306).
     n = r.num_tokens - num_computed_tokens
+    if spec_decode.pads_new_decode(s, r, num_computed_tokens):
+        n = 1 + s.config.num_speculative_tokens
+        if n > budget:  # rather nothing than an unpadded decode: admission stops (S:1326-1328)
+            return None
     if 0 < s.threshold < n:  # S:1332
         n = s.threshold
     if not s.config.enable_chunked_prefill and n > budget:
@@ -271,15 +295,17 @@ def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int
 def update_after_schedule(s: ScheduleWork) -> None:
     """`_update_after_schedule`: computed tokens advance by the grant before the model
     runs (S:1845-1877); AsyncScheduler adds one output placeholder per request that
-    is not mid-prefill (async_scheduler.py:24-56)."""
-    placeholder = 1 if s.config.async_scheduling else 0
+    is not mid-prefill, and one per draft it verifies, and gives it
+    num_speculative_tokens -1 drafts for the next step (async_scheduler.py:24-56)."""
+    drafts = (-1,) * s.config.num_speculative_tokens
     for rid, n in s.scheduled.items():
         r = s.request(rid)
         r.num_computed_tokens += n
         r.num_in_flight_tokens += n
         r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens + r.num_output_placeholders
-        if not r.is_prefill_chunk:
-            r.num_output_placeholders += placeholder
+        if not r.is_prefill_chunk and s.config.async_scheduling:
+            r.num_output_placeholders += 1 + len(s.drafts_sent.get(rid, ()))
+            r.spec_token_ids = drafts
 
 
 def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]
@@ -297,6 +323,7 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
     """
     w = Working(state)
     finished: list[tuple[str, RequestStatus]] = []
+    drafts = dict(output.scheduled_spec_decode_tokens)
     for rid, n in output.num_scheduled_tokens:
         if rid not in w.requests:
             continue
@@ -304,26 +331,31 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
         if w.requests[rid].num_stale_output_tokens > 0:
             status = deliver_stale_output(w, rid, n, tokens)
         else:
-            status = deliver_output(w, rid, n, tokens)
+            status = deliver_output(w, rid, n, tokens, len(drafts.get(rid, ())))
         if status is not None:
             finished.append((rid, status))
     # Stopped requests leave their queue once, at the end (S:2541-2551).
     return tuple(finished), remove_finished(w, [rid for rid, _ in finished])
 
 
-def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int]) -> RequestStatus | None:
-    """Tokens past a stop are discarded, rolling num_computed_tokens back (S:2756-2762);
+def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int], num_drafts: int = 0
+                   ) -> RequestStatus | None:
+    """Rejected drafts roll num_computed_tokens and their placeholders back (S:2346-2380);
+    tokens past a stop are discarded, rolling num_computed_tokens back (S:2756-2762);
     a returned token replaces an output placeholder (S:2763-2770) and caches the
-    blocks it completes (S:2407-2415)."""
+    blocks it completes (S:2403-2415)."""
     r = w.request(rid)
     r.num_in_flight_tokens -= n
+    if num_drafts and tokens:
+        spec_decode.reject_drafts(r, num_drafts - (len(tokens) - 1))
     was_running, had_placeholders = r.status == RUNNING, r.num_output_placeholders > 0
     status, discarded = append_output_tokens(r, tokens, w.config)
     if discarded:
         r.num_computed_tokens -= discarded
-    if tokens and had_placeholders:
-        r.num_output_placeholders -= len(tokens)
-        if was_running:
+    if tokens:
+        if had_placeholders:
+            r.num_output_placeholders -= len(tokens)
+        if was_running and (had_placeholders or w.config.num_speculative_tokens > 0):
             w.kv.cache_blocks(rid, r.block_hashes, r.num_computed_tokens - r.num_in_flight_tokens,
                               w.config.block_size)
     return status

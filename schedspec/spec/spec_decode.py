@@ -1,0 +1,69 @@
+"""Speculative decoding, as the scheduler sees it: drafts a request carries into a
+step, the padding of a new decode, rejected drafts rolled back, and the drafter's
+proposals after a step (S = vllm/v1/core/sched/scheduler.py, 0.33.0).
+
+The drafter is one with no rows of its own in the target batch and no prefill
+lookahead, as n-gram is (config/speculative.py:2058-2081); `num_lookahead_tokens`
+KV slots past the scheduled tokens are reserved by kv_cache.allocate_slots.
+Each function here is called at one site of scheduler.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from .request import Request
+from .state import SchedulerState, Working
+
+if TYPE_CHECKING:
+    from .scheduler import ScheduleWork
+
+
+def schedule_drafts(s: ScheduleWork, rid: str, n: int) -> None:
+    """The drafts that fit in grant `n`, past the tokens the
+    request already has, go to the model; the request's drafts are spent either way,
+    and the next ones come after the step (S:1009-1025)."""
+    r = s.requests[rid]
+    if not r.spec_token_ids:
+        return
+    num_drafts = n + r.num_computed_tokens - r.num_tokens - r.num_output_placeholders
+    if num_drafts > 0:
+        s.drafts_sent[rid] = r.spec_token_ids[:num_drafts]
+    s.request(rid).spec_token_ids = ()
+
+
+def pads_new_decode(s: ScheduleWork, r: Request, num_computed_tokens: int) -> bool:
+    """An admission with one token left is a decode, padded to
+    1 + num_speculative_tokens rows of -1 drafts so the batch stays uniform, when no
+    prefill chunk runs, some request is decoding already or it resumes, and the
+    padded rows and a sampled token fit in max_model_len (S:1308-1330)."""
+    k = s.config.num_speculative_tokens
+    return (k > 0 and r.num_tokens - num_computed_tokens == 1 and not s.prefill_scheduled
+            and bool(s.scheduled_running or num_computed_tokens > 0)
+            and num_computed_tokens + 1 + k + 1 <= s.config.max_model_len)
+
+
+def reject_drafts(r: Request, num_rejected: int) -> None:
+    """The model kept one sampled token per accepted draft plus
+    one; the rejected drafts were computed optimistically and are not (S:2371-2380)."""
+    if r.num_computed_tokens > 0:
+        r.num_computed_tokens -= num_rejected
+    if r.num_output_placeholders > 0:
+        r.num_output_placeholders -= num_rejected
+
+
+def update_draft_token_ids(state: SchedulerState, draft_token_ids: Mapping[str, Sequence[int]]) -> SchedulerState:
+    """Synchronous engine: the drafter's proposals after a step
+    become the drafts each request verifies next (S:2863-2883).  Finished requests
+    are gone; a request mid-prefill drops its drafts."""
+    w = Working(state)
+    for rid, ids in draft_token_ids.items():
+        r = w.requests.get(rid)
+        if r is None:
+            continue
+        if r.is_prefill_chunk:
+            if r.spec_token_ids:
+                w.request(rid).spec_token_ids = ()
+            continue
+        w.request(rid).spec_token_ids = tuple(ids)
+    return w.freeze()

@@ -1,0 +1,127 @@
+"""Torch traces as text (gpu/trace_text.py): written byte for byte as
+reference/trace_io.py writes the same trace, valid against the trace schema,
+equal to the spec's trace, and compared with the spec as text in campaigns
+(gpu/campaign.py `compare_with_spec`), with the same divergence report as the
+field-by-field comparison where they differ."""
+
+import copy
+import dataclasses
+import gzip
+import json
+
+import jsonschema
+import pytest
+from schedspec.gpu.batch import run_batch_traces
+from schedspec.gpu.campaign import TORCH_FLAGS, compare_with_spec
+from schedspec.gpu.trace_text import TorchTrace, dumps
+from schedspec.reference.compare import compare_runs, compare_traces
+from schedspec.reference.engine import run_scenario
+from schedspec.reference.generator import generate_scenario, scenario_rng
+from schedspec.reference.impl import SpecScheduler
+from schedspec.reference.scenario import scenario_from_json
+from schedspec.reference.trace_io import read_trace, write_trace
+
+SCHEMA = json.loads((__import__("pathlib").Path(__import__("schedspec").__file__).parent
+                     / "reference" / "schemas" / "trace.schema.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def campaign():
+    scenarios = [generate_scenario(scenario_rng(11, i), i, TORCH_FLAGS) for i in range(80)]
+    return scenarios, run_batch_traces(scenarios, device="cpu"), [run_scenario(s, SpecScheduler()) for s in scenarios]
+
+
+def test_written_as_trace_io_writes_it(campaign, tmp_path):
+    _scenarios, traces, _spec = campaign
+    for i, t in enumerate(traces):
+        a, b = tmp_path / f"a{i}.json", tmp_path / f"b{i}.json"
+        t.write(a)
+        write_trace(t.to_dict(), b)
+        assert a.read_bytes() == b.read_bytes()
+        jsonschema.validate(json.loads(a.read_text()), SCHEMA)
+        assert read_trace(a) == t.to_dict()
+    traces[0].write(tmp_path / "z.json.gz")
+    assert gzip.open(tmp_path / "z.json.gz").read() == (tmp_path / "a0.json").read_bytes()
+
+
+def test_text_comparison_agrees_without_parsing(campaign):
+    _scenarios, traces, spec = campaign
+    for t, s in zip(traces, spec):
+        assert compare_traces(s, t.to_dict()) is None
+        assert compare_with_spec(t, s, True, "torch", "spec") == (None, False)
+        assert compare_with_spec(t, s, False, "spec", "torch") == (None, False)
+
+
+def _broken(trace):
+    t = copy.deepcopy(trace)
+    for st in t["steps"][len(t["steps"]) // 2:]:
+        st["num_free_blocks"] += 1
+    return t
+
+
+def test_a_difference_gets_the_field_by_field_report(campaign):
+    _scenarios, traces, spec = campaign
+    checked = 0
+    for t, s in zip(traces, spec):
+        if not t.num_steps:
+            continue
+        broken = _broken(t.to_dict())
+        # held as text, as run_batch_traces holds it
+        bad = TorchTrace(broken["scenario"], "torch", [",\n" + ",\n".join(map(dumps, broken["steps"]))],
+                         len(broken["steps"]), broken["summary"])
+        assert bad.is_text and bad.to_dict() == broken
+        for torch_is_a in (True, False):
+            names = ("torch", "spec") if torch_is_a else ("spec", "torch")
+            pair = (bad.to_dict(), s) if torch_is_a else (s, bad.to_dict())
+            d, parsed = compare_with_spec(bad, s, torch_is_a, *names)
+            assert parsed and d is not None and d == compare_runs(*pair, *names)
+        checked += 1
+    assert checked > 40
+    # a summary difference alone is found on the text path
+    t, s = next((t, s) for t, s in zip(traces, spec) if t.is_run)
+    other = copy.deepcopy(s)
+    other["summary"]["steps"] += 1
+    d, parsed = compare_with_spec(t, other, True, "torch", "spec")
+    assert not parsed and d == compare_runs(t.to_dict(), other, "torch", "spec")
+
+
+def _scenario(config, requests, max_steps=60, aborts=()):
+    return scenario_from_json({"format": "schedspec.scenario/1", "name": "text", "config": config,
+                               "requests": requests, "aborts": list(aborts), "max_steps": max_steps})
+
+
+@pytest.mark.parametrize("flags", TORCH_FLAGS)
+def test_odd_ids_large_numbers_and_idle_gaps(flags):
+    """Ids that JSON escapes, numbers past the text tables (a pool of 2**20
+    blocks), aborts, and an idle gap between two bursts."""
+    pc, asy = flags
+    config = {"max_num_batched_tokens": 64, "max_num_seqs": 4, "max_model_len": 256, "block_size": 4,
+              "num_gpu_blocks": 2**20, "enable_prefix_caching": pc, "async_scheduling": asy}
+    ids = ['a"b', "\u00e9t\u00e9", "back\\slash", "tab\tid", "r10", "r2", "\u2603", "x" * 40]
+    reqs = [{"id": rid, "prompt_len": 5 + 3 * i, "max_tokens": 6 + i, "arrival_step": 0 if i < 4 else 30 + i,
+             "arrival_time": float(i)} for i, rid in enumerate(ids)]
+    sc = _scenario(config, reqs, aborts=[{"id": "r10", "step": 36}, {"id": 'a"b', "step": 1}])
+    small = dataclasses.replace(sc, config={**config, "num_gpu_blocks": 90}, name="text-small")
+    for s in (sc, small):
+        spec = run_scenario(s, SpecScheduler())
+        t = run_batch_traces([s], device="cpu")[0]
+        assert t.is_run and t.num_steps > 20
+        assert compare_traces(spec, t.to_dict()) is None
+        assert compare_with_spec(t, spec, True, "torch", "spec") == (None, False)
+
+
+def test_gather_moves_each_piece_in_order():
+    """gpu/trace_text.py `_gather` (16-byte words written in order) against a
+    plain byte-by-byte join, pieces of 0 to 40 bytes."""
+    import numpy as np
+    from schedspec.gpu.trace_text import _WORD, _gather
+
+    rng = np.random.default_rng(5)
+    raw = rng.integers(33, 127, 5000, dtype=np.uint8).tobytes()
+    pool = np.frombuffer(raw + bytes(_WORD), dtype=np.uint8)
+    for top in (1, _WORD, 41):
+        lens = rng.integers(0, top, 3000)
+        offs = rng.integers(0, len(raw) - 41, 3000)
+        text, ends = _gather(pool, offs, lens)
+        assert text.tobytes() == b"".join(raw[o:o + n] for o, n in zip(offs.tolist(), lens.tolist()))
+        assert ends.tolist() == np.cumsum(lens).tolist()
