@@ -212,8 +212,11 @@ def starvation_condition(before, output, after):
     if not before.waiting:
         return NOT_APPLICABLE
     c = before.config
-    # Capped: under async scheduling a decode at max_model_len - 1 needs a token and gets none (S:852).
-    if any(get_capped_need(before, before.requests[r]) != 1 for r in before.running):
+    # Async: a decode at max_model_len - 1 needs a token and the cap gives it none
+    # (S:852), so the capped need counts; in reachable synchronous states the two agree,
+    # and the z3 formula (synchronous) states the uncapped one.
+    need_of = get_capped_need if c.async_scheduling else (lambda _, r: get_need(r))
+    if any(need_of(before, before.requests[r]) != 1 for r in before.running):
         return NOT_APPLICABLE
     D = len(before.running)
     B = get_step_budget(before)
