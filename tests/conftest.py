@@ -26,3 +26,54 @@ def vllm():
         pytest.skip(f"vLLM 0.33.0 is not installed ({e}); run `schedspec install-vllm`")
     yield impl
     impl.close()
+
+
+# --- shards ------------------------------------------------------------------------------------
+# SCHEDSPEC_TEST_SHARD=k/n runs the k-th of n disjoint parts of the suite (CI runs
+# both halves at once on its two cores); the n parts together are the whole suite.
+# Whole files are dealt, heaviest first, each to the lightest shard so far, by the
+# seconds in shard_weights.json, so a file's module fixtures are built once.  Files
+# that share the default cache folder (the peer-tests runs and the release installs
+# there) stay in one shard, so that two shards never race on it.
+
+SAME_SHARD = ("test_peer_tests.py", "test_peer_tests_versions.py", "test_versions.py")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    k, sep, n = text.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"SCHEDSPEC_TEST_SHARD: {text!r} is not k/n with 1 <= k <= n")
+    return int(k), int(n)
+
+
+def shard_of_files(files: list[str], n: int, weights: dict[str, float]) -> dict[str, int]:
+    """file name -> shard (1..n): SAME_SHARD as one unit, then heaviest first to the lightest shard."""
+    units: list[tuple[str, ...]] = []
+    together = tuple(f for f in files if f in SAME_SHARD)
+    if together:
+        units.append(together)
+    units += [(f,) for f in files if f not in SAME_SHARD]
+    units.sort(key=lambda u: (-sum(weights.get(f, 5.0) for f in u), u))
+    load = [0.0] * n
+    out = {}
+    for unit in units:
+        k = min(range(n), key=lambda i: (load[i], i))
+        load[k] += sum(weights.get(f, 5.0) for f in unit)
+        out.update({f: k + 1 for f in unit})
+    return out
+
+
+def pytest_collection_modifyitems(config, items):
+    text = os.environ.get("SCHEDSPEC_TEST_SHARD")
+    if not text:
+        return
+    import json
+    from pathlib import Path
+
+    k, n = parse_shard(text)
+    weights = json.loads((Path(__file__).parent / "shard_weights.json").read_text())["seconds"]
+    names = sorted({item.path.name for item in items})
+    shard = shard_of_files(names, n, weights)
+    keep = [item for item in items if shard[item.path.name] == k]
+    config.hook.pytest_deselected(items=[item for item in items if shard[item.path.name] != k])
+    items[:] = keep

@@ -638,6 +638,39 @@ def test_run_peer_tests_gives_the_same_table_whatever_the_workers(tmp_path, fake
     assert pt.file_groups(["a::x", "b", "a::y"], 2) == [["a::x", "a::y"], ["b"]]
 
 
+def test_plain_for_failures_gives_the_full_runs_verdict(tmp_path, fake_sdist, monkeypatch):
+    """`--plain-for failures`: shadowed first, then plain only what failed or
+    diverged; the verdict, the divergences counted and the pass->fail list are
+    those of the full run, and the tests not rerun are marked inferred."""
+    files = {**FAKE_FILES, "tests/v1/core/test_b.py":
+             "import os\n\ndef test_only_plain():\n    assert os.environ.get('STAND_IN_SHADOW') != '1'\n\n"
+             "def test_diverges():\n    pass\n",
+             "tests/v1/core/test_c.py": "def test_c():\n    pass\n"}
+    make_sdist(fake_sdist, files)
+    (tmp_path / "plug").mkdir()
+    (tmp_path / "plug" / "stand_in_shadow.py").write_text(STAND_IN_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "plug"))
+    monkeypatch.delenv("STAND_IN_SHADOW", raising=False)
+    tables = {}
+    for plain_for in ("all", "failures"):
+        cache = tmp_path / f"cache-{plain_for}"
+        for module in pt.TEST_DEPENDENCIES:
+            (cache / "deps" / module).mkdir(parents=True)
+        options = pt.PeerTestOptions(all_files=True, sdist=str(fake_sdist), cache=str(cache), workers=1,
+                                     extra_pytest_args=("-p", "stand_in_shadow"), plain_for=plain_for)
+        tables[plain_for] = pt.run_peer_tests(options, show_progress=False)
+    full, lazy = tables["all"], tables["failures"]
+    assert lazy["exit_status"] == full["exit_status"] == 1
+    assert lazy["divergences"] == full["divergences"] and lazy["plain_pass_shadow_fail"] == full["plain_pass_shadow_fail"]
+    assert [f["test"] for f in lazy["plain_failures"]] == [f["test"] for f in full["plain_failures"]]
+    assert lazy["files"] == full["files"]
+    # Rerun plain: test_a's plain failure, test_only_plain (fails shadowed) and test_diverges.
+    assert lazy["run"]["plain_inferred"] == 2 and full["run"]["plain_inferred"] == 0
+    with pytest.raises(UsageError, match="--plain-for"):
+        pt.run_peer_tests(pt.PeerTestOptions(plain_for="some", sdist=str(fake_sdist), cache=str(tmp_path / "c")),
+                          show_progress=False)
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
@@ -646,7 +679,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     for argv, needle in ((["peer-tests", "--sdist", str(tmp_path / "none.tar.gz"), "--cache", str(tmp_path)],
                           "no such file"),
                          (["peer-tests", "--all", "--files", "test_scheduler.py"], "not allowed with"),
-                         (["peer-tests", "--plain", "--vectors-out", str(tmp_path)], "--vectors-out")):
+                         (["peer-tests", "--plain", "--vectors-out", str(tmp_path)], "--vectors-out"),
+                         (["peer-tests", "--plain", "--plain-for", "failures"], "--plain-for")):
         with pytest.raises(SystemExit) as e:
             main(argv)
         err = capsys.readouterr().err.strip()
@@ -691,6 +725,8 @@ def obtainable_sdist() -> Path | None:
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (schedspec install-vllm)")
 def test_real_run_of_a_few_vllm_scheduler_tests(tmp_path):
+    if os.environ.get("SCHEDSPEC_PEER_TESTS_BESIDE") == "1":
+        pytest.skip("the full `schedspec peer-tests` run beside this suite (.ci/run) checks these tests and more")
     sdist = obtainable_sdist()
     if sdist is None:
         from conftest import vllm_required

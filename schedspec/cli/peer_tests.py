@@ -6,6 +6,7 @@ machine, plain and under the spec's shadow monitor; release 0.33.0's, or with
     schedspec peer-tests                       # the five scheduler test files, plain and shadowed
     schedspec peer-tests --version 0.30.0      # vLLM 0.30.0's own tests against the spec gated to 0.30.0
     schedspec peer-tests --plain               # vLLM alone, no monitor
+    schedspec peer-tests --plain-for failures  # shadowed, then plain only what failed or diverged (CI)
     schedspec peer-tests --all                 # all of tests/v1/core
     schedspec peer-tests --files test_scheduler.py -k "test_add_requests or test_schedule"
     schedspec peer-tests --sdist vllm-0.33.0.tar.gz --json-out peer.json
@@ -67,6 +68,8 @@ def cmd_peer_tests(args) -> int:
         raise UsageError("give --all or --files, not both")
     if args.plain and args.vectors_out is not None:
         raise UsageError("--vectors-out needs the shadowed run; drop --plain")
+    if args.plain and args.plain_for != "all":
+        raise UsageError("--plain-for needs the shadowed run; drop --plain")
     # Outputs are checked before anything is fetched or run.
     json_out = check_json_out(args.json_out, args.force) if args.json_out is not None else None
     vectors = check_output_dir(args.vectors_out, "--vectors-out") if args.vectors_out is not None else None
@@ -74,7 +77,7 @@ def cmd_peer_tests(args) -> int:
         raise UsageError("-k: empty expression")
     version = check_version(args.version)
     options = PeerTestOptions(files=args.files or None, all_files=args.all, keyword=args.keyword,
-                              plain_only=args.plain, sdist=args.sdist, cache=args.cache,
+                              plain_only=args.plain, plain_for=args.plain_for, sdist=args.sdist, cache=args.cache,
                               vectors_dir=str(vectors) if vectors is not None else None,
                               workers=args.workers or default_workers(), version=version)
     table = run_peer_tests(options, status=status)
@@ -83,6 +86,9 @@ def cmd_peer_tests(args) -> int:
     times = ", ".join(f"{m} {run[f'{m}_seconds']:.0f} s" for m in table["modes"] if f"{m}_seconds" in run)
     if run.get("default_files_absent"):
         print(f"default files vLLM {version} does not have: {', '.join(run['default_files_absent'])}")
+    if run.get("plain_for") == "failures" and not args.plain:
+        print(f"plain run: only the tests that failed or diverged under the monitor; the plain outcome of "
+              f"{run.get('plain_inferred', 0)} others is their shadowed one (--plain-for failures)")
     print(f"pytest: {times}; output in {shown(run.get('run_dir', '?'), 300)}")
     if json_out is not None:
         write_json(json_out, table)
@@ -109,6 +115,11 @@ def register(subparsers) -> None:
                             f"{', '.join(DEFAULT_FILES)} (those the release has)")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching EXPR (pytest's -k)")
     p.add_argument("--plain", action="store_true", help="run vLLM's tests without the monitor only")
+    p.add_argument("--plain-for", choices=("all", "failures"), default="all",
+                   help="all (default): every test also runs plain; failures: only the tests that fail or "
+                        "diverge under the monitor run plain again (the same verdict, about half the time: a "
+                        "monitor that only observes cannot make a failing test pass, so the plain outcome of "
+                        "the others is taken from the shadowed run)")
     p.add_argument("--version", default=VLLM_VERSION, metavar="X",
                    help=f"the vLLM release whose tests run, on its own interpreter (`schedspec install-vllm "
                         f"--version X`), against the spec gated to X: {', '.join(RELEASES)} "

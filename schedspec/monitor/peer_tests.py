@@ -1156,6 +1156,7 @@ class PeerTestOptions:
     all_files: bool = False
     keyword: str | None = None
     plain_only: bool = False
+    plain_for: str = "all"  # or "failures": plain only where the shadowed run failed or diverged
     sdist: str | None = None
     cache: str | None = None
     vectors_dir: str | None = None
@@ -1217,6 +1218,35 @@ def merge_runs(mode: str, runs: Sequence[PytestRun]) -> PytestRun:
     return PytestRun(mode, code, report, runs[0].log, max(r.seconds for r in runs))
 
 
+def needs_plain_run(shadow: Mapping[str, Any] | None) -> list[str]:
+    """The node ids of a shadowed run whose verdict needs the plain outcome: the
+    tests that did not pass or skip under the monitor (did they fail plain too?)
+    and those with a divergence (does it count?), in order."""
+    out = []
+    for nodeid, entry in sorted(((shadow or {}).get("tests") or {}).items()):
+        stats = entry.get("stats") if isinstance(entry, Mapping) else None
+        diverged = isinstance(stats, Mapping) and bool(stats.get("divergences"))
+        if diverged or _outcome(shadow, nodeid) not in ("passed", "skipped"):
+            out.append(nodeid)
+    return out
+
+
+def plain_report_where_needed(shadow: Mapping[str, Any] | None, plain: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The plain report of a `--plain-for failures` run: the plain outcome of
+    the tests rerun plain, and for the others (passed or skipped under the
+    monitor, with no divergence) the shadowed outcome, marked `inferred`: a
+    monitor that only observes cannot make a failing test pass.  A rerun test
+    that was not reported plain (deselected, not collected) stays absent, so
+    the table shows it and does not count it as passing."""
+    tests: dict[str, Any] = {}
+    rerun = set(needs_plain_run(shadow))
+    for nodeid, entry in ((shadow or {}).get("tests") or {}).items():
+        if nodeid not in rerun:
+            tests[nodeid] = {"outcome": _outcome(shadow, nodeid), "inferred": True}
+    tests.update(((plain or {}).get("tests") or {}))
+    return {**(plain or {}), "tests": tests}
+
+
 def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
                    show_progress: bool | None = None) -> dict[str, Any]:
     """Fetch, extract, run plain (and, unless plain_only, under the monitor); the table.
@@ -1242,7 +1272,10 @@ def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
                "the tests that load them fail plain")
     run_dir = new_run_dir(root)
     vectors = Path(options.vectors_dir) if options.vectors_dir else run_dir / "vectors"
-    modes = ["plain"] if options.plain_only else ["plain", "shadow"]
+    if options.plain_for not in ("all", "failures"):
+        raise UsageError(f"--plain-for: {shown(options.plain_for)} is neither all nor failures")
+    modes = ["plain"] if options.plain_only else ["shadow"] if options.plain_for == "failures" else \
+        ["plain", "shadow"]
     if "shadow" in modes:
         _make_dir(vectors, "--vectors-out folder")
     workers = max(1, options.workers)
@@ -1268,7 +1301,22 @@ def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
         with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
             done = list(pool.map(lambda j: job(*j), jobs))
     runs = {mode: merge_runs(mode, [r for (m, _, _), r in zip(jobs, done) if m == mode]) for mode in modes}
-    if runs["plain"].returncode == 5 or not runs["plain"].report.get("tests"):
+    if options.plain_for == "failures" and not options.plain_only:
+        rerun = needs_plain_run(runs["shadow"].report)
+        if rerun:
+            status(f"{len(rerun)} tests failed or diverged under the monitor: running them plain")
+            plain = run_pytest(tree, rerun, run_dir, env, plain=True, keyword=options.keyword,
+                               extra_args=options.extra_pytest_args, status=status,
+                               show_progress=show_progress, python=python,
+                               vllm_version=None if python == sys.executable and version == VLLM_VERSION
+                               else version)
+        else:
+            plain = PytestRun("plain", 0, {"tests": {}}, runs["shadow"].log, 0.0)
+        runs = {"plain": PytestRun("plain", plain.returncode,
+                                   plain_report_where_needed(runs["shadow"].report, plain.report),
+                                   plain.log, plain.seconds), **runs}
+    first = runs["plain" if options.plain_only else "shadow"] if options.plain_for == "failures" else runs["plain"]
+    if first.returncode == 5 or not first.report.get("tests"):
         raise UsageError(f"no test selected in {', '.join(targets)}"
                          + (f" by -k {shown(options.keyword)}" if options.keyword else ""))
     table = build_table(runs["plain"].report, runs["shadow"].report if "shadow" in runs else None,
@@ -1277,7 +1325,9 @@ def run_peer_tests(options: PeerTestOptions, status: StatusFn = _quiet,
                     "models_without_config": unconfigured,
                     "keyword": options.keyword, "run_dir": str(run_dir),
                     "vectors_dir": str(vectors) if "shadow" in runs else None, "workers": workers,
-                    "pytest_sessions": len(jobs),
+                    "pytest_sessions": len(jobs), "plain_for": options.plain_for,
+                    "plain_inferred": sum(1 for e in runs["plain"].report.get("tests", {}).values()
+                                          if isinstance(e, Mapping) and e.get("inferred")),
                     **{f"{mode}_seconds": round(r.seconds, 1) for mode, r in runs.items()},
                     **{f"{mode}_pytest_exit": r.returncode for mode, r in runs.items()},
                     **{f"{mode}_log": str(r.log) for mode, r in runs.items()}}
@@ -1289,8 +1339,8 @@ __all__ = ["DEFAULT_FILES", "IndexSettings", "PYTEST_DEPENDENCIES", "PeerTestOpt
            "available_files", "build_table", "cache_root", "check_sdist", "check_version", "default_files",
            "deps_dir", "download", "ensure_test_dependencies", "extract_tests", "fetch_sdist", "file_groups",
            "find_sdist", "format_table", "imported_modules", "installed_vllm", "merge_runs",
-           "missing_dependencies", "model_configs", "named_models", "needed_files", "new_run_dir",
+           "missing_dependencies", "model_configs", "named_models", "needed_files", "needs_plain_run", "new_run_dir",
            "parse_project_page", "peer_environment", "pip_config_values", "pip_default_index",
-           "pip_index_settings", "prepare", "read_sdist", "release_env_python", "release_python",
+           "pip_index_settings", "plain_report_where_needed", "prepare", "read_sdist", "release_env_python", "release_python",
            "release_test_dependencies", "resolve_targets", "run_peer_tests", "run_pytest", "sdist_name",
            "sha256_file", "ssl_context", "write_model_configs"]
