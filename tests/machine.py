@@ -83,6 +83,9 @@ def count_coverage(before: SchedulerState, output, after: SchedulerState) -> Non
         running = {after.requests[x].lora_int_id for x in after.running} - {0}
         COVERAGE["adapters held back"] += len(running) == c.max_loras and any(
             after.requests[w].lora_int_id not in running | {0} for w in after.waiting)
+    COVERAGE["grammar waits"] += sum(1 for w in before.waiting if before.requests[w].grammar in ("compiling", "failed"))
+    COVERAGE["grammar errors"] += sum(1 for w in before.requests if w not in after.requests
+                                      and before.requests[w].grammar == "failed")
     COVERAGE[f"preemptions async={c.async_scheduling}"] += len(output.preempted_req_ids)
     # Async: preempted while its previous batch was in flight; that batch returns in
     # the same engine step, and its token is applied to the waiting request.
@@ -122,9 +125,10 @@ def make_machine(watch: str | None = None):
               output_len=st.one_of(st.none(), st.integers(1, 12)), priority=st.integers(0, 3),
               arrival_tie=st.booleans(), family=st.integers(0, 2), shared=st.integers(0, 47),
               drafts=st.lists(st.integers(0, 3), min_size=1, max_size=3),
-              accepted=st.lists(st.integers(0, 3), min_size=1, max_size=3), adapter=st.integers(0, 3))
+              accepted=st.lists(st.integers(0, 3), min_size=1, max_size=3), adapter=st.integers(0, 3),
+              grammar=st.sampled_from([False, False, False, True]))
         def add_request(self, prompt_len, max_tokens, output_len, priority, arrival_tie, family, shared,
-                        drafts, accepted, adapter):
+                        drafts, accepted, adapter, grammar):
             c = self.state.config
             k = c.num_speculative_tokens
             prompt_len = min(prompt_len, c.max_model_len - 1)
@@ -139,7 +143,16 @@ def make_machine(watch: str | None = None):
             self.model.num_accepted_tokens[rid] = accepted
             self.impl.add_request(make_request(
                 c, rid, prompt_len, max_tokens, priority, arrival, tokens[:prompt_len] if c.enable_prefix_caching else None,
-                adapter if c.max_loras is not None else 0))
+                adapter if c.max_loras is not None else 0, grammar))
+
+        @precondition(lambda self: any(r.grammar == "compiling" for r in self.state.requests.values()))
+        @rule(data=st.data(), failed=st.sampled_from([False, False, False, True]))
+        def grammar_compiled(self, data, failed):
+            """Structured output: a grammar finishes compiling, between engine steps."""
+            rid = data.draw(st.sampled_from(sorted(k for k, r in self.state.requests.items()
+                                                   if r.grammar == "compiling")))
+            self.impl.grammar_compiled([rid], failed)
+            assert self.state.requests[rid].grammar == ("failed" if failed else "compiled")
 
         @precondition(lambda self: bool(self.state.requests))
         @rule(data=st.data())

@@ -388,6 +388,11 @@ class Both:
         self.vllm.update_draft_token_ids(drafts)
         self.agree("update_draft_token_ids")
 
+    def grammar_compiled(self, request_ids, failed=False):
+        self.spec.grammar_compiled(request_ids, failed)
+        self.vllm.grammar_compiled(request_ids, failed)
+        self.agree("grammar_compiled")
+
     def observe(self):
         return self.spec.observe()
 

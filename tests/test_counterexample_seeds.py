@@ -110,6 +110,7 @@ SEEDS = range(50)
 TRIES = 8  # per seed: the search's first draws, which is where a seed's crash showed
 
 
+@pytest.mark.long
 def test_no_goal_crashes_on_seeds_0_to_49(monkeypatch):
     """What `schedspec counterexample GOAL --seed S` runs, for every goal and
     S = 0..49, with a small budget (TRIES draws, a short shrink).  An exception

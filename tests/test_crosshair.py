@@ -135,6 +135,7 @@ def test_bounded_copy_keeps_every_contract(tmp_path):
 SLOW = {"finish_requests": "12"}
 
 
+@pytest.mark.long
 def test_spec_contracts_hold_under_crosshair(tmp_path):
     spec = bounded_copy(tmp_path, "boundedspec")
     target = lambda fn: f"boundedspec.spec.{SEARCH_BOUNDS[fn][0]}.{fn}"  # noqa: E731

@@ -24,7 +24,7 @@ import pytest
 
 from monitor_helpers import (LLAMA, MIXTRAL, assert_all_checked, assert_clean, build_scheduler, calls_seen,
                              full_attention, kv_groups, monitor, prompt, request, require_vllm, run_to_completion,
-                             runner_output, shadow_monitor, step, vllm_config)
+                             runner_output, sampled_for, shadow_monitor, step, vllm_config)
 
 require_vllm()
 
@@ -415,12 +415,34 @@ def _(mon, tmp_path, monkeypatch):
 
 @case("STRUCTURED_OUTPUT")
 def _(mon, tmp_path, monkeypatch):
+    # A release before 0.33.0: the spec has 0.33.0's grammar wait only (spec/structured_output.py).
     from vllm.sampling_params import StructuredOutputsParams
 
+    monkeypatch.setattr(scope, "newest_rules", lambda: False)
     s = build_scheduler()
     r = request("a", 20, sampling={"structured_outputs": StructuredOutputsParams(regex="[ab]+")})
     assert r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     return watch(mon, add_and_schedule(s, r))
+
+
+@case("GRAMMAR_ACCEPTANCE")
+def _(mon, tmp_path, monkeypatch):
+    # A compiled grammar judges the sampled tokens (S:2432-2443): the spec's grammar
+    # accepts them all, a real one may not, so that update_from_output is not compared.
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from schedspec.reference.vllm_adapter import AcceptingGrammar
+
+    s = build_scheduler()
+    r = request("a", 20, sampling={"structured_outputs": StructuredOutputsParams(regex="[ab]+")})
+    r.structured_output_request.grammar = AcceptingGrammar()
+    s.add_request(r)
+    out = s.schedule()
+    assert dict(out.num_scheduled_tokens) == {"a": 20}
+
+    def calls():
+        s.update_from_output(out, runner_output(out, sampled_for(s, out)))
+    return watch(mon, calls)
 
 
 @case("STREAMING_INPUT", "resumable_request")
@@ -677,6 +699,40 @@ def test_lora_is_in_scope(monitor):
     s.update_from_output(out, runner_output(out, {"a": [100], "c": [100]}))
     run_to_completion(s)
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+def test_structured_output_waits_are_in_scope(monitor):
+    """0.33.0's grammar wait is the spec's (spec/structured_output.py): a request
+    skipped while its grammar compiles, promoted once compiled, and one whose
+    grammar failed finished with an error by the next update; every call that
+    does not hand a grammar sampled tokens is checked."""
+    from concurrent.futures import Future
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from schedspec.reference.vllm_adapter import AcceptingGrammar
+
+    s = build_scheduler()
+    futures = {}
+    for rid in ("g", "bad"):
+        r = request(rid, 20, max_tokens=3, sampling={"structured_outputs": StructuredOutputsParams(regex="[ab]+")})
+        futures[rid] = r.structured_output_request.grammar = Future()
+        s.add_request(r)
+    s.add_request(request("p", 20, max_tokens=3))
+    out = s.schedule()
+    assert set(out.num_scheduled_tokens) == {"p"}
+    futures["bad"].set_exception(RuntimeError("no grammar"))
+    s.update_from_output(out, runner_output(out, {"p": [100]}))
+    out = s.schedule()  # "bad" noted, "g" still compiling
+    assert set(out.num_scheduled_tokens) == {"p"} and set(s.grammar_compile_error_reqs) == {"bad"}
+    s.update_from_output(out, runner_output(out, {"p": [100]}))
+    assert "bad" not in s.requests
+    futures["g"].set_result(AcceptingGrammar())
+    out = s.schedule()
+    assert set(out.num_scheduled_tokens) == {"p", "g"}
+    stats = monitor.summary()
+    assert_all_checked(stats, "add_request", "schedule", "update_from_output")
+    assert stats["calls"]["schedule"]["checked"] == 3
 
 
 def test_shadow_classes_classify_as_installed_ones(shadow_monitor, monkeypatch):

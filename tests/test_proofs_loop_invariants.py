@@ -506,7 +506,7 @@ def with_stale_output(state, parity: int):
     return dataclasses.replace(state, requests=reqs)
 
 
-def corpus_async(check, examples=400):
+def draw_corpus_async(check, examples=400):
     @settings(max_examples=examples, **SETTINGS)
     @given(config=async_configs(), acts=async_actions)
     def reached(config, acts):
@@ -520,7 +520,7 @@ def corpus_async(check, examples=400):
     reached()
 
 
-def corpus(check, examples=(300, 300)):
+def draw_corpus(check, examples=(300, 300)):
     @settings(max_examples=examples[0], **SETTINGS)
     @given(config=configs(wave2=False), acts=actions)
     def reached(config, acts):
@@ -536,6 +536,29 @@ def corpus(check, examples=(300, 300)):
         check(make()[0])
     direct()
     reached()
+
+
+# The corpora, drawn once per size and kept: derandomized, every draw gives the same
+# states, and states are values, so each test (and each mutant) walks the same list.
+_CORPORA: dict = {}
+
+
+def corpus_async(check, examples=400):
+    if ("async", examples) not in _CORPORA:
+        states: list = []
+        draw_corpus_async(states.append, examples)
+        _CORPORA["async", examples] = states
+    for state in _CORPORA["async", examples]:
+        check(state)
+
+
+def corpus(check, examples=(300, 300)):
+    if ("sync", examples) not in _CORPORA:
+        states: list = []
+        draw_corpus(states.append, examples)
+        _CORPORA["sync", examples] = states
+    for state in _CORPORA["sync", examples]:
+        check(state)
 
 
 def test_running_iteration_agrees_with_spec():

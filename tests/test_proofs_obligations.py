@@ -33,7 +33,7 @@ def test_every_property_has_an_obligation_and_formula(monkeypatch):
     # covers async's placeholders_never_negative, so only prefix caching's are not encoded.
     assert set(OUTSIDE_BOUNDED) == {"placeholders_never_negative", "block_ref_counts_match_holders",
                                     "kv_pool_partitioned", "prefix_hit_within_shared_prefix",
-                                    "drafts_sent_are_known", "max_loras_respected"}
+                                    "drafts_sent_are_known", "max_loras_respected", "grammar_wait_respected"}
     assert set(OUTSIDE_ENCODING) == set(OUTSIDE_BOUNDED) - {"placeholders_never_negative"}
     assert "loop:placeholders_never_negative" in {o.name for o in obligations}
     assert set(PROPERTIES) - set(OUTSIDE_ENCODING) <= covered_properties(obligations)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mutants import Mutation, mutated
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
@@ -47,6 +49,7 @@ class HeadFirstFree(SpecScheduler):
             return finished
 
 
+@pytest.mark.long
 def test_broken_free_order_is_found_and_shrunk():
     spec, broken = SpecScheduler(), HeadFirstFree()
     found = None

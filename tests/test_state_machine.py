@@ -39,7 +39,9 @@ MUTANTS = {
         M("scheduler.schedule", "not s.preempted", "True"),
     ],
     "starvation_condition": [
-        M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget, 2)"),
+        # Admissions cut to 2 tokens; not with drafts, where a padded admission must keep 1 + k (S:1579).
+        M("scheduler.num_new_tokens_waiting", "min(n, budget)",
+          "(min(n, budget) if s.config.num_speculative_tokens else min(n, budget, 2))"),
     ],
     "max_num_seqs_respected": [
         M("scheduler.schedule_waiting", "len(s.running) < s.config.max_num_active_reqs",
@@ -86,9 +88,13 @@ MUTANTS = {
     "max_loras_respected": [
         M("lora.exceeds_max_loras", "len(loras) == c.max_loras", "len(loras) == c.max_loras + 1"),
     ],
-    # A hit on a block another request holds must raise its count, not reset it.
+    # Structured output: a grammar still compiling taken for a compiled one.
+    "grammar_wait_respected": [
+        M("structured_output.waits_for_grammar", "r.grammar == COMPILING", "False"),
+    ],
+    # A hit on a block must raise its count by one: counted twice, the block is never freed.
     "block_ref_counts_match_holders": [
-        M("block_pool.PoolWork.add_hits", "self.ref_cnt.get(b, 0) + 1", "1"),
+        M("block_pool.PoolWork.add_hits", "self.ref_cnt.get(b, 0) + 1", "self.ref_cnt.get(b, 0) + 2"),
     ],
     # Freed blocks without a hash must go back to the free queue.
     "kv_pool_partitioned": [
@@ -116,7 +122,7 @@ def test_machine_reaches_prefix_caching_and_async_events():
     # (A stale output applied to a waiting request is rarer here; tests/test_rules_wave2.py
     # pins it down on a fixed scenario.)
     for event in ("prefix hits", "shared blocks", "evictions", "preemptions", "in-flight preemptions",
-                  "drafts sent", "adapters held back"):
+                  "drafts sent", "adapters held back", "grammar waits", "grammar errors"):
         assert COVERAGE[event] > 0, (event, dict(COVERAGE))
     for caching in (False, True):
         for async_ in (False, True):

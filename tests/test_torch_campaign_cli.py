@@ -54,6 +54,7 @@ def _break_free_blocks_after_preemption(trace):
     return t, broken
 
 
+@pytest.mark.long
 def test_divergence_is_reported_written_and_shrunk(capsys, tmp_path, monkeypatch):
     from schedspec.gpu import batch, impl
     from schedspec.gpu.trace_text import TorchTrace

@@ -182,6 +182,10 @@ def prepare(scenario: Scenario) -> _Prepared | str:
     beyond = limit_violation(config, scenario.max_steps)
     if beyond:
         return beyond
+    for i, r in enumerate(scenario.requests):
+        if r.grammar_compile_steps is not None:  # refused, never ignored
+            return (f"requests[{i}].grammar_compile_steps: = {r.grammar_compile_steps}: the torch implementation "
+                    "does not model structured output; use --impl spec or vllm")
     requests = []
     # The front end's checks; the prompt's token ids (which make_request wants with
     # prefix caching) are not needed: gpu/hashes.py works from the scenario.

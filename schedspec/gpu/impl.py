@@ -72,6 +72,9 @@ class TorchScheduler:
         self._active = torch.ones(1, dtype=torch.bool, device=self.device)
 
     def add_request(self, request: Request) -> None:
+        if request.grammar:  # refused, never ignored
+            raise ValueError(f"request {request.request_id}: the torch implementation does not model structured "
+                             "output; use --impl spec or vllm")
         if request.request_id in self.slot:
             raise ConfigError("id", f"duplicate request id {request.request_id!r}")
         j = len(self.requests)

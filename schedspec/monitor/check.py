@@ -115,7 +115,8 @@ def renamed(state: SchedulerState, rename: Mapping[bytes, bytes]) -> SchedulerSt
                 block_hash[b] = rename[h]
         kv = BlockPool(kv.num_gpu_blocks, kv.free_front, kv.next_fresh, kv.free_back, kv.ref_cnt,
                        block_hash, cached, kv.req_to_blocks, kv.num_cached_block)
-    return SchedulerState(state.config, requests, state.running, state.waiting, kv, state.finished_req_ids)
+    return SchedulerState(state.config, requests, state.running, state.waiting, kv, state.finished_req_ids,
+                          state.grammar_compile_error_reqs)
 
 
 def kv_view(state: SchedulerState) -> dict[str, Any]:
@@ -156,6 +157,9 @@ def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerSta
             return Difference(f"post_state.{name}", list(getattr(spec, name)), list(getattr(vllm, name)))
     if set(spec.finished_req_ids) != set(vllm.finished_req_ids):
         return Difference("post_state.finished_req_ids", sorted(spec.finished_req_ids), sorted(vllm.finished_req_ids))
+    if set(spec.grammar_compile_error_reqs) != set(vllm.grammar_compile_error_reqs):
+        return Difference("post_state.grammar_compile_error_reqs", sorted(spec.grammar_compile_error_reqs),
+                          sorted(vllm.grammar_compile_error_reqs))
     if not same_requests(spec.requests, vllm.requests):
         for rid in list(spec.requests) + [k for k in vllm.requests if k not in spec.requests]:
             a, b = spec.requests.get(rid), vllm.requests.get(rid)

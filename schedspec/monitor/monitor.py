@@ -324,9 +324,14 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
             extra.append(scope.KV_CONNECTOR)
         if getattr(model_runner_output, "ec_connector_output", None) is not None:
             extra.append(scope.EC_CONNECTOR)
-        if getattr(sched, "grammar_compile_error_reqs", None):
+        if getattr(sched, "grammar_compile_error_reqs", None) and not scope.newest_rules():
             extra.append(scope.STRUCTURED_OUTPUT)
         held = [sched.requests[rid] for rid in ids if rid in sched.requests]
+        # The spec's grammar accepts every token; a real one may reject them (S:2432-2443).
+        tokens = sampled_tokens(model_runner_output, ids)
+        if any(getattr(r, "structured_output_request", None) is not None and tokens.get(r.request_id)
+               for r in held):
+            extra.append(scope.GRAMMAR_ACCEPTANCE)
         return tuple(dict.fromkeys(list(scope.features(sched, held)) + extra))
 
     def prepare():
@@ -335,11 +340,16 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
         output = SchedulerOutput(num_scheduled_tokens=tuple(scheduler_output.num_scheduled_tokens.items()),
                                  scheduled_spec_decode_tokens=tuple((rid, tuple(d)) for rid, d in drafts.items()))
         held = {rid: sched.requests[rid] for rid in ids if rid in pre.requests}
-        return Prepared(pre, "update_from_output", output=output, held=held,
+        errors = {rid: sched.requests[rid] for rid in pre.grammar_compile_error_reqs
+                  if rid in sched.requests and rid not in held}
+        return Prepared(pre, "update_from_output", output=output, held=held, errors=errors,
                         sampled=sampled_tokens(model_runner_output, ids))
 
     def judge(p: Prepared, _result):
         finished = [(rid, lift_status(r.status)) for rid, r in p.args["held"].items() if r.is_finished()]
+        # Then those finished for a failed grammar: vLLM takes them from a set, so
+        # they are listed in the spec's order (S:2552-2574).
+        finished += [(rid, lift_status(r.status)) for rid, r in p.args["errors"].items() if r.is_finished()]
         spec_finished, spec_post = spec.update_from_output(p.pre, p.args["output"], p.args["sampled"])
         p.observed_result, p.observed_post = {"finished": finished}, lift_state(sched, p.pre.config, like=spec_post)
         return compare_finished(spec_finished, finished, "result.finished") or \

@@ -38,6 +38,7 @@ ADAPTIVE_THRESHOLD = "adaptive long-prefill threshold"
 AUX_OUTPUT_CONNECTOR = "aux output connector"
 LORA = "LoRA"
 STRUCTURED_OUTPUT = "structured output"
+GRAMMAR_ACCEPTANCE = "structured output: tokens the grammar judges"
 STREAMING_INPUT = "streaming input"
 PROMPT_LOGPROBS = "prompt logprobs (no prefix-cache reads)"
 CACHE_SALT = "cache salt"
@@ -60,6 +61,9 @@ BLOCKED_STATUSES = {
     "WAITING_FOR_REMOTE_KVS": KV_CONNECTOR,
     "WAITING_FOR_STREAMING_REQ": STREAMING_INPUT,
 }
+
+# Of those, the ones the spec models for the newest release (spec/structured_output.py).
+MODELLED_BLOCKED_STATUSES = frozenset({"WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"})
 
 _STATIC = "schedspec_scope"  # the attribute a request's creation-time features are kept in
 
@@ -233,7 +237,7 @@ def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
         out.append(ENCODER_INPUTS)
     if r.lora_request is not None and not newest_rules():  # LoRA: 0.33.0's rules (spec/lora.py)
         out.append(LORA)
-    if r.structured_output_request is not None:
+    if r.structured_output_request is not None and not newest_rules():  # 0.33.0's rules (spec/structured_output.py)
         out.append(STRUCTURED_OUTPUT)
     if r.pooling_params is not None:
         out.append(POOLING)
@@ -282,7 +286,7 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
     if not (static[1] or drafts or dropping or lagging or status.name in _UNUSUAL):
         return ()  # the common case, in four attribute reads
     out = list(static[1])
-    if status.name in BLOCKED_STATUSES:
+    if status.name in BLOCKED_STATUSES and not (status.name in MODELLED_BLOCKED_STATUSES and newest_rules()):
         out.append(BLOCKED_STATUSES[status.name])
     elif r.is_finished():  # finished (RQ:392) but still held: a delayed free
         out.append(DELAYED_FREE)

@@ -25,7 +25,7 @@ from schedspec.spec.config import ConfigError, SchedulerConfig, config_from_dict
 from .compare import Divergence
 from .engine import run_scenario
 from .example_files import resolve_scenario_path
-from .impl import DraftTaking
+from .impl import DraftTaking, GrammarTaking
 from .scenario import Scenario, ScenarioError, load_scenario
 from .shrink import shrink
 
@@ -77,6 +77,8 @@ class TimedImpl:
         self.steps = 0
         if isinstance(impl, DraftTaking):  # only then: the engine asks for it (reference/impl.py)
             self.update_draft_token_ids = lambda drafts: self._timed(impl.update_draft_token_ids, drafts)
+        if isinstance(impl, GrammarTaking):
+            self.grammar_compiled = lambda ids, failed=False: self._timed(impl.grammar_compiled, ids, failed)
 
     def _timed(self, fn, *args):
         t = time.perf_counter()

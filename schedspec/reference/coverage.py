@@ -43,6 +43,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with speculative decoding")
     if scenario.config.get("max_loras") is not None:
         bump("scenarios with LoRA")
+    if any(r.grammar_compile_steps is not None for r in scenario.requests):
+        bump("scenarios with structured output")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -125,6 +127,8 @@ class StepCoverage:
       `empty async batches`: schedule() called with nothing to schedule, a batch
       that still takes a place in flight;
     - `steps (<flags>)`: steps per combination of the two flags;
+    - structured output: `steps with a request waiting for its grammar` (compiling or
+      failed, in waiting before schedule()), and those of them that scheduled something;
     - speculative decoding (`spec_decode_coverage`).
 
     Make one per scenario run; counts go into `cov`."""
@@ -161,6 +165,10 @@ class StepCoverage:
                 _bump(cov, "steps at max_loras")
                 if any(after.requests[w].lora_int_id not in running | {0} for w in after.waiting):
                     _bump(cov, "steps holding an adapter back")
+        if any(before.requests[w].grammar in ("compiling", "failed") for w in before.waiting):
+            _bump(cov, "steps with a request waiting for its grammar")
+            if out.num_scheduled_tokens:
+                _bump(cov, "steps scheduling past a request waiting for its grammar")
         resumed = set(out.scheduled_resumed_reqs)
         for rid, hit in out.prefix_hits:
             if hit > 0:

@@ -22,7 +22,7 @@ from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
 from schedspec.spec.input_processor import make_request
 from schedspec.spec.scheduler import append_output_tokens
 from schedspec.spec.state import SchedulerOutput, SchedulerState
-from .impl import DraftTaking, SchedulerImpl
+from .impl import DraftTaking, GrammarTaking, SchedulerImpl
 from .prompts import NON_EOS_TOKEN_ID, prompt_token_ids
 from .scenario import Scenario
 
@@ -32,6 +32,7 @@ FINISH_REASON = {
     RequestStatus.FINISHED_STOPPED: "stopped",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "aborted",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 if TYPE_CHECKING:
@@ -318,12 +319,16 @@ def run_scenario(
     for i, r in enumerate(scenario.requests):
         try:
             requests[r.id] = make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time,
-                                          tokens.get(r.id), r.lora_int_id)
+                                          tokens.get(r.id), r.lora_int_id, r.grammar_compile_steps is not None)
         except ConfigError as e:
             return rejected(f"requests[{i}].{e}")
 
     arrivals, aborts = scenario.events_by_step()
     event_steps = sorted(set(arrivals) | set(aborts))
+    grammars = scenario.grammar_events()
+    if grammars and not isinstance(impl, GrammarTaking):
+        return rejected(f"requests[].grammar_compile_steps: {name} does not model structured output "
+                        "(it has no grammar_compiled)")
 
     summary = {r.id: {"first_token_step": None, "finish_step": None, "finish_reason": None,
                       "num_output_tokens": 0, "num_preemptions": 0} for r in scenario.requests}
@@ -356,10 +361,19 @@ def run_scenario(
                 finished.append([done, "aborted"])
         for rid in arrivals.get(step, ()):
             impl.add_request(requests[rid])
+        # Grammars that finish compiling now, before schedule() reads them (formats.md).
+        for failed in (False, True):
+            ids = [rid for rid, f in grammars.get(step, ()) if f == failed]
+            if ids:
+                impl.grammar_compiled(ids, failed)
         e = engine_step(impl, step, model, in_flight)
         before, output, mid, after, sampled, stopped = e.before, e.output, e.mid, e.after, e.sampled, e.stopped
         called, applied = e.called, e.applied
-        finished += [[rid, FINISH_REASON[status]] for rid, status in stopped]
+        # Requests finished with an error come last, in id order: vLLM finishes them from a set.
+        finished += [[rid, FINISH_REASON[status]] for rid, status in stopped
+                     if status != RequestStatus.FINISHED_ERROR]
+        finished += sorted([rid, FINISH_REASON[status]] for rid, status in stopped
+                           if status == RequestStatus.FINISHED_ERROR)
         holds_requests = bool(after.requests or after.running or after.waiting or in_flight
                               or after.finished_req_ids and in_flight is not None)
 

@@ -57,6 +57,10 @@ With "lora" in `features`, after speculative decoding and only for 0.33.0, one
 scenario in four gets `max_loras` 1..3 and up to two adapters more than that among
 its requests.
 
+With "structured_output" in `features`, after LoRA and only for 0.33.0, one
+scenario in four gives half its requests a grammar that compiles after 0..8 steps
+(sometimes up to 60), and one grammar in eight fails.
+
 `FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
 model neither flag, and the scenario streams pinned by their tests stay as they
 were.  A campaign draws the combinations both its implementations model
@@ -208,8 +212,8 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
 
 
 # Scheduler features beyond the two flags, and the implementations that lack one.
-FEATURES = frozenset({"spec_decode", "lora"})
-IMPL_LACKS: dict[str, frozenset[str]] = {"torch": frozenset({"spec_decode", "lora"})}
+FEATURES = frozenset({"spec_decode", "lora", "structured_output"})
+IMPL_LACKS: dict[str, frozenset[str]] = {"torch": frozenset({"spec_decode", "lora", "structured_output"})}
 
 
 def features_for(*impl_names: str) -> frozenset[str]:
@@ -282,6 +286,8 @@ def generate_scenario(rng: random.Random, index: int,
         config, requests = _spec_decode(rng, config, requests)
     if "lora" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
         config, requests = _lora(rng, config, requests)
+    if "structured_output" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
+        requests = _structured_output(rng, requests)
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 
@@ -393,6 +399,19 @@ def _lora(rng: random.Random, config: dict[str, Any], requests: list[RequestSpec
     adapters = rng.randint(1, config["max_loras"] + 2)
     return config, [dataclasses.replace(r, lora_int_id=rng.randint(1, adapters)) if rng.random() < 0.75 else r
                     for r in requests]
+
+
+def _structured_output(rng: random.Random, requests: list[RequestSpec]) -> list[RequestSpec]:
+    """Structured output on a drawn scenario: some requests get a grammar that takes
+    0..8 steps (now and then up to 60) to compile, and one in eight of those fails,
+    so admissions skip them, keep their order and finish some with an error."""
+    out = []
+    for r in requests:
+        if rng.random() < 0.5:
+            steps = rng.randint(0, rng.choice([2, 8, 8, 60]))
+            r = dataclasses.replace(r, grammar_compile_steps=steps, grammar_error=rng.random() < 1 / 8)
+        out.append(r)
+    return out
 
 
 def _prefix_groups(rng: random.Random, L: int, bs: int, requests: list[RequestSpec]) -> list[RequestSpec]:

@@ -58,6 +58,15 @@ class DraftTaking(Protocol):
 
 
 @runtime_checkable
+class GrammarTaking(Protocol):
+    """The part of the protocol structured output needs: the requests whose grammar
+    finished compiling (`failed`: with an error), between scheduler calls.  An
+    implementation without it is refused scenarios with grammar_compile_steps."""
+
+    def grammar_compiled(self, request_ids: Sequence[str], failed: bool = False) -> None: ...
+
+
+@runtime_checkable
 class StateLoadable(Protocol):
     """The optional part of the protocol: set the implementation to `state`
     (a whole SchedulerState: config, requests, queues, KV pool, finished ids),
@@ -95,6 +104,9 @@ class SpecScheduler:
 
     def update_draft_token_ids(self, draft_token_ids):
         self.state = spec_scheduler.update_draft_token_ids(self.state, draft_token_ids)
+
+    def grammar_compiled(self, request_ids, failed=False):
+        self.state = spec_scheduler.grammar_compiled(self.state, request_ids, failed)
 
     def observe(self) -> SchedulerState:
         return self.state

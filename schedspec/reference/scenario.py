@@ -92,6 +92,7 @@ REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
     "priority": (-2**31, INT32_MAX),
     "prefix_len": (0, 2**30 - 1),
     "lora_int_id": (0, INT32_MAX),
+    "grammar_compile_steps": (0, INT32_MAX),
 }
 ARRIVAL_TIME_BOUND = 2**53  # |arrival_time|; every integer up to it is exact in a float
 TOKEN_ID_BOUNDS = (0, INT32_MAX)
@@ -130,6 +131,10 @@ class RequestSpec:
     num_accepted_tokens: tuple[int, ...] | None = None
     # LoRA (formats.md): the request's adapter, 0 for none.
     lora_int_id: int = 0
+    # Structured output (formats.md): the steps its grammar takes to compile, from its
+    # arrival step (None: no grammar), and whether that compilation fails.
+    grammar_compile_steps: int | None = None
+    grammar_error: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,15 @@ class Scenario:
             return self
         return replace(self, requests=tuple(r for r in self.requests if r.id not in late),
                        aborts=tuple(a for a in self.aborts if a.id not in late))
+
+    def grammar_events(self) -> dict[int, list[tuple[str, bool]]]:
+        """Structured output: at each step, the requests whose grammar finishes
+        compiling then (before that step's schedule()), with whether it failed."""
+        out: dict[int, list[tuple[str, bool]]] = {}
+        for r in self.requests:
+            if r.grammar_compile_steps is not None:
+                out.setdefault(r.arrival_step + r.grammar_compile_steps, []).append((r.id, r.grammar_error))
+        return out
 
     def events_by_step(self) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
         """The ids arriving and the ids aborted at each step, in file order."""
@@ -202,6 +216,10 @@ class Scenario:
                     d[name] = list(getattr(r, name))
             if r.lora_int_id:
                 d["lora_int_id"] = r.lora_int_id
+            if r.grammar_compile_steps is not None:
+                d["grammar_compile_steps"] = r.grammar_compile_steps
+            if r.grammar_error:
+                d["grammar_error"] = True
             reqs.append(d)
         out["requests"] = reqs
         out["aborts"] = [asdict(a) for a in self.aborts]
@@ -386,7 +404,7 @@ def check_bounds(scenario: Scenario) -> None:
     for i, r in enumerate(scenario.requests):
         where = f"requests[{i}]"
         for name, bounds in REQUEST_BOUNDS.items():
-            _check_int(f"{where}.{name}", getattr(r, name), bounds, nullable=name in ("max_tokens", "output_len"))
+            _check_int(f"{where}.{name}", getattr(r, name), bounds, nullable=name in ("max_tokens", "output_len", "grammar_compile_steps"))
         t = r.arrival_time
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not abs(t) <= ARRIVAL_TIME_BOUND:
             raise ScenarioError(f"{where}.arrival_time: = {excerpt(t)}, must be a number in "
@@ -451,6 +469,7 @@ def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
                         "both, so that no prompt block equals an output block by the choice of ids (docs/formats.md)")
     _check_spec_patterns(scenario)
     _check_loras(scenario)
+    _check_grammars(scenario)
     if isinstance(scenario.config, dict) and scenario.config.get("enable_prefix_caching") is True:
         total = 0
         for i, r in enumerate(scenario.requests):
@@ -490,6 +509,14 @@ def _check_spec_patterns(scenario: Scenario) -> None:
                                         f"config.num_speculative_tokens ({k})")
 
 
+def _check_grammars(scenario: Scenario) -> None:
+    """A failing compilation needs a grammar."""
+    for i, r in enumerate(scenario.requests):
+        if r.grammar_error and r.grammar_compile_steps is None:
+            raise ScenarioError(f"requests[{i}].grammar_error: true without a grammar; set "
+                                "grammar_compile_steps or drop it")
+
+
 def _check_loras(scenario: Scenario) -> None:
     """An adapter needs LoRA on (vLLM's front end refuses it otherwise)."""
     on = isinstance(scenario.config, dict) and scenario.config.get("max_loras") is not None
@@ -527,6 +554,8 @@ def _from_checked_json(data: Any) -> Scenario:
             prompt_token_ids=tuple(tokens) if tokens is not None else None,
             **{name: tuple(r[name]) for name in SPEC_PATTERNS if r.get(name) is not None},
             lora_int_id=r.get("lora_int_id", 0),
+            grammar_compile_steps=r.get("grammar_compile_steps"),
+            grammar_error=r.get("grammar_error", False),
         ))
     scenario = Scenario(
         name=data["name"],
@@ -569,7 +598,7 @@ def validate_scenario(scenario: Scenario) -> SchedulerConfig:
     for i, r in enumerate(scenario.requests):
         try:
             make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time, tokens.get(r.id),
-                         r.lora_int_id)
+                         r.lora_int_id, r.grammar_compile_steps is not None)
         except ConfigError as e:
             raise ConfigError(f"requests[{i}].{e.field}", str(e).split(": ", 1)[1]) from None
     return config

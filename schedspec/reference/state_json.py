@@ -237,7 +237,8 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
 REQUEST_FIELDS = tuple(f.name for f in fields(Request))
 # Speculative decoding's fields are written only when not empty, so vectors of
 # the scope before it read and write as they always did.
-OPTIONAL_REQUEST_FIELDS = ("spec_token_ids", "lora_int_id")
+OPTIONAL_REQUEST_FIELDS = ("spec_token_ids", "lora_int_id", "grammar")
+GRAMMARS = ("compiling", "compiled", "failed")  # Request.grammar, when it has one (spec/structured_output.py)
 # name -> minimum, for the integer fields (None: any integer).
 _REQUEST_INTS: dict[str, int | None] = {
     "num_prompt_tokens": 0, "max_tokens": 0, "priority": None, "num_computed_tokens": 0,
@@ -266,7 +267,7 @@ def request_to_json(r: Request) -> dict[str, Any]:
             v = status_to_json(v)
         elif name == "block_hashes":
             v = [hash_to_json(h) for h in v]
-        elif name == "lora_int_id":
+        elif name in ("lora_int_id", "grammar"):
             if not v:
                 continue
         elif name in _TOKEN_LISTS or name in OPTIONAL_REQUEST_FIELDS:
@@ -303,6 +304,10 @@ def request_from_json(obj: Any, where: str = "request") -> Request:
             values[name] = read_int(v, path, 0, nullable=True)
         elif name == "lora_int_id":
             values[name] = read_int(v, path, 0)
+        elif name == "grammar":
+            if v not in GRAMMARS:
+                _fail(path, f"= {excerpt(v)}, must be one of {', '.join(map(repr, GRAMMARS))}")
+            values[name] = v
         elif name == "spec_token_ids":  # -1: a padding or async placeholder draft
             values[name] = read_int_list(v, path, -1)
         else:  # a field added to Request that this codec does not know yet
@@ -431,7 +436,10 @@ def kv_from_json(obj: Any, where: str = "kv_cache", unhashed_first: bool = True)
 
 # --- the state -----------------------------------------------------------------------------
 
-STATE_FIELDS = ("config", "requests", "running", "waiting", "kv_cache", "finished_req_ids")
+STATE_FIELDS = ("config", "requests", "running", "waiting", "kv_cache", "finished_req_ids",
+                "grammar_compile_error_reqs")
+# Written only when not empty: vectors from before structured output read as they did.
+OPTIONAL_STATE_FIELDS = ("grammar_compile_error_reqs",)
 
 
 def state_to_json(s: SchedulerState) -> dict[str, Any]:
@@ -443,13 +451,14 @@ def state_to_json(s: SchedulerState) -> dict[str, Any]:
         "waiting": list(s.waiting),
         "kv_cache": kv_to_json(s.kv_cache),
         "finished_req_ids": list(s.finished_req_ids),
+        **({"grammar_compile_error_reqs": list(s.grammar_compile_error_reqs)} if s.grammar_compile_error_reqs else {}),
     }
 
 
 def state_from_json(obj: Any, where: str = "state", *, validate: bool = False) -> SchedulerState:
     """A state from its JSON object.  The config is not held to vLLM's start-up
     checks unless `validate` (see `config_from_json`)."""
-    raw = read_object(obj, where, STATE_FIELDS, STATE_FIELDS)
+    raw = read_object(obj, where, tuple(x for x in STATE_FIELDS if x not in OPTIONAL_STATE_FIELDS), STATE_FIELDS)
     f = lambda name: field_path(where, name)  # noqa: E731 - the path of one field
     config = config_from_json(raw["config"], f("config"), validate=validate)
     requests = {}
@@ -482,7 +491,9 @@ def state_from_json(obj: Any, where: str = "state", *, validate: bool = False) -
     kv = kv_from_json(raw["kv_cache"], f("kv_cache"), has(config, UNHASHED_FREE_BLOCKS_FIRST))
     return SchedulerState(config=config, requests=requests, running=queues["running"], waiting=queues["waiting"],
                           kv_cache=kv, finished_req_ids=read_str_list(raw["finished_req_ids"],
-                                                                      f("finished_req_ids")))
+                                                                      f("finished_req_ids")),
+                          grammar_compile_error_reqs=tuple(read_str_list(raw.get("grammar_compile_error_reqs", []),
+                                                                         f("grammar_compile_error_reqs"))))
 
 
 def sampled_to_json(sampled: Mapping[str, Any]) -> dict[str, list[int]]:

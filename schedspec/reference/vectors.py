@@ -636,6 +636,14 @@ class Recorder:
             raise ExportError(f"{self.name} does not model speculative decoding (no update_draft_token_ids)")
         update(draft_token_ids)
 
+    def grammar_compiled(self, request_ids, failed=False):
+        """Passed on, not written, as the drafter's call: the next vector's pre-state
+        holds where each grammar stands."""
+        compiled = getattr(self.impl, "grammar_compiled", None)
+        if compiled is None:
+            raise ExportError(f"{self.name} does not model structured output (no grammar_compiled)")
+        compiled(request_ids, failed)
+
 
 def fresh_folder(parent: Path, name: str) -> Path:
     """parent/<safe name>, or -2, -3, ... when that exists: a folder of its own."""

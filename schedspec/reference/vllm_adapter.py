@@ -51,7 +51,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import SchedulerOutput, SchedulerState
-from schedspec.spec.versions import FIELDS_SINCE, RELEASES, release_key
+from schedspec.spec.versions import DEFAULT_RELEASE, FIELDS_SINCE, RELEASES, release_key
 
 from .vllm_lift import SCHEDULER_CONFIG_FIELDS as LIFTED_SCHEDULER_CONFIG_FIELDS
 from .vllm_lift import LiftError, lift_output, lift_state
@@ -287,6 +287,38 @@ def finished_ids(done: Iterable[Any]) -> set[str]:
     return {d[0] if isinstance(d, tuple) else d.request_id for d in done}
 
 
+_accepting_grammar: list[type] = []
+
+
+def AcceptingGrammar():  # noqa: N802 - builds an instance, as a class would
+    """A grammar that accepts every token: the fake model's outputs are free text to it,
+    so structured output changes no decision but the wait for compilation (docs/formats.md)."""
+    if not _accepting_grammar:
+        from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
+
+        class Accepting(StructuredOutputGrammar):
+            def accept_tokens(self, request_id, tokens):
+                return True
+
+            def validate_tokens(self, tokens):
+                return list(tokens)
+
+            def rollback(self, num_tokens):
+                pass
+
+            def fill_bitmask(self, bitmask, batch_index):
+                pass
+
+            def is_terminated(self):
+                return False
+
+            def reset(self):
+                pass
+
+        _accepting_grammar.append(Accepting)
+    return _accepting_grammar[0]()
+
+
 class VllmScheduler:
     """vLLM 0.33.0's `Scheduler` (or `AsyncScheduler`) behind the implementation
     protocol (reference/impl.py)."""
@@ -481,7 +513,45 @@ class VllmScheduler:
             priority=request.priority,
             **kwargs,
         )
+        if request.grammar:
+            self._await_grammar(req, request.grammar)
         self.sched.add_request(req)
+
+    def _await_grammar(self, req, grammar: str) -> None:
+        """Structured output without a backend: the request's grammar is a future the
+        engine resolves (grammar_compiled), as the manager's compile pool would; the
+        status the front end gives such a request (RQ:116-117)."""
+        from concurrent.futures import Future
+
+        from vllm.sampling_params import StructuredOutputsParams
+        from vllm.v1.structured_output.request import StructuredOutputRequest
+
+        if self._v["version"] != DEFAULT_RELEASE:
+            raise ValueError(f"request {req.request_id}: schedspec models structured output for vLLM "
+                             f"{DEFAULT_RELEASE} only")
+        so = StructuredOutputRequest(params=StructuredOutputsParams(regex="[0-9]+"))
+        future: Future = Future()
+        so.grammar = future
+        req.structured_output_request = so
+        req.status = self._v["RequestStatus"].WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        if grammar != "compiling":
+            self._resolve_grammar(future, grammar == "failed")
+
+    @staticmethod
+    def _resolve_grammar(future, failed: bool) -> None:
+        if failed:
+            future.set_exception(RuntimeError("schedspec: the grammar failed to compile"))
+        else:
+            future.set_result(AcceptingGrammar())
+
+    def grammar_compiled(self, request_ids: Sequence[str], failed: bool = False) -> None:
+        """The compilation of these requests' grammars finished: their futures resolve."""
+        for rid in request_ids:
+            r = self.sched.requests.get(rid)
+            so = getattr(r, "structured_output_request", None) if r is not None else None
+            future = getattr(so, "_grammar", None)
+            if future is not None and hasattr(future, "done") and not future.done():
+                self._resolve_grammar(future, failed)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[str]:
         ids = list(request_ids)
@@ -530,6 +600,7 @@ class VllmScheduler:
             prompt_logprobs_dict={},
             pooler_output=None,
         )
+        errors = {rid: self.sched.requests.get(rid) for rid in self.sched.grammar_compile_error_reqs}
         self.sched.update_from_output(vout, runner_output)
         finished = []
         for rid in req_ids:
@@ -537,6 +608,9 @@ class VllmScheduler:
             if rid in was_finished or not r.is_finished():
                 continue
             finished.append((rid, RequestStatus[r.status.name]))
+        # Requests whose grammar failed: finished with an error, after the batch's (S:2552-2574).
+        finished += [(rid, RequestStatus[r.status.name]) for rid, r in errors.items()
+                     if r is not None and r.is_finished() and rid not in held]
         self._finish_order.extend(rid for rid, _ in finished)
         return finished
 

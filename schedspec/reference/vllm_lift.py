@@ -20,6 +20,7 @@ lifts; whether a call may be compared is the monitor's scope check.
 from __future__ import annotations
 
 import enum
+from concurrent.futures import Future
 from dataclasses import fields as dataclass_fields
 from itertools import chain, repeat
 from operator import attrgetter, is_
@@ -97,7 +98,7 @@ _STATUS = {s.name: s for s in RequestStatus}
 
 REQUEST_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Request))
 LIFTED_OTHERWISE = ("request_id", "status", "eos_token_id", "stop_token_ids", "prompt_token_ids", "block_hashes",
-                    "partial_block_token_ids", "spec_token_ids", "lora_int_id")
+                    "partial_block_token_ids", "spec_token_ids", "lora_int_id", "grammar")
 # A field added to the spec's Request must be lifted too: fail at import, not lift it silently wrong.
 if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE):
     raise ImportError("vllm_lift: the spec's Request fields changed; lift_request does not cover "
@@ -129,6 +130,25 @@ def _spec_status(status: Any) -> RequestStatus:
     if isinstance(status, enum.Enum):
         _STATUS_OF[status] = (status, lifted)
     return lifted
+
+
+def lift_grammar(r: Any) -> str:
+    """Where the request's grammar compilation stands (spec/structured_output.py), read
+    as the scheduler reads it (structured_output/request.py `grammar`) without
+    resolving the future: "" no structured output; None or a pending future
+    "compiling"; an exception "failed"; a grammar "compiled"."""
+    so = getattr(r, "structured_output_request", None)
+    if so is None:
+        return ""
+    # A test's stand-in (a Mock) has no future inside: its `grammar` is what the scheduler reads.
+    g = so.__dict__.get("_grammar") if "_grammar" in getattr(so, "__dict__", {}) else getattr(so, "grammar", None)
+    if isinstance(g, Future):
+        if not g.done():
+            return "compiling"
+        return "failed" if g.exception() is not None else "compiled"
+    if g is None:
+        return "compiling"
+    return "failed" if isinstance(g, Exception) else "compiled"
 
 
 def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -> Request:
@@ -164,20 +184,22 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
     else:
         hashes = tail = ()
     drafts = tuple(r.spec_token_ids) if r.spec_token_ids else ()
-    key = (shared, r.status, hashes, tail, drafts)
+    grammar = lift_grammar(r) if getattr(r, "structured_output_request", None) is not None else ""
+    key = (shared, r.status, hashes, tail, drafts, grammar)
     if key == cache[1]:
         return cache[2]
     status = _spec_status(r.status)
     if like is not None and like.status is status and _shared(like) == shared \
             and (like.block_hashes, like.partial_block_token_ids, like.request_id, like.eos_token_id,
-                 like.spec_token_ids, like.lora_int_id) == (hashes, tail, fixed[1], fixed[2], drafts, fixed[5]) \
+                 like.spec_token_ids, like.lora_int_id, like.grammar) == (hashes, tail, fixed[1], fixed[2], drafts,
+                                                                          fixed[5], grammar) \
             and _same(like.stop_token_ids, fixed[3]) and _same(like.prompt_token_ids, fixed[4]):
         cache[1], cache[2] = key, like
         return like
     values = dict(zip(SHARED_REQUEST_FIELDS, shared))
     values.update(request_id=fixed[1], status=status, eos_token_id=fixed[2],
                   stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
-                  partial_block_token_ids=tail, spec_token_ids=drafts, lora_int_id=fixed[5])
+                  partial_block_token_ids=tail, spec_token_ids=drafts, lora_int_id=fixed[5], grammar=grammar)
     lifted = Request.__new__(Request)
     lifted.__dict__ = values  # every field, by name: what Request(...) would hold
     cache[1], cache[2] = key, lifted
@@ -406,6 +428,7 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
         waiting=waiting_order(sched),
         kv_cache=lift_block_pool(sched, config, pool) if config.enable_prefix_caching else lift_block_counts(sched),
         finished_req_ids=tuple(finished),
+        grammar_compile_error_reqs=tuple(getattr(sched, "grammar_compile_error_reqs", None) or ()),
     )
 
 

@@ -7,7 +7,9 @@ from typing import Sequence
 
 from .kv_cache_utils import extend_block_hashes
 from .config import ConfigError, SchedulerConfig
-from .request import Request
+from .request import Request, RequestStatus
+from .structured_output import COMPILING
+from .versions import DEFAULT_RELEASE
 
 
 def make_request(
@@ -19,6 +21,7 @@ def make_request(
     arrival_time: float = 0.0,
     prompt_token_ids: Sequence[int] | None = None,
     lora_int_id: int = 0,
+    structured_output: bool = False,
 ) -> Request:
     """A new WAITING request, after vLLM's front-end checks
     (v1/engine/input_processor.py:476-602).  With prefix caching the prompt's
@@ -38,6 +41,9 @@ def make_request(
     if lora_int_id and config.max_loras is None:
         # vLLM's front end refuses an adapter when LoRA is not enabled (input_processor.py).
         raise ConfigError("lora_int_id", f"= {lora_int_id}, but LoRA is off; set config.max_loras")
+    if structured_output and config.vllm_version != DEFAULT_RELEASE:
+        raise ConfigError("grammar_compile_steps", f"schedspec models structured output for vLLM "
+                          f"{DEFAULT_RELEASE} only, not {config.vllm_version}")
     tokens: tuple = ()
     hashes: tuple = ()
     if config.enable_prefix_caching:
@@ -56,4 +62,7 @@ def make_request(
         block_hashes=hashes,
         partial_block_token_ids=tokens[len(hashes) * config.block_size:],
         lora_int_id=lora_int_id,
+        # A grammar to compile first: the request waits for it (RQ:116-117).
+        status=RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if structured_output else RequestStatus.WAITING,
+        grammar=COMPILING if structured_output else "",
     )

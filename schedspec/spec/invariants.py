@@ -49,12 +49,15 @@ def queues_partition_requests(s: SchedulerState) -> Verdict:
 
 @invariant
 def statuses_match_queues(s: SchedulerState) -> Verdict:
-    """Running requests are RUNNING; waiting ones are WAITING or PREEMPTED."""
+    """Running requests are RUNNING; waiting ones are WAITING or PREEMPTED, or waiting
+    for a grammar they have (structured_output.py)."""
     for rid in s.running:
         if rid in s.requests and s.requests[rid].status != RequestStatus.RUNNING:
             return violated("a running request is not RUNNING", request=rid, status=s.requests[rid].status.name)
     for rid in s.waiting:
-        if rid in s.requests and s.requests[rid].status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+        r = s.requests.get(rid)
+        if r is not None and r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED) and not (
+                r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and r.grammar):
             return violated("a waiting request is neither WAITING nor PREEMPTED", request=rid,
                             status=s.requests[rid].status.name)
     return HOLDS
@@ -138,9 +141,9 @@ def running_within_limit(s: SchedulerState) -> Verdict:
 
 @invariant
 def waiting_queue_ordered(s: SchedulerState) -> Verdict:
-    """PRIORITY: the waiting queue is in queue_key order; FCFS: the requests that are not
-    WAITING (the PREEMPTED ones) form its front (they are prepended, S:1842, and
-    admission pops the front)."""
+    """PRIORITY: the waiting queue is in queue_key order; FCFS: the requests that never
+    ran (WAITING, or waiting for a grammar) come after all others, the PREEMPTED ones
+    (those are prepended, S:1842, and admission pops the front)."""
     if s.config.policy == PRIORITY:
         keys = [s.requests[w].queue_key for w in s.waiting if w in s.requests]
         if keys != sorted(keys):
@@ -151,10 +154,10 @@ def waiting_queue_ordered(s: SchedulerState) -> Verdict:
             r = s.requests.get(w)
             if r is None:
                 continue
-            if r.status == RequestStatus.WAITING:
+            if r.status in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR):
                 seen_waiting = True
             elif seen_waiting:
-                return violated("a request that is not WAITING waits behind a WAITING one", request=w,
+                return violated("a request that ran waits behind one that never did", request=w,
                                 waiting=list(s.waiting))
     return HOLDS
 

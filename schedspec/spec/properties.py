@@ -232,6 +232,8 @@ def starvation_condition(before, output, after):
     r = before.requests[head]
     if r.num_stale_output_tokens > 0:
         return NOT_APPLICABLE  # async: skipped until its in-flight output returns
+    if r.grammar in ("compiling", "failed"):
+        return NOT_APPLICABLE  # structured output: skipped until its grammar compiles (structured_output.py)
     if c.num_speculative_tokens and r.num_tokens - dict(output.prefix_hits).get(head, r.num_computed_tokens) == 1:
         return NOT_APPLICABLE  # a new decode may be padded, or not admitted (spec_decode.pads_new_decode)
     if exceeds_max_loras(c, running_loras(before.requests[x] for x in before.running), r):
@@ -405,6 +407,19 @@ def max_loras_respected(before, output, after):
     if after.config.max_loras is not None and len(loras) > after.config.max_loras:
         return violated("more adapters running than max_loras", adapters=sorted(loras),
                         max_loras=after.config.max_loras)
+    return HOLDS
+
+
+@prop(engine_flags=("grammar_compile_steps",))
+def grammar_wait_respected(before, output, after):
+    """Structured output: a request whose grammar is still compiling, or failed to compile, is never scheduled (S:1079-1082, S:3535-3547)."""
+    waiting = [rid for rid in before.waiting if before.requests[rid].grammar in ("compiling", "failed")]
+    if not waiting:
+        return NOT_APPLICABLE
+    for rid in waiting:
+        if rid in output.scheduled:
+            return violated("a request waiting for its grammar was scheduled", request=rid,
+                            grammar=before.requests[rid].grammar, granted=output.scheduled[rid])
     return HOLDS
 
 

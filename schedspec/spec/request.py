@@ -68,6 +68,7 @@ class Request:
     spec_token_ids: tuple = ()
     # LoRA: the adapter's id, 0 for none (lora.py).
     lora_int_id: int = 0
+    grammar: str = ""  # structured output: "" none, else "compiling", "compiled" or "failed"
     # Stop tokens (U:101-112): the EOS id (None: none, as with ignore_eos) and the others.
     eos_token_id: int | None = EOS_TOKEN_ID
     stop_token_ids: tuple = ()

@@ -19,8 +19,9 @@ from typing import Iterable, Mapping, Sequence
 from .config import PRIORITY, ConfigError, SchedulerConfig
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
-from . import lora, spec_decode
+from . import lora, spec_decode, structured_output
 from .spec_decode import update_draft_token_ids  # noqa: F401 - a public call of the spec, as the others
+from .structured_output import grammar_compiled  # noqa: F401 - the environment's event, beside the calls
 from .state import SchedulerOutput, SchedulerState, Working
 from .versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES, has
 
@@ -226,17 +227,16 @@ def schedule_waiting(s: ScheduleWork) -> None:
     while (s.token_budget > 0 and s.input_budget > 0 and s.waiting
            and len(s.running) < s.config.max_num_active_reqs):
         rid = s.waiting[0]
-        # [seam: blocked statuses (S:1079-1082)]
-        r = s.requests[rid]
-        # Async: its output from before the preemption is still in flight; resuming
-        # now could resample a position that output delivers (S:1084).  LoRA: it
-        # would bring one adapter too many (S:1089-1101).
-        if r.num_stale_output_tokens > 0 or lora.exceeds_max_loras(s.config, loras, r):
+        # Skipped: a grammar compiling or failed (S:1079-1082) [seam: remote KVs, streaming
+        # input]; async: output from before its preemption in flight, which resuming could
+        # resample (S:1084); LoRA: one adapter too many (S:1089-1101).
+        if structured_output.waits_for_grammar(s, rid) or s.requests[rid].num_stale_output_tokens > 0 \
+                or lora.exceeds_max_loras(s.config, loras, s.requests[rid]):
             skipped.append(s.waiting.popleft())
             continue
         if not admit(s, rid):
             break
-        loras.update(lora.running_loras((r,)))  # S:1563-1565
+        loras.update(lora.running_loras((s.requests[rid],)))  # S:1563-1565
     s.waiting.extendleft(reversed(skipped))
 
 
@@ -334,6 +334,8 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
             status = deliver_output(w, rid, n, tokens, len(drafts.get(rid, ())))
         if status is not None:
             finished.append((rid, status))
+    # Then those whose grammar failed, with an error (S:2552-2574; from a set, in no set order).
+    finished += [(rid, RequestStatus.FINISHED_ERROR) for rid in structured_output.take_grammar_errors(w)]
     # Stopped requests leave their queue once, at the end (S:2541-2551).
     return tuple(finished), remove_finished(w, [rid for rid, _ in finished])
 

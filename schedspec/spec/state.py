@@ -30,6 +30,8 @@ class SchedulerState:
     # Ids finished since the last schedule(): `has_requests()` stays true until
     # schedule() flushes them (sched/interface.py:205-208; the async engine loop).
     finished_req_ids: tuple[str, ...] = ()
+    # Structured output: failed grammars noted by schedule(), finished by the next update.
+    grammar_compile_error_reqs: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.kv_cache is None:
@@ -69,6 +71,7 @@ class Working:
         self.waiting: deque[str] = deque(state.waiting)
         self.kv = state.kv_cache.work()
         self.finished_req_ids = state.finished_req_ids
+        self.grammar_compile_error_reqs = state.grammar_compile_error_reqs
         self._copied: set[str] = set()
 
     def request(self, request_id: str) -> Request:
@@ -82,4 +85,5 @@ class Working:
     def freeze(self) -> SchedulerState:
         return SchedulerState(config=self.config, requests=self.requests, running=tuple(self.running),
                               waiting=tuple(self.waiting), kv_cache=self.kv.freeze(),
-                              finished_req_ids=self.finished_req_ids)
+                              finished_req_ids=self.finished_req_ids,
+                              grammar_compile_error_reqs=self.grammar_compile_error_reqs)
