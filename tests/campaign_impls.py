@@ -56,10 +56,10 @@ class BrokenLoad(SpecScheduler):
 
 
 class SlowFewerSeqs(FewerSeqs):
-    """FewerSeqs, 20 ms slower per scenario: a campaign with divergences, long enough to interrupt."""
+    """FewerSeqs, 40 ms slower per scenario: a campaign with divergences, long enough to interrupt."""
 
     def reset(self, config):
-        time.sleep(0.02)
+        time.sleep(0.04)
         return super().reset(config)
 
 

@@ -119,7 +119,9 @@ def test_an_interrupted_campaign_resumes_to_the_same_report(tmp_path):
     results = cut / "res" / "results.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:
-        if results.exists() and len(results.read_text().splitlines()) >= n // 2:
+        # Early, so that a loaded machine (CI runs two shards beside other work) still
+        # interrupts the campaign well before its last scenario.
+        if results.exists() and len(results.read_text().splitlines()) >= n // 8:
             break
         time.sleep(0.05)
     assert p.poll() is None, "the campaign ended before it could be interrupted"
@@ -127,7 +129,7 @@ def test_an_interrupted_campaign_resumes_to_the_same_report(tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "--resume res" in err.splitlines()[-1], err
     finished = len(results.read_text().splitlines())
-    assert n // 2 <= finished < n
+    assert n // 8 <= finished < n
     assert not (cut / "res" / "report.json").exists()
     # A line cut off mid-write is dropped and its scenario run again.
     with results.open("a") as f:

@@ -162,6 +162,9 @@ def _sized(schema: dict, friendly: bool) -> dict:
                                "prefix_len": (0, 0), "arrival_step": (0, 0), "priority": (-2, 2)}.items():
             req[name].update(minimum=lo, maximum=hi)
         req["prompt_token_ids"] = {"type": "null"}
+        # A failing grammar needs grammar_compile_steps (a rule the schema does not say).
+        req["grammar_error"] = {"const": False}
+        req["grammar_compile_steps"].update(minimum=0, maximum=3)
         cfg["enable_chunked_prefill"] = {"const": True}
         props["aborts"]["maxItems"] = 0
         s["required"] = ["format", "name", "requests", "config", "max_steps"]

@@ -725,8 +725,6 @@ def obtainable_sdist() -> Path | None:
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (schedspec install-vllm)")
 def test_real_run_of_a_few_vllm_scheduler_tests(tmp_path):
-    if os.environ.get("SCHEDSPEC_PEER_TESTS_BESIDE") == "1":
-        pytest.skip("the full `schedspec peer-tests` run beside this suite (.ci/run) checks these tests and more")
     sdist = obtainable_sdist()
     if sdist is None:
         from conftest import vllm_required
