@@ -105,6 +105,10 @@ def test_a_hung_worker_is_stopped_and_charged_to_its_scenario(tmp_path):
     assert "WORKER HUNG on" in proc.stdout
 
 
+# Long: in CI's sharded suite its interrupt twice landed after the campaign's last
+# scenario (exit 1, not 130), though it passes alone, under load and with CI=true;
+# until that race is understood it runs in scripts/long-tests.sh.
+@pytest.mark.long
 def test_an_interrupted_campaign_resumes_to_the_same_report(tmp_path):
     n = 80
     whole = campaign(tmp_path / "whole", "SlowFewerSeqs", n, "--workers", "2", "--results", "res")
