@@ -610,7 +610,10 @@ def test_run_peer_tests_on_a_fake_sdist(tmp_path, fake_sdist):
     one_line(e)
 
 
-def test_run_peer_tests_gives_the_same_table_whatever_the_workers(tmp_path, fake_sdist, monkeypatch):
+def fake_peer_run(tmp_path, fake_sdist, monkeypatch):
+    """A fake sdist of three files (a plain failure, a test that fails only
+    shadowed, a divergence) and the stand-in monitor; returns run(name, **options),
+    which runs the whole tree with its own cache folder and gives the table."""
     files = {**FAKE_FILES, "tests/v1/core/test_b.py":
              "import os\n\ndef test_only_plain():\n    assert os.environ.get('STAND_IN_SHADOW') != '1'\n\n"
              "def test_diverges():\n    pass\n",
@@ -620,14 +623,22 @@ def test_run_peer_tests_gives_the_same_table_whatever_the_workers(tmp_path, fake
     (tmp_path / "plug" / "stand_in_shadow.py").write_text(STAND_IN_PLUGIN)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "plug"))
     monkeypatch.delenv("STAND_IN_SHADOW", raising=False)
-    tables = {}
-    for workers in (1, 2, 4):
-        cache = tmp_path / f"cache{workers}"
+
+    def run(name: str, **options):
+        cache = tmp_path / f"cache-{name}"
         for module in pt.TEST_DEPENDENCIES:  # nothing to install: the fake tests import none of them
             (cache / "deps" / module).mkdir(parents=True)
-        options = pt.PeerTestOptions(all_files=True, sdist=str(fake_sdist), cache=str(cache),
-                                     extra_pytest_args=("-p", "stand_in_shadow"), workers=workers)
-        table = pt.run_peer_tests(options, show_progress=False)
+        return pt.run_peer_tests(pt.PeerTestOptions(all_files=True, sdist=str(fake_sdist), cache=str(cache),
+                                                    extra_pytest_args=("-p", "stand_in_shadow"), **options),
+                                 show_progress=False)
+    return run
+
+
+def test_run_peer_tests_gives_the_same_table_whatever_the_workers(tmp_path, fake_sdist, monkeypatch):
+    run = fake_peer_run(tmp_path, fake_sdist, monkeypatch)
+    tables = {}
+    for workers in (1, 2, 4):
+        table = run(f"{workers}", workers=workers)
         assert table["run"]["pytest_sessions"] == {1: 2, 2: 2, 4: 4}[workers]
         tables[workers] = {k: v for k, v in table.items() if k != "run"}
     t = tables[1]
@@ -642,23 +653,8 @@ def test_plain_for_failures_gives_the_full_runs_verdict(tmp_path, fake_sdist, mo
     """`--plain-for failures`: shadowed first, then plain only what failed or
     diverged; the verdict, the divergences counted and the pass->fail list are
     those of the full run, and the tests not rerun are marked inferred."""
-    files = {**FAKE_FILES, "tests/v1/core/test_b.py":
-             "import os\n\ndef test_only_plain():\n    assert os.environ.get('STAND_IN_SHADOW') != '1'\n\n"
-             "def test_diverges():\n    pass\n",
-             "tests/v1/core/test_c.py": "def test_c():\n    pass\n"}
-    make_sdist(fake_sdist, files)
-    (tmp_path / "plug").mkdir()
-    (tmp_path / "plug" / "stand_in_shadow.py").write_text(STAND_IN_PLUGIN)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "plug"))
-    monkeypatch.delenv("STAND_IN_SHADOW", raising=False)
-    tables = {}
-    for plain_for in ("all", "failures"):
-        cache = tmp_path / f"cache-{plain_for}"
-        for module in pt.TEST_DEPENDENCIES:
-            (cache / "deps" / module).mkdir(parents=True)
-        options = pt.PeerTestOptions(all_files=True, sdist=str(fake_sdist), cache=str(cache), workers=1,
-                                     extra_pytest_args=("-p", "stand_in_shadow"), plain_for=plain_for)
-        tables[plain_for] = pt.run_peer_tests(options, show_progress=False)
+    run = fake_peer_run(tmp_path, fake_sdist, monkeypatch)
+    tables = {plain_for: run(plain_for, workers=1, plain_for=plain_for) for plain_for in ("all", "failures")}
     full, lazy = tables["all"], tables["failures"]
     assert lazy["exit_status"] == full["exit_status"] == 1
     assert lazy["divergences"] == full["divergences"] and lazy["plain_pass_shadow_fail"] == full["plain_pass_shadow_fail"]
