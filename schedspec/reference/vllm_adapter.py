@@ -600,7 +600,10 @@ class VllmScheduler:
             prompt_logprobs_dict={},
             pooler_output=None,
         )
-        errors = {rid: self.sched.requests.get(rid) for rid in self.sched.grammar_compile_error_reqs}
+        # Releases before 0.28.0 have no grammar_compile_error_reqs (structured output
+        # is modelled on 0.33.0 only, and never drawn for an older release).
+        errors = {rid: self.sched.requests.get(rid)
+                  for rid in getattr(self.sched, "grammar_compile_error_reqs", ())}
         self.sched.update_from_output(vout, runner_output)
         finished = []
         for rid in req_ids:
