@@ -22,12 +22,15 @@ if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 2
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-# --no-compile: byte-compiling every installed file costs more than half the install's
-# CPU time; Python compiles the modules it imports, once, on first use.
+# Byte-compiling every installed file is more than half the install's CPU time; Python
+# compiles the modules it imports on first use and keeps them, unless
+# PYTHONDONTWRITEBYTECODE is set, where only pip's compiled files would ever exist.
+nocompile=--no-compile
+[ -z "${PYTHONDONTWRITEBYTECODE:-}" ] || nocompile=
 # torch first, pinned: this version resolves to the CPU build on this machine kind;
 # an unpinned torch would pull a multi-GB CUDA build.
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-compile torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e '.[test,gpu,ray]'
+.venv/bin/python -m pip install -q --disable-pip-version-check $nocompile torch==2.13.0
+.venv/bin/python -m pip install -q --disable-pip-version-check $nocompile -e '.[test,gpu,ray]'
 if [ "$with_vllm" = 1 ]; then
   PYTHON=.venv/bin/python bash scripts/install-vllm.sh
 fi

@@ -101,22 +101,25 @@ if check; then
   exit 0
 fi
 
-# --no-compile throughout: byte-compiling all of torch and transformers is most of
-# the install's CPU time; Python compiles what the scheduler imports on first use.
+# Byte-compiling all of torch and transformers is most of the install's CPU time;
+# Python compiles what the scheduler imports on first use and keeps it, unless
+# PYTHONDONTWRITEBYTECODE is set, where pip's compiled files are the only ones.
+nocompile=--no-compile
+[ -z "${PYTHONDONTWRITEBYTECODE:-}" ] || nocompile=
 echo "install-vllm: installing torch $TORCH_VERSION, vllm $VLLM_VERSION into $PY" >&2
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
-  "$PY" -m pip install --no-compile "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX_URL"
+  "$PY" -m pip install $nocompile "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX_URL"
 else
-  "$PY" -m pip install --no-compile "torch==$TORCH_VERSION"
+  "$PY" -m pip install $nocompile "torch==$TORCH_VERSION"
 fi
-"$PY" -m pip install --no-compile --no-deps "vllm==$VLLM_VERSION"
+"$PY" -m pip install $nocompile --no-deps "vllm==$VLLM_VERSION"
 XGRAMMAR_SPEC=$(xgrammar_pin)
 if [ -n "$XGRAMMAR_SPEC" ]; then
-  "$PY" -m pip install --no-compile --no-deps "xgrammar$XGRAMMAR_SPEC"
+  "$PY" -m pip install $nocompile --no-deps "xgrammar$XGRAMMAR_SPEC"
 fi
-"$PY" -m pip install --no-compile -r "$REQ"
+"$PY" -m pip install $nocompile -r "$REQ"
 if [ "$OWN_ENV" = 1 ]; then
-  "$PY" -m pip install --no-compile -e "$ROOT"
+  "$PY" -m pip install $nocompile -e "$ROOT"
 fi
 
 if ! check; then

@@ -596,15 +596,36 @@ def _(mon, tmp_path, monkeypatch):
     return watch(mon, calls)
 
 
-@case("PATCHED_INTERNALS", "allocate_slots_spy")
+@case("PATCHED_INTERNALS", "allocate_slots_mock")
 def _(mon, tmp_path, monkeypatch):
-    # An allocate_slots that fails on purpose, as vLLM's tests inject one.
+    # An allocate_slots that always fails, as vLLM's tests inject one with a Mock.
+    from unittest.mock import Mock
+
     s = build_scheduler()
-    real = s.kv_cache_manager.allocate_slots
-    s.kv_cache_manager.allocate_slots = lambda *a, **k: None if not calls_made.append(1) and len(calls_made) == 1 \
-        else real(*a, **k)
-    calls_made: list = []
+    s.kv_cache_manager.allocate_slots = Mock(return_value=None)
     return watch(mon, add_and_step(s, request("a", 20)))
+
+
+def refuse_once(obj, name: str) -> list:
+    """Replace obj.name with a spy that refuses its first call (None), then calls
+    the real method, as vLLM's test_scheduler.py:2417-2426 wraps allocate_slots.
+    Returns the list of the spy's answers."""
+    real = getattr(obj, name)
+    answers: list = []
+
+    def spy(*a, **k):
+        answers.append(None if not answers else real(*a, **k))
+        return answers[-1]
+    setattr(obj, name, spy)
+    return answers
+
+
+@case("SPY_CHANGED_STEP", "allocate_slots_refused_once")
+def _(mon, tmp_path, monkeypatch):
+    s = build_scheduler()
+    s.add_request(request("a", 20))
+    refuse_once(s.kv_cache_manager, "allocate_slots")
+    return watch(mon, lambda: s.schedule())  # the spec grants "a" its prompt; vLLM, refused, nothing
 
 
 # -- the tests -------------------------------------------------------------------------------
@@ -623,6 +644,44 @@ def test_feature_is_counted_outside_scope(c: Case, monitor, tmp_path, monkeypatc
     assert set(stats["outside_scope"]) == expected, f"named {sorted(stats['outside_scope'])}"
     assert_clean(stats)
     assert_clean(monitor.summary())  # the setup calls too
+
+
+def test_a_spy_that_calls_through_leaves_every_call_checked(monitor):
+    """A counting wrapper of _preempt_request, as vLLM's async tests install one
+    (test_async_scheduler.py:566-574): the calls stay in scope and are compared."""
+    s = build_scheduler(num_blocks=7)
+    seen: list = []
+    real = s._preempt_request
+
+    def counting_preempt(request, timestamp, **kwargs):
+        seen.append(request.request_id)
+        return real(request, timestamp, **kwargs)
+    s._preempt_request = counting_preempt
+    assert scope.spied(s) == ("Scheduler._preempt_request",) and not scope.patched(s)
+
+    def calls():
+        for rid in "ab":
+            s.add_request(request(rid, 40, max_tokens=30))
+        run_to_completion(s)
+    stats = watch(monitor, calls)
+    assert seen, "no preemption: the case did not exercise the spy"
+    assert_all_checked(stats, "schedule", "update_from_output", "add_request")
+
+
+def test_a_spy_that_changes_a_step_excuses_that_call_only(monitor):
+    """A spy that refuses the first allocation: that schedule() differs from the
+    spec and is counted under SPY_CHANGED_STEP, never as a divergence; the calls
+    after it, where the spy calls through, are checked."""
+    s = build_scheduler()
+    s.add_request(request("a", 20))
+    answers = refuse_once(s.kv_cache_manager, "allocate_slots")
+    first = watch(monitor, lambda: s.schedule())
+    assert first["outside_scope"] == {scope.SPY_CHANGED_STEP: 1} and not first["divergences"]
+    later = watch(monitor, lambda: (s.schedule(), step(s)))
+    assert answers[0] is None and answers[-1] is not None
+    seen = calls_seen(later)
+    assert seen["schedule"]["checked"] == seen["schedule"]["total"] == 2, seen
+    assert_clean(monitor.summary())
 
 
 def test_every_feature_has_a_case():

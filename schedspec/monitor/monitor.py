@@ -8,7 +8,8 @@ test that changes the scheduler's internals by hand between calls cannot put
 the monitor out of step: the next call is judged from what vLLM then holds.
 
 Every call ends in exactly one of: *checked* (and maybe a divergence),
-*outside scope* (a feature the spec does not model, named, scope.py), *vLLM
+*outside scope* (a feature the spec does not model, named, scope.py; or a
+difference in a call a test's spy may have changed, scope.is_spy), *vLLM
 raised* (vLLM's exception goes on to its caller, nothing to compare), or a
 *monitor error* (the lift, the spec or the comparison failed), kept apart from
 divergences.  A monitor error never reaches vLLM's caller unless the policy is
@@ -175,6 +176,17 @@ class Monitor:
             return result
         if not self.relift:
             sched.__dict__[POST_ATTR] = prepared.observed_post
+        if difference is not None and scope.spied(sched):
+            # A spy that calls through may still have changed the step (a fault
+            # injected once, scope.is_spy): its difference is not vLLM's, so the
+            # call is counted outside scope, by name; an agreeing call is checked.
+            log.debug("schedspec: %s #%d differs under spies %s: %s", call, number, scope.spied(sched),
+                      difference.describe())
+            self.unrebuildable(sched, f"{call} #{number} was changed by a spy")
+            self.count(call, "outside_scope")
+            self.stats.outside_scope[scope.SPY_CHANGED_STEP] += 1
+            self.totals.outside_scope[scope.SPY_CHANGED_STEP] += 1
+            return result
         self.count(call, "checked")
         if run is not None and not run.broken:
             run.record(call, prepared)

@@ -51,6 +51,7 @@ HASH_LOOKAHEAD = "hash lookahead tokens"
 NO_BLOCK_HASHER = "request without a block hasher (prefix caching)"
 HAND_ASSEMBLED = "scheduler assembled without __init__"
 PATCHED_INTERNALS = "scheduler method replaced on the object"
+SPY_CHANGED_STEP = "a spy on a scheduler method changed the step"
 OUT_OF_SCHEDULE_PREEMPTION = "preemption outside schedule()"
 KV_BLOCK_SIZE = "KV group block size != scheduler block size"
 PREFIX_REPLAY = "prefix replay window"
@@ -211,10 +212,10 @@ def methods_of(cls: type) -> frozenset:
     return names
 
 
-def patched(sched: Any) -> bool:
-    """A method of the scheduler or of its KV cache manager, coordinator or block
-    pool replaced on the object (a test's spy or Mock, e.g. an allocate_slots that
-    fails on purpose): vLLM's code no longer decides that step."""
+def replaced_methods(sched: Any) -> Iterable[tuple[Any, str, Any]]:
+    """(object, name, replacement) for each method of the scheduler or of its KV
+    cache manager, coordinator or block pool replaced on the object (a test's
+    Mock, spy or fault injector); the monitor's own recorders are not counted."""
     kv = sched.__dict__.get("kv_cache_manager")
     objects = [sched]
     if kv is not None and hasattr(kv, "__dict__"):
@@ -225,9 +226,37 @@ def patched(sched: Any) -> bool:
         if d:
             for k in d.keys() & methods_of(type(obj)):
                 v = d[k]
-                if callable(v) and not getattr(v, "schedspec_recorder", False):
-                    return True
+                if callable(v) and getattr(v, "schedspec_recorder", False) is not True:  # a Mock has every attribute
+                    yield obj, k, v
+
+
+def is_spy(obj: Any, name: str, replacement: Any) -> bool:
+    """A replacement that holds the method it replaced, bound to the same object,
+    in its closure: a spy that counts and calls through, as vLLM's async tests
+    wrap _preempt_request (test_async_scheduler.py:566-574).  It may still change
+    what it delegates (an allocate_slots that fails once, then calls the real
+    one), so the monitor compares such a call and never reports its difference
+    as vLLM's: see Monitor.check."""
+    for cell in getattr(replacement, "__closure__", None) or ():
+        try:
+            held = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if getattr(held, "__self__", None) is obj and getattr(held, "__name__", None) == name:
+            return True
     return False
+
+
+def patched(sched: Any) -> bool:
+    """A scheduler method replaced by something other than a spy (scope.is_spy):
+    vLLM's code no longer decides that step."""
+    return any(not is_spy(*m) for m in replaced_methods(sched))
+
+
+def spied(sched: Any) -> tuple[str, ...]:
+    """The names of the scheduler methods a spy wraps (is_spy), sorted."""
+    return tuple(sorted(f"{type(obj).__name__}.{name}" for obj, name, v in replaced_methods(sched)
+                        if is_spy(obj, name, v)))
 
 
 def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
