@@ -16,8 +16,10 @@ from schedspec.reference.example_files import EXAMPLES_DIR, example_names
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
+    # Python's own bytecode cache of a user module imported from `root` is not
+    # something schedspec wrote (it appears wherever PYTHONDONTWRITEBYTECODE is unset).
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"<dir>")
-            for p in sorted(root.rglob("*"))}
+            for p in sorted(root.rglob("*")) if "__pycache__" not in p.relative_to(root).parts}
 
 
 @pytest.fixture
