@@ -513,6 +513,22 @@ def test_table_counts_per_file_and_flags_what_fails_the_run():
     assert "not counted" in text and "passed plain, not under the monitor" in text and "FAIL" in text
 
 
+def test_every_scope_feature_prints_whole_in_the_table():
+    """The outside-scope line cuts what a subprocess reports at a length no feature
+    name of scope.py reaches: each one prints whole."""
+    from schedspec.monitor import scope
+
+    names = [v for k, v in vars(scope).items() if k.isupper() and isinstance(v, str) and not k.startswith("_")]
+    s = stats()
+    s["outside_scope"] = {name: 1 for name in names}
+    shadow = report(False, {f"{F1}::a": ("passed", None, s)})
+    text = pt.format_table(pt.build_table(None, shadow))
+    line = next(x for x in text.splitlines() if x.startswith("calls outside the spec's scope"))
+    assert "characters)" not in line
+    for name in names:
+        assert f"{name} 1" in line, name
+
+
 def test_failure_causes_name_pydantics_own_line():
     msg = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
            "  Value error, Model architectures ['X'] failed to be inspected. [type=value_error, input_value=1]")
