@@ -176,12 +176,12 @@ class Monitor:
             return result
         if not self.relift:
             sched.__dict__[POST_ATTR] = prepared.observed_post
-        if difference is not None and scope.spied(sched):
+        spies = scope.spied(sched) if difference is not None else ()
+        if spies:
             # A spy that calls through may still have changed the step (a fault
             # injected once, scope.is_spy): its difference is not vLLM's, so the
             # call is counted outside scope, by name; an agreeing call is checked.
-            log.debug("schedspec: %s #%d differs under spies %s: %s", call, number, scope.spied(sched),
-                      difference.describe())
+            log.debug("schedspec: %s #%d differs under spies %s: %s", call, number, spies, difference.describe())
             self.unrebuildable(sched, f"{call} #{number} was changed by a spy")
             self.count(call, "outside_scope")
             self.stats.outside_scope[scope.SPY_CHANGED_STEP] += 1

@@ -1109,7 +1109,7 @@ def format_table(table: Mapping[str, Any], vectors_dir: str | None = None) -> st
         calls = ", ".join(f"{name} {c.get('checked', 0)}/{c.get('total', 0)}"
                           for name, c in totals["calls"].items())
         lines.append(f"\nscheduler calls checked/made: {calls or 'none'}")
-        # Cut only what no feature name of scope.py reaches (the longest is 48 characters).
+        # Cut only what no feature name of scope.py reaches (the longest is 47 characters).
         features = ", ".join(f"{shown(k, 60)} {v}" for k, v in totals["outside_scope"].items())
         lines.append(f"calls outside the spec's scope, by feature: {features or 'none'}")
     divs = table.get("divergences", [])
