@@ -325,6 +325,7 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
                  model_runner_output: Any) -> Any:
     """`update_from_output()`: the sampled tokens applied by the spec and by vLLM."""
     ids = list(scheduler_output.num_scheduled_tokens)
+    read: dict[str, dict] = {}  # the sampled tokens, read once, by features() (called before prepare())
 
     def features():
         extra = []
@@ -340,7 +341,7 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
             extra.append(scope.STRUCTURED_OUTPUT)
         held = [sched.requests[rid] for rid in ids if rid in sched.requests]
         # The spec's grammar accepts every token; a real one may reject them (S:2432-2443).
-        tokens = sampled_tokens(model_runner_output, ids)
+        tokens = read["sampled"] = sampled_tokens(model_runner_output, ids)
         if any(getattr(r, "structured_output_request", None) is not None and tokens.get(r.request_id)
                for r in held):
             extra.append(scope.GRAMMAR_ACCEPTANCE)
@@ -355,7 +356,7 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
         errors = {rid: sched.requests[rid] for rid in pre.grammar_compile_error_reqs
                   if rid in sched.requests and rid not in held}
         return Prepared(pre, "update_from_output", output=output, held=held, errors=errors,
-                        sampled=sampled_tokens(model_runner_output, ids))
+                        sampled=read["sampled"])
 
     def judge(p: Prepared, _result):
         finished = [(rid, lift_status(r.status)) for rid, r in p.args["held"].items() if r.is_finished()]

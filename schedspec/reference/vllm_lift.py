@@ -22,8 +22,8 @@ from __future__ import annotations
 import enum
 from concurrent.futures import Future
 from dataclasses import fields as dataclass_fields
-from itertools import chain, repeat
-from operator import attrgetter, is_
+from itertools import chain, compress, repeat
+from operator import attrgetter, eq, is_
 from typing import Any, Iterable, Mapping, Sequence
 
 from schedspec.spec.block_pool import BlockPool
@@ -292,6 +292,13 @@ def lift_tables(manager: Any, like: Mapping[str, tuple[int, ...]]) -> tuple[dict
     order: a pass of map() in C over the list, touching no block) has the same
     ids, and one that starts with them only needs the blocks appended since read.
     Ids equal to `like`'s (the spec's tables) are kept as `like`'s own tuple."""
+    # First, all at once in C: the tables hold exactly `like`'s ids, in its order.
+    held = manager.req_to_blocks
+    tables = list(filter(None, held.values()))
+    if len(tables) == len(like) and all(map(eq, compress(held, held.values()), like)) \
+            and list(map(len, tables)) == list(map(len, like.values())) \
+            and list(map(_block_id, chain.from_iterable(tables))) == list(chain.from_iterable(like.values())):
+        return like, tables
     last = manager.__dict__.get(TABLES_ATTR) or {}
     seen, req_to_blocks, tables = {}, {}, []
     for rid, blks in manager.req_to_blocks.items():
