@@ -24,6 +24,7 @@ accrue.
     python benchmarks/monitor_overhead.py                  # N = 10,100,1000; modes off, async (both flags on)
     python benchmarks/monitor_overhead.py --n 100 --modes off,prefix,async --steps 100 --json out.json
     python benchmarks/monitor_overhead.py --n 1000 --steps 20 --clock cpu
+    python benchmarks/monitor_overhead.py --n 10 --blocks 100000 --clock cpu   # a GPU-sized pool
 
 Progress goes to stderr, the markdown table to stdout.  A script, not a test.
 """
@@ -31,6 +32,7 @@ Progress goes to stderr, the markdown table to stdout.  A script, not a test.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -50,10 +52,12 @@ DEFAULT_NS = (10, 100, 1000)
 DEFAULT_MODES = ("off", "async")
 
 
-def measure(mode: str, n: int, steps: int, repeat: int, relift: bool) -> dict:
+def measure(mode: str, n: int, steps: int, repeat: int, relift: bool, blocks: int = 0) -> dict:
     caching, async_ = MODES[mode]
     warmup = max(3, steps // 10)
     config = make_config(n, caching, async_, 8 + warmup + steps * repeat)
+    if blocks > config.num_gpu_blocks:  # a GPU-sized pool: under prefix caching every call reads its free queue
+        config = dataclasses.replace(config, num_gpu_blocks=blocks)
     requests = make_requests(config, n)
     plain, shadowed = VllmSide(config, requests), VllmSide(config, requests)
     # After the adapter's first import of vLLM, which sets up the CPU platform.
@@ -106,7 +110,7 @@ def measure(mode: str, n: int, steps: int, repeat: int, relift: bool) -> dict:
         f"({perf() - t_setup:.1f}s)")
     return {"mode": mode, "n": n, "relift": relift, "enable_prefix_caching": caching, "async_scheduling": async_,
             "steps": steps, "repeat": repeat, "clock": "cpu" if sys.modules["spec_vs_vllm"].perf is time.thread_time
-            else "wall", "plain_ms_per_step": p, "shadowed_ms_per_step": s,
+            else "wall", "num_gpu_blocks": config.num_gpu_blocks, "plain_ms_per_step": p, "shadowed_ms_per_step": s,
             "ratio": s / p, "calls_checked": checked}
 
 
@@ -117,6 +121,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per repeat (default: by N)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the results here (refuses an existing file)")
+    ap.add_argument("--blocks", type=int, default=0,
+                    help="a KV pool of at least this many blocks (default: sized to N, a few hundred at N = 10)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="time steps by the wall clock (default) or by the thread's CPU time")
     a = ap.parse_args()
@@ -138,15 +144,15 @@ def main() -> int:
         for mode in modes:
             for n in ns:
                 for relift in (False, True):
-                    results.append(measure(mode, n, a.steps or auto_steps(n), a.repeat, relift))
+                    results.append(measure(mode, n, a.steps or auto_steps(n), a.repeat, relift, a.blocks))
     except Mismatch as e:
         print(f"monitor_overhead: {e}", file=sys.stderr)
         return 1
-    print("| mode | N | pre-state | plain vLLM ms/step | shadowed ms/step | shadowed / plain |")
-    print("|---|---:|---|---:|---:|---:|")
+    print("| mode | N | KV blocks | pre-state | plain vLLM ms/step | shadowed ms/step | shadowed / plain |")
+    print("|---|---:|---:|---|---:|---:|---:|")
     for r in results:
         how = "lifted every call" if r["relift"] else "last post-state (engine)"
-        print(f"| {r['mode']} | {r['n']} | {how} | {r['plain_ms_per_step']:.3f} | {r['shadowed_ms_per_step']:.3f} "
+        print(f"| {r['mode']} | {r['n']} | {r['num_gpu_blocks']} | {how} | {r['plain_ms_per_step']:.3f} | {r['shadowed_ms_per_step']:.3f} "
               f"| {r['ratio']:.2f} |")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine(), "results": results}, indent=2))
