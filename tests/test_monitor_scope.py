@@ -250,6 +250,34 @@ def test_a_block_completed_and_freed_in_one_call_is_compared(monitor, async_sche
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["counts", "prefix"])
+def test_a_preemption_before_schedule_leaves_the_call_checked(monitor, prefix_caching):
+    """A preemption between two schedule() calls (a direct _preempt_request, as
+    vLLM's test_preemption_re_records_prefix_cache_query makes, or
+    reset_prefix_cache with reset_running_requests) is reported in the next
+    output too (S:228, 1799).  That call is compared on the preemptions it
+    makes itself: here, after c is preempted by hand, a and b each need a third
+    block and one is free, so b preempts itself in the call."""
+    s = build_scheduler(prefix_caching=prefix_caching, block_size=16, num_blocks=6,  # 5 usable blocks
+                        max_num_batched_tokens=128)
+    for rid, n, first in (("a", 32, 1000), ("b", 32, 2000), ("c", 16, 3000)):
+        s.add_request(request(rid, tokens=list(range(first, first + n)), sched=s, max_tokens=20,
+                              sampling={"ignore_eos": True}))
+    step(s)
+    assert [r.request_id for r in s.running] == ["a", "b", "c"]
+    s._preempt_request(s.running.pop(), 0.0)  # noqa: SLF001 - as vLLM's test does
+    out = step(s)
+    assert set(out.preempted_req_ids) == {"b", "c"}  # c from before the call, b from it
+    for _ in range(4):
+        step(s)
+    assert s.reset_prefix_cache(reset_running_requests=True)
+    out = step(s)
+    assert out.preempted_req_ids  # those reset_prefix_cache preempted
+    for _ in range(30):
+        step(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
 def test_a_lookahead_hasher_with_no_hash_yet_is_outside_scope(monitor):
     """A block hasher with lookahead tokens hashes a block only once the token after
     it exists; before its first hash the request already lags the spec's hashing."""
@@ -495,7 +523,7 @@ def _(mon, tmp_path, monkeypatch):
     return watch(mon, add_and_step(s, request("a", 20, sampling={"repetition_detection": params})))
 
 
-@case("DROP_STALE_OUTPUT", companions=("OUT_OF_SCHEDULE_PREEMPTION",))
+@case("DROP_STALE_OUTPUT")
 def _(mon, tmp_path, monkeypatch):
     # reset_prefix_cache(reset_running_requests=True) preempts with its output
     # still in flight and drops that output (scheduler.py:3193-3203).

@@ -22,11 +22,12 @@ import logging
 import threading
 import traceback
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from schedspec.reference.campaign import safe_stem
-from schedspec.reference.vllm_lift import lift_config, lift_output, lift_request, lift_state, lift_status, \
+from schedspec.reference.vllm_lift import LiftError, lift_config, lift_output, lift_request, lift_state, lift_status, \
     sampled_tokens
 from schedspec.spec import scheduler as spec
 from schedspec.spec.state import SchedulerOutput
@@ -297,20 +298,29 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
     """`schedule()`: the spec's decision on the lifted pre-state against vLLM's."""
 
     def features():
-        found = scope.features(sched, throttle_prefills=throttle_prefills) + scope.decode_stagger(sched)
-        # A preemption since the last schedule() (a direct call, or
-        # reset_prefix_cache) is reported in this output (S:228, 1799).
-        return found + (scope.OUT_OF_SCHEDULE_PREEMPTION,) if preempted else found
+        return scope.features(sched, throttle_prefills=throttle_prefills) + scope.decode_stagger(sched)
 
     def prepare():
         pre = monitor.pre_state(sched)
         status_before = {rid: r.status.name for rid, r in sched.requests.items()} \
             if sched.use_v2_model_runner else None
-        return Prepared(pre, "schedule", status_before=status_before)
+        if preempted:  # not a scenario event: the run cannot be rebuilt as a file from here on
+            monitor.unrebuildable(sched, "a preemption outside schedule() (reset_prefix_cache or a direct call)")
+        return Prepared(pre, "schedule", status_before=status_before, earlier=tuple(preempted))
 
     def judge(p: Prepared, out):
         vllm_out = lift_output(out, preempted, prefix_caching=p.pre.config.enable_prefix_caching,
                                status_before=p.args["status_before"])
+        earlier = p.args["earlier"]
+        if earlier:
+            # A preemption since the last schedule() (reset_prefix_cache, a direct
+            # call) is reported in this output too (S:228, 1799), but was not this
+            # call's decision: the lifted pre-state already holds its effect.  The
+            # call is judged on the preemptions it made, in order, after those.
+            if vllm_out.preempted_req_ids[:len(earlier)] != earlier:
+                raise LiftError(f"preemptions before schedule() {list(earlier)} are not the first of "
+                                f"{list(vllm_out.preempted_req_ids)}")
+            vllm_out = replace(vllm_out, preempted_req_ids=vllm_out.preempted_req_ids[len(earlier):])
         spec_out, spec_post = spec.schedule(p.pre)
         p.observed_result, p.observed_post = vllm_out, lift_state(sched, p.pre.config, like=spec_post)
         return compare_outputs(spec_out, vllm_out) or compare_states(p.pre, spec_post, p.observed_post)

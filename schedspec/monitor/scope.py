@@ -52,7 +52,6 @@ NO_BLOCK_HASHER = "request without a block hasher (prefix caching)"
 HAND_ASSEMBLED = "scheduler assembled without __init__"
 PATCHED_INTERNALS = "scheduler method replaced on the object"
 SPY_CHANGED_STEP = "a spy on a scheduler method changed the step"
-OUT_OF_SCHEDULE_PREEMPTION = "preemption outside schedule()"
 KV_BLOCK_SIZE = "KV group block size != scheduler block size"
 PREFIX_REPLAY = "prefix replay window"
 

@@ -39,6 +39,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from .monitor import POST_ATTR, Monitor, add_request_check, finish_check, schedule_check, update_check
+from .replay import LOG_ATTR
 
 RELEASE = vllm.__version__  # the release shadowed here (and modelled by the spec: lift_config)
 PREEMPTED_ATTR = "schedspec_preempted"  # the ids `_preempt_request` was called with, in order
@@ -184,11 +185,15 @@ def finished_requests(done: Any) -> Any:
 
 def forgetting(fn):
     """A scheduler method the monitor does not check: calling it forgets the last
-    lifted post-state, so the next checked call lifts its pre-state afresh."""
+    lifted post-state, so the next checked call lifts its pre-state afresh, and
+    ends the record of the run as a scenario (no scenario event says what it did)."""
 
     @functools.wraps(fn)
     def method(self, *args, **kwargs):
         self.__dict__.pop(POST_ATTR, None)
+        run = self.__dict__.get(LOG_ATTR)
+        if run is not None:
+            run.stop(f"{fn.__name__}() was called, which no scenario event stands for")
         return fn(self, *args, **kwargs)
     return method
 
