@@ -278,6 +278,28 @@ def test_a_preemption_before_schedule_leaves_the_call_checked(monitor, prefix_ca
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["counts", "prefix"])
+def test_stale_output_dropped_after_reset_prefix_cache_is_compared(monitor, prefix_caching):
+    """reset_prefix_cache(reset_running_requests=True) preempts with output still
+    in flight and drops that output when it returns (S:3193-3204, 2337-2339):
+    the waiting loop does not wait for it (S:1084) and update_from_output
+    appends nothing.  Every call after it is compared (spec: drop_stale_output)."""
+    s = build_scheduler(async_scheduling=True, prefix_caching=prefix_caching)
+    s.add_request(request("a", 20, sched=s, max_tokens=8, sampling={"ignore_eos": True}))
+    first = s.schedule()
+    assert s.reset_prefix_cache(reset_running_requests=True)
+    r = s.requests["a"]
+    assert r.drop_stale_output and r.num_stale_output_tokens == 20
+    second = s.schedule()  # resumed at once: the stale output is not waited for
+    assert "a" in second.num_scheduled_tokens
+    s.update_from_output(first, runner_output(first, {"a": [100]}))
+    assert r.num_output_tokens == 0 and r.num_stale_output_tokens == 0  # dropped, not appended
+    s.update_from_output(second, runner_output(second, {"a": [101]}))
+    assert r.num_output_tokens == 1
+    run_to_completion(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
 def test_a_lookahead_hasher_with_no_hash_yet_is_outside_scope(monitor):
     """A block hasher with lookahead tokens hashes a block only once the token after
     it exists; before its first hash the request already lags the spec's hashing."""
@@ -521,22 +543,6 @@ def _(mon, tmp_path, monkeypatch):
     s = build_scheduler()
     params = RepetitionDetectionParams(max_pattern_size=2, min_count=3)
     return watch(mon, add_and_step(s, request("a", 20, sampling={"repetition_detection": params})))
-
-
-@case("DROP_STALE_OUTPUT")
-def _(mon, tmp_path, monkeypatch):
-    # reset_prefix_cache(reset_running_requests=True) preempts with its output
-    # still in flight and drops that output (scheduler.py:3193-3203).
-    s = build_scheduler(async_scheduling=True)
-    s.add_request(request("a", 20, max_tokens=8))
-    first = s.schedule()  # in scope; its output is still in flight
-    s.reset_prefix_cache(reset_running_requests=True)
-    assert s.requests["a"].drop_stale_output
-
-    def calls():
-        s.schedule()
-        s.update_from_output(first, runner_output(first, {"a": [100]}))
-    return watch(mon, calls)
 
 
 @case("DELAYED_FREE", companions=("KV_CONNECTOR",))

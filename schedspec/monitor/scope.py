@@ -44,7 +44,6 @@ PROMPT_LOGPROBS = "prompt logprobs (no prefix-cache reads)"
 CACHE_SALT = "cache salt"
 PROMPT_EMBEDS = "prompt embeddings"
 REPETITION_DETECTION = "repetition detection"
-DROP_STALE_OUTPUT = "dropped stale output"
 DELAYED_FREE = "finished request still held"
 MM_ENCODER_ONLY = "multimodal encoder-only instance"
 HASH_LOOKAHEAD = "hash lookahead tokens"
@@ -298,10 +297,6 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
         static = (prefix_caching, static_request_features(r, prefix_caching))
         r.__dict__[_STATIC] = static
     status = r.status
-    # Drop mode matters only while stale output is in flight (S:1084, 2338-2339);
-    # vLLM leaves the flag set after it drains.  Bridge (stale output): both
-    # fields from 0.28.0 (0.28.0 v1/request.py:155-163); none before.
-    dropping = getattr(r, "drop_stale_output", False) and getattr(r, "num_stale_output_tokens", 0)
     # The spec hashes every full block as soon as it fills (RQ:285-288); a hasher
     # with lookahead tokens lags (kv_cache_utils.py get_request_block_hasher).
     # A request with a hasher but no hash yet lags too (a lookahead hasher waits for
@@ -311,7 +306,7 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
     # Drafts follow 0.33.0's rules (spec/spec_decode.py) with or without a drafter
     # configured; the scheduler's own features say when its drafter is outside scope.
     drafts = r.spec_token_ids and not newest_rules()
-    if not (static[1] or drafts or dropping or lagging or status.name in _UNUSUAL):
+    if not (static[1] or drafts or lagging or status.name in _UNUSUAL):
         return ()  # the common case, in four attribute reads
     out = list(static[1])
     if status.name in BLOCKED_STATUSES and not (status.name in MODELLED_BLOCKED_STATUSES and newest_rules()):
@@ -320,8 +315,6 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
         out.append(DELAYED_FREE)
     if drafts:
         out.append(SPECULATIVE_DECODING)
-    if dropping:
-        out.append(DROP_STALE_OUTPUT)
     if lagging:
         out.append(HASH_LOOKAHEAD)
     return tuple(out)

@@ -42,7 +42,7 @@ class LiftError(RuntimeError):
 SHARED_REQUEST_FIELDS = (
     "num_prompt_tokens", "max_tokens", "priority", "arrival_time", "num_computed_tokens", "num_output_tokens",
     "num_preemptions", "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
-    "is_prefill_chunk")
+    "drop_stale_output", "is_prefill_chunk")
 
 # vLLM's SchedulerConfig fields the spec's config has under the same name.
 SCHEDULER_CONFIG_FIELDS = (
@@ -108,13 +108,13 @@ _shared = attrgetter(*SHARED_REQUEST_FIELDS)
 
 def _shared_of(r: Any) -> tuple:
     """The shared fields of vLLM request `r`.  Bridge (request counters): 0.25.0 and
-    earlier have no `num_in_flight_tokens` nor `num_stale_output_tokens` (0.28.0
-    v1/request.py:155-163 brought them with stale-output handling); they lift as 0,
-    what they are outside async scheduling."""
+    earlier have no `num_in_flight_tokens`, `num_stale_output_tokens` nor
+    `drop_stale_output` (0.28.0 v1/request.py:155-168 brought them with stale-output
+    handling); they lift as 0 and False, what they are outside async scheduling."""
     try:
         return _shared(r)
     except AttributeError:
-        return tuple(getattr(r, f, 0) for f in SHARED_REQUEST_FIELDS)
+        return tuple(getattr(r, f, False if f == "drop_stale_output" else 0) for f in SHARED_REQUEST_FIELDS)
 
 
 LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last lifted Request)

@@ -62,6 +62,10 @@ class Request:
     num_output_placeholders: int = 0
     num_in_flight_tokens: int = 0
     num_stale_output_tokens: int = 0
+    # Async: the stale output is dropped on return, not appended (RQ:168, S:2338).
+    # reset_prefix_cache(reset_running_requests=True) preempts in this mode
+    # (S:3193-3204); nothing in schedule() sets it without a KV connector.
+    drop_stale_output: bool = False
     is_prefill_chunk: bool = False
     # Speculative decoding: the drafts to verify next step (RQ:`spec_token_ids`); under
     # async scheduling -1 placeholders for drafts the worker fills in.

@@ -187,6 +187,9 @@ def preempt(s: ScheduleWork, victim: str) -> None:
     r.num_computed_tokens = 0
     r.spec_token_ids = ()  # S:1823
     r.num_preemptions += 1
+    # A drop-mode share not yet drained stays dropped; schedule() itself preempts
+    # in delivery mode (S:975, without a KV connector), so the flag goes (S:1832-1834).
+    r.drop_stale_output = r.drop_stale_output and r.num_stale_output_tokens > 0
     r.num_stale_output_tokens = r.num_in_flight_tokens
     r.num_output_placeholders = 0
     enqueue(s.config.policy, s.waiting, s.requests, victim, front=True)
@@ -230,7 +233,7 @@ def schedule_waiting(s: ScheduleWork) -> None:
         # Skipped: a grammar compiling or failed (S:1079-1082) [seam: remote KVs, streaming
         # input]; async: output from before its preemption in flight, which resuming could
         # resample (S:1084); LoRA: one adapter too many (S:1089-1101).
-        if structured_output.waits_for_grammar(s, rid) or s.requests[rid].num_stale_output_tokens > 0 \
+        if structured_output.waits_for_grammar(s, rid) or stale_output_pending(s.requests[rid]) \
                 or lora.exceeds_max_loras(s.config, loras, s.requests[rid]):
             skipped.append(s.waiting.popleft())
             continue
@@ -363,12 +366,21 @@ def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int], num_draf
     return status
 
 
+def stale_output_pending(r: Request) -> bool:
+    """Async: output scheduled before the request's preemption is still in flight and
+    will be appended, so resuming now could resample a position it fills (S:1084)."""
+    return r.num_stale_output_tokens > 0 and not r.drop_stale_output
+
+
 def deliver_stale_output(w: Working, rid: str, n: int, tokens: Sequence[int]) -> RequestStatus | None:
     """Async: a batch scheduled before the request's preemption.  Its tokens are appended
-    and can finish the waiting request (S:2316-2338); progress and placeholders stay."""
+    and can finish the waiting request (S:2316-2338); progress and placeholders stay.
+    In drop mode they are discarded (S:2337-2339)."""
     r = w.request(rid)
     r.num_in_flight_tokens -= n
     r.num_stale_output_tokens -= n
+    if r.drop_stale_output:
+        return None
     status, _ = append_output_tokens(r, tokens, w.config)
     return status
 
