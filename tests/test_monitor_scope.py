@@ -300,6 +300,24 @@ def test_stale_output_dropped_after_reset_prefix_cache_is_compared(monitor, pref
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 
 
+def test_prompt_logprobs_read_no_cached_prefix_and_are_compared(monitor):
+    """A request with prompt logprobs reads no cached prefix (RQ:314-325,
+    K:251-253) but its blocks are cached for others: b, with a's prompt and
+    prompt logprobs, gets no hit; c, with the same prompt, hits a's blocks."""
+    s = build_scheduler(prefix_caching=True)
+    tokens = list(range(500, 540))
+    s.add_request(request("a", tokens=tokens, sched=s))
+    run_to_completion(s)
+    b = request("b", tokens=tokens, sched=s, sampling={"prompt_logprobs": 1})
+    assert b.skip_reading_prefix_cache
+    s.add_request(b)
+    assert step(s).scheduled_new_reqs[0].num_computed_tokens == 0
+    s.add_request(request("c", tokens=tokens, sched=s))
+    assert step(s).scheduled_new_reqs[0].num_computed_tokens == 32
+    run_to_completion(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
 def test_a_lookahead_hasher_with_no_hash_yet_is_outside_scope(monitor):
     """A block hasher with lookahead tokens hashes a block only once the token after
     it exists; before its first hash the request already lags the spec's hashing."""
@@ -512,14 +530,6 @@ def _(mon, tmp_path, monkeypatch):
     step(s)
     assert s.requests["a"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
     return watch(mon, add_and_step(s, request("a", 8, max_tokens=2, resumable=True)))
-
-
-@case("PROMPT_LOGPROBS")
-def _(mon, tmp_path, monkeypatch):
-    s = build_scheduler(prefix_caching=True)
-    r = request("a", 40, sched=s, sampling={"prompt_logprobs": 1})
-    assert r.skip_reading_prefix_cache
-    return watch(mon, add_and_step(s, r))
 
 
 @case("CACHE_SALT")

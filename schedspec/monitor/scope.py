@@ -40,7 +40,6 @@ LORA = "LoRA"
 STRUCTURED_OUTPUT = "structured output"
 GRAMMAR_ACCEPTANCE = "a grammar judging sampled tokens"
 STREAMING_INPUT = "streaming input"
-PROMPT_LOGPROBS = "prompt logprobs (no prefix-cache reads)"
 CACHE_SALT = "cache salt"
 PROMPT_EMBEDS = "prompt embeddings"
 REPETITION_DETECTION = "repetition detection"
@@ -278,8 +277,6 @@ def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
     if prefix_caching:
         if r.__dict__.get("_block_hasher") is None:
             out.append(NO_BLOCK_HASHER)
-        if r.skip_reading_prefix_cache:
-            out.append(PROMPT_LOGPROBS)
         if r.cache_salt:
             out.append(CACHE_SALT)
         if r.prompt_embeds is not None:

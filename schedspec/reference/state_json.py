@@ -237,7 +237,8 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
 REQUEST_FIELDS = tuple(f.name for f in fields(Request))
 # Speculative decoding's fields are written only when not empty, so vectors of
 # the scope before it read and write as they always did.
-OPTIONAL_REQUEST_FIELDS = ("spec_token_ids", "lora_int_id", "grammar", "drop_stale_output")
+OPTIONAL_REQUEST_FIELDS = ("spec_token_ids", "lora_int_id", "grammar", "drop_stale_output",
+                           "skip_reading_prefix_cache")
 GRAMMARS = ("compiling", "compiled", "failed")  # Request.grammar, when it has one (spec/structured_output.py)
 # name -> minimum, for the integer fields (None: any integer).
 _REQUEST_INTS: dict[str, int | None] = {
@@ -267,7 +268,7 @@ def request_to_json(r: Request) -> dict[str, Any]:
             v = status_to_json(v)
         elif name == "block_hashes":
             v = [hash_to_json(h) for h in v]
-        elif name in ("lora_int_id", "grammar", "drop_stale_output"):
+        elif name in ("lora_int_id", "grammar", "drop_stale_output", "skip_reading_prefix_cache"):
             if not v:
                 continue
         elif name in _TOKEN_LISTS or name in OPTIONAL_REQUEST_FIELDS:
@@ -298,7 +299,7 @@ def request_from_json(obj: Any, where: str = "request") -> Request:
             values[name] = tuple(hash_from_json(h, index_path(path, i)) for i, h in enumerate(read_list(v, path)))
         elif name in _TOKEN_LISTS:
             values[name] = read_int_list(v, path, 0)
-        elif name in ("is_prefill_chunk", "drop_stale_output"):
+        elif name in ("is_prefill_chunk", "drop_stale_output", "skip_reading_prefix_cache"):
             values[name] = read_bool(v, path)
         elif name == "eos_token_id":
             values[name] = read_int(v, path, 0, nullable=True)

@@ -42,7 +42,7 @@ class LiftError(RuntimeError):
 SHARED_REQUEST_FIELDS = (
     "num_prompt_tokens", "max_tokens", "priority", "arrival_time", "num_computed_tokens", "num_output_tokens",
     "num_preemptions", "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
-    "drop_stale_output", "is_prefill_chunk")
+    "drop_stale_output", "is_prefill_chunk", "skip_reading_prefix_cache")
 
 # vLLM's SchedulerConfig fields the spec's config has under the same name.
 SCHEDULER_CONFIG_FIELDS = (

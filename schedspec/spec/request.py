@@ -67,6 +67,9 @@ class Request:
     # (S:3193-3204); nothing in schedule() sets it without a KV connector.
     drop_stale_output: bool = False
     is_prefill_chunk: bool = False
+    # Reads no cached prefix (RQ:314-325: prompt logprobs need every prompt position
+    # computed); its blocks are still cached for others (K:251-253).
+    skip_reading_prefix_cache: bool = False
     # Speculative decoding: the drafts to verify next step (RQ:`spec_token_ids`); under
     # async scheduling -1 placeholders for drafts the worker fills in.
     spec_token_ids: tuple = ()

@@ -248,8 +248,9 @@ def admit(s: ScheduleWork, rid: str) -> bool:
     False stops admission: it never preempts (S:1102-1461)."""
     c = s.config
     r = s.requests[rid]
+    # S:1110-1127, none for a request that reads no cached prefix (K:251-253); [seam: connector hits]
     hits = s.kv.get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size) \
-        if r.num_computed_tokens == 0 else []  # S:1110-1127; [seam: connector hits]
+        if r.num_computed_tokens == 0 and not r.skip_reading_prefix_cache else []
     num_computed_tokens = r.num_computed_tokens + len(hits) * c.block_size
     n = num_new_tokens_waiting(s, r, num_computed_tokens)
     if n is None:
