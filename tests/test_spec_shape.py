@@ -12,8 +12,10 @@ SPEC = Path(schedspec.spec.__file__).parent
 CORE = ("scheduler.py", "kv_cache.py", "block_pool.py", "state.py", "request.py")
 MAX_FUNCTION_LINES = 60
 # 900 until speculative decoding (its rules are in spec_decode.py; the core gained its
-# call sites, the draft fields and the lookahead in allocate_slots).
-MAX_CORE_LINES = 950
+# call sites, the draft fields and the lookahead in allocate_slots); 950 until drop-mode
+# stale output, prefix-cache skipping and the pause state (stale output's rules are in
+# stale_output.py; the core gained two request fields, one state field, their rules' lines).
+MAX_CORE_LINES = 960
 
 
 def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:

@@ -157,6 +157,8 @@ def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerSta
             return Difference(f"post_state.{name}", list(getattr(spec, name)), list(getattr(vllm, name)))
     if set(spec.finished_req_ids) != set(vllm.finished_req_ids):
         return Difference("post_state.finished_req_ids", sorted(spec.finished_req_ids), sorted(vllm.finished_req_ids))
+    if spec.pause_state != vllm.pause_state:
+        return Difference("post_state.pause_state", spec.pause_state, vllm.pause_state)
     if set(spec.grammar_compile_error_reqs) != set(vllm.grammar_compile_error_reqs):
         return Difference("post_state.grammar_compile_error_reqs", sorted(spec.grammar_compile_error_reqs),
                           sorted(vllm.grammar_compile_error_reqs))

@@ -112,7 +112,10 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     # Bridge (adaptive_long_prefill_threshold): from 0.31.0; none before.
     if getattr(sched, "adaptive_long_prefill_threshold", False) and sched.scheduler_config.long_prefill_token_threshold:
         out.append(ADAPTIVE_THRESHOLD)
-    if int(sched.pause_state) != 0:  # PauseState.UNPAUSED (sched/interface.py:24)
+    # Paused, the spec admits no waiting request (spec/scheduler.py schedule); vLLM
+    # still admits those holding blocks under PAUSED_NEW (S:1064-1067), which only a
+    # KV connector or streaming input leaves in the waiting queues.
+    if int(sched.pause_state) == 1 and getattr(sched, "kv_holding_waiting", None):  # PAUSED_NEW
         out.append(PAUSE)
     if getattr(sched, "num_waiting_for_streaming_input", 0):
         out.append(STREAMING_INPUT)

@@ -35,7 +35,7 @@ from schedspec.spec.config import (BOOL_FIELDS, CONFIG_FIELDS, INT_FIELDS, POLIC
 from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.output import SchedulerOutput
 from schedspec.spec.request import Request, RequestStatus
-from schedspec.spec.state import SchedulerState
+from schedspec.spec.state import PAUSE_STATES, SchedulerState
 from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
 
 
@@ -438,9 +438,9 @@ def kv_from_json(obj: Any, where: str = "kv_cache", unhashed_first: bool = True)
 # --- the state -----------------------------------------------------------------------------
 
 STATE_FIELDS = ("config", "requests", "running", "waiting", "kv_cache", "finished_req_ids",
-                "grammar_compile_error_reqs")
-# Written only when not empty: vectors from before structured output read as they did.
-OPTIONAL_STATE_FIELDS = ("grammar_compile_error_reqs",)
+                "grammar_compile_error_reqs", "pause_state")
+# Written only when not empty (not UNPAUSED): vectors from before these fields read as they did.
+OPTIONAL_STATE_FIELDS = ("grammar_compile_error_reqs", "pause_state")
 
 
 def state_to_json(s: SchedulerState) -> dict[str, Any]:
@@ -453,6 +453,7 @@ def state_to_json(s: SchedulerState) -> dict[str, Any]:
         "kv_cache": kv_to_json(s.kv_cache),
         "finished_req_ids": list(s.finished_req_ids),
         **({"grammar_compile_error_reqs": list(s.grammar_compile_error_reqs)} if s.grammar_compile_error_reqs else {}),
+        **({"pause_state": s.pause_state} if s.pause_state != "UNPAUSED" else {}),
     }
 
 
@@ -490,11 +491,15 @@ def state_from_json(obj: Any, where: str = "state", *, validate: bool = False) -
               f"= {excerpt(kind)}, must be {want!r} when config.enable_prefix_caching is "
               f"{'true' if config.enable_prefix_caching else 'false'}")
     kv = kv_from_json(raw["kv_cache"], f("kv_cache"), has(config, UNHASHED_FREE_BLOCKS_FIRST))
+    pause = raw.get("pause_state", "UNPAUSED")
+    if pause not in PAUSE_STATES:
+        _fail(f("pause_state"), f"= {excerpt(pause)}, must be one of {', '.join(map(repr, PAUSE_STATES))}")
     return SchedulerState(config=config, requests=requests, running=queues["running"], waiting=queues["waiting"],
                           kv_cache=kv, finished_req_ids=read_str_list(raw["finished_req_ids"],
                                                                       f("finished_req_ids")),
                           grammar_compile_error_reqs=tuple(read_str_list(raw.get("grammar_compile_error_reqs", []),
-                                                                         f("grammar_compile_error_reqs"))))
+                                                                         f("grammar_compile_error_reqs"))),
+                          pause_state=pause)
 
 
 def sampled_to_json(sampled: Mapping[str, Any]) -> dict[str, list[int]]:

@@ -30,7 +30,7 @@ from schedspec.spec.block_pool import BlockPool
 from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.request import Request, RequestStatus
-from schedspec.spec.state import SchedulerOutput, SchedulerState
+from schedspec.spec.state import PAUSE_STATES, SchedulerOutput, SchedulerState
 from schedspec.spec.versions import FIELDS_SINCE, UNHASHED_FREE_BLOCKS_FIRST, has
 
 
@@ -436,7 +436,19 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
         kv_cache=lift_block_pool(sched, config, pool) if config.enable_prefix_caching else lift_block_counts(sched),
         finished_req_ids=tuple(finished),
         grammar_compile_error_reqs=tuple(getattr(sched, "grammar_compile_error_reqs", None) or ()),
+        pause_state=lift_pause_state(sched),
     )
+
+
+def lift_pause_state(sched: Any) -> str:
+    """vLLM's PauseState by name (sched/interface.py:24-32; every release from 0.20.0)."""
+    state = getattr(sched, "_pause_state", None)
+    if state is None:
+        return "UNPAUSED"
+    name = getattr(state, "name", None)
+    if name not in PAUSE_STATES:
+        raise LiftError(f"pause state {state!r} has no counterpart in the spec")
+    return name
 
 
 def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,

@@ -62,13 +62,9 @@ class Request:
     num_output_placeholders: int = 0
     num_in_flight_tokens: int = 0
     num_stale_output_tokens: int = 0
-    # Async: the stale output is dropped on return, not appended (RQ:168, S:2338).
-    # reset_prefix_cache(reset_running_requests=True) preempts in this mode
-    # (S:3193-3204); nothing in schedule() sets it without a KV connector.
-    drop_stale_output: bool = False
+    drop_stale_output: bool = False  # async: stale output discarded on return (RQ:168, stale_output.py)
     is_prefill_chunk: bool = False
-    # Reads no cached prefix (RQ:314-325: prompt logprobs need every prompt position
-    # computed); its blocks are still cached for others (K:251-253).
+    # No prefix hit (K:251-253): prompt logprobs need every prompt position (RQ:314-325).
     skip_reading_prefix_cache: bool = False
     # Speculative decoding: the drafts to verify next step (RQ:`spec_token_ids`); under
     # async scheduling -1 placeholders for drafts the worker fills in.

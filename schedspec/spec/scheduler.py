@@ -19,7 +19,7 @@ from typing import Iterable, Mapping, Sequence
 from .config import PRIORITY, ConfigError, SchedulerConfig
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
-from . import lora, spec_decode, structured_output
+from . import lora, spec_decode, stale_output, structured_output
 from .spec_decode import update_draft_token_ids  # noqa: F401 - a public call of the spec, as the others
 from .structured_output import grammar_compiled  # noqa: F401 - the environment's event, beside the calls
 from .state import SchedulerOutput, SchedulerState, Working
@@ -62,7 +62,7 @@ class ScheduleWork(Working):
     def __init__(self, state: SchedulerState):
         Working.__init__(self, state)
         c = state.config
-        self.token_budget = c.token_budget  # S:719
+        self.token_budget = c.token_budget if self.pause_state != "PAUSED_ALL" else 0  # S:719, 723-725
         self.input_budget = c.max_num_batched_tokens if has(c, INPUT_BUDGET) else self.token_budget  # S:722
         # The long-prefill cap applies only with more than one eligible request (S:757-763).
         alone = len(self.running) + len(self.waiting) <= 1 and has(c, LONG_PREFILL_THRESHOLD_NEEDS_TWO)
@@ -100,7 +100,8 @@ def schedule(state: SchedulerState) -> tuple[SchedulerOutput, SchedulerState]:
     """
     s = ScheduleWork(state)
     schedule_running(s)
-    if not s.preempted:  # no admission in a step that preempted (S:1050)
+    # No admission in a step that preempted, nor paused (S:1050, 1066: PAUSED_NEW admits only block holders)
+    if not s.preempted and s.pause_state == "UNPAUSED":
         schedule_waiting(s)
     assert s.token_budget >= 0 and s.input_budget >= 0  # S:1631-1632
     assert len(s.running) <= s.config.max_num_seqs  # S:1633
@@ -187,10 +188,7 @@ def preempt(s: ScheduleWork, victim: str) -> None:
     r.num_computed_tokens = 0
     r.spec_token_ids = ()  # S:1823
     r.num_preemptions += 1
-    # A drop-mode share not yet drained stays dropped; schedule() itself preempts
-    # in delivery mode (S:975, without a KV connector), so the flag goes (S:1832-1834).
-    r.drop_stale_output = r.drop_stale_output and r.num_stale_output_tokens > 0
-    r.num_stale_output_tokens = r.num_in_flight_tokens
+    stale_output.make_stale(r)
     r.num_output_placeholders = 0
     enqueue(s.config.policy, s.waiting, s.requests, victim, front=True)
     s.preempted.append(victim)
@@ -233,7 +231,7 @@ def schedule_waiting(s: ScheduleWork) -> None:
         # Skipped: a grammar compiling or failed (S:1079-1082) [seam: remote KVs, streaming
         # input]; async: output from before its preemption in flight, which resuming could
         # resample (S:1084); LoRA: one adapter too many (S:1089-1101).
-        if structured_output.waits_for_grammar(s, rid) or stale_output_pending(s.requests[rid]) \
+        if structured_output.waits_for_grammar(s, rid) or stale_output.pending(s.requests[rid]) \
                 or lora.exceeds_max_loras(s.config, loras, s.requests[rid]):
             skipped.append(s.waiting.popleft())
             continue
@@ -367,20 +365,10 @@ def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int], num_draf
     return status
 
 
-def stale_output_pending(r: Request) -> bool:
-    """Async: output scheduled before the request's preemption is still in flight and
-    will be appended, so resuming now could resample a position it fills (S:1084)."""
-    return r.num_stale_output_tokens > 0 and not r.drop_stale_output
-
-
 def deliver_stale_output(w: Working, rid: str, n: int, tokens: Sequence[int]) -> RequestStatus | None:
-    """Async: a batch scheduled before the request's preemption.  Its tokens are appended
-    and can finish the waiting request (S:2316-2338); progress and placeholders stay.
-    In drop mode they are discarded (S:2337-2339)."""
+    """Async: a batch scheduled before the request's preemption (stale_output.py)."""
     r = w.request(rid)
-    r.num_in_flight_tokens -= n
-    r.num_stale_output_tokens -= n
-    if r.drop_stale_output:
+    if not stale_output.drain(r, n):
         return None
     status, _ = append_output_tokens(r, tokens, w.config)
     return status

@@ -14,6 +14,8 @@ from .output import SchedulerOutput  # noqa: F401 - the step's decision, beside 
 from .request import Request
 from .versions import UNHASHED_FREE_BLOCKS_FIRST, has
 
+PAUSE_STATES = ("UNPAUSED", "PAUSED_NEW", "PAUSED_ALL")  # vLLM's PauseState names (sched/interface.py:24)
+
 
 @dataclass(frozen=True)
 class SchedulerState:
@@ -32,6 +34,8 @@ class SchedulerState:
     finished_req_ids: tuple[str, ...] = ()
     # Structured output: failed grammars noted by schedule(), finished by the next update.
     grammar_compile_error_reqs: tuple[str, ...] = ()
+    # set_pause_state (S:3073), from outside: PAUSED_NEW admits nothing, PAUSED_ALL schedules nothing.
+    pause_state: str = "UNPAUSED"
 
     def __post_init__(self):
         if self.kv_cache is None:
@@ -72,6 +76,7 @@ class Working:
         self.kv = state.kv_cache.work()
         self.finished_req_ids = state.finished_req_ids
         self.grammar_compile_error_reqs = state.grammar_compile_error_reqs
+        self.pause_state = state.pause_state
         self._copied: set[str] = set()
 
     def request(self, request_id: str) -> Request:
@@ -86,4 +91,5 @@ class Working:
         return SchedulerState(config=self.config, requests=self.requests, running=tuple(self.running),
                               waiting=tuple(self.waiting), kv_cache=self.kv.freeze(),
                               finished_req_ids=self.finished_req_ids,
-                              grammar_compile_error_reqs=self.grammar_compile_error_reqs)
+                              grammar_compile_error_reqs=self.grammar_compile_error_reqs,
+                              pause_state=self.pause_state)
