@@ -338,6 +338,29 @@ def test_pause_states_are_compared(monitor, async_scheduling):
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 
 
+def test_drop_mode_survives_a_preemption_in_schedule_while_undrained(monitor):
+    """Drop mode survives a preemption inside schedule() while its stale share has
+    not returned (S:1832-1834; spec/stale_output.py make_stale): after a reset, a
+    is resumed at once, then preempted by x's decode, both batches still in
+    flight; both of a's outputs are then discarded."""
+    s = build_scheduler(async_scheduling=True, num_blocks=4, max_num_batched_tokens=128)  # 3 usable blocks
+    s.add_request(request("x", tokens=list(range(100, 131)), max_tokens=20, sampling={"ignore_eos": True}))
+    s.add_request(request("a", tokens=list(range(200, 216)), max_tokens=20, sampling={"ignore_eos": True}))
+    first = s.schedule()
+    assert dict(first.num_scheduled_tokens) == {"x": 31, "a": 16}
+    assert s.reset_prefix_cache(reset_running_requests=True)
+    second = s.schedule()  # both resumed in drop mode, their first output still in flight
+    assert dict(second.num_scheduled_tokens) == {"x": 31, "a": 16}
+    third = s.schedule()  # x's next token needs a third block: a, the tail, is preempted
+    a = s.requests["a"]
+    assert third.preempted_req_ids == {"a"} and a.drop_stale_output and a.num_stale_output_tokens == 32
+    for out in (first, second):
+        s.update_from_output(out, runner_output(out, {"x": [7], "a": [8]}))
+    assert a.num_output_tokens == 0  # both of a's outputs discarded
+    run_to_completion(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
 def test_a_lookahead_hasher_with_no_hash_yet_is_outside_scope(monitor):
     """A block hasher with lookahead tokens hashes a block only once the token after
     it exists; before its first hash the request already lags the spec's hashing."""

@@ -92,6 +92,31 @@ def test_round_trip_covers_both_pools_and_cached_blocks():
     assert kinds == {"BlockPool", "BlockCounts"} and cached and placeholders
 
 
+@pytest.mark.parametrize("pause", ["UNPAUSED", "PAUSED_NEW", "PAUSED_ALL"])
+def test_monitor_only_fields_round_trip_and_meet_the_schema(pause):
+    """Fields only the monitor's lift sets (no scenario does): drop mode, no prefix
+    reads, the pause state.  Written only when set, read back exactly, valid
+    against the schema; a bad pause state is a one-line error naming it."""
+    from schedspec.reference.strict_json import fast_valid
+    from schedspec.reference.vectors import schema_validator
+
+    state = prefix_state()
+    a = dataclasses.replace(state.requests["a"], drop_stale_output=True, skip_reading_prefix_cache=True)
+    state = dataclasses.replace(state, requests={"a": a}, pause_state=pause)
+    text = via_text(state_to_json(state))
+    assert text["requests"]["a"]["drop_stale_output"] is text["requests"]["a"]["skip_reading_prefix_cache"] is True
+    assert ("pause_state" in text) == (pause != "UNPAUSED")
+    assert state_from_json(text) == state
+    v = make_vector(state, schedule_call(), source={"test": "monitor-only fields"})
+    jsonschema.validate(v, SCHEMA)
+    assert fast_valid(schema_validator().schema, via_text(v))  # the reader's own check says yes too
+    plain = via_text(state_to_json(prefix_state()))
+    assert "pause_state" not in plain and "drop_stale_output" not in plain["requests"]["a"]
+    text["pause_state"] = "PAUSED"
+    with pytest.raises(StateJsonError, match=r"^state\.pause_state: = 'PAUSED', must be one of 'UNPAUSED'"):
+        state_from_json(text)
+
+
 def test_unvalidated_config_loads_and_validated_one_is_refused():
     """A lifted config may break vLLM's start-up checks (a pool smaller than one
     sequence); each field is still type-checked."""
