@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from schedspec.reference.vllm_lift import lift_pause_state
+
 # Feature names, as reports and the peer-tests table print them.
 SPECULATIVE_DECODING = "speculative decoding"
 KV_CONNECTOR = "KV connector"
@@ -115,7 +117,7 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     # Paused, the spec admits no waiting request (spec/scheduler.py schedule); vLLM
     # still admits those holding blocks under PAUSED_NEW (S:1064-1067), which only a
     # KV connector or streaming input leaves in the waiting queues.
-    if int(sched.pause_state) == 1 and getattr(sched, "kv_holding_waiting", None):  # PAUSED_NEW
+    if lift_pause_state(sched) == "PAUSED_NEW" and getattr(sched, "kv_holding_waiting", None):
         out.append(PAUSE)
     if getattr(sched, "num_waiting_for_streaming_input", 0):
         out.append(STREAMING_INPUT)
