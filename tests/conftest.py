@@ -64,6 +64,8 @@ def shard_of_files(files: list[str], n: int, weights: dict[str, float]) -> dict[
 
 
 def pytest_collection_modifyitems(config, items):
+    if mutation_run():
+        for_mutation_run(items)
     text = os.environ.get("SCHEDSPEC_TEST_SHARD")
     if not text:
         return
@@ -77,3 +79,31 @@ def pytest_collection_modifyitems(config, items):
     keep = [item for item in items if shard[item.path.name] == k]
     config.hook.pytest_deselected(items=[item for item in items if shard[item.path.name] != k])
     items[:] = keep
+
+
+# --- mutation runs (scripts/mutation-score.sh) --------------------------------------------------
+# mutmut runs the selected tests once per mutant, stopping at the first failure
+# (-x), with the mutant's name in MUTANT_UNDER_TEST.  There a failing example
+# is all that counts, so hypothesis does not shrink it, and the cheapest tests
+# go first (MUTATION_ORDER): a mutant they kill costs only them.  The verdicts
+# are the same, only sooner.
+
+MUTATION_ORDER = ("test_proofs_agreement_config.py", "test_proofs_agreement.py",
+                  "test_proofs_agreement_transitions.py")
+
+
+def mutation_run() -> bool:
+    return "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", "")
+
+
+def for_mutation_run(items) -> None:
+    from hypothesis import Phase, settings
+
+    settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    settings.load_profile("mutation")
+
+    def rank(item):
+        name = item.path.name
+        return MUTATION_ORDER.index(name) if name in MUTATION_ORDER else len(MUTATION_ORDER)
+
+    items.sort(key=rank)  # stable: each file keeps its own order

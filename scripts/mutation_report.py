@@ -1,0 +1,123 @@
+"""The mutation score of the spec against the proofs' agreement tests, from a
+mutmut run's results (scripts/mutation-score.sh runs mutmut, then this).
+
+Reads mutmut's per-file result files under `mutants/` and prints, per mutated
+file, how many mutants were killed, survived, timed out, had no test that
+reaches them, and how many are not run yet; then every mutant that was not
+killed, with the source line it changes (old -> new), grouped by function, so
+that each survivor can be classified (proofs/README.md "Mutation score").
+
+    python scripts/mutation_report.py [--root DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+# mutmut's exit codes (mutmut/stats.py status_by_exit_code, mutmut 3.8): read
+# from mutmut when it is installed, so the two never drift apart.
+try:
+    from mutmut.stats import status_by_exit_code as STATUS
+except ImportError:  # the report alone, without mutmut: its table as of 3.8
+    STATUS = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 0: "survived", 5: "no tests",
+              2: "check was interrupted by user", None: "not checked", 33: "no tests", 34: "skipped",
+              35: "suspicious", 36: "timeout", 37: "caught by type check", -11: "segfault", -9: "segfault"}
+
+ORDER = ("killed", "caught by type check", "timeout", "survived", "no tests", "not checked")
+SHORT = {"caught by type check": "typecheck", "no tests": "no test", "not checked": "not run"}
+
+
+def functions(source: str) -> dict[str, str]:
+    """Every function and method in a mutmut-generated file, by name, as source."""
+    tree = ast.parse(source)
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out[node.name] = ast.get_source_segment(source, node) or ""
+    return out
+
+
+def change(funcs: dict[str, str], key: str) -> str:
+    """The lines mutant `key` (module.function__mutmut_N) changes, as `old -> new`."""
+    name = key.rsplit(".", 1)[-1]
+    base = name.rsplit("__mutmut_", 1)[0]
+    orig, mutant = funcs.get(base + "__mutmut_orig"), funcs.get(name)
+    if orig is None or mutant is None:
+        return "?"
+    a, b = orig.splitlines()[1:], mutant.splitlines()[1:]  # the def lines differ by name only
+    old, new = [], []
+    for line in difflib.unified_diff(a, b, lineterm="", n=0):
+        if line.startswith(("---", "+++", "@@")):
+            continue
+        (old if line.startswith("-") else new).append(line[1:].strip())
+    return " / ".join(old) + "  ->  " + " / ".join(new)
+
+
+def report(root: Path) -> dict:
+    metas = sorted((root / "mutants").rglob("*.py.meta"))
+    if not metas:
+        raise SystemExit(f"mutation_report: no mutmut results under {root / 'mutants'}; "
+                         "run scripts/mutation-score.sh first")
+    files, survivors = {}, []
+    for meta in metas:
+        rel = meta.relative_to(root / "mutants").with_suffix("")  # .py
+        data = json.loads(meta.read_text())
+        funcs = functions((root / "mutants" / rel).read_text())
+        counts: Counter = Counter()
+        for key, code in data["exit_code_by_key"].items():
+            status = STATUS.get(code, f"exit {code}")
+            counts[status] += 1
+            if status not in ("killed", "caught by type check"):
+                survivors.append({"file": str(rel), "mutant": key, "status": status, "change": change(funcs, key)})
+        files[str(rel)] = dict(counts)
+    return {"files": files, "not_killed": survivors}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=".", help="the folder mutmut ran in (holds mutants/)")
+    ap.add_argument("--json", action="store_true", help="the report as JSON")
+    args = ap.parse_args(argv)
+    rep = report(Path(args.root))
+    if args.json:
+        json.dump(rep, sys.stdout, indent=1)
+        print()
+        return 0
+    cols = list(ORDER) + sorted({s for c in rep["files"].values() for s in c} - set(ORDER))
+    print(f"{'file':36}" + "".join(f"{SHORT.get(c, c):>10}" for c in cols) + f"{'total':>8}")
+    total: Counter = Counter()
+    for f, c in rep["files"].items():
+        total.update(c)
+        print(f"{f:36}" + "".join(f"{c.get(k, 0):>10}" for k in cols) + f"{sum(c.values()):>8}")
+    print(f"{'all':36}" + "".join(f"{total.get(k, 0):>10}" for k in cols) + f"{sum(total.values()):>8}")
+    killed = total["killed"] + total["caught by type check"] + total["timeout"]
+    run = killed + total["survived"]
+    if run:
+        print(f"killed (timeouts included) / run: {killed} / {run} = {100 * killed / run:.1f} %")
+    by_func = defaultdict(list)
+    untested: Counter = Counter()
+    for s in rep["not_killed"]:
+        func = s["mutant"].rsplit("__mutmut_", 1)[0]
+        if s["status"] == "no tests":
+            untested[func] += 1
+        elif s["status"] != "not checked":
+            by_func[func].append(s)
+    if untested:
+        print("\nno agreement test reaches (mutants):")
+        for func, n in untested.most_common():
+            print(f"  {n:>4}  {func}")
+    for func, items in by_func.items():
+        print(f"\n{func}")
+        for s in items:
+            print(f"  {s['mutant'].rsplit('__mutmut_', 1)[1]:>4} {s['status']:<10} {s['change']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
