@@ -29,7 +29,7 @@ except ImportError:  # the report alone, without mutmut: its table as of 3.8
               2: "check was interrupted by user", None: "not checked", 33: "no tests", 34: "skipped",
               35: "suspicious", 36: "timeout", 37: "caught by type check", -11: "segfault", -9: "segfault"}
 
-ORDER = ("killed", "caught by type check", "timeout", "survived", "no tests", "not checked")
+ORDER = ("killed", "caught by type check", "timeout", "survived", "error text", "no tests", "not checked")
 SHORT = {"caught by type check": "typecheck", "no tests": "no test", "not checked": "not run"}
 
 
@@ -50,13 +50,26 @@ def change(funcs: dict[str, str], key: str) -> str:
     orig, mutant = funcs.get(base + "__mutmut_orig"), funcs.get(name)
     if orig is None or mutant is None:
         return "?"
-    a, b = orig.splitlines()[1:], mutant.splitlines()[1:]  # the def lines differ by name only
+    # the def lines name the function differently; compare them under one name
+    a, b = orig.splitlines(), mutant.replace(name, base + "__mutmut_orig", 1).splitlines()
     old, new = [], []
     for line in difflib.unified_diff(a, b, lineterm="", n=0):
         if line.startswith(("---", "+++", "@@")):
             continue
         (old if line.startswith("-") else new).append(line[1:].strip())
     return " / ".join(old) + "  ->  " + " / ".join(new)
+
+
+# A mutant that changes nothing but the text or field name of an error it raises
+# (every line it changes is a `raise`, a `fail(` or a string literal): the
+# agreement tests compare scheduling, not messages (tests/test_input_fuzz.py and
+# tests/test_versions.py read those).  Counted apart, never as killed.
+ERROR_TEXT = ("raise ", "fail(", '"', "f\"", "'", "f'")
+
+
+def is_error_text(change_text: str) -> bool:
+    old = change_text.split("  ->  ", 1)[0]
+    return bool(old) and all(part.startswith(ERROR_TEXT) for part in old.split(" / "))
 
 
 def report(root: Path) -> dict:
@@ -72,9 +85,12 @@ def report(root: Path) -> dict:
         counts: Counter = Counter()
         for key, code in data["exit_code_by_key"].items():
             status = STATUS.get(code, f"exit {code}")
-            counts[status] += 1
             if status not in ("killed", "caught by type check"):
-                survivors.append({"file": str(rel), "mutant": key, "status": status, "change": change(funcs, key)})
+                text = change(funcs, key)
+                if status == "survived" and is_error_text(text):
+                    status = "error text"
+                survivors.append({"file": str(rel), "mutant": key, "status": status, "change": text})
+            counts[status] += 1
         files[str(rel)] = dict(counts)
     return {"files": files, "not_killed": survivors}
 

@@ -89,7 +89,8 @@ def pytest_collection_modifyitems(config, items):
 # are the same, only sooner.
 
 MUTATION_ORDER = ("test_proofs_agreement_config.py", "test_proofs_agreement.py",
-                  "test_proofs_agreement_transitions.py")
+                  "test_proofs_agreement_transitions.py", "test_proofs_releases.py", "test_proofs_liveness.py",
+                  "test_proofs_starvation.py", "test_proofs_witness_goals.py", "test_proofs_loop_invariants.py")
 
 
 def mutation_run() -> bool:

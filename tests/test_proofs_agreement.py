@@ -166,7 +166,21 @@ def full_isl_watermark_state():
     return s, {}
 
 
-EXPLICIT_STATES = [refund_state, input_budget_state, exact_fit_state, full_isl_watermark_state]
+def first_admission_watermark_state():
+    """The first admission of a step (nothing running) ignores the watermark
+    (K:518-525): `w`'s 8 blocks fit the 9 free ones, but not with the watermark's
+    3 on top.  Only a prompt near the size of the whole pool meets this window,
+    so random draws do not (scripts/mutation-score.sh found the gap)."""
+    c = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=9, block_size=1,
+                        num_gpu_blocks=10, watermark=0.3)
+    reqs = {"w": Request("w", 8, 1, 0, 0.0, RequestStatus.WAITING, 0, 0)}
+    s = SchedulerState(config=c, requests=reqs, running=(), waiting=("w",), kv_cache=BlockCounts(9, {}))
+    assert all(v.holds for v in check_state(s).values())
+    return s, {}
+
+
+EXPLICIT_STATES = [refund_state, input_budget_state, exact_fit_state, full_isl_watermark_state,
+                   first_admission_watermark_state]
 
 
 # --- which rule paths a batch of steps exercised ---------------------------------------------------
