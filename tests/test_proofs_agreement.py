@@ -142,6 +142,37 @@ def input_budget_state():
     return s, {}
 
 
+def input_budget_shared_state():
+    """The input budget (4) is shared by the grants of a step: `a` takes 3 of it,
+    so `b` gets 1 though the token budget (8) has 5 left (S:846, 1004).  The
+    draws that make the input budget bind seldom have a second request behind
+    the first (scripts/mutation-score.sh found the gap)."""
+    c = SchedulerConfig(max_num_batched_tokens=4, max_num_scheduled_tokens=8, max_num_seqs=4, max_model_len=16,
+                        block_size=2, num_gpu_blocks=16)
+    R = RequestStatus.RUNNING
+    reqs = {"a": Request("a", 5, 4, 0, 0.0, R, 2, 0), "b": Request("b", 5, 4, 0, 1.0, R, 2, 0)}
+    s = SchedulerState(config=c, requests=reqs, running=("a", "b"), waiting=(), kv_cache=BlockCounts(13, {"a": 1, "b": 1}))
+    assert all(v.holds for v in check_state(s).values())
+    return s, {}
+
+
+def input_budget_edge_states():
+    """The waiting loop runs while both budgets are above 0 (S:1050): with one
+    input token left (`a` took 3 of 4) `w` is admitted for 1 token; with none
+    left (`a` took all 4) it is not, though the token budget (8) is not spent."""
+    c = SchedulerConfig(max_num_batched_tokens=4, max_num_scheduled_tokens=8, max_num_seqs=4, max_model_len=16,
+                        block_size=2, num_gpu_blocks=16)
+    out = []
+    for need in (3, 4):
+        reqs = {"a": Request("a", 2 + need, 4, 0, 0.0, RequestStatus.RUNNING, 2, 0),
+                "w": Request("w", 6, 4, 0, 1.0, RequestStatus.WAITING, 0, 0)}
+        s = SchedulerState(config=c, requests=reqs, running=("a",), waiting=("w",),
+                           kv_cache=BlockCounts(14, {"a": 1}))
+        assert all(v.holds for v in check_state(s).values())
+        out.append((s, {}))
+    return out
+
+
 def exact_fit_state():
     """Chunked prefill off, and the waiting prompt is exactly the step's budget: it is
     admitted (S:1337-1344 stops only on n > budget)."""
@@ -179,8 +210,9 @@ def first_admission_watermark_state():
     return s, {}
 
 
-EXPLICIT_STATES = [refund_state, input_budget_state, exact_fit_state, full_isl_watermark_state,
-                   first_admission_watermark_state]
+EXPLICIT_STATES = [refund_state, input_budget_state, input_budget_shared_state,
+                   lambda: input_budget_edge_states()[0], lambda: input_budget_edge_states()[1], exact_fit_state,
+                   full_isl_watermark_state, first_admission_watermark_state]
 
 
 # --- which rule paths a batch of steps exercised ---------------------------------------------------
