@@ -77,6 +77,9 @@ def test_encoding_agrees_with_the_spec_of_each_release(version):
             state, output_len = drawn
             check(in_release(state, version), output_len)
 
+        for make in agreement.EXPLICIT_STATES:  # the budget and watermark boundaries, in this release
+            state, output_len = make()
+            check(in_release(state, version), output_len)
         reached()
         direct()
     assert seen["states"] >= 500, seen
