@@ -1,0 +1,89 @@
+"""scripts/mutation_report.py reads mutmut's results right: statuses, the line a
+mutant changes, error-text and feature classes, and merged runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "mutation_report.py"
+
+# What mutmut 3 writes for a module: each function as an original and its
+# numbered mutants (here without the trampolines, which the report ignores).
+SOURCE = '''
+def x_budget__mutmut_orig(s, n):
+    s.left -= n
+    return s.left > 0
+
+
+def x_budget__mutmut_1(s, n):
+    s.left += n
+    return s.left > 0
+
+
+def x_budget__mutmut_2(s, n):
+    s.left -= n
+    return s.left >= 0
+
+
+def x_check__mutmut_orig(v):
+    if v < 0:
+        raise ValueError("v must be >= 0")
+
+
+def x_check__mutmut_1(v):
+    if v < 0:
+        raise ValueError("XXv must be >= 0XX")
+
+
+def x_hit__mutmut_orig(r, hits):
+    return r.num_computed_tokens + len(hits)
+
+
+def x_hit__mutmut_1(r, hits):
+    return r.num_computed_tokens - len(hits)
+'''
+
+
+def make_run(root: Path, codes: dict[str, int | None]) -> Path:
+    mod = root / "mutants" / "pkg"
+    mod.mkdir(parents=True)
+    (mod / "m.py").write_text(SOURCE)
+    (mod / "m.py.meta").write_text(json.dumps({"exit_code_by_key": codes}))
+    return root
+
+
+def report(*roots: Path) -> dict:
+    args = [sys.executable, str(SCRIPT), "--json"]
+    for r in roots:
+        args += ["--root", str(r)]
+    return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+
+
+def test_statuses_changes_and_classes(tmp_path):
+    run = make_run(tmp_path / "a", {"pkg.m.x_budget__mutmut_1": 1, "pkg.m.x_budget__mutmut_2": 0,
+                                    "pkg.m.x_check__mutmut_1": 0, "pkg.m.x_hit__mutmut_1": 0})
+    rep = report(run)
+    assert rep["files"]["pkg/m.py"] == {"killed": 1, "survived": 2, "error text": 1}
+    by = {s["mutant"]: s for s in rep["not_killed"]}
+    assert by["pkg.m.x_budget__mutmut_2"]["change"] == "return s.left > 0  ->  return s.left >= 0"
+    assert by["pkg.m.x_budget__mutmut_2"]["feature"] == "modelled"
+    assert by["pkg.m.x_check__mutmut_1"]["status"] == "error text"
+    assert by["pkg.m.x_hit__mutmut_1"]["feature"] == "prefix caching"
+
+
+def test_a_kill_in_any_merged_run_counts(tmp_path):
+    a = make_run(tmp_path / "a", {"pkg.m.x_budget__mutmut_1": 0, "pkg.m.x_budget__mutmut_2": None,
+                                  "pkg.m.x_check__mutmut_1": 0, "pkg.m.x_hit__mutmut_1": 33})
+    b = make_run(tmp_path / "b", {"pkg.m.x_budget__mutmut_1": 1, "pkg.m.x_budget__mutmut_2": 0,
+                                  "pkg.m.x_check__mutmut_1": None, "pkg.m.x_hit__mutmut_1": 0})
+    rep = report(a, b)
+    assert rep["files"]["pkg/m.py"] == {"killed": 1, "survived": 2, "error text": 1}
+
+
+def test_no_results_is_one_line_and_a_failure(tmp_path):
+    p = subprocess.run([sys.executable, str(SCRIPT), "--root", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode != 0
+    assert p.stderr.strip().count("\n") == 0 and "run scripts/mutation-score.sh" in p.stderr
