@@ -88,7 +88,7 @@ def merged_status(codes: list) -> str:
 # their mutants are counted apart from the ones the encodings model.  First
 # match wins; a keyword is looked for in the changed lines and the function name.
 FEATURES = (
-    ("prefix caching", ("block_pool.", "hits", "block_hashes", "cache_blocks", "skip_reading_prefix_cache",
+    ("prefix caching", ("block_pool.", "hits", "hit_blocks", "block_hashes", "cache_blocks", "skip_reading_prefix_cache",
                         "enable_prefix_caching", "get_computed_blocks", "num_evictable")),
     ("speculative decoding", ("draft", "spec_token", "num_speculative", "lookahead", "prefill_scheduled",
                               "pads_new_decode", "spec_decode")),
