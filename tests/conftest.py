@@ -84,13 +84,19 @@ def pytest_collection_modifyitems(config, items):
 # --- mutation runs (scripts/mutation-score.sh) --------------------------------------------------
 # mutmut runs the selected tests once per mutant, stopping at the first failure
 # (-x), with the mutant's name in MUTANT_UNDER_TEST.  There a failing example
-# is all that counts, so hypothesis does not shrink it, and the cheapest tests
-# go first (MUTATION_ORDER): a mutant they kill costs only them.  The verdicts
-# are the same, only sooner.
+# is all that counts, so hypothesis does not shrink it, and the tests run in
+# the order pyproject.toml lists them, cheapest first: a mutant they kill costs
+# only them.  The verdicts are the same, only sooner.
 
-MUTATION_ORDER = ("test_proofs_agreement_config.py", "test_proofs_agreement.py",
-                  "test_proofs_agreement_transitions.py", "test_proofs_releases.py", "test_proofs_liveness.py",
-                  "test_proofs_starvation.py", "test_proofs_witness_goals.py", "test_proofs_loop_invariants.py")
+def mutation_order() -> list[str]:
+    """The test files of [tool.mutmut]'s selection (pyproject.toml), in its order."""
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    selection = pyproject["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
+    files = [t.split("::")[0].rsplit("/", 1)[-1] for t in selection]
+    return list(dict.fromkeys(files))
 
 
 def mutation_run() -> bool:
@@ -103,8 +109,10 @@ def for_mutation_run(items) -> None:
     settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
     settings.load_profile("mutation")
 
+    order = mutation_order()
+
     def rank(item):
         name = item.path.name
-        return MUTATION_ORDER.index(name) if name in MUTATION_ORDER else len(MUTATION_ORDER)
+        return order.index(name) if name in order else len(order)
 
     items.sort(key=rank)  # stable: each file keeps its own order

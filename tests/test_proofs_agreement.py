@@ -13,6 +13,7 @@ blocks).  The rule paths every proof rests on must each be exercised
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import Counter
 
@@ -156,21 +157,18 @@ def input_budget_shared_state():
     return s, {}
 
 
-def input_budget_edge_states():
-    """The waiting loop runs while both budgets are above 0 (S:1050): with one
-    input token left (`a` took 3 of 4) `w` is admitted for 1 token; with none
-    left (`a` took all 4) it is not, though the token budget (8) is not spent."""
+def input_budget_left_state(left: int):
+    """The waiting loop runs while both budgets are above 0 (S:1050): `a` takes
+    4 - `left` of the input budget (4), so with one input token left `w` is
+    admitted for 1 token, and with none left it is not, though the token budget
+    (8) is not spent."""
     c = SchedulerConfig(max_num_batched_tokens=4, max_num_scheduled_tokens=8, max_num_seqs=4, max_model_len=16,
                         block_size=2, num_gpu_blocks=16)
-    out = []
-    for need in (3, 4):
-        reqs = {"a": Request("a", 2 + need, 4, 0, 0.0, RequestStatus.RUNNING, 2, 0),
-                "w": Request("w", 6, 4, 0, 1.0, RequestStatus.WAITING, 0, 0)}
-        s = SchedulerState(config=c, requests=reqs, running=("a",), waiting=("w",),
-                           kv_cache=BlockCounts(14, {"a": 1}))
-        assert all(v.holds for v in check_state(s).values())
-        out.append((s, {}))
-    return out
+    reqs = {"a": Request("a", 6 - left, 4, 0, 0.0, RequestStatus.RUNNING, 2, 0),
+            "w": Request("w", 6, 4, 0, 1.0, RequestStatus.WAITING, 0, 0)}
+    s = SchedulerState(config=c, requests=reqs, running=("a",), waiting=("w",), kv_cache=BlockCounts(14, {"a": 1}))
+    assert all(v.holds for v in check_state(s).values())
+    return s, {}
 
 
 def exact_fit_state():
@@ -211,7 +209,8 @@ def first_admission_watermark_state():
 
 
 EXPLICIT_STATES = [refund_state, input_budget_state, input_budget_shared_state,
-                   lambda: input_budget_edge_states()[0], lambda: input_budget_edge_states()[1], exact_fit_state,
+                   functools.partial(input_budget_left_state, 1), functools.partial(input_budget_left_state, 0),
+                   exact_fit_state,
                    full_isl_watermark_state, first_admission_watermark_state]
 
 

@@ -26,7 +26,7 @@ import pytest
 import z3
 
 from schedspec.proofs import release
-from schedspec.proofs.symbolic import BLOCK_SIZES, WATERMARKS, SymConfig, config_values
+from schedspec.proofs.symbolic import BLOCK_SIZES, WATERMARKS, SymConfig, config_substitution
 from mutants import Mutation, mutated
 from schedspec.spec import config as spec_config
 from schedspec.spec.config import ConfigError, SchedulerConfig
@@ -83,9 +83,7 @@ def spec_accepts(config: SchedulerConfig) -> bool:
 
 
 def encoding_admits(config: SchedulerConfig, c: SymConfig, constraints) -> bool:
-    values = config_values(config)
-    subs = [(getattr(c, k), z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(v)) for k, v in values.items()]
-    verdict = z3.simplify(z3.substitute(constraints, *subs))
+    verdict = z3.simplify(z3.substitute(constraints, *config_substitution(c, config)))
     assert z3.is_true(verdict) or z3.is_false(verdict), verdict
     return z3.is_true(verdict)
 

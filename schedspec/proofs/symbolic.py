@@ -263,14 +263,17 @@ def slot_assignment(state: SchedulerState, running_slots, waiting_slots, extra_i
     return out
 
 
+def config_substitution(sym: SymConfig, config: SchedulerConfig) -> list[tuple]:
+    """Pairs (z3 constant, value) that make `sym` the concrete `config`."""
+    return [(getattr(sym, f), const_val(v)) for f, v in config_values(config).items()]
+
+
 def substitution(sym: SymState, state: SchedulerState, slot_of: dict[str, int],
                  output_len: dict[str, int | None], all_ids=(), all_arrivals=()) -> list[tuple]:
     """Pairs (z3 constant, value) that make `sym` the concrete `state`.
     `all_ids` / `all_arrivals` extend the rank domains (e.g. with a request about
     to be added)."""
-    pairs = []
-    for f, v in config_values(state.config).items():
-        pairs.append((getattr(sym.config, f), const_val(v)))
+    pairs = config_substitution(sym.config, state.config)
     pairs.append((sym.num_free_blocks, z3.IntVal(state.num_free_blocks)))
     rid_rank = dense_rank(list(state.requests) + list(all_ids))
     arr_rank = dense_rank([r.arrival_time for r in state.requests.values()] + list(all_arrivals))
