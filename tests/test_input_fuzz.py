@@ -194,8 +194,10 @@ def test_friendly_draws_reach_run_and_check():
             return False
         return len(d["requests"]) >= 2
 
+    # derandomized: an unseeded search of 200 draws missed now and then (one
+    # fresh-clone run in many), a flake rather than a finding
     find(from_schema(_sized(SCHEMA, True)), valid,
-         settings=settings(max_examples=200, database=None, phases=[Phase.generate]))
+         settings=settings(max_examples=200, database=None, phases=[Phase.generate], derandomize=True))
 
 
 # --- byte-level mutations of the shipped examples ---------------------------------------
