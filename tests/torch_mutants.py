@@ -64,7 +64,7 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # the hit not capped at num_tokens - 1: a block-aligned full-prompt hit computes nothing.
     "hit_not_capped": [(ST, "((ntok - 1) // bsz) * cont)", "(ntok // bsz) * cont)")],
     # a request's blocks freed head first: its first blocks, not its last, are evicted first.
-    "free_head_first": [(PL, "seq = q[s, r] * H + (H - 1 - i)", "seq = q[s, r] * H + i")],
+    "free_head_first": [(PL, "seq = take(q, s, r) * H + (H - 1 - i)", "seq = take(q, s, r) * H + i")],
     # freed hashed blocks prepended like unhashed ones: the newest cache entries evicted first.
     "hashed_to_front": [(PL, "back = (pool.bhash.view(-1)[ub] >= 0) | ~unhashed_first[us]",
                          "back = ~unhashed_first[us]")],

@@ -17,6 +17,7 @@ through `engine_step_async`, and its records carry which batch was applied.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from typing import Any, Callable, Sequence
 
@@ -35,7 +36,7 @@ from .limits import limit_violation
 from .state import (ABORTED, I32, I64, LENGTH_CAPPED, NEVER, PREEMPTED, RUNNING, STOPPED, WAITING, Batch,
                     initial_state, select)
 from .step import engine_step, engine_step_async, pending, waiting_key
-from .trace_text import IdTables, TorchTrace, dumps, render_chunk
+from .trace_text import IdTables, TorchTrace, quote, render_chunk
 
 NAME = "torch"
 _REASON = {STOPPED: "stopped", LENGTH_CAPPED: "length", ABORTED: "aborted"}
@@ -89,12 +90,13 @@ _REQUEST_PAD = {"valid": False, "num_prompt_tokens": 1, "max_tokens": 1, "output
                 "arrival_step": NEVER, "abort_step": NEVER, "queue_rank": 0, "victim_rank": 0}
 
 
-def num_hash_blocks(config: SchedulerConfig, prompt_len: int, max_tokens: int, max_steps: int) -> int:
-    """The block positions a request can ever use: its tokens are at most its
-    prompt plus one output per step, below max_model_len (one spare position)."""
+def num_hash_blocks(config: SchedulerConfig, prompt_lens: Sequence[int], max_tokens: Sequence[int],
+                    max_steps: int) -> list[int]:
+    """Per request, the block positions it can ever use: its tokens are at most
+    its prompt plus one output per step, below max_model_len (one spare position)."""
     bs = min(config.block_size, config.max_model_len)
-    tokens = min(prompt_len + min(max_tokens, max_steps), config.max_model_len)
-    return -(-tokens // bs) + 1
+    L = config.max_model_len
+    return [-(-min(n + min(m, max_steps), L) // bs) + 1 for n, m in zip(prompt_lens, max_tokens)]
 
 
 def prefix_columns(prepared: Sequence["_Prepared"], R: int, device) -> dict[str, Any]:
@@ -102,8 +104,8 @@ def prefix_columns(prepared: Sequence["_Prepared"], R: int, device) -> dict[str,
     # Every scenario of the batch runs on the block-level pool, so H covers the
     # block tables of the scenarios without prefix caching too.
     H = max([p.hashes.shape[1] if p.hashes is not None
-             else max([num_hash_blocks(p.config, n, m, p.scenario.max_steps)
-                       for n, m in zip(p.columns["num_prompt_tokens"], p.columns["max_tokens"])] + [1])
+             else max(num_hash_blocks(p.config, p.columns["num_prompt_tokens"], p.columns["max_tokens"],
+                                      p.scenario.max_steps) + [1])
              for p in prepared] + [1])
     bh = np.full((len(prepared), R, H), -1, dtype=np.int32)  # int32: the largest tensor of a batch (limits.py)
     ar = np.zeros((len(prepared), R), dtype=np.int64)
@@ -161,16 +163,27 @@ class _Prepared:
             "queue_rank": queue_rank,
             "victim_rank": victim_rank,
         }
-        self.quoted = [dumps(rid) for rid in self.ids]  # each id as JSON text, made once
         self.parts: list[str] = []  # the trace text of the steps, one piece per chunk of steps
         self.num_listed = 0
         self.prefix_caching = bool(config.enable_prefix_caching)
         self.async_scheduling = bool(config.async_scheduling)
         self.hashes, self.num_hashes = None, 0
         if self.prefix_caching:
-            nb = [num_hash_blocks(config, r.num_prompt_tokens, m, scenario.max_steps)
-                  for r, m in zip(requests, self.columns["max_tokens"])]
+            nb = num_hash_blocks(config, self.columns["num_prompt_tokens"], self.columns["max_tokens"],
+                                 scenario.max_steps)
             self.hashes, self.num_hashes = hash_ids(scenario, config.block_size, nb)
+
+    @functools.cached_property
+    def quoted(self) -> list[str]:
+        """Each id as JSON text, made once, when the first trace text is."""
+        return [quote(rid) for rid in self.ids]
+
+
+@functools.lru_cache(maxsize=64)
+def _front_end_config(config: SchedulerConfig) -> SchedulerConfig:
+    """The config the front-end checks run under: prefix caching off, since they
+    would want the prompt's token ids, which gpu/hashes.py does not need."""
+    return dataclasses.replace(config, enable_prefix_caching=False) if config.enable_prefix_caching else config
 
 
 def prepare(scenario: Scenario) -> _Prepared | str:
@@ -187,9 +200,7 @@ def prepare(scenario: Scenario) -> _Prepared | str:
             return (f"requests[{i}].grammar_compile_steps: = {r.grammar_compile_steps}: the torch implementation "
                     "does not model structured output; use --impl spec or vllm")
     requests = []
-    # The front end's checks; the prompt's token ids (which make_request wants with
-    # prefix caching) are not needed: gpu/hashes.py works from the scenario.
-    checked = dataclasses.replace(config, enable_prefix_caching=False) if config.enable_prefix_caching else config
+    checked = _front_end_config(config)
     for i, r in enumerate(scenario.requests):
         try:
             requests.append(make_request(checked, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time))

@@ -37,11 +37,30 @@ def _explicit(scenario) -> bool:
 def hash_ids(scenario, block_size: int, num_blocks: Sequence[int]) -> tuple[np.ndarray, int]:
     """(R, H) int64 hash ids of the first `num_blocks[r]` blocks of each request
     (-1 after), H = max(num_blocks), and how many distinct ids there are."""
+    if _explicit(scenario):
+        R, H = len(scenario.requests), max(list(num_blocks) + [1])
+        return _interned(scenario, block_size, num_blocks, np.full((R, H), -1, dtype=np.int64))
+    if all(getattr(r, "prefix_group", None) is None for r in scenario.requests):
+        return private_hash_ids(num_blocks)
+    return grouped_hash_ids(scenario, block_size, num_blocks)
+
+
+def private_hash_ids(num_blocks: Sequence[int]) -> tuple[np.ndarray, int]:
+    """`hash_ids` of a scenario without prefix groups or explicit token ids:
+    no two requests share a first token (formats.md), so every block id is the
+    request's own, request after request (as `grouped_hash_ids` numbers them)."""
+    n = np.maximum(np.asarray(list(num_blocks), dtype=np.int64), 0)
+    H = max(int(n.max()) if n.size else 0, 1)
+    col = np.arange(H, dtype=np.int64)[None, :]
+    base = (np.cumsum(n) - n)[:, None]
+    return np.where(col < n[:, None], base + col, -1), int(n.sum())
+
+
+def grouped_hash_ids(scenario, block_size: int, num_blocks: Sequence[int]) -> tuple[np.ndarray, int]:
+    """`hash_ids` of a scenario without explicit token ids, by its prefix groups."""
     R = len(scenario.requests)
     H = max(list(num_blocks) + [1])
     out = np.full((R, H), -1, dtype=np.int64)
-    if _explicit(scenario):
-        return _interned(scenario, block_size, num_blocks, out)
     bs = block_size
     next_id = 0
     group_base: dict[str, int] = {}

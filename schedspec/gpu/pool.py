@@ -48,6 +48,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .index import add, put, take
+
 I32, I64 = torch.int32, torch.int64
 HELD = 2**62  # fkey of a block not in the free queue (held, or beyond the pool)
 BACK = 2**40  # fkeys of freed hashed blocks start here; block ids stay below (gpu/limits.py)
@@ -158,18 +160,18 @@ def _recompute_heads(pool: Pool, rows: torch.Tensor) -> None:
 
 def _evict(pool: Pool, s: torch.Tensor, b: torch.Tensor) -> None:
     """Blocks (s, b) leave the cache (P:769-790): their hash, if any, is dropped."""
-    h = pool.bhash[s, b]
-    hashed = h >= 0
-    if not bool(hashed.any()):
+    h = take(pool.bhash, s, b)
+    hashed = (h >= 0).nonzero()[:, 0]
+    if hashed.numel() == 0:
         return
-    s, b, h = s[hashed], b[hashed], h[hashed]
-    pool.bhash[s, b] = -1
-    pool.count.index_put_((s, h), torch.full_like(h, -1, dtype=I32), accumulate=True)
-    was_head = pool.head[s, h] == b
-    s, h = s[was_head], h[was_head]
-    pool.head[s, h] = -1
-    pool.hstamp[s, h] = HELD
-    again = pool.count[s, h] > 0
+    s, b, h = s.index_select(0, hashed), b.index_select(0, hashed), h.index_select(0, hashed)
+    put(pool.bhash, (s, b), -1)
+    add(pool.count, (s, h), torch.full_like(h, -1, dtype=I32))
+    was_head = (take(pool.head, s, h) == b).nonzero()[:, 0]
+    s, h = s.index_select(0, was_head), h.index_select(0, was_head)
+    put(pool.head, (s, h), -1)
+    put(pool.hstamp, (s, h), HELD)
+    again = take(pool.count, s, h) > 0
     if bool(again.any()):  # another block of the hash is the next head
         _recompute_heads(pool, torch.unique(s[again]))
 
@@ -208,54 +210,68 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
     cum = counts.cumsum(1)
     owner = torch.searchsorted(cum, p.contiguous(), right=True).clamp(max=counts.shape[1] - 1)
     i, j = (p < total[:, None]).nonzero(as_tuple=True)
-    s = rows[i]
-    o = owner[i, j]
-    r = slots.to(I64)[s, o]
-    pos = starts.to(I64)[s, o] + j - (cum - counts)[i, o]
-    b = blocks[i, j]
+    s = rows.index_select(0, i)
+    o = take(owner, i, j)
+    r = take(slots, s, o).long()
+    pos = take(starts, s, o).long() + j - take(cum - counts, i, o)
+    b = take(blocks, i, j)
     taken = p < total[:, None]
     took_new = ((pick >= U) & taken).sum(1)
     pool = replace(pool, fresh=pool.fresh.index_add(0, rows, took_new),
                    nqueue=pool.nqueue.index_add(0, rows, took_new - total))
-    pool.table[s, r, pos] = b.to(I32)
+    put(pool.table, (s, r, pos), b)
     _evict(pool, s, b)
-    pool.ref[s, b] = 1
-    pool.fkey[s, b] = HELD
+    put(pool.ref, (s, b), 1)
+    put(pool.fkey, (s, b), HELD)
     return pool
 
 
-def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, rank: torch.Tensor) -> Pool:
+def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch.Tensor) -> Pool:
     """Hash the requests' full blocks up to `upto` (S, R) blocks (T:477-541,
     P:230-300): block i of request r, from its `ncached` on, is cached under the
-    request's i-th hash id unless it has it already (a hit block).  `rank` (S, R)
-    orders the requests' caching, as the step allocates them."""
+    request's i-th hash id unless it has it already (a hit block).  `key` (S, R)
+    orders the requests' caching within a scenario, smaller first, as the step
+    allocates them; the keys of a scenario's requests with blocks to cache are
+    distinct."""
     lo = pool.ncached
     hi = torch.maximum(upto.to(I32), lo)
-    s, r = (hi > lo).nonzero(as_tuple=True)
-    if s.numel() == 0:
-        return pool
+    sr = (hi > lo).view(-1).nonzero()[:, 0]  # flat (s, r) of the requests with blocks to cache
     S, R, H = pool.table.shape
-    n = (hi - lo)[s, r].to(I64)
+    if sr.numel() == 0:
+        return pool
+    n = (hi - lo).view(-1).index_select(0, sr).long()
+    # Each request's caching rank within its scenario: its place by `key` among
+    # the scenario's requests here (sr is in scenario order; a stable sort by
+    # scenario of the requests sorted by key).  Stamps only compare, so a rank
+    # among these requests orders blocks as one among all requests would.
+    rs = sr // R
+    by_key = torch.argsort(key.reshape(-1).index_select(0, sr))
+    grouped = by_key.index_select(0, torch.sort(rs.index_select(0, by_key), stable=True).indices)
+    row = rs.index_select(0, grouped)
+    rank = torch.empty_like(sr).scatter_(
+        0, grouped, torch.arange(sr.numel(), device=sr.device) - torch.searchsorted(row, row))
     # one entry per block to cache: (s, r, i)
-    e = torch.repeat_interleave(torch.arange(s.numel(), device=s.device), n)
-    i = lo[s, r].to(I64)[e] + torch.arange(e.numel(), device=s.device) - (n.cumsum(0) - n)[e]
-    s, r = s[e], r[e]
-    blk = pool.table[s, r, i].long()
-    h = block_hashes[s, r, i].long()
-    keep = (h >= 0) & (blk >= 0)
-    s, r, i, blk, h = s[keep], r[keep], i[keep], blk[keep], h[keep]
-    keep = pool.bhash[s, blk] < 0
-    s, r, i, blk, h = s[keep], r[keep], i[keep], blk[keep], h[keep]
-    if s.numel():
-        st = pool.cctr[s] + rank.to(I64)[s, r] * H + i
-        pool.bhash[s, blk] = h
-        pool.cstamp[s, blk] = st
-        pool.count.index_put_((s, h), torch.ones_like(h, dtype=I32), accumulate=True)
+    e = torch.repeat_interleave(torch.arange(sr.numel(), device=sr.device), n)
+    i = (lo.view(-1).index_select(0, sr).long().index_select(0, e) + torch.arange(e.numel(), device=sr.device)
+         - (n.cumsum(0) - n).index_select(0, e))
+    rank = rank.index_select(0, e)
+    sr = sr.index_select(0, e)
+    s, r = sr // R, sr % R
+    blk = take(pool.table, s, r, i).long()
+    h = take(block_hashes, s, r, i).long()
+    # a block not hashed yet (not a hit block) whose position has a hash id
+    keep = ((h >= 0) & (blk >= 0) & (take(pool.bhash, s, blk.clamp(min=0)) < 0)).nonzero()[:, 0]
+    if keep.numel():
+        s, i, blk, h, rank = (x.index_select(0, keep) for x in (s, i, blk, h, rank))
+        st = pool.cctr.index_select(0, s) + rank * H + i
+        put(pool.bhash, (s, blk), h)
+        put(pool.cstamp, (s, blk), st)
+        add(pool.count, (s, h), torch.ones_like(h, dtype=I32))
         NH = pool.head.shape[1]
         flat = s * NH + h
         pool.hstamp.view(-1).scatter_reduce_(0, flat, st, "amin")
-        first = pool.hstamp.view(-1)[flat] == st
-        pool.head.view(-1)[flat[first]] = blk[first]
+        first = (pool.hstamp.view(-1).index_select(0, flat) == st).nonzero()[:, 0]
+        pool.head.view(-1).scatter_(0, flat.index_select(0, first), blk.index_select(0, first))
     return replace(pool, ncached=hi, cctr=pool.cctr + (R + 1) * H)
 
 
@@ -278,27 +294,27 @@ def free(pool: Pool, mask: torch.Tensor, rank: torch.Tensor, num_blocks: torch.T
     m = mask.sum(1).to(I64)
     order = torch.argsort(torch.where(mask, rank.to(I64), HELD), dim=1)
     q = torch.empty_like(order).scatter_(1, order, torch.arange(R, dtype=I64, device=dev).expand(S, R))
-    n = nb[s, r]
+    n = take(nb, s, r)
     e = torch.repeat_interleave(torch.arange(s.numel(), device=dev), n)
-    i = torch.arange(e.numel(), device=dev) - (n.cumsum(0) - n)[e]
-    s, r = s[e], r[e]
-    blk = pool.table[s, r, i].long()
-    pool.table[s, r, i] = -1
+    i = torch.arange(e.numel(), device=dev) - (n.cumsum(0) - n).index_select(0, e)
+    s, r = s.index_select(0, e), r.index_select(0, e)
+    blk = take(pool.table, s, r, i).long()
+    put(pool.table, (s, r, i), -1)
     flat = s * W + blk
     ub, inv = torch.unique(flat, return_inverse=True)
     dec = torch.zeros(ub.numel(), dtype=I32, device=dev).index_add_(0, inv, torch.ones_like(inv, dtype=I32))
-    seq = q[s, r] * H + (H - 1 - i)  # the free order: requests in rank order, each tail first
+    seq = take(q, s, r) * H + (H - 1 - i)  # the free order: requests in rank order, each tail first
     bseq = torch.full((ub.numel(),), -1, dtype=I64, device=dev).scatter_reduce_(0, inv, seq, "amax")
     ref = pool.ref.view(-1)
     ref.index_put_((ub,), -dec, accumulate=True)
-    freed = ref[ub] == 0
+    freed = ref.index_select(0, ub) == 0
     ub, bseq = ub[freed], bseq[freed]
     us = ub // W
     back = (pool.bhash.view(-1)[ub] >= 0) | ~unhashed_first[us]
     qb, jb = bseq // H, bseq % H
     mu = m[us]
     key = torch.where(back, pool.back[us] + bseq, pool.front[us] - mu * H + (mu - 1 - qb) * H + jb)
-    pool.fkey.view(-1)[ub] = key
+    pool.fkey.view(-1).scatter_(0, ub, key)
     freed_rows.index_add_(0, us, torch.ones_like(us))
     return (replace(pool, front=pool.front - m * H, back=pool.back + m * H, nqueue=pool.nqueue + freed_rows),
             freed_rows)
@@ -320,14 +336,16 @@ def lookup(pool: Pool, hashes: torch.Tensor, limit: torch.Tensor) -> tuple[torch
 def touch(pool: Pool, blocks: torch.Tensor, valid: torch.Tensor) -> Pool:
     """The hit blocks get one more holder; the free ones leave the queue (P:792-810)."""
     s, j = valid.nonzero(as_tuple=True)
-    b = blocks[s, j]
-    was_free = (pool.fkey[s, b] < HELD).to(I64)
-    pool.ref.index_put_((s, b), torch.ones_like(b, dtype=I32), accumulate=True)
-    pool.fkey[s, b] = HELD
+    b = take(blocks, s, j)
+    was_free = (take(pool.fkey, s, b) < HELD).to(I64)
+    add(pool.ref, (s, b), torch.ones_like(b, dtype=I32))
+    put(pool.fkey, (s, b), HELD)
     return replace(pool, nqueue=pool.nqueue.index_add(0, s, -was_free))
 
 
 def select_pool(pool: Pool, rows: torch.Tensor, num_slots: int) -> Pool:
-    return Pool(*(t.index_select(0, rows)[:, :num_slots] if t.dim() == 3 or name == "ncached"
+    """The scenarios `rows`, keeping the first `num_slots` request slots; every
+    tensor contiguous, as gpu/index.py writes need."""
+    return Pool(*(t.index_select(0, rows)[:, :num_slots].contiguous() if t.dim() == 3 or name == "ncached"
                   else t.index_select(0, rows)
                   for name, t in ((f, getattr(pool, f)) for f in Pool.__dataclass_fields__)))

@@ -95,7 +95,8 @@ def finish(batch: Batch, state: State, mask: torch.Tensor, status: int | torch.T
         state,
         status=state.status + (status - state.status) * mask,
         num_blocks=state.num_blocks * ~mask,
-        finish_step=torch.where(mask, torch.as_tensor(step, dtype=I32, device=mask.device), state.finish_step),
+        finish_step=state.finish_step + (torch.as_tensor(step, dtype=I32, device=mask.device)
+                                         - state.finish_step) * mask,
         num_free_blocks=state.num_free_blocks + freed,
     )
 
@@ -148,7 +149,7 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     chunk = new.num_computed_tokens < batch.num_prompt_tokens + new.num_output_tokens + new.ph
     sample = granted & ~chunk
     return replace(decision, sample=sample), replace(
-        new, inflight=new.inflight + grant, chunk=torch.where(granted, chunk, new.chunk),
+        new, inflight=new.inflight + grant, chunk=(chunk & granted) | (new.chunk & ~granted),
         ph=new.ph + (sample & batch.async_sched[:, None]))
 
 
@@ -254,8 +255,7 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
             pool = pop(batch.num_usable_blocks, pool, blocks_kept, order, held.gather(1, order))
             n_slot = torch.zeros_like(grant).scatter(1, order, n_kept)
             upto = torch.minimum(ncomp + n_slot, num_tokens) // bs
-            rank = torch.zeros_like(state.run_pos).scatter(1, order, pos.to(I64).expand(S, R))
-            pool = cache(batch.block_hashes, pool, upto * (n_slot > 0), rank)
+            pool = cache(batch.block_hashes, pool, upto * (n_slot > 0), state.run_pos)
         grant = grant.scatter_add(1, order, n_kept)
         held = held.scatter_add(1, order, blocks_kept)
         budget = budget - n_kept.sum(1)
@@ -490,7 +490,8 @@ def _append_and_stop(batch: Batch, state: State, sampled: torch.Tensor, eos: tor
     """`update` for `sampled` requests that are all live."""
     num_output = state.num_output_tokens + sampled
     step_t = torch.as_tensor(step, dtype=I32, device=sampled.device)
-    first = torch.where(sampled & (state.first_token_step < 0), step_t, state.first_token_step)
+    first = state.first_token_step
+    first = first + (step_t - first) * (sampled & (first < 0))  # a select by arithmetic, as in `finish`
     state = replace(state, num_output_tokens=num_output, first_token_step=first)
     stopped, length = check_stop(batch, sampled, eos, num_output)
     # The stopped requests free their blocks in scheduled (running) order (S:2541-2551).
@@ -563,17 +564,18 @@ def deliver(batch: Batch, state: State, grant: torch.Tensor, tokens: torch.Tenso
                     ph=state.ph - (fresh & had_ph).to(I32))
     num_output = state.num_output_tokens + tokens
     step_t = torch.as_tensor(step, dtype=I32, device=grant.device)
-    first = torch.where(tokens & (state.first_token_step < 0), step_t, state.first_token_step)
+    first = state.first_token_step
+    first = first + (step_t - first) * (tokens & (first < 0))
     state = replace(state, num_output_tokens=num_output, first_token_step=first)
     hashing = fresh & had_ph & was_running
     if state.pool is not None and _any(hashing):
         known = batch.num_prompt_tokens + num_output
-        upto = (torch.minimum(state.num_computed_tokens - inflight, known).to(I64) // batch.block_size[:, None])
-        # cache() orders its stamps by a dense rank: the grant order
-        order = torch.argsort(torch.where(hashing, key, _INF), dim=1)
-        rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device)
-                                                .expand_as(order).contiguous())
-        state = replace(state, pool=cache(batch.block_hashes, state.pool, upto * hashing, rank))
+        # int32: token counts are below 2**30 (gpu/limits.py), and a block of more
+        # tokens than that holds as many full blocks (none) as a larger one.
+        bs = batch.block_size.clamp(max=2**30 + 1).to(I32)[:, None]
+        upto = torch.minimum(state.num_computed_tokens - inflight, known) // bs
+        # blocks are cached in grant order (`key`)
+        state = replace(state, pool=cache(batch.block_hashes, state.pool, upto * hashing, key))
     stopped, length = check_stop(batch, tokens, eos, num_output)
     return finish(batch, state, stopped, length.to(I8) + STOPPED, step, key), tokens, stopped
 

@@ -22,6 +22,7 @@ differs from the spec's (gpu/campaign.py), to build the divergence report.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,6 +45,15 @@ _LAST = 2**62  # a sort key after every real one
 def dumps(value: Any) -> str:
     """json.dumps as trace_io.py writes a step: ", " and ": " separators, ASCII."""
     return json.dumps(value, separators=(", ", ": "))
+
+
+# A string of printable ASCII without '"' or '\\' is its own JSON text between quotes.
+_PLAIN = re.compile(r'[ !#-\[\]-~]*')
+
+
+def quote(text: str) -> str:
+    """`dumps` of a string, without the encoder for the usual plain ids."""
+    return f'"{text}"' if _PLAIN.fullmatch(text) else dumps(text)
 
 
 # All text is ASCII (ids are JSON-escaped with ensure_ascii), so a piece of text
