@@ -15,6 +15,7 @@ import pytest
 from schedspec.cli.prove import run_obligation
 from schedspec.proofs import obligations as O
 from schedspec.proofs import loop_invariants as LI
+from schedspec.proofs import solving
 
 TINY = 0.001  # seconds: z3 gives up at once
 
@@ -22,7 +23,7 @@ TINY = 0.001  # seconds: z3 gives up at once
 @pytest.fixture
 def factors(monkeypatch):
     def use(*f):
-        monkeypatch.setattr(O, "RETRY_FACTORS", tuple(f))
+        monkeypatch.setattr(solving, "RETRY_FACTORS", tuple(f))
     return use
 
 
@@ -31,9 +32,9 @@ def test_step_claim_retried_then_proved(factors):
     factors(1)
     assert claim.discharge("correct").status == "unknown"
     factors(1, 20_000)  # 1 ms, then 20 s
-    before = O.RETRIES["calls"]
+    before = solving.RETRIES["calls"]
     assert claim.discharge("correct").status == "proved"
-    assert O.RETRIES["calls"] > before
+    assert solving.RETRIES["calls"] > before
 
 
 def test_loop_claim_retried_then_proved(factors):
@@ -41,9 +42,9 @@ def test_loop_claim_retried_then_proved(factors):
     factors(1)
     assert LI.discharge(claim, "correct", timeout_s=TINY, block_sizes=(2,)).status == "unknown"
     factors(1, 20_000)
-    before = O.RETRIES["calls"]
+    before = solving.RETRIES["calls"]
     assert LI.discharge(claim, "correct", timeout_s=TINY, block_sizes=(2,)).status == "proved"
-    assert O.RETRIES["calls"] > before
+    assert solving.RETRIES["calls"] > before
 
 
 def test_unknown_is_a_failure_in_prove(factors, tmp_path: Path):
@@ -51,3 +52,23 @@ def test_unknown_is_a_failure_in_prove(factors, tmp_path: Path):
     o = next(o for o in O.build_obligations(2, timeout_s=TINY) if o.name == "step:max_num_seqs_respected")
     row = run_obligation(o, tmp_path)
     assert row["result"] == "unknown" and not row["ok"], row
+
+
+def test_each_try_has_its_own_seed_and_limit(factors, monkeypatch):
+    """The restarts are randomized: try k runs with seed k and timeout * factor k
+    (a schedule that repeats one seed would only wait longer in z3's tail)."""
+    seen = []
+    real = solving.make_solver
+
+    def spy(timeout_s, seed=0):
+        seen.append((seed, round(timeout_s, 6)))
+        return real(TINY, seed)  # every try gives up at once
+
+    monkeypatch.setattr(solving, "make_solver", spy)
+    factors(1, 2, 4)
+    import z3
+    x = z3.Int("x")
+    hard = [x * x * x + 7 * x * x == 1234567 * x + 98765431]  # nonlinear: z3 needs more than 1 ms
+    status, _, _ = solving.check(hard, 10.0)
+    assert status == "unknown"
+    assert seen == [(0, 10.0), (1, 20.0), (2, 40.0)]

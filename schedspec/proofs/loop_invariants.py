@@ -83,6 +83,7 @@ from . import release
 from .encoding import z3_max0, z3_min
 from .obligation import Bound, Obligation, Result
 from .symbolic import BLOCK_SIZES, cdiv_const
+from .solving import RETRY_FACTORS, check
 
 DEFAULT_TIMEOUT_S = 20.0
 
@@ -1024,29 +1025,10 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
 ASYNC_ONLY = frozenset({"placeholders_never_negative"})
 
 
-def make_solver(timeout_s: float):
-    s = z3.Then("simplify", "propagate-values", "solve-eqs", "elim-term-ite", "simplify", "smt").solver()
-    s.set("timeout", int(timeout_s * 1000))
-    return s
-
-
 def _check(constraints: list, timeout_s: float) -> str:
-    """unsat / sat / unknown, with obligations.check's adaptive retries; z3's
-    default strategy gets a second chance on an unknown (it decides some of these
-    faster)."""
-    from .obligations import RETRIES, RETRY_FACTORS
-
-    r = z3.unknown
-    for k, factor in enumerate(RETRY_FACTORS):
-        if k:
-            RETRIES["calls"] += 1
-        for s in (make_solver(timeout_s * factor), z3.Solver()):
-            s.set("timeout", int(timeout_s * factor * 1000))
-            s.add(*constraints)
-            r = s.check()
-            if r != z3.unknown:
-                return str(r)
-    return str(r)
+    """unsat / sat / unknown over solving.check's tries; within each, z3's default
+    strategy gets a second chance on an unknown (it decides some of these faster)."""
+    return check(constraints, timeout_s, also_default=True)[0]
 
 
 def discharge(claim: LoopClaim, variant: str = "correct", timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -1065,7 +1047,8 @@ def discharge(claim: LoopClaim, variant: str = "correct", timeout_s: float = DEF
                     return Result("refuted", time.perf_counter() - t0, f"{name}, block_size {bs}: {part}"[:300])
                 if r == "unknown":
                     return Result("unknown", time.perf_counter() - t0,
-                                  f"z3 unknown (timeout {timeout_s:g} s) in {name}, block_size {bs}")
+                                  f"z3 unknown ({len(RETRY_FACTORS)} tries, {timeout_s * sum(RETRY_FACTORS):g} s in all) "
+                                  f"in {name}, block_size {bs}")
     return Result("proved", time.perf_counter() - t0,
                   f"{len(claim.parts)} parts x {len(block_sizes)} block sizes unsat")
 
@@ -1121,12 +1104,9 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
                    ("async: a waiting request's stale output delivered", xw + [V.stl > 0, V.bt > 0]),
                    ("async: an admission whose own batch is applied", xw + [V.wx.adm, V.bt == V.wx.n])]
     for name, cons in checks:
-        s = z3.Solver()
-        s.set("timeout", int(timeout_s * 1000))
-        s.add(*cons)
-        r = s.check()
-        if r != z3.sat:
-            return Result("refuted" if r == z3.unsat else "unknown", time.perf_counter() - t0,
+        r = check(cons, timeout_s, expect_sat=True)[0]
+        if r != "sat":
+            return Result("refuted" if r == "unsat" else "unknown", time.perf_counter() - t0,
                           f"premises of {name!r} are {r}: the claim would be vacuous")
     return Result("proved", time.perf_counter() - t0, f"{len(checks)} premise sets satisfiable")
 

@@ -16,7 +16,6 @@ refuted.  `unknown` is a failure.
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -28,19 +27,27 @@ from schedspec.spec.properties import PROPERTIES
 from . import encoding, release
 from .loop_invariants import CLAIMS as LOOP_CLAIMS
 from .obligation import Bound, Obligation, Result
+from .solving import RETRY_FACTORS, check
 from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS, state_invariant
 from .symbolic import BLOCK_SIZES, SymConfig, SymSlot, SymState, fixed_roles
 from .variants import VARIANTS
 
 DEFAULT_TIMEOUT_S = 20.0
 # One-step claims: running and waiting slots.  The encoding takes any number; with
-# the symmetry reduction below the whole run takes about a minute on 2 cores at
-# these bounds (proofs/README.md).
-DEFAULT_BOUND = 3
-# Obligations whose default bound is lower (z3 unknown at the default after the
-# adaptive retry): the block-demand conjunct sums ceilings over every running
-# request.  `--bound N` sets every bound.  proofs/README.md, "Symmetry reduction".
-BOUND_OVERRIDES = {"step:preemption_only_on_allocation_failure": 2}
+# the symmetry reduction and solving.py's randomized restarts every obligation but
+# the one below is decided at 4 + 4 (proofs/README.md, "Bounds").
+DEFAULT_BOUND = 4
+# Obligations whose default bound differs (`--bound N` sets every bound, these
+# included; proofs/README.md, "Bounds"):
+# - lower: z3 unknown at 3 + 3 even with every restart (258 s; 667 s with z3's
+#   default strategy in each try too): the block-demand conjunct sums ceilings over
+#   every running request.  loop:preemption_only_on_allocation_failure proves the
+#   property for any number of requests;
+# - higher, 6 + 6 (12 requests for abort and initial): those proved there in at
+#   most 60 s of proof, one at a time on the 2-core machine.
+BOUND_OVERRIDES = {"step:preemption_only_on_allocation_failure": 2,
+                   "step:max_num_seqs_respected": 6, "step:preempted_restart_from_zero": 6,
+                   "step:computed_tokens_bounded": 6, "inductive:abort": 6, "initial": 6}
 INVARIANT = "state_invariant"
 
 # property -> the bad variants that must refute its step obligation.
@@ -68,57 +75,6 @@ OUTSIDE_BOUNDED = {name: p.engine_flags for name, p in PROPERTIES.items() if p.e
 # loop_invariants.ASYNC_ONLY): `schedspec prove` lists them as not encoded; the
 # state machine, `check` and `diff` judge them.
 OUTSIDE_ENCODING = {name: flags for name, flags in OUTSIDE_BOUNDED.items() if name not in LOOP_CLAIMS}
-
-
-def make_solver(timeout_s: float):
-    # elim-term-ite first: the encoding is mostly if-then-else over integers, which
-    # the default QF_LIA strategy handles far worse (unknown after minutes at 3+3).
-    s = z3.Then("simplify", "propagate-values", "solve-eqs", "elim-term-ite", "simplify", "smt").solver()
-    s.set("timeout", int(timeout_s * 1000))
-    return s
-
-
-# Adaptive timeouts: a call that comes back unknown is retried with the timeout
-# multiplied by each further factor before the answer is declared unknown (which
-# stays a failure).  A loaded machine turns a 1 s proof into a 20 s timeout now and
-# then; the retry absorbs that without raising every call's limit.
-RETRY_FACTORS = (1, 4)
-# Calls retried so far in this process (prove reports the count per obligation).
-RETRIES = {"calls": 0}
-
-
-def check(constraints: list, timeout_s: float, expect_sat: bool = False) -> tuple[str, z3.ModelRef | None, float]:
-    """'unsat' / 'sat' / 'unknown', the model when sat, and the seconds, with the
-    adaptive retries of RETRY_FACTORS."""
-    total = 0.0
-    r, model = "unknown", None
-    for k, factor in enumerate(RETRY_FACTORS):
-        if k:
-            RETRIES["calls"] += 1
-        r, model, dt = _check_once(constraints, timeout_s * factor, expect_sat)
-        total += dt
-        if r != "unknown":
-            break
-    return r, model, total
-
-
-def _check_once(constraints: list, timeout_s: float, expect_sat: bool = False):
-    """One try.  Where a model is expected (a bad variant, a witness), z3's default
-    strategy, which finds models faster, gets the first half of the time."""
-    t = time.perf_counter()
-    solvers = [make_solver(timeout_s)]
-    if expect_sat:
-        first = z3.Solver()
-        first.set("timeout", int(timeout_s * 500))
-        solvers = [first, make_solver(timeout_s / 2)]
-    r = z3.unknown
-    for s in solvers:
-        s.add(*constraints)
-        r = s.check()
-        if r != z3.unknown:
-            break
-    dt = time.perf_counter() - t
-    return str(r), (s.model() if r == z3.sat else None), dt
 
 
 def model_state(model: z3.ModelRef, st: SymState) -> dict[str, Any]:
@@ -174,8 +130,8 @@ class _Claim:
                 return Result("refuted" if negate else "proved", total,
                               f"block_size {bs}, {'priority' if prio else 'fcfs'}", model_state(model, before))
             if r == "unknown":
-                return Result("unknown", total, f"z3 unknown (timeouts {self.timeout_s:g} s, then "
-                              f"{self.timeout_s * RETRY_FACTORS[-1]:g} s) at block_size {bs}, "
+                return Result("unknown", total, f"z3 unknown ({len(RETRY_FACTORS)} tries, "
+                              f"{self.timeout_s * sum(RETRY_FACTORS):g} s in all) at block_size {bs}, "
                               f"{'priority' if prio else 'fcfs'}")
         return Result("proved" if negate else "refuted", total, f"{len(list(self.cases()))} cases unsat")
 
@@ -314,6 +270,10 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
     n = bound or DEFAULT_BOUND
     note = f"block_size in {{{','.join(map(str, BLOCK_SIZES))}}}"
     b1 = Bound(n, n, 1, note)
+
+    def own(name: str) -> int:
+        return bound or BOUND_OVERRIDES.get(name, n)
+
     out = []
     for prop in PROPERTIES:
         if prop in OUTSIDE_BOUNDED:
@@ -321,7 +281,7 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
         # KeyError for a registered property without a z3 formula or bad variants:
         # every property the encoding can state must have its obligation.
         PROPERTY_FORMULAS[prop], STEP_BAD_VARIANTS[prop]
-        m = bound or BOUND_OVERRIDES.get(f"step:{prop}", n)
+        m = own(f"step:{prop}")
         out.append(_obligation(
             f"step:{prop}", prop, "step", Bound(m, m, 1, note), step_claim(prop, m, m, timeout_s=timeout_s),
             STEP_BAD_VARIANTS.get(prop, ()), PROPERTIES[prop].doc, f"property:{prop}"))
@@ -332,12 +292,13 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
     out.append(_obligation("inductive:add_request", INVARIANT, "inductive", replace(b1, note="requests <= "
                            f"{2 * n}, any queue; " + b1.note), inductive_add_claim(2 * n, timeout_s=timeout_s),
                            ("add_at_front",), "add_request preserves the state invariant", "inductive:add"))
-    out.append(_obligation("inductive:abort", INVARIANT, "inductive", replace(b1, note=f"requests <= {2 * n}, "
-                           "any queue; " + b1.note), inductive_abort_claim(2 * n, timeout_s=timeout_s),
+    na, ni = own("inductive:abort"), own("initial")
+    out.append(_obligation("inductive:abort", INVARIANT, "inductive", Bound(na, na, 1, f"requests <= {2 * na}, "
+                           "any queue; " + note), inductive_abort_claim(2 * na, timeout_s=timeout_s),
                            ("abort_leaks_blocks",), "finish_requests (abort) preserves the state invariant",
                            "inductive:abort"))
-    out.append(_obligation("initial", INVARIANT, "initial", replace(b1, note="the empty state; " + b1.note),
-                           initial_claim(2 * n, timeout_s=timeout_s), ("initial_free_includes_null",),
+    out.append(_obligation("initial", INVARIANT, "initial", Bound(ni, ni, 1, "the empty state; " + note),
+                           initial_claim(2 * ni, timeout_s=timeout_s), ("initial_free_includes_null",),
                            "the empty state satisfies the state invariant", "initial"))
     out += theorem_obligations()
     out += loop_obligations(timeout_s)

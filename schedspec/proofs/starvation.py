@@ -414,20 +414,11 @@ def agg_domain(z3, s: AggState):
 
 
 def _check(z3, solver) -> str:
-    """sat / unsat / unknown; an unknown is retried with the longer timeouts of
-    obligations.RETRY_FACTORS (adaptive timeouts; unknown stays a failure)."""
-    from .obligations import RETRIES, RETRY_FACTORS
+    """sat / unsat / unknown over solving.recheck's tries (randomized restarts;
+    unknown stays a failure)."""
+    from .solving import recheck
 
-    for k, factor in enumerate(RETRY_FACTORS):
-        if k:
-            RETRIES["calls"] += 1
-            solver.set("timeout", int(SOLVER_TIMEOUT_MS * factor))
-        r = solver.check()
-        if r == z3.sat:
-            return "sat"
-        if r == z3.unsat:
-            return "unsat"
-    return "unknown"
+    return recheck(solver, SOLVER_TIMEOUT_MS)
 
 
 def _model_dict(z3, m) -> dict[str, Any]:

@@ -142,21 +142,19 @@ def goal_formula(goal: str, step: Step, k: int, arrive, abort_at):
 def find_witness(goal: str, claim=None, steps: int = BMC_STEPS, num_requests: int = BMC_REQUESTS,
                  timeout_s: float = 30.0) -> tuple[Result, Scenario | None]:
     """The smallest k <= steps whose k-th step reaches `goal`, as a scenario."""
-    from .obligations import make_solver
+    from .solving import check
 
     t0 = time.perf_counter()
     c, specs, (arrive, abort_at), trace, cons = unroll(steps, num_requests, aborts=goal == "inductive:abort")
     for k in range(steps):
-        s = make_solver(timeout_s)
-        s.add(*cons)
-        s.add(goal_formula(goal, trace[k], k, arrive, abort_at))
         # The witness step must be reached: every event happens by then.
-        s.add(*[a <= k for a in arrive], *[a <= k for a in abort_at])
-        r = s.check()
-        if r == z3.sat:
-            scenario = to_scenario(s.model(), c, specs, arrive, k, goal, abort_at)
+        reached = [goal_formula(goal, trace[k], k, arrive, abort_at), *[a <= k for a in arrive],
+                   *[a <= k for a in abort_at]]
+        r, model, _ = check(cons + reached, timeout_s)
+        if r == "sat":
+            scenario = to_scenario(model, c, specs, arrive, k, goal, abort_at)
             return Result("proved", time.perf_counter() - t0, f"reachable at step {k}", {"step": k}), scenario
-        if r == z3.unknown:
+        if r == "unknown":
             return Result("unknown", time.perf_counter() - t0, f"z3 unknown at step {k}"), None
     return Result("refuted", time.perf_counter() - t0, f"not reachable within {steps} steps"), None
 

@@ -1,0 +1,95 @@
+"""How every z3 call of `schedspec prove` is run: randomized restarts within a
+time budget, and `unknown` only when the whole budget is spent.
+
+Why restarts.  The encodings are if-then-else over bounded integers, and the time
+z3 needs on one query is heavy-tailed in its random seed: measured on the 4 + 4
+bounded `scheduled_requests_run` claim (block size 3, priority, 4 running and 2
+waiting present, one conjunct), seeds 0, 4, 6 and 7 prove it in 0.03-0.05 s and
+seeds 1, 2, 3 and 5 are still searching at 10 s; at 200 s with seed 0 alone it
+had come back unknown.  A longer timeout on the same seed only waits longer in
+the tail; a fresh seed with a short limit leaves it (Gomes, Selman, Crato and
+Kautz, "Heavy-tailed phenomena in satisfiability and constraint satisfaction
+problems", 2000).  So a call is a schedule of tries: try k runs with random seed
+k and the limit `timeout_s * RETRY_FACTORS[k]`, short first and doubling, the
+last one long for the genuinely hard queries.  The first try is z3's default
+seed, so an easy query is answered as before.
+
+A verdict is z3's: sat and unsat are sound whatever the seed; only the time to
+reach them changes.  `unknown` after the last try stays a failure (prove's
+contract).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import z3
+
+# Try k: random seed k, limit timeout_s * RETRY_FACTORS[k].  At the default 20 s:
+# 1.25, 2.5, 5, 10, 20 and 80 s, about 119 s at most per call.
+RETRY_FACTORS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 4)
+# Tries after the first, so far in this process (prove reports them per obligation).
+RETRIES = {"calls": 0}
+
+
+def make_solver(timeout_s: float, seed: int = 0):
+    # elim-term-ite first: the encoding is mostly if-then-else over integers, which
+    # the default QF_LIA strategy handles far worse (unknown after minutes at 3+3).
+    s = z3.Then("simplify", "propagate-values", "solve-eqs", "elim-term-ite", "simplify", "smt").solver()
+    s.set("timeout", max(1, int(timeout_s * 1000)))
+    if seed:
+        s.set("random_seed", seed)
+    return s
+
+
+def _default_solver(timeout_s: float, seed: int):
+    s = z3.Solver()
+    s.set("timeout", max(1, int(timeout_s * 1000)))
+    if seed:
+        s.set("random_seed", seed)
+    return s
+
+
+def check(constraints: list, timeout_s: float, expect_sat: bool = False,
+          also_default: bool = False) -> tuple[str, z3.ModelRef | None, float]:
+    """'unsat' / 'sat' / 'unknown' for the conjunction of `constraints`, the model
+    when sat, and the seconds spent, over the tries of RETRY_FACTORS.
+
+    expect_sat (a bad variant, a witness): within each try z3's default strategy,
+    which finds models faster, gets the first half of the limit and the
+    elim-term-ite pipeline the second.  also_default (the loop claims): each try
+    runs the pipeline, then the default strategy, each with the whole limit."""
+    t0 = time.perf_counter()
+    r, model = z3.unknown, None
+    for k, factor in enumerate(RETRY_FACTORS):
+        if k:
+            RETRIES["calls"] += 1
+        limit = timeout_s * factor
+        if expect_sat:
+            solvers = [_default_solver(limit / 2, k), make_solver(limit / 2, k)]
+        elif also_default:
+            solvers = [make_solver(limit, k), _default_solver(limit, k)]
+        else:
+            solvers = [make_solver(limit, k)]
+        for s in solvers:
+            s.add(*constraints)
+            r = s.check()
+            if r != z3.unknown:
+                model = s.model() if r == z3.sat else None
+                return str(r), model, time.perf_counter() - t0
+    return "unknown", None, time.perf_counter() - t0
+
+
+def recheck(solver: Any, timeout_ms: int) -> str:
+    """sat / unsat / unknown of a solver (or optimizer) that already holds its
+    constraints, over the same tries (seed k, limit timeout_ms * factor)."""
+    for k, factor in enumerate(RETRY_FACTORS):
+        if k:
+            RETRIES["calls"] += 1
+        solver.set("timeout", max(1, int(timeout_ms * factor)))
+        solver.set("random_seed", k)
+        r = solver.check()
+        if r != z3.unknown:
+            return str(r)
+    return "unknown"
