@@ -1,9 +1,11 @@
-"""Adaptive timeouts: a z3 call that comes back unknown is retried with a longer
-timeout before the obligation is declared unknown, and unknown stays a failure.
+"""Randomized restarts (proofs/solving.py): a z3 call that comes back unknown is
+tried again with a fresh seed and the next limit of the schedule before the
+obligation is declared unknown, and unknown stays a failure.
 
-A timeout of 1 ms (z3's unit; 0 would mean none) makes z3 answer unknown on the first try of any real claim;
-the retry (with a factor large enough to finish) must then prove it and count
-the retry.  Without a retry the same obligation is unknown, and `prove` fails it.
+A timeout of 1 ms (z3's unit; 0 would mean none) makes z3 answer unknown on the
+first try of any real claim; a later try (with a factor large enough to finish)
+must then prove it and count the retry.  Without a later try the same obligation
+is unknown, and `prove` fails it.
 """
 
 from __future__ import annotations
