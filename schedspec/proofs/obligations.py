@@ -35,10 +35,10 @@ from .variants import VARIANTS
 DEFAULT_TIMEOUT_S = 20.0
 # One-step claims: running and waiting slots.  The encoding takes any number; with
 # the symmetry reduction and solving.py's randomized restarts every obligation but
-# the one below is decided at 4 + 4 (proofs/README.md, "Bounds").
+# the one below is decided at 4 + 4 (proofs/README.md, "Obligations": the default bound).
 DEFAULT_BOUND = 4
 # Obligations whose default bound differs (`--bound N` sets every bound, these
-# included; proofs/README.md, "Bounds"):
+# included; proofs/README.md, "Obligations"):
 # - lower: z3 unknown at 3 + 3 even with every restart (258 s; 667 s with z3's
 #   default strategy in each try too): the block-demand conjunct sums ceilings over
 #   every running request.  loop:preemption_only_on_allocation_failure proves the
