@@ -83,7 +83,7 @@ from . import release
 from .encoding import z3_max0, z3_min
 from .obligation import Bound, Obligation, Result
 from .symbolic import BLOCK_SIZES, cdiv_const
-from .solving import RETRY_FACTORS, check
+from .solving import check, unknown_detail
 
 DEFAULT_TIMEOUT_S = 20.0
 
@@ -1047,8 +1047,7 @@ def discharge(claim: LoopClaim, variant: str = "correct", timeout_s: float = DEF
                     return Result("refuted", time.perf_counter() - t0, f"{name}, block_size {bs}: {part}"[:300])
                 if r == "unknown":
                     return Result("unknown", time.perf_counter() - t0,
-                                  f"z3 unknown ({len(RETRY_FACTORS)} tries, {timeout_s * sum(RETRY_FACTORS):g} s in all) "
-                                  f"in {name}, block_size {bs}")
+                                  f"z3 unknown ({unknown_detail(timeout_s)}) in {name}, block_size {bs}")
     return Result("proved", time.perf_counter() - t0,
                   f"{len(claim.parts)} parts x {len(block_sizes)} block sizes unsat")
 

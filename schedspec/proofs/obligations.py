@@ -27,8 +27,8 @@ from schedspec.spec.properties import PROPERTIES
 from . import encoding, release
 from .loop_invariants import CLAIMS as LOOP_CLAIMS
 from .obligation import Bound, Obligation, Result
-from .solving import RETRY_FACTORS, check
 from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS, state_invariant
+from .solving import check, unknown_detail
 from .symbolic import BLOCK_SIZES, SymConfig, SymSlot, SymState, fixed_roles
 from .variants import VARIANTS
 
@@ -130,8 +130,7 @@ class _Claim:
                 return Result("refuted" if negate else "proved", total,
                               f"block_size {bs}, {'priority' if prio else 'fcfs'}", model_state(model, before))
             if r == "unknown":
-                return Result("unknown", total, f"z3 unknown ({len(RETRY_FACTORS)} tries, "
-                              f"{self.timeout_s * sum(RETRY_FACTORS):g} s in all) at block_size {bs}, "
+                return Result("unknown", total, f"z3 unknown ({unknown_detail(self.timeout_s)}) at block_size {bs}, "
                               f"{'priority' if prio else 'fcfs'}")
         return Result("proved" if negate else "refuted", total, f"{len(list(self.cases()))} cases unsat")
 

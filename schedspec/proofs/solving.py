@@ -42,18 +42,19 @@ def make_solver(timeout_s: float, seed: int = 0):
     # elim-term-ite first: the encoding is mostly if-then-else over integers, which
     # the default QF_LIA strategy handles far worse (unknown after minutes at 3+3).
     s = z3.Then("simplify", "propagate-values", "solve-eqs", "elim-term-ite", "simplify", "smt").solver()
+    return _limited(s, timeout_s, seed)
+
+
+def _limited(s, timeout_s: float, seed: int):
     s.set("timeout", max(1, int(timeout_s * 1000)))
-    if seed:
+    if seed:  # seed 0 left unset: z3's own default path (setting it changes the path)
         s.set("random_seed", seed)
     return s
 
 
-def _default_solver(timeout_s: float, seed: int):
-    s = z3.Solver()
-    s.set("timeout", max(1, int(timeout_s * 1000)))
-    if seed:
-        s.set("random_seed", seed)
-    return s
+def unknown_detail(timeout_s: float) -> str:
+    """What an unknown spent, for an obligation's detail line."""
+    return f"{len(RETRY_FACTORS)} tries, {timeout_s * sum(RETRY_FACTORS):g} s in all"
 
 
 def check(constraints: list, timeout_s: float, expect_sat: bool = False,
@@ -72,9 +73,9 @@ def check(constraints: list, timeout_s: float, expect_sat: bool = False,
             RETRIES["calls"] += 1
         limit = timeout_s * factor
         if expect_sat:
-            solvers = [_default_solver(limit / 2, k), make_solver(limit / 2, k)]
+            solvers = [_limited(z3.Solver(), limit / 2, k), make_solver(limit / 2, k)]
         elif also_default:
-            solvers = [make_solver(limit, k), _default_solver(limit, k)]
+            solvers = [make_solver(limit, k), _limited(z3.Solver(), limit, k)]
         else:
             solvers = [make_solver(limit, k)]
         for s in solvers:

@@ -413,14 +413,6 @@ def agg_domain(z3, s: AggState):
     )
 
 
-def _check(z3, solver) -> str:
-    """sat / unsat / unknown over solving.recheck's tries (randomized restarts;
-    unknown stays a failure)."""
-    from .solving import recheck
-
-    return recheck(solver, SOLVER_TIMEOUT_MS)
-
-
 def _model_dict(z3, m) -> dict[str, Any]:
     out = {}
     for d in m.decls():
@@ -432,11 +424,12 @@ def _model_dict(z3, m) -> dict[str, Any]:
 def prove(claims: Callable[[Any], Any], what: str) -> Result:
     """`claims(z3)` builds the formula that must be valid; proved = its negation is unsat."""
     z3 = _z3()
+    from .solving import recheck  # z3 at import: kept out of the CLI's light imports, as _z3
+
     t = time.perf_counter()
     solver = z3.Solver()
-    solver.set("timeout", SOLVER_TIMEOUT_MS)
     solver.add(z3.Not(claims(z3)))
-    r = _check(z3, solver)
+    r = recheck(solver, SOLVER_TIMEOUT_MS)
     dt = time.perf_counter() - t
     if r == "unsat":
         return Result("proved", dt, what)
@@ -646,11 +639,12 @@ def _witness_values(premises: Callable[[Any, AggState], Any], extra: Callable[[A
     prompt alone waits), max_num_batched_tokens >= token_budget (so B is the
     token budget, as in Table 3) and D <= B (the decodes all start in one step)."""
     z3 = _z3()
+    from .solving import recheck
+
     o = Z3Ops()
     t = time.perf_counter()
     s, ch = agg_vars(z3)
     opt = z3.Optimize()
-    opt.set("timeout", SOLVER_TIMEOUT_MS)
     out = aggregate_step(o, s, ch, "correct")
     opt.add(agg_domain(z3, s), out.choice_ok, premises(z3, s), s.W == 1, z3.Not(s.prompt_running),
             s.max_num_batched_tokens >= s.token_budget, s.D <= s.token_budget, s.enough_blocks,
@@ -658,7 +652,7 @@ def _witness_values(premises: Callable[[Any, AggState], Any], extra: Callable[[A
     if extra is not None:
         opt.add(extra(z3, s))
     opt.minimize(s.D + s.token_budget + s.P + s.max_num_active_reqs + s.threshold)
-    r = _check(z3, opt)
+    r = recheck(opt, SOLVER_TIMEOUT_MS)
     dt = time.perf_counter() - t
     if r != "sat":
         return Result("unknown" if r == "unknown" else "refuted", dt, f"premises {r}"), None
