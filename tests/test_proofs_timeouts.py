@@ -74,3 +74,17 @@ def test_each_try_has_its_own_seed_and_limit(factors, monkeypatch):
     status, _, _ = solving.check(hard, 10.0)
     assert status == "unknown"
     assert seen == [(0, 10.0), (1, 20.0), (2, 40.0)]
+
+
+def test_starvation_theorem_retried_then_proved(factors, monkeypatch):
+    """The unbounded theorems go through solving.recheck: same schedule, same
+    verdict rules."""
+    from schedspec.proofs import starvation as ST
+
+    monkeypatch.setattr(ST, "SOLVER_TIMEOUT_MS", 1)
+    factors(1)
+    assert ST.discharge_agreement("correct").status == "unknown"
+    factors(1, 20_000)
+    before = solving.RETRIES["calls"]
+    assert ST.discharge_agreement("correct").status == "proved"
+    assert solving.RETRIES["calls"] > before
