@@ -9,13 +9,16 @@ import subprocess
 import sys
 
 import pytest
+import z3
 from hypothesis import given, settings
 
 from mutants import Mutation, mutated
 from test_proofs_agreement import SETTINGS, drawn_states
 from schedspec.proofs.agreement import StepEvaluator, formula_terms, spec_step, to_spec_step
-from schedspec.proofs.obligations import (BOUND_OVERRIDES, OUTSIDE_BOUNDED, OUTSIDE_ENCODING, STEP_BAD_VARIANTS, build_obligations, covered_properties,
-                                          step_claim)
+from schedspec.proofs import encoding
+from schedspec.proofs.obligations import (BOUND_OVERRIDES, OUTSIDE_BOUNDED, OUTSIDE_ENCODING, STEP_BAD_VARIANTS,
+                                          STEP_LEMMAS, build_obligations, covered_properties, step_claim)
+from schedspec.proofs.solving import check
 from schedspec.proofs.property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS
 from schedspec.proofs.symbolic import concrete_state
 from schedspec.proofs.witness import find_witness
@@ -110,6 +113,25 @@ def test_witness_replays(prop):
 
     run_scenario(scenario, load_impl("spec"), on_step=on_step)
     assert seen[step].applicable and seen[step].holds
+
+
+def test_lemmas_are_proved_before_use_and_say_something(monkeypatch):
+    """The preemption claim's lemma is a premise only once z3 has proved it: a false
+    lemma taken unproved would make every variant "proved".  And it is no
+    tautology: an ask happens in some state, and a variant whose asks exceed the
+    demand breaks it."""
+    prop = "preemption_only_on_allocation_failure"
+    premise, _, _, before, lemmas = step_claim(prop, 2, 2).build("correct", (2,))
+    asks: list = []
+    encoding.schedule_update(before, "correct", [0, 1], [2, 3], asks=asks)
+    assert check(premise + [z3.Or([cond for _, cond, _ in asks])], 20)[0] == "sat"
+    assert check(premise + [z3.Not(z3.And(lemmas))], 20)[0] == "unsat"
+    premise, _, _, _, lemmas = step_claim(prop, 2, 2).build("running_need_plus_2", (2,))
+    assert check(premise + [z3.Not(z3.And(lemmas))], 20)[0] == "sat"
+    monkeypatch.setitem(STEP_LEMMAS, prop, lambda before, asks: [z3.BoolVal(False)])
+    claim = step_claim(prop, 2, 2, block_sizes=(2,))
+    assert claim.discharge("admit_after_preemption").status == "refuted"
+    assert claim.discharge("correct").status == "proved"
 
 
 def test_bad_variant_refuted_and_spec_mutant_exhibits_it():

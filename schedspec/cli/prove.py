@@ -223,8 +223,7 @@ def register(subparsers) -> None:
                    help="only this obligation, by its name or its property's name (repeat for several)")
     p.add_argument("--bound", type=int_arg(1, 12), default=None, metavar="N",
                    help="running and waiting request slots of the one-step claims, for every obligation "
-                        "(default 4; 6 for five obligations proved there quickly and 2 for "
-                        "step:preemption_only_on_allocation_failure; each line prints its bound)")
+                        "(default 4; 6 for five obligations proved there quickly; each line prints its bound)")
     p.add_argument("-o", "--out", default="proofs-out", metavar="DIR",
                    help="folder for the witness scenarios, one per obligation, each replayable with "
                         "`schedspec check` (default ./proofs-out)")

@@ -79,8 +79,9 @@ class SymDecision:
 class _Work:
     """schedule()'s working copy (S:699-1784): per-slot arrays and the scalars."""
 
-    def __init__(self, st: SymState, rules: Rules, running_slots, waiting_slots):
+    def __init__(self, st: SymState, rules: Rules, running_slots, waiting_slots, asks=None):
         c = st.config
+        self.asks = asks if asks is not None else []
         self.st, self.c, self.rules = st, c, rules
         self.RS, self.WS = list(running_slots), list(waiting_slots)
         n = len(st.slots)
@@ -178,6 +179,9 @@ class _Work:
             go = z3.And(go, z3.Not(skip))
             # allocate_slots for a RUNNING request: no watermark, no full-ISL gate (K:518-588).
             need = z3_max0(c.cdiv(z3_min(z3_min(ncomp, c.max_model_len) + n, c.max_model_len)) - blocks_held)
+            # The blocks this request's allocate_slots asks for (every retry asks the same).
+            for i, s in enumerate(RS):
+                self.asks.append((s, z3.And(go, at_k[i]), need))
             done = z3.BoolVal(False)
             ok = z3.BoolVal(False)
             for _ in range(len(RS)):  # S:912-980: each failure removes one live request
@@ -259,19 +263,23 @@ def _compact(members, before) -> list:
 
 def schedule_update(st: SymState, rules: Rules | str = "correct",
                     running_slots: Sequence[int] | None = None,
-                    waiting_slots: Sequence[int] | None = None) -> tuple[SymDecision, SymState]:
+                    waiting_slots: Sequence[int] | None = None, asks: list | None = None) -> tuple[SymDecision, SymState]:
     """`schedule()`, the fake model of formats.md, then `update_from_output()`.
 
     `running_slots` / `waiting_slots`: the slots that may hold a running / waiting
     request before the step (default: all); a one-step claim uses disjoint sets
-    (symbolic.fixed_roles) so the loops unroll over fewer candidates."""
+    (symbolic.fixed_roles) so the loops unroll over fewer candidates.
+
+    `asks`, when given, receives one `(slot, cond, blocks)` per running slot and
+    loop iteration: when `cond`, that slot's allocate_slots in the running loop asked
+    for `blocks` (obligations.py states lemmas about them)."""
     if isinstance(rules, str):
         rules = VARIANTS[rules]
     N = len(st.slots)
     RS = list(range(N)) if running_slots is None else list(running_slots)
     WS = list(range(N)) if waiting_slots is None else list(waiting_slots)
     c = st.config
-    w = _Work(st, rules, RS, WS)
+    w = _Work(st, rules, RS, WS, asks)
     if rules.waiting_first:
         w.waiting_loop()
         w.running_loop()
