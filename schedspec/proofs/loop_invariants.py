@@ -55,8 +55,10 @@ tokens, skipped), the waiting loop's skip of a request with stale output in
 flight (S:1084), the placeholder `update_after_schedule` adds
 (async_scheduler.py:24-56) and the delivery of an older batch (S:2259-2551);
 `placeholders_never_negative`, a property of the async engine alone, is proved
-with async on.  Speculative decoding off (no draft tokens: the spec's
-num_tokens_with_spec is num_tokens).  The block size is a case split over
+with async on.  Structured output: a waiting head whose grammar is compiling or
+failed is skipped and keeps its place (S:1079-1082), so `grammar_wait_respected`
+holds for any number of requests.  Speculative decoding off (no draft tokens: the
+spec's num_tokens_with_spec is num_tokens); LoRA off (no adapter skips).  The block size is a case split over
 BLOCK_SIZES (each `cdiv` then divides by a numeral); every other value is an
 unbounded integer.
 
@@ -124,6 +126,8 @@ class LoopRules:
     #                                          "never" / "always"
     inflight_added: bool = True  # S:1845-1877: update_after_schedule adds the grant to num_in_flight_tokens
     stale_decremented: bool = True  # S:2316-2338: a stale delivery lowers num_stale_output_tokens
+    # structured output
+    grammar_skip: bool = True  # S:1079-1082: a head whose grammar compiles (or failed) is skipped
 
 
 LOOP_VARIANTS: dict[str, LoopRules] = {
@@ -158,6 +162,8 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     "placeholder_on_prefill_chunk": LoopRules(placeholder_added="always"),
     "inflight_not_added": LoopRules(inflight_added=False),
     "stale_not_decremented": LoopRules(stale_decremented=False),
+    # structured output
+    "grammar_head_admitted": LoopRules(grammar_skip=False),
 }
 
 
@@ -516,6 +522,7 @@ class WaitReq:
     b: Any
     adm: Any = _B()
     st: Any = _B()  # async: num_stale_output_tokens > 0 (its output from before a preemption in flight)
+    gw: Any = _B()  # waits for its grammar: WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, compiling or failed
 
     def static_facts(self, c: LoopConfig, W0):
         return z3.And(1 <= self.nt, self.nt < c.L, 0 <= self.q, self.q < W0, z3.Implies(z3.Not(c.asy), z3.Not(self.st)))
@@ -525,7 +532,8 @@ class WaitReq:
 class WaitState:
     """tbE / ibE: the budgets at the loop's entry; Tr: tokens the running loop
     granted; A: admissions so far; K (async): requests skipped for stale output
-    in flight (S:1084), so the head is before.waiting[A + K]."""
+    in flight (S:1084) or for a grammar still compiling (S:1079-1082), so the
+    head is before.waiting[A + K]."""
 
     tb: Any
     ib: Any
@@ -549,8 +557,8 @@ def wait_guard(c: LoopConfig, s: WaitState, W0, rules: LoopRules = LoopRules()):
 
 def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
     return z3.And(
-        # visited (before the head) and not skipped for stale output: admitted
-        r.adm == z3.And(r.q < s.A + s.K, z3.Not(r.st)),
+        # visited (before the head) and not skipped for stale output or its grammar: admitted
+        r.adm == z3.And(r.q < s.A + s.K, z3.Not(r.st), z3.Not(r.gw)),
         z3.Implies(r.adm, z3.And(1 <= r.n, r.n <= r.nt, r.b == c.cdiv(z3_min(r.n, c.L)))),
         z3.Implies(z3.Not(r.adm), z3.And(r.n == 0, r.b == 0)),
     )
@@ -569,13 +577,19 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     chunk, or admission stops (a `break`: the chunked-off rule, the full-ISL gate,
     the pool with the watermark).  Returns (frame, state, ghost, facts)."""
     frame = [h.q == s.A + s.K, h.static_facts(c, W0), wait_J(c, s, h),
-             z3.Implies(x.q == h.q, z3.And(x.nt == h.nt, x.adm == h.adm, x.n == h.n, x.b == h.b, x.st == h.st))]
+             z3.Implies(x.q == h.q, z3.And(x.nt == h.nt, x.adm == h.adm, x.n == h.n, x.b == h.b, x.st == h.st,
+                                           x.gw == h.gw))]
     guard = wait_guard(c, s, W0, rules)
     # Async (S:1084): a head whose output from before its preemption is still in
     # flight is skipped and keeps its place; it takes no budget and no run slot.
     stale = h.st if rules.stale_head != "admit" else z3.BoolVal(False)
-    skip = z3.And(guard, stale) if rules.stale_head == "skip" else z3.BoolVal(False)
-    stale_stop = z3.And(guard, stale) if rules.stale_head == "stop" else z3.BoolVal(False)
+    # Structured output (S:1079-1082): a head whose grammar is compiling, or failed,
+    # is skipped the same way (a compiled one was promoted to WAITING: gw false).
+    grammar = h.gw if rules.grammar_skip else z3.BoolVal(False)
+    skip_grammar = z3.And(guard, grammar)
+    blocked = z3.Or(stale, grammar)
+    skip = z3.Or(z3.And(guard, stale) if rules.stale_head == "skip" else z3.BoolVal(False), skip_grammar)
+    stale_stop = z3.And(guard, stale, z3.Not(grammar)) if rules.stale_head == "stop" else z3.BoolVal(False)
     budget = z3_min(s.tb, s.ib)  # S:1295
     n0 = z3.If(z3.And(0 < c.th, c.th < h.nt), c.th, h.nt)  # S:1306, S:1332 (0 computed tokens)
     no_fit = z3.And(z3.Not(c.chunked), (n0 >= budget) if rules.chunked_off_fit_strict else (n0 > budget))  # S:1337-1344
@@ -585,15 +599,15 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     full = z3_max0(c.cdiv(z3_min(h.nt, c.L)) - h.b)
     gate_fail = z3.And(c.full_isl, (full if rules.gate_without_watermark else full + wm) > s.F)
     need = z3_max0(c.cdiv(z3_min(n, c.L)) - h.b)
-    admit = z3.And(guard, z3.Not(stale), z3.Not(no_fit), z3.Not(gate_fail), need + wm <= s.F)
-    stop = z3.Or(stale_stop, z3.And(guard, z3.Not(stale), z3.Not(admit)))
+    admit = z3.And(guard, z3.Not(blocked), z3.Not(no_fit), z3.Not(gate_fail), need + wm <= s.F)
+    stop = z3.Or(stale_stop, z3.And(guard, z3.Not(blocked), z3.Not(admit)))
     s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n, 0), s.T + z3.If(admit, n, 0), s.Tr,
                    s.tbE, s.ibE, s.Rn + z3.If(admit, 1, 0), s.A + z3.If(admit, 1, 0), s.K + z3.If(skip, 1, 0),
                    s.F - z3.If(admit, need, 0), s.H + z3.If(admit, need, 0), z3.Or(s.stopped, stop))
     xa = z3.And(admit, x.q == h.q)
     x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + need, x.b))
     return frame, s2, x2, {"guard": guard, "admit": admit, "n": n, "need": need, "head_admitted_before": h.adm,
-                           "skip_stale": skip}
+                           "skip_stale": z3.And(skip, z3.Not(skip_grammar)), "skip_grammar": skip_grammar}
 
 
 # --- update_from_output's removal of finished requests -------------------------------------
@@ -754,6 +768,15 @@ def exit_admissions_within_left(V: LoopVars, R: LoopRules):
     c, ws = V.c_real, V.ws
     return _wait_pre(V) + [ws.A > 0], z3.And(ws.T - ws.Tr <= c.B - ws.Tr,
                                               ws.tbE > 0, ws.ibE > 0)
+
+
+def exit_grammar_wait(V: LoopVars, R: LoopRules):
+    """grammar_wait_respected: when the waiting loop ends, a request of
+    before.waiting whose grammar is compiling or failed was not admitted.  The
+    running loop schedules only running requests, and a step with a preemption
+    admits nobody (exit_no_admission_after_preemption), so this is every way it
+    could be scheduled."""
+    return _wait_pre(V) + [z3.Not(wait_guard(V.c, V.ws, V.W0, R))], z3.Implies(V.wx.gw, z3.Not(V.wx.adm))
 
 
 def exit_preemption_failure(V: LoopVars, R: LoopRules):
@@ -1014,6 +1037,11 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
         ("no_cursor_fix", "no_refund", "last_token_guard_stops_loop"),
         "a request running before the step and after it received >= 1 token in it, given its premises "
         "(ahead_within_budget; exceptions: not_last_token_in_flight, below_max_model_len_cap)"),
+    LoopClaim("grammar_wait_respected", RUN_INV + WAIT_INV + (
+        ("exit: a request waiting for its grammar was not admitted", exit_grammar_wait),),
+        ("grammar_head_admitted",),
+        "structured output: a waiting request whose grammar is compiling or failed is not scheduled; it keeps "
+        "its place"),
     LoopClaim("placeholders_never_negative", RUN_INV + WAIT_INV + (
         ("exit: a request of before.running, after the delivery", exit_counters_running),
         ("exit: a request of before.waiting, after the delivery", exit_counters_waiting)),
@@ -1093,6 +1121,9 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
     checks.append(("an admission", _wait_pre(V) + wframe + [wf["admit"], V.ws.A > 0]))
     checks.append(("async: a stale head skipped", _wait_pre(V) + wframe + [wf["skip_stale"]]))
     checks.append(("async: an admission behind a skipped request", _wait_pre(V) + wframe + [wf["admit"], V.ws.K > 0]))
+    checks.append(("a head waiting for its grammar skipped", _wait_pre(V) + wframe + [wf["skip_grammar"]]))
+    checks.append(("an admission behind a request waiting for its grammar",
+                   _wait_pre(V) + wframe + [wf["admit"], V.wx.gw, V.wx.q < V.wh.q]))
     if claim.name in ASYNC_ONLY:
         xr, _ = exit_counters_running(V, rules)
         xw, _ = exit_counters_waiting(V, rules)
@@ -1122,13 +1153,17 @@ def async_witness_scenario():
            "enable_chunked_prefill": True}
     reqs = (RequestSpec(id="r0", prompt_len=2, max_tokens=8), RequestSpec(id="r1", prompt_len=5, max_tokens=6),
             RequestSpec(id="r2", prompt_len=5, max_tokens=8))
-    # The description starts with cli/prove.py's WITNESS_MARK, so that a rerun of
-    # `prove` replaces this file instead of writing a fresh name beside it.
     return Scenario(name="loop-async-counters", config=cfg, requests=reqs, max_steps=30,
-                    description="z3 bounded-model-checking witness file of `schedspec prove` (this one not "
-                                "found by BMC: a fixed scenario replayed on the spec): async scheduling, "
-                                "placeholders, a preemption with a batch in flight, its stale output delivered "
-                                "(loop:placeholders_never_negative). Reproduce: schedspec check <this file>")
+                    description=fixed_witness_description(
+                        "async scheduling, placeholders, a preemption with a batch in flight, its stale output "
+                        "delivered (loop:placeholders_never_negative)"))
+
+
+def fixed_witness_description(what: str) -> str:
+    # It starts with cli/prove.py's WITNESS_MARK, so that a rerun of `prove`
+    # replaces the file instead of writing a fresh name beside it.
+    return ("z3 bounded-model-checking witness file of `schedspec prove` (this one not found by BMC: a fixed "
+            f"scenario replayed on the spec): {what}. Reproduce: schedspec check <this file>")
 
 
 def async_witness() -> tuple[Result, Any]:
@@ -1164,6 +1199,56 @@ def async_witness() -> tuple[Result, Any]:
                   f"async replay on the spec: {seen}", {"step": seen["stale delivered"]}), scenario
 
 
+def grammar_witness_scenario():
+    """Two requests with a grammar ahead of one without: r0's grammar compiles for
+    two steps, r1's fails at step 1, r2 behind them is admitted while both wait."""
+    from schedspec.reference.scenario import RequestSpec, Scenario
+
+    cfg = {"max_num_batched_tokens": 16, "max_num_seqs": 4, "block_size": 2, "max_model_len": 32,
+           "num_gpu_blocks": 20, "async_scheduling": False, "enable_prefix_caching": False}
+    reqs = (RequestSpec(id="r0", prompt_len=4, max_tokens=3, grammar_compile_steps=2),
+            RequestSpec(id="r1", prompt_len=3, max_tokens=3, grammar_compile_steps=1, grammar_error=True),
+            RequestSpec(id="r2", prompt_len=5, max_tokens=3))
+    return Scenario(name="loop-grammar-wait", config=cfg, requests=reqs, max_steps=20,
+                    description=fixed_witness_description(
+                        "structured output, two requests waiting for their grammars skipped while the one "
+                        "behind them is admitted (loop:grammar_wait_respected)"))
+
+
+def grammar_witness() -> tuple[Result, Any]:
+    """The witness of grammar_wait_respected: the scenario above, replayed on the
+    spec, must apply the property (and hold) with a request admitted from behind
+    a request waiting for its grammar; `step` is that step."""
+    from schedspec.reference.engine import run_scenario
+    from schedspec.reference.impl import SpecScheduler
+    from schedspec.spec.properties import PROPERTIES
+
+    t0 = time.perf_counter()
+    scenario = grammar_witness_scenario()
+    seen: dict[str, Any] = {"admitted behind a grammar wait": None, "holds": True}
+    prop = PROPERTIES["grammar_wait_respected"].check
+
+    def on_step(t):
+        v = prop(t.before, t.output, t.after)
+        seen["holds"] = seen["holds"] and v.holds
+        waiting = list(t.before.waiting)
+        blocked = [i for i, rid in enumerate(waiting) if t.before.requests[rid].grammar in ("compiling", "failed")]
+        behind = [rid for i, rid in enumerate(waiting) if blocked and i > blocked[0] and rid in t.output.scheduled]
+        if v.applicable and behind and seen["admitted behind a grammar wait"] is None:
+            seen["admitted behind a grammar wait"] = t.step
+
+    run_scenario(scenario, SpecScheduler(), on_step=on_step)
+    ok = seen["holds"] and seen["admitted behind a grammar wait"] is not None
+    return Result("proved" if ok else "refuted", time.perf_counter() - t0,
+                  f"grammar replay on the spec: {seen}", {"step": seen["admitted behind a grammar wait"]}), scenario
+
+
+# Claims whose witness is a fixed scenario replayed on the spec: the bounded
+# encoding's BMC models neither async scheduling nor structured output.
+FIXED_WITNESSES: dict[str, Callable[[], tuple[Result, Any]]] = {
+    "placeholders_never_negative": async_witness, "grammar_wait_respected": grammar_witness}
+
+
 def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
     """`loop:<name>` obligations for `schedspec prove`.  The witness is the z3
     vacuity check above, plus the bounded encoding's reachable witness of the
@@ -1178,7 +1263,8 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
             v = vacuity(claim, timeout_s)
             if v.status != "proved":
                 return v, None
-            res, scenario = async_witness() if claim.name in ASYNC_ONLY else find_witness(goal)
+            fixed = FIXED_WITNESSES.get(claim.name)
+            res, scenario = fixed() if fixed else find_witness(goal)
             return Result(res.status, v.seconds + res.seconds, f"{v.detail}; {res.detail}", res.model), scenario
 
         out.append(Obligation(
