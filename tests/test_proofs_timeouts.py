@@ -88,3 +88,23 @@ def test_starvation_theorem_retried_then_proved(factors, monkeypatch):
     before = solving.RETRIES["calls"]
     assert ST.discharge_agreement("correct").status == "proved"
     assert solving.RETRIES["calls"] > before
+
+
+def test_recheck_checks_each_solver_once(factors):
+    """A solver z3 gave up on is never checked again (solving.recheck: one run in
+    30 of the test above came back 'refuted' when the try after a 1 ms timeout
+    reused the solver); each try builds its own."""
+    import z3
+
+    x, y, w = z3.Ints("x y w")
+    built = []
+
+    def build():
+        s = z3.Solver()
+        s.add(x > 0, y > 0, w > 0, x * x * x + y * y * y == w * w * w)  # no quick answer in 1 ms
+        built.append(s)
+        return s
+
+    factors(1, 1, 1)
+    status, last = solving.recheck(build, 1)
+    assert status == "unknown" and len(built) == 3 and len({id(s) for s in built}) == 3 and last is built[-1]

@@ -22,7 +22,7 @@ contract).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import z3
 
@@ -87,15 +87,23 @@ def check(constraints: list, timeout_s: float, expect_sat: bool = False,
     return "unknown", None, time.perf_counter() - t0
 
 
-def recheck(solver: Any, timeout_ms: int) -> str:
-    """sat / unsat / unknown of a solver (or optimizer) that already holds its
-    constraints, over the same tries (seed k, limit timeout_ms * factor)."""
+def recheck(build: Callable[[], Any], timeout_ms: int) -> tuple[str, Any]:
+    """sat / unsat / unknown, over the same tries (seed k, limit timeout_ms *
+    factor), of the solvers (or optimizers) `build()` makes, each holding its
+    constraints, and the one that answered (for its model).
+
+    A fresh one per try: a z3 solver checked again after a check it gave up on
+    has answered sat on a valid claim's negation (the starvation agreement claim,
+    1 ms first try then 20 s: a bogus counterexample in 1 run of 30), which would
+    refute a true claim, or a bad variant without cause."""
+    solver = None
     for k, factor in enumerate(RETRY_FACTORS):
         if k:
             RETRIES["calls"] += 1
+        solver = build()
         solver.set("timeout", max(1, int(timeout_ms * factor)))
         solver.set("random_seed", k)
         r = solver.check()
         if r != z3.unknown:
-            return str(r)
-    return "unknown"
+            return str(r), solver
+    return "unknown", solver

@@ -427,9 +427,14 @@ def prove(claims: Callable[[Any], Any], what: str) -> Result:
     from .solving import recheck  # z3 at import: kept out of the CLI's light imports, as _z3
 
     t = time.perf_counter()
-    solver = z3.Solver()
-    solver.add(z3.Not(claims(z3)))
-    r = recheck(solver, SOLVER_TIMEOUT_MS)
+    negation = z3.Not(claims(z3))
+
+    def build():
+        s = z3.Solver()
+        s.add(negation)
+        return s
+
+    r, solver = recheck(build, SOLVER_TIMEOUT_MS)
     dt = time.perf_counter() - t
     if r == "unsat":
         return Result("proved", dt, what)
@@ -644,15 +649,19 @@ def _witness_values(premises: Callable[[Any, AggState], Any], extra: Callable[[A
     o = Z3Ops()
     t = time.perf_counter()
     s, ch = agg_vars(z3)
-    opt = z3.Optimize()
     out = aggregate_step(o, s, ch, "correct")
-    opt.add(agg_domain(z3, s), out.choice_ok, premises(z3, s), s.W == 1, z3.Not(s.prompt_running),
-            s.max_num_batched_tokens >= s.token_budget, s.D <= s.token_budget, s.enough_blocks,
-            z3.Not(ch.preempted), s.D <= s.max_num_active_reqs, s.threshold <= s.P)
-    if extra is not None:
-        opt.add(extra(z3, s))
-    opt.minimize(s.D + s.token_budget + s.P + s.max_num_active_reqs + s.threshold)
-    r = recheck(opt, SOLVER_TIMEOUT_MS)
+
+    def build():
+        opt = z3.Optimize()
+        opt.add(agg_domain(z3, s), out.choice_ok, premises(z3, s), s.W == 1, z3.Not(s.prompt_running),
+                s.max_num_batched_tokens >= s.token_budget, s.D <= s.token_budget, s.enough_blocks,
+                z3.Not(ch.preempted), s.D <= s.max_num_active_reqs, s.threshold <= s.P)
+        if extra is not None:
+            opt.add(extra(z3, s))
+        opt.minimize(s.D + s.token_budget + s.P + s.max_num_active_reqs + s.threshold)
+        return opt
+
+    r, opt = recheck(build, SOLVER_TIMEOUT_MS)
     dt = time.perf_counter() - t
     if r != "sat":
         return Result("unknown" if r == "unknown" else "refuted", dt, f"premises {r}"), None
