@@ -40,6 +40,7 @@ from schedspec.spec.input_processor import make_request
 from schedspec.spec.request import RequestStatus
 from schedspec.proofs import loop_invariants as LI
 from schedspec.proofs.symbolic import Evaluator
+from schedspec.spec import lora as LORA
 from schedspec.spec import scheduler as S
 from schedspec.spec import structured_output as SO
 from schedspec.spec.config import PRIORITY, validate_config
@@ -122,7 +123,8 @@ class RunAbstraction:
         return dict(TB0=c.token_budget, IB0=c.max_num_batched_tokens, M=c.max_num_active_reqs, L=c.max_model_len,
                     th=get_long_prefill_threshold(b), wm=c.watermark_blocks, U=c.num_gpu_blocks - 1,
                     chunked=c.enable_chunked_prefill, full_isl=c.scheduler_reserve_full_isl,
-                    prio=c.policy == PRIORITY, asy=c.async_scheduling)
+                    prio=c.policy == PRIORITY, asy=c.async_scheduling,
+                    lora=c.max_loras is not None, ML=c.max_loras or 0)
 
     def consts(self, x):
         ahead = self.before.running[:self.pos0[x]]
@@ -358,18 +360,22 @@ def compare_waiting(state, variant: str = "correct", stats=None) -> list:
     tbE, ibE, Tr = s.token_budget, s.input_budget, sum(s.scheduled.values())
     bad = []
 
-    skipped: list = []  # heads skipped: a grammar compiling or failed (S:1079-1082), stale output (S:1084)
+    # heads skipped: a grammar compiling or failed (S:1079-1082), stale output (S:1084), LoRA (S:1089-1101)
+    skipped: list = []
+    loras = LORA.running_loras(s.requests[x] for x in s.running)
+    skipped_lora: set = set()  # skipped because their adapter was one too many
 
     def wstate(stopped):
         return dict(tb=s.token_budget, ib=s.input_budget, T=sum(s.scheduled.values()), Tr=Tr, tbE=tbE, ibE=ibE,
                     Rn=len(s.running), A=len(s.new) + len(s.resumed), K=len(skipped), F=s.kv.num_free_blocks,
-                    H=sum(s.kv.req_to_num_blocks.values()), stopped=stopped)
+                    H=sum(s.kv.req_to_num_blocks.values()), Lc=len(loras), stopped=stopped)
 
     def wreq(r):
         q = state.requests[r]
         return dict(nt=q.num_tokens, q=W.index(r), n=s.scheduled.get(r, 0),
                     b=s.kv.num_blocks(r), adm=r in s.scheduled, st=q.num_stale_output_tokens > 0,
-                    gw=q.status == SO.WAITING_FOR_GRAMMAR and q.grammar in (SO.COMPILING, SO.FAILED))
+                    gw=q.status == SO.WAITING_FOR_GRAMMAR and q.grammar in (SO.COMPILING, SO.FAILED),
+                    ls=r in skipped_lora, ln=q.lora_int_id > 0 and q.lora_int_id not in loras)
 
     stopped = False
     while (s.token_budget > 0 and s.input_budget > 0 and s.waiting
@@ -377,16 +383,24 @@ def compare_waiting(state, variant: str = "correct", stats=None) -> list:
         head = s.waiting[0]
         before = {x: wreq(x) for x in W}
         s0, h = wstate(False), wreq(head)
+        # The encoding's skip_lora is its own condition, whatever else skips the head.
+        if LORA.exceeds_max_loras(s.config, loras, s.requests[head]):
+            skipped_lora.add(head)
         if SO.waits_for_grammar(s, head):
             skipped.append(s.waiting.popleft())
             ok, why = None, "skipped: grammar"
         elif s.requests[head].num_stale_output_tokens > 0:
             skipped.append(s.waiting.popleft())
             ok, why = None, "skipped: stale output in flight"
+        elif head in skipped_lora:
+            skipped.append(s.waiting.popleft())
+            ok, why = None, "skipped: LoRA"
         else:
             why = stop_reason(s, head)
             ok = S.admit(s, head)
             stopped = not ok
+            if ok:
+                loras.update(LORA.running_loras((s.requests[head],)))  # S:1563-1565
         s1 = wstate(stopped)
         for x in W:
             (frame, inv_i, inv_j, guard), s2, x2 = ev(cfg, len(W), s0, before[x], h)
@@ -397,7 +411,8 @@ def compare_waiting(state, variant: str = "correct", stats=None) -> list:
                 if s2[name] != int(val):
                     bad.append(("state", why, x, name, s2[name], val))
             for name, val in wreq(x).items():
-                if x2[name] != int(val):
+                # ln is an input of the iteration that visits the request, read then
+                if name != "ln" and x2[name] != int(val):
                     bad.append(("ghost", x, name, x2[name], val))
         if stats is not None:
             kind = "skip" if ok is None else "admit" if ok else "stop"
@@ -718,6 +733,60 @@ def test_grammar_mutant_is_caught():
     assert found, "the encoding mutant grammar_head_admitted agrees with the spec on every iteration tried"
 
 
+# --- LoRA ---------------------------------------------------------------------------------------
+
+
+def with_loras(state, max_loras: int):
+    """`state` under a LoRA config of `max_loras`: the running requests take turns
+    over adapters 1..max_loras (so the batch starts within max_loras, the premise
+    before_within_max_loras), the waiting ones over none and 1..max_loras + 2 (so
+    some bring an adapter one too many).  The corpus runs without prefix caching,
+    where the adapter changes no hash."""
+    reqs = dict(state.requests)
+    for i, r in enumerate(state.running):
+        reqs[r] = reqs[r].evolve(lora_int_id=i % max_loras + 1)
+    for i, w in enumerate(state.waiting):
+        reqs[w] = reqs[w].evolve(lora_int_id=(i + max_loras) % (max_loras + 3))
+    return dataclasses.replace(state, config=dataclasses.replace(state.config, max_loras=max_loras), requests=reqs)
+
+
+def corpus_lora(check):
+    """The synchronous corpus, each state with adapters put on its requests for
+    max_loras 1 and 2."""
+    def each(state):
+        if state.waiting and not state.config.enable_prefix_caching:
+            for max_loras in (1, 2):
+                check(with_loras(state, max_loras))
+
+    corpus(each)
+
+
+def test_waiting_iteration_agrees_with_spec_lora():
+    """The waiting loop under max_loras: a head whose adapter would be one too many
+    is skipped and keeps its place, one whose adapter the batch has is admitted."""
+    stats: dict = {}
+    found = []
+
+    def check(state):
+        found.extend(compare_waiting(state, stats=stats))
+        assert not found, found[:2]
+
+    corpus_lora(check)
+    assert stats.get("skipped: LoRA", 0) >= 75, stats
+    assert stats.get("admitted behind a skipped request", 0) >= 30 and stats.get("admit", 0) >= 350, stats
+
+
+def test_lora_mutant_is_caught():
+    found = []
+
+    def check(state):
+        if not found:
+            found.extend(compare_waiting(state, "lora_cap_off_by_one"))
+
+    corpus_lora(check)
+    assert found, "the encoding mutant lora_cap_off_by_one agrees with the spec on every iteration tried"
+
+
 class ValueEval:
     """z3 terms over fresh symbols, evaluated on concrete values by substitution."""
 
@@ -914,3 +983,17 @@ def test_async_witness_replays(tmp_path):
     save_scenario(scenario, path)
     assert load_scenario(path).scheduler_config().async_scheduling
     assert res.model["step"] is not None and "'property': True" in res.detail, res
+
+
+def test_fixed_witnesses_fail_on_a_scenario_that_does_not_show_them(monkeypatch):
+    """The fixed witnesses of grammar_wait_respected and max_loras_respected prove on
+    their scenarios, and are refuted where nothing is skipped: room for two adapters,
+    grammars that never wait."""
+    assert LI.grammar_witness()[0].status == "proved" and LI.lora_witness()[0].status == "proved"
+    lora_scenario, grammar_scenario = LI.lora_witness_scenario(), LI.grammar_witness_scenario()
+    monkeypatch.setattr(LI, "lora_witness_scenario",
+                        lambda: dataclasses.replace(lora_scenario, config={**lora_scenario.config, "max_loras": 2}))
+    monkeypatch.setattr(LI, "grammar_witness_scenario", lambda: dataclasses.replace(
+        grammar_scenario, requests=tuple(dataclasses.replace(r, grammar_compile_steps=0, grammar_error=False)
+                                         for r in grammar_scenario.requests)))
+    assert LI.lora_witness()[0].status == "refuted" and LI.grammar_witness()[0].status == "refuted"

@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from mutants import Mutation, mutated
 from test_proofs_agreement import SETTINGS, drawn_states
 from schedspec.proofs.agreement import StepEvaluator, formula_terms, spec_step, to_spec_step
-from schedspec.proofs import encoding
+from schedspec.proofs import encoding, release
 from schedspec.proofs.obligations import (BOUND_OVERRIDES, OUTSIDE_BOUNDED, OUTSIDE_ENCODING, STEP_BAD_VARIANTS,
-                                          STEP_LEMMAS, build_obligations, covered_properties, step_claim)
+                                          STEP_LEMMAS, build_obligations, covered_properties, outside_encoding,
+                                          step_claim)
 from schedspec.proofs.solving import check
 from schedspec.proofs.property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS
 from schedspec.proofs.symbolic import concrete_state
@@ -26,6 +27,7 @@ from schedspec.reference.engine import run_scenario
 from schedspec.base.loader import load_impl
 from schedspec.spec import properties
 from schedspec.spec.invariants import STATE_INVARIANTS, check_state
+from schedspec.spec.versions import DEFAULT_RELEASE
 from schedspec.spec.properties import PROPERTIES, Property, check_step
 
 
@@ -33,13 +35,21 @@ def test_every_property_has_an_obligation_and_formula(monkeypatch):
     obligations = build_obligations()
     # The properties of prefix caching and async scheduling are outside the bounded
     # encoding (both flags off), and only those; the loop encoding (async on or off)
-    # covers async's placeholders_never_negative and structured output's grammar_wait_respected,
-    # so prefix caching's, speculative decoding's and LoRA's are not encoded.
+    # covers async's placeholders_never_negative, structured output's grammar_wait_respected
+    # and LoRA's max_loras_respected, so prefix caching's and speculative decoding's are not encoded.
     assert set(OUTSIDE_BOUNDED) == {"placeholders_never_negative", "block_ref_counts_match_holders",
                                     "kv_pool_partitioned", "prefix_hit_within_shared_prefix",
                                     "drafts_sent_are_known", "max_loras_respected", "grammar_wait_respected"}
-    assert set(OUTSIDE_ENCODING) == set(OUTSIDE_BOUNDED) - {"placeholders_never_negative", "grammar_wait_respected"}
-    assert {"loop:placeholders_never_negative", "loop:grammar_wait_respected"} <= {o.name for o in obligations}
+    loop_only = {"placeholders_never_negative", "grammar_wait_respected", "max_loras_respected"}
+    assert set(OUTSIDE_ENCODING) == set(outside_encoding()) == set(OUTSIDE_BOUNDED) - loop_only
+    assert {f"loop:{name}" for name in loop_only} <= {o.name for o in obligations}
+    # A release for which schedspec does not model LoRA has no LoRA claim, and says so.
+    release.set_release("0.25.0")
+    try:
+        assert "loop:max_loras_respected" not in {o.name for o in build_obligations()}
+        assert set(outside_encoding()) == set(OUTSIDE_ENCODING) | {"max_loras_respected"}
+    finally:
+        release.set_release(DEFAULT_RELEASE)
     assert set(PROPERTIES) - set(OUTSIDE_ENCODING) <= covered_properties(obligations)
     bounded = set(PROPERTIES) - set(OUTSIDE_BOUNDED)
     assert set(PROPERTY_FORMULAS) == bounded and set(INVARIANT_FORMULAS) == set(STATE_INVARIANTS)

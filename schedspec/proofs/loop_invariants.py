@@ -57,8 +57,13 @@ flight (S:1084), the placeholder `update_after_schedule` adds
 `placeholders_never_negative`, a property of the async engine alone, is proved
 with async on.  Structured output: a waiting head whose grammar is compiling or
 failed is skipped and keeps its place (S:1079-1082), so `grammar_wait_respected`
-holds for any number of requests.  Speculative decoding off (no draft tokens: the
-spec's num_tokens_with_spec is num_tokens); LoRA off (no adapter skips).  The block size is a case split over
+holds for any number of requests.  LoRA (`LoopConfig.lora`, symbolic; 0.33.0 only,
+release.models_lora): a waiting head whose adapter would be one too many is skipped
+and keeps its place (S:1089-1101), so `max_loras_respected` holds for any number of
+requests and adapters; the iteration state counts the batch's adapters (`Lc`), and
+whether the head's adapter is new to the batch is an input of each iteration.
+Speculative decoding off (no draft tokens: the spec's num_tokens_with_spec is
+num_tokens).  The block size is a case split over
 BLOCK_SIZES (each `cdiv` then divides by a numeral); every other value is an
 unbounded integer.
 
@@ -128,6 +133,8 @@ class LoopRules:
     stale_decremented: bool = True  # S:2316-2338: a stale delivery lowers num_stale_output_tokens
     # structured output
     grammar_skip: bool = True  # S:1079-1082: a head whose grammar compiles (or failed) is skipped
+    # LoRA
+    lora_cap_extra: int = 0  # S:1089-1101: skipped when the batch has max_loras (+ extra) adapters
 
 
 LOOP_VARIANTS: dict[str, LoopRules] = {
@@ -164,6 +171,8 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     "stale_not_decremented": LoopRules(stale_decremented=False),
     # structured output
     "grammar_head_admitted": LoopRules(grammar_skip=False),
+    # LoRA
+    "lora_cap_off_by_one": LoopRules(lora_cap_extra=1),
 }
 
 
@@ -186,7 +195,8 @@ def _B():
 class LoopConfig:
     """What the loops read of the config, for one block size.  `th` is the
     long-prefill threshold in force this step (0 with one eligible request,
-    S:757-763); `wm` the watermark's blocks; `U` the usable blocks."""
+    S:757-763); `wm` the watermark's blocks; `U` the usable blocks; `ML`
+    max_loras, which binds when `lora` (a LoRA config) is on."""
 
     TB0: Any  # max_num_scheduled_tokens (S:719)
     IB0: Any  # max_num_batched_tokens (S:722)
@@ -195,10 +205,12 @@ class LoopConfig:
     th: Any
     wm: Any
     U: Any
+    ML: Any
     chunked: Any = _B()
     full_isl: Any = _B()
     prio: Any = _B()
     asy: Any = _B()  # async scheduling (the AsyncScheduler): placeholders, in-flight and stale tokens
+    lora: Any = _B()  # a LoRA config: max_loras set (spec/config.py)
     bs: int = 1
 
     @staticmethod
@@ -212,7 +224,9 @@ class LoopConfig:
         # vLLM's acceptance conditions that the loops rely on (spec/config.py validate_config).
         # The threshold check exists from 0.28.0 (proofs/release.py).
         th_check = release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
-        return z3.And(self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
+        # max_loras >= 1 (spec/config.py FIELD_MINIMA); LoRA is modelled for 0.33.0 only.
+        lora = z3.Implies(self.lora, self.ML >= 1) if release.models_lora() else z3.Not(self.lora)
+        return z3.And(lora, self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.U >= self.cdiv(self.L), self.IB0 >= self.M,
                       z3.Or(self.chunked, self.IB0 >= self.L))
 
@@ -232,8 +246,9 @@ class LoopConfig:
 def _fresh_config(prefix: str) -> LoopConfig:
     I, Bo = z3.Int, z3.Bool
     return LoopConfig(I(f"{prefix}.TB0"), I(f"{prefix}.IB0"), I(f"{prefix}.M"), I(f"{prefix}.L"),
-                      I(f"{prefix}.th"), I(f"{prefix}.wm"), I(f"{prefix}.U"), Bo(f"{prefix}.chunked"),
-                      Bo(f"{prefix}.full_isl"), Bo(f"{prefix}.prio"), Bo(f"{prefix}.asy"))
+                      I(f"{prefix}.th"), I(f"{prefix}.wm"), I(f"{prefix}.U"), I(f"{prefix}.ML"),
+                      Bo(f"{prefix}.chunked"), Bo(f"{prefix}.full_isl"), Bo(f"{prefix}.prio"), Bo(f"{prefix}.asy"),
+                      Bo(f"{prefix}.lora"))
 
 
 @dataclass(frozen=True)
@@ -523,17 +538,22 @@ class WaitReq:
     adm: Any = _B()
     st: Any = _B()  # async: num_stale_output_tokens > 0 (its output from before a preemption in flight)
     gw: Any = _B()  # waits for its grammar: WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, compiling or failed
+    ls: Any = _B()  # LoRA: skipped this step, its adapter one too many (S:1089-1101)
+    ln: Any = _B()  # LoRA: its adapter is not in the batch yet (an input of the iteration that visits it)
 
     def static_facts(self, c: LoopConfig, W0):
-        return z3.And(1 <= self.nt, self.nt < c.L, 0 <= self.q, self.q < W0, z3.Implies(z3.Not(c.asy), z3.Not(self.st)))
+        return z3.And(1 <= self.nt, self.nt < c.L, 0 <= self.q, self.q < W0, z3.Implies(z3.Not(c.asy), z3.Not(self.st)),
+                      z3.Implies(z3.Not(c.lora), z3.Not(self.ln)))
 
 
 @dataclass(frozen=True)
 class WaitState:
     """tbE / ibE: the budgets at the loop's entry; Tr: tokens the running loop
     granted; A: admissions so far; K (async): requests skipped for stale output
-    in flight (S:1084) or for a grammar still compiling (S:1079-1082), so the
-    head is before.waiting[A + K]."""
+    in flight (S:1084), for a grammar still compiling (S:1079-1082) or for
+    LoRA (S:1089-1101), so the head is before.waiting[A + K]; Lc: the distinct
+    adapters of the running requests (S:1038-1047), one more per admission
+    that brings a new one (S:1563-1565)."""
 
     tb: Any
     ib: Any
@@ -546,6 +566,7 @@ class WaitState:
     K: Any
     F: Any
     H: Any
+    Lc: Any
     stopped: Any = _B()
 
 
@@ -557,8 +578,9 @@ def wait_guard(c: LoopConfig, s: WaitState, W0, rules: LoopRules = LoopRules()):
 
 def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
     return z3.And(
-        # visited (before the head) and not skipped for stale output or its grammar: admitted
-        r.adm == z3.And(r.q < s.A + s.K, z3.Not(r.st), z3.Not(r.gw)),
+        # visited (before the head) and not skipped for stale output, its grammar or LoRA: admitted
+        r.adm == z3.And(r.q < s.A + s.K, z3.Not(r.st), z3.Not(r.gw), z3.Not(r.ls)),
+        z3.Implies(r.ls, r.q < s.A + s.K),
         z3.Implies(r.adm, z3.And(1 <= r.n, r.n <= r.nt, r.b == c.cdiv(z3_min(r.n, c.L)))),
         z3.Implies(z3.Not(r.adm), z3.And(r.n == 0, r.b == 0)),
     )
@@ -569,6 +591,7 @@ def wait_I(c: LoopConfig, s: WaitState, W0):
         s.tb == c.TB0 - s.T, s.ib == c.IB - s.T, s.tb >= 0, s.ib >= 0, s.T >= s.Tr, s.Tr >= 0,
         s.tb <= s.tbE, s.ib <= s.ibE, z3.Implies(s.A > 0, z3.And(s.tbE > 0, s.ibE > 0)),
         s.Rn >= 0, s.Rn <= c.M, s.F + s.H == c.U, s.F >= 0, s.H >= 0, 0 <= s.A, 0 <= s.K, s.A + s.K <= W0,
+        s.Lc >= 0, z3.Implies(c.lora, s.Lc <= c.ML),
     )
 
 
@@ -578,7 +601,7 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     the pool with the watermark).  Returns (frame, state, ghost, facts)."""
     frame = [h.q == s.A + s.K, h.static_facts(c, W0), wait_J(c, s, h),
              z3.Implies(x.q == h.q, z3.And(x.nt == h.nt, x.adm == h.adm, x.n == h.n, x.b == h.b, x.st == h.st,
-                                           x.gw == h.gw))]
+                                           x.gw == h.gw, x.ls == h.ls))]
     guard = wait_guard(c, s, W0, rules)
     # Async (S:1084): a head whose output from before its preemption is still in
     # flight is skipped and keeps its place; it takes no budget and no run slot.
@@ -587,9 +610,13 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     # is skipped the same way (a compiled one was promoted to WAITING: gw false).
     grammar = h.gw if rules.grammar_skip else z3.BoolVal(False)
     skip_grammar = z3.And(guard, grammar)
-    blocked = z3.Or(stale, grammar)
-    skip = z3.Or(z3.And(guard, stale) if rules.stale_head == "skip" else z3.BoolVal(False), skip_grammar)
-    stale_stop = z3.And(guard, stale, z3.Not(grammar)) if rules.stale_head == "stop" else z3.BoolVal(False)
+    # LoRA (S:1089-1101): a head whose adapter is new to a batch that has max_loras
+    # adapters already is skipped the same way.
+    lora = z3.And(c.lora, h.ln, s.Lc == c.ML + rules.lora_cap_extra)
+    skip_lora = z3.And(guard, lora)
+    blocked = z3.Or(stale, grammar, lora)
+    skip = z3.Or(z3.And(guard, stale) if rules.stale_head == "skip" else z3.BoolVal(False), skip_grammar, skip_lora)
+    stale_stop = z3.And(guard, stale, z3.Not(grammar), z3.Not(lora)) if rules.stale_head == "stop" else z3.BoolVal(False)
     budget = z3_min(s.tb, s.ib)  # S:1295
     n0 = z3.If(z3.And(0 < c.th, c.th < h.nt), c.th, h.nt)  # S:1306, S:1332 (0 computed tokens)
     no_fit = z3.And(z3.Not(c.chunked), (n0 >= budget) if rules.chunked_off_fit_strict else (n0 > budget))  # S:1337-1344
@@ -603,11 +630,14 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     stop = z3.Or(stale_stop, z3.And(guard, z3.Not(blocked), z3.Not(admit)))
     s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n, 0), s.T + z3.If(admit, n, 0), s.Tr,
                    s.tbE, s.ibE, s.Rn + z3.If(admit, 1, 0), s.A + z3.If(admit, 1, 0), s.K + z3.If(skip, 1, 0),
-                   s.F - z3.If(admit, need, 0), s.H + z3.If(admit, need, 0), z3.Or(s.stopped, stop))
+                   s.F - z3.If(admit, need, 0), s.H + z3.If(admit, need, 0),
+                   s.Lc + z3.If(z3.And(admit, h.ln), 1, 0), z3.Or(s.stopped, stop))
     xa = z3.And(admit, x.q == h.q)
-    x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + need, x.b))
+    x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + need, x.b),
+                 ls=z3.Or(x.ls, z3.And(skip_lora, x.q == h.q)))
     return frame, s2, x2, {"guard": guard, "admit": admit, "n": n, "need": need, "head_admitted_before": h.adm,
-                           "skip_stale": z3.And(skip, z3.Not(skip_grammar)), "skip_grammar": skip_grammar}
+                           "skip_stale": z3.And(skip, z3.Not(skip_grammar), z3.Not(skip_lora)),
+                           "skip_grammar": skip_grammar, "skip_lora": skip_lora}
 
 
 # --- update_from_output's removal of finished requests -------------------------------------
@@ -655,6 +685,7 @@ class LoopVars:
         self.fs = _fresh(FinishState, "L.fs")
         self.fb, self.fH = z3.Int("L.fb"), z3.Int("L.fH")
         self.dk = z3.Int("L.dk")  # tokens one batch delivers to a request
+        self.Lc0 = z3.Int("L.Lc0")  # LoRA: the distinct adapters of before.running
         # async counters of the ghost (x or wx) before the step, and the tokens the
         # batch update_from_output applies scheduled for it
         self.inf, self.stl, self.bt = z3.Int("L.inf"), z3.Int("L.stl"), z3.Int("L.bt")
@@ -688,13 +719,18 @@ def _wait_pre(V: LoopVars):
 
 def part_wait_entry(V: LoopVars, R: LoopRules):
     """From the running loop's exit with no preemption (S:1050) to the waiting
-    loop's invariant; the bad variant admits after a preemption too."""
+    loop's invariant; the bad variant admits after a preemption too.  LoRA's
+    premise `before_within_max_loras`: before.running uses at most max_loras
+    adapters (max_loras_respected of the step before; the running loop only
+    takes requests out, so with no preemption `running` is before.running)."""
     c, s = V.c, V.s
-    pre = _run_pre(V) + [z3.Not(run_guard(s)), V.W0 >= 1, V.wx.static_facts(c, V.W0)]
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), V.W0 >= 1, V.wx.static_facts(c, V.W0),
+                         V.Lc0 >= 0, z3.Implies(c.lora, V.Lc0 <= c.ML)]
     if not R.admit_after_preemption:
         pre.append(s.P == 0)
-    ws0 = WaitState(s.tb, s.ib, s.T, s.T, s.tb, s.ib, s.Rn, z3.IntVal(0), z3.IntVal(0), s.F, s.H, z3.BoolVal(False))
-    wx0 = replace(V.wx, adm=z3.BoolVal(False), n=z3.IntVal(0), b=z3.IntVal(0))
+    ws0 = WaitState(s.tb, s.ib, s.T, s.T, s.tb, s.ib, s.Rn, z3.IntVal(0), z3.IntVal(0), s.F, s.H, V.Lc0,
+                    z3.BoolVal(False))
+    wx0 = replace(V.wx, adm=z3.BoolVal(False), n=z3.IntVal(0), b=z3.IntVal(0), ls=z3.BoolVal(False))
     # With the waiting loop entered, the pool's blocks are the usable blocks.
     pre.append(V.k.F0 + V.k.H0 == c.U)
     return pre, z3.And(wait_I(c, ws0, V.W0), wait_J(c, ws0, wx0), s.P == 0)
@@ -777,6 +813,15 @@ def exit_grammar_wait(V: LoopVars, R: LoopRules):
     admits nobody (exit_no_admission_after_preemption), so this is every way it
     could be scheduled."""
     return _wait_pre(V) + [z3.Not(wait_guard(V.c, V.ws, V.W0, R))], z3.Implies(V.wx.gw, z3.Not(V.wx.adm))
+
+
+def exit_max_loras(V: LoopVars, R: LoopRules):
+    """max_loras_respected: when the waiting loop ends, the batch has at most
+    max_loras adapters.  A step with a preemption admits nobody
+    (exit_no_admission_after_preemption) and the finish loop only takes requests
+    out, so their adapters are a subset of before.running's, within max_loras by
+    the premise."""
+    return _wait_pre(V) + [z3.Not(wait_guard(V.c, V.ws, V.W0, R))], z3.Implies(V.c.lora, V.ws.Lc <= V.c.ML)
 
 
 def exit_preemption_failure(V: LoopVars, R: LoopRules):
@@ -1042,6 +1087,11 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
         ("grammar_head_admitted",),
         "structured output: a waiting request whose grammar is compiling or failed is not scheduled; it keeps "
         "its place"),
+    LoopClaim("max_loras_respected", RUN_INV + WAIT_INV + (
+        ("exit: at most max_loras adapters in the batch", exit_max_loras),),
+        ("lora_cap_off_by_one",),
+        "LoRA: the running requests use at most max_loras distinct adapters after the step, given the premise "
+        "before_within_max_loras; a waiting request whose adapter would be one too many keeps its place"),
     LoopClaim("placeholders_never_negative", RUN_INV + WAIT_INV + (
         ("exit: a request of before.running, after the delivery", exit_counters_running),
         ("exit: a request of before.waiting, after the delivery", exit_counters_waiting)),
@@ -1051,6 +1101,8 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
 
 # Claims only the async engine has (the property is registered for async_scheduling alone).
 ASYNC_ONLY = frozenset({"placeholders_never_negative"})
+# Claims of a feature schedspec models for 0.33.0 only (release.models_lora).
+LORA_ONLY = frozenset({"max_loras_respected"})
 
 
 def _check(constraints: list, timeout_s: float) -> str:
@@ -1124,6 +1176,12 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
     checks.append(("a head waiting for its grammar skipped", _wait_pre(V) + wframe + [wf["skip_grammar"]]))
     checks.append(("an admission behind a request waiting for its grammar",
                    _wait_pre(V) + wframe + [wf["admit"], V.wx.gw, V.wx.q < V.wh.q]))
+    if release.models_lora():
+        checks += [("LoRA: a head skipped, its adapter one too many", _wait_pre(V) + wframe + [wf["skip_lora"]]),
+                   ("LoRA: an admission bringing a new adapter to a batch below max_loras",
+                    _wait_pre(V) + wframe + [wf["admit"], V.c.lora, V.wh.ln, V.ws.Lc > 0]),
+                   ("LoRA: an admission behind a request skipped for its adapter",
+                    _wait_pre(V) + wframe + [wf["admit"], V.wx.ls, V.wx.q < V.wh.q])]
     if claim.name in ASYNC_ONLY:
         xr, _ = exit_counters_running(V, rules)
         xw, _ = exit_counters_waiting(V, rules)
@@ -1215,38 +1273,77 @@ def grammar_witness_scenario():
                         "behind them is admitted (loop:grammar_wait_respected)"))
 
 
-def grammar_witness() -> tuple[Result, Any]:
-    """The witness of grammar_wait_respected: the scenario above, replayed on the
-    spec, must apply the property (and hold) with a request admitted from behind
-    a request waiting for its grammar; `step` is that step."""
+def replay_witness(scenario, prop: str, label: str, shows: Callable[[Any], bool]) -> tuple[Result, Any]:
+    """A fixed scenario replayed on the spec as a claim's witness: `prop` must hold
+    on every step and apply on a step where `shows(transition)`; `step` is the
+    first such step."""
     from schedspec.reference.engine import run_scenario
     from schedspec.reference.impl import SpecScheduler
     from schedspec.spec.properties import PROPERTIES
 
     t0 = time.perf_counter()
-    scenario = grammar_witness_scenario()
-    seen: dict[str, Any] = {"admitted behind a grammar wait": None, "holds": True}
-    prop = PROPERTIES["grammar_wait_respected"].check
+    seen: dict[str, Any] = {label: None, "holds": True}
+    check_prop = PROPERTIES[prop].check
 
     def on_step(t):
-        v = prop(t.before, t.output, t.after)
+        v = check_prop(t.before, t.output, t.after)
         seen["holds"] = seen["holds"] and v.holds
-        waiting = list(t.before.waiting)
-        blocked = [i for i, rid in enumerate(waiting) if t.before.requests[rid].grammar in ("compiling", "failed")]
-        behind = [rid for i, rid in enumerate(waiting) if blocked and i > blocked[0] and rid in t.output.scheduled]
-        if v.applicable and behind and seen["admitted behind a grammar wait"] is None:
-            seen["admitted behind a grammar wait"] = t.step
+        if v.applicable and seen[label] is None and shows(t):
+            seen[label] = t.step
 
     run_scenario(scenario, SpecScheduler(), on_step=on_step)
-    ok = seen["holds"] and seen["admitted behind a grammar wait"] is not None
+    ok = seen["holds"] and seen[label] is not None
     return Result("proved" if ok else "refuted", time.perf_counter() - t0,
-                  f"grammar replay on the spec: {seen}", {"step": seen["admitted behind a grammar wait"]}), scenario
+                  f"replay on the spec: {seen}", {"step": seen[label]}), scenario
+
+
+def grammar_witness() -> tuple[Result, Any]:
+    """The witness of grammar_wait_respected: a request admitted from behind a
+    request waiting for its grammar."""
+    def shows(t):
+        waiting = list(t.before.waiting)
+        blocked = [i for i, rid in enumerate(waiting) if t.before.requests[rid].grammar in ("compiling", "failed")]
+        return any(blocked and i > blocked[0] and rid in t.output.scheduled for i, rid in enumerate(waiting))
+
+    return replay_witness(grammar_witness_scenario(), "grammar_wait_respected", "admitted behind a grammar wait",
+                          shows)
+
+
+def lora_witness_scenario():
+    """max_loras 1: r0 (adapter 1) is admitted, r1 (adapter 2) is skipped, one
+    adapter too many, and r2 (adapter 1) behind it is admitted past it."""
+    from schedspec.reference.scenario import RequestSpec, Scenario
+
+    cfg = {"max_num_batched_tokens": 16, "max_num_seqs": 4, "block_size": 2, "max_model_len": 32,
+           "num_gpu_blocks": 20, "async_scheduling": False, "enable_prefix_caching": False, "max_loras": 1}
+    reqs = (RequestSpec(id="r0", prompt_len=4, max_tokens=3, lora_int_id=1),
+            RequestSpec(id="r1", prompt_len=3, max_tokens=3, lora_int_id=2),
+            RequestSpec(id="r2", prompt_len=5, max_tokens=3, lora_int_id=1))
+    return Scenario(name="loop-max-loras", config=cfg, requests=reqs, max_steps=20,
+                    description=fixed_witness_description(
+                        "LoRA with max_loras 1, a request whose adapter is one too many skipped while the one "
+                        "behind it, on the batch's adapter, is admitted (loop:max_loras_respected)"))
+
+
+def lora_witness() -> tuple[Result, Any]:
+    """The witness of max_loras_respected: the batch at max_loras adapters and a
+    request admitted from behind one skipped for its adapter."""
+    def shows(t):
+        adapters = {t.after.requests[rid].lora_int_id for rid in t.after.running} - {0}
+        waiting = list(t.before.waiting)
+        skipped = [i for i, rid in enumerate(waiting) if rid not in t.output.scheduled
+                   and t.before.requests[rid].lora_int_id not in adapters | {0}]
+        behind = any(skipped and i > skipped[0] and rid in t.output.scheduled for i, rid in enumerate(waiting))
+        return behind and len(adapters) == t.after.config.max_loras
+
+    return replay_witness(lora_witness_scenario(), "max_loras_respected", "admitted behind a LoRA skip", shows)
 
 
 # Claims whose witness is a fixed scenario replayed on the spec: the bounded
-# encoding's BMC models neither async scheduling nor structured output.
+# encoding's BMC models neither async scheduling, structured output nor LoRA.
 FIXED_WITNESSES: dict[str, Callable[[], tuple[Result, Any]]] = {
-    "placeholders_never_negative": async_witness, "grammar_wait_respected": grammar_witness}
+    "placeholders_never_negative": async_witness, "grammar_wait_respected": grammar_witness,
+    "max_loras_respected": lora_witness}
 
 
 def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
@@ -1257,6 +1354,8 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
 
     out = []
     for name, claim in CLAIMS.items():
+        if name in LORA_ONLY and not release.models_lora():
+            continue  # release.models_lora: the spec refuses max_loras for this release
         goal = f"property:{name}" if name != "running_never_starved" else "running-kept"
 
         def witness(claim=claim, goal=goal):
@@ -1272,7 +1371,9 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
             kind="loop", bound=Bound(None, None, 1, f"any number of requests; block_size in "
                                                     f"{{{','.join(map(str, BLOCK_SIZES))}}}; "
                                                     + ("async scheduling on" if name in ASYNC_ONLY
-                                                       else "async scheduling on or off")),
+                                                       else "async scheduling on or off")
+                                                    + ("; max_loras >= 1, any number of adapters"
+                                                       if name in LORA_ONLY else "")),
             discharge=lambda variant, claim=claim: discharge(claim, variant, timeout_s),
             witness=witness, bad_variants=claim.bad_variants, expected="proved", doc=claim.doc,
             extra={"parts": [p for p, _ in claim.parts]}))

@@ -56,6 +56,12 @@ def fields_lacking() -> frozenset[str]:
     return versions.fields_lacking(_release[0])
 
 
+def models_lora() -> bool:
+    """Does schedspec model LoRA for the modelled release?  Only for 0.33.0: the
+    spec refuses max_loras for any other (spec/config.py validate_config)."""
+    return _release[0] == DEFAULT_RELEASE
+
+
 def scenario_config(config: dict) -> dict:
     """A witness scenario's config for the modelled release: without the fields
     it lacks, and naming the release unless it is the default."""
@@ -112,4 +118,4 @@ def finding(prop: str) -> str | None:
 
 
 __all__ = ["FINDINGS", "SAME_AS_RULE_OF", "applies", "bad_variants", "checks_config", "fields_lacking", "finding",
-           "release", "restriction", "scenario_config", "set_release"]
+           "models_lora", "release", "restriction", "scenario_config", "set_release"]
