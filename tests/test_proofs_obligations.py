@@ -132,17 +132,31 @@ def test_lemmas_are_proved_before_use_and_say_something(monkeypatch):
     tautology: an ask happens in some state, and a variant whose asks exceed the
     demand breaks it."""
     prop = "preemption_only_on_allocation_failure"
-    premise, _, _, before, lemmas = step_claim(prop, 2, 2).build("correct", (2,))
+    premise, _, _, before, stages = step_claim(prop, 2, 2).build("correct", (2,))
     asks: list = []
     encoding.schedule_update(before, "correct", [0, 1], [2, 3], asks=asks)
     assert check(premise + [z3.Or([cond for _, cond, _ in asks])], 20)[0] == "sat"
-    assert check(premise + [z3.Not(z3.And(lemmas))], 20)[0] == "unsat"
-    premise, _, _, _, lemmas = step_claim(prop, 2, 2).build("running_need_plus_2", (2,))
-    assert check(premise + [z3.Not(z3.And(lemmas))], 20)[0] == "sat"
-    monkeypatch.setitem(STEP_LEMMAS, prop, lambda before, asks: [z3.BoolVal(False)])
+    assert len(stages) == 1 and check(premise + [z3.Not(z3.And(stages[0]))], 20)[0] == "unsat"
+    premise, _, _, _, stages = step_claim(prop, 2, 2).build("running_need_plus_2", (2,))
+    assert check(premise + [z3.Not(z3.And(stages[0]))], 20)[0] == "sat"
+    monkeypatch.setitem(STEP_LEMMAS, prop, lambda before, asks, pools: [[z3.BoolVal(False)]])
     claim = step_claim(prop, 2, 2, block_sizes=(2,))
     assert claim.discharge("admit_after_preemption").status == "refuted"
     assert claim.discharge("correct").status == "proved"
+
+
+def test_pool_lemma_stages_each_follow_from_the_ones_before():
+    """kv_blocks_conserved's stages (one per loop iteration: free >= 0 and free +
+    held == usable) are proved in order, each from the stages before it, and a
+    variant that leaks a victim's blocks breaks one (and is still refuted)."""
+    prop = "kv_blocks_conserved"
+    premise, _, _, _, stages = step_claim(prop, 2, 2).build("correct", (2,))
+    assert len(stages) == 4  # two running and two waiting iterations
+    for i, stage in enumerate(stages):
+        assert check(premise + [f for st in stages[:i] for f in st] + [z3.Not(z3.And(stage))], 20)[0] == "unsat"
+    premise, _, _, _, stages = step_claim(prop, 2, 2).build("preemption_leaks_blocks", (2,))
+    assert check(premise + [z3.Not(z3.And([f for st in stages for f in st]))], 20)[0] == "sat"
+    assert step_claim(prop, 2, 2, block_sizes=(2,)).discharge("preemption_leaks_blocks").status == "refuted"
 
 
 def test_bad_variant_refuted_and_spec_mutant_exhibits_it():

@@ -79,9 +79,10 @@ class SymDecision:
 class _Work:
     """schedule()'s working copy (S:699-1784): per-slot arrays and the scalars."""
 
-    def __init__(self, st: SymState, rules: Rules, running_slots, waiting_slots, asks=None):
+    def __init__(self, st: SymState, rules: Rules, running_slots, waiting_slots, asks=None, pools=None):
         c = st.config
         self.asks = asks if asks is not None else []
+        self.pools = pools if pools is not None else []
         self.st, self.c, self.rules = st, c, rules
         self.RS, self.WS = list(running_slots), list(waiting_slots)
         n = len(st.slots)
@@ -205,6 +206,7 @@ class _Work:
                 self.blocks[s] = self.blocks[s] + z3.If(here, need, 0)
                 self.do_grant(here, s, n, running_loop=True)
             self.free = self.free - z3.If(granted, need, 0)
+            self.pools.append((list(self.blocks), self.free))
             # FCFS stops at a self-preemption; PRIORITY moves on (S:982-992), from 0.33.0
             # (versions.PRIORITY_SELF_PREEMPTION_CONTINUES; before, PRIORITY stops too).
             moves_on = c.is_priority if release.applies(PRIORITY_SELF_PREEMPTION_CONTINUES) else False
@@ -249,6 +251,7 @@ class _Work:
                 self.aseq[s] = z3.If(here, self.acount, self.aseq[s])
                 self.do_grant(here, s, n, running_loop=False)
             self.free = self.free - z3.If(admit, need, 0)
+            self.pools.append((list(self.blocks), self.free))
             self.acount = self.acount + z3.If(admit, 1, 0)
             if rules.admitted_to_running:
                 num_running = num_running + z3.If(admit, 1, 0)
@@ -263,7 +266,8 @@ def _compact(members, before) -> list:
 
 def schedule_update(st: SymState, rules: Rules | str = "correct",
                     running_slots: Sequence[int] | None = None,
-                    waiting_slots: Sequence[int] | None = None, asks: list | None = None) -> tuple[SymDecision, SymState]:
+                    waiting_slots: Sequence[int] | None = None, asks: list | None = None,
+                    pools: list | None = None) -> tuple[SymDecision, SymState]:
     """`schedule()`, the fake model of formats.md, then `update_from_output()`.
 
     `running_slots` / `waiting_slots`: the slots that may hold a running / waiting
@@ -272,14 +276,15 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
 
     `asks`, when given, receives one `(slot, cond, blocks)` per running slot and
     loop iteration: when `cond`, that slot's allocate_slots in the running loop asked
-    for `blocks` (obligations.py states lemmas about them)."""
+    for `blocks` (obligations.py states lemmas about them).  `pools`, when given,
+    receives `(blocks per slot, free blocks)` after each iteration of either loop."""
     if isinstance(rules, str):
         rules = VARIANTS[rules]
     N = len(st.slots)
     RS = list(range(N)) if running_slots is None else list(running_slots)
     WS = list(range(N)) if waiting_slots is None else list(waiting_slots)
     c = st.config
-    w = _Work(st, rules, RS, WS, asks)
+    w = _Work(st, rules, RS, WS, asks, pools)
     if rules.waiting_first:
         w.waiting_loop()
         w.running_loop()
