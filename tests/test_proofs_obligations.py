@@ -43,11 +43,13 @@ def test_every_property_has_an_obligation_and_formula(monkeypatch):
     loop_only = {"placeholders_never_negative", "grammar_wait_respected", "max_loras_respected"}
     assert set(OUTSIDE_ENCODING) == set(outside_encoding()) == set(OUTSIDE_BOUNDED) - loop_only
     assert {f"loop:{name}" for name in loop_only} <= {o.name for o in obligations}
-    # A release for which schedspec does not model LoRA has no LoRA claim, and says so.
+    # A release for which schedspec models neither LoRA nor structured output has no
+    # claim of either, and says so.
     release.set_release("0.25.0")
     try:
-        assert "loop:max_loras_respected" not in {o.name for o in build_obligations()}
-        assert set(outside_encoding()) == set(OUTSIDE_ENCODING) | {"max_loras_respected"}
+        names = {o.name for o in build_obligations()}
+        assert not {"loop:max_loras_respected", "loop:grammar_wait_respected"} & names
+        assert set(outside_encoding()) == set(OUTSIDE_ENCODING) | {"max_loras_respected", "grammar_wait_respected"}
     finally:
         release.set_release(DEFAULT_RELEASE)
     assert set(PROPERTIES) - set(OUTSIDE_ENCODING) <= covered_properties(obligations)

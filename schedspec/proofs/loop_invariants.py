@@ -542,8 +542,10 @@ class WaitReq:
     ln: Any = _B()  # LoRA: its adapter is not in the batch yet (an input of the iteration that visits it)
 
     def static_facts(self, c: LoopConfig, W0):
+        # No grammar where schedspec does not model structured output (release.py).
+        grammar = z3.BoolVal(True) if release.models_structured_output() else z3.Not(self.gw)
         return z3.And(1 <= self.nt, self.nt < c.L, 0 <= self.q, self.q < W0, z3.Implies(z3.Not(c.asy), z3.Not(self.st)),
-                      z3.Implies(z3.Not(c.lora), z3.Not(self.ln)))
+                      z3.Implies(z3.Not(c.lora), z3.Not(self.ln)), grammar)
 
 
 @dataclass(frozen=True)
@@ -1101,8 +1103,10 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
 
 # Claims only the async engine has (the property is registered for async_scheduling alone).
 ASYNC_ONLY = frozenset({"placeholders_never_negative"})
-# Claims of a feature schedspec models for 0.33.0 only (release.models_lora).
-LORA_ONLY = frozenset({"max_loras_respected"})
+# Claims of a feature schedspec models for 0.33.0 only: whether the modelled release
+# has it (the spec refuses the feature for the others).
+FEATURE_ONLY: dict[str, Callable[[], bool]] = {"max_loras_respected": release.models_lora,
+                                               "grammar_wait_respected": release.models_structured_output}
 
 
 def _check(constraints: list, timeout_s: float) -> str:
@@ -1173,9 +1177,10 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
     checks.append(("an admission", _wait_pre(V) + wframe + [wf["admit"], V.ws.A > 0]))
     checks.append(("async: a stale head skipped", _wait_pre(V) + wframe + [wf["skip_stale"]]))
     checks.append(("async: an admission behind a skipped request", _wait_pre(V) + wframe + [wf["admit"], V.ws.K > 0]))
-    checks.append(("a head waiting for its grammar skipped", _wait_pre(V) + wframe + [wf["skip_grammar"]]))
-    checks.append(("an admission behind a request waiting for its grammar",
-                   _wait_pre(V) + wframe + [wf["admit"], V.wx.gw, V.wx.q < V.wh.q]))
+    if release.models_structured_output():
+        checks.append(("a head waiting for its grammar skipped", _wait_pre(V) + wframe + [wf["skip_grammar"]]))
+        checks.append(("an admission behind a request waiting for its grammar",
+                       _wait_pre(V) + wframe + [wf["admit"], V.wx.gw, V.wx.q < V.wh.q]))
     if release.models_lora():
         checks += [("LoRA: a head skipped, its adapter one too many", _wait_pre(V) + wframe + [wf["skip_lora"]]),
                    ("LoRA: an admission bringing a new adapter to a batch below max_loras",
@@ -1354,8 +1359,8 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
 
     out = []
     for name, claim in CLAIMS.items():
-        if name in LORA_ONLY and not release.models_lora():
-            continue  # release.models_lora: the spec refuses max_loras for this release
+        if name in FEATURE_ONLY and not FEATURE_ONLY[name]():
+            continue  # the spec refuses this feature for the modelled release
         goal = f"property:{name}" if name != "running_never_starved" else "running-kept"
 
         def witness(claim=claim, goal=goal):
@@ -1373,7 +1378,7 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
                                                     + ("async scheduling on" if name in ASYNC_ONLY
                                                        else "async scheduling on or off")
                                                     + ("; max_loras >= 1, any number of adapters"
-                                                       if name in LORA_ONLY else "")),
+                                                       if name == "max_loras_respected" else "")),
             discharge=lambda variant, claim=claim: discharge(claim, variant, timeout_s),
             witness=witness, bad_variants=claim.bad_variants, expected="proved", doc=claim.doc,
             extra={"parts": [p for p, _ in claim.parts]}))

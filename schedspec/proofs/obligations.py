@@ -26,7 +26,7 @@ from schedspec.spec.properties import PROPERTIES
 
 from . import encoding, release
 from .loop_invariants import CLAIMS as LOOP_CLAIMS
-from .loop_invariants import LORA_ONLY as LOOP_LORA_ONLY
+from .loop_invariants import FEATURE_ONLY as LOOP_FEATURE_ONLY
 from .obligation import Bound, Obligation, Result
 from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS, block_demand, capped_need, state_invariant
 from .solving import check, unknown_detail
@@ -70,17 +70,16 @@ STEP_BAD_VARIANTS = {
 # (both flags off) does not model: no `step:` obligation.
 OUTSIDE_BOUNDED = {name: p.engine_flags for name, p in PROPERTIES.items() if p.engine_flags}
 # Of those, the ones no obligation encodes (the loop encoding has async scheduling,
-# structured output and LoRA, loop_invariants.ASYNC_ONLY / LORA_ONLY): `schedspec
+# structured output and LoRA, loop_invariants.ASYNC_ONLY / FEATURE_ONLY): `schedspec
 # prove` lists them as not encoded; the state machine, `check` and `diff` judge them.
 OUTSIDE_ENCODING = {name: flags for name, flags in OUTSIDE_BOUNDED.items() if name not in LOOP_CLAIMS}
 
 
 def outside_encoding() -> dict[str, tuple[str, ...]]:
-    """OUTSIDE_ENCODING for the modelled release: LoRA's claim exists only where
-    schedspec models LoRA (release.models_lora)."""
+    """OUTSIDE_ENCODING for the modelled release: LoRA's and structured output's
+    claims exist only where schedspec models the feature (loop_invariants.FEATURE_ONLY)."""
     out = dict(OUTSIDE_ENCODING)
-    if not release.models_lora():
-        out.update({name: OUTSIDE_BOUNDED[name] for name in sorted(LOOP_LORA_ONLY)})
+    out.update({name: OUTSIDE_BOUNDED[name] for name, modelled in sorted(LOOP_FEATURE_ONLY.items()) if not modelled()})
     return out
 
 

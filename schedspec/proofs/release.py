@@ -62,6 +62,12 @@ def models_lora() -> bool:
     return _release[0] == DEFAULT_RELEASE
 
 
+def models_structured_output() -> bool:
+    """Does schedspec model structured output for the modelled release?  Only for
+    0.33.0: the spec refuses a grammar for any other (spec/input_processor.py)."""
+    return _release[0] == DEFAULT_RELEASE
+
+
 def scenario_config(config: dict) -> dict:
     """A witness scenario's config for the modelled release: without the fields
     it lacks, and naming the release unless it is the default."""
@@ -118,4 +124,4 @@ def finding(prop: str) -> str | None:
 
 
 __all__ = ["FINDINGS", "SAME_AS_RULE_OF", "applies", "bad_variants", "checks_config", "fields_lacking", "finding",
-           "models_lora", "release", "restriction", "scenario_config", "set_release"]
+           "models_lora", "models_structured_output", "release", "restriction", "scenario_config", "set_release"]
