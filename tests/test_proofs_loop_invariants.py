@@ -44,6 +44,7 @@ from schedspec.spec import lora as LORA
 from schedspec.spec import scheduler as S
 from schedspec.spec import structured_output as SO
 from schedspec.spec.config import PRIORITY, validate_config
+from schedspec.spec.versions import DEFAULT_RELEASE
 from schedspec.spec.properties import get_block_demand, get_capped_need, get_expected_victims, \
     get_long_prefill_threshold
 from schedspec.spec.request import last_token_in_flight
@@ -83,6 +84,8 @@ def running_rounds(state):
             S.allocate(s, rid, n, (), nb)
             S.grant(s, rid, n)
             s.scheduled_running.append(rid)
+            s.prefill_scheduled |= s.requests[rid].is_prefill_chunk
+            S.spec_decode.schedule_drafts(s, rid, n)
             s.cursor += 1
             yield snap, "success", rid, None, s, n
             break
@@ -95,7 +98,8 @@ snapshot_end: list = []
 def snapshot(s, pend=-1):
     return {"pend": pend, "tb": s.token_budget, "ib": s.input_budget, "scheduled": dict(s.scheduled),
             "preempted": list(s.preempted), "running": list(s.running), "cursor": s.cursor,
-            "free": s.kv.num_free_blocks, "held": dict(s.kv.req_to_num_blocks), "waiting": list(s.waiting)}
+            "free": s.kv.num_free_blocks, "held": dict(s.kv.req_to_num_blocks), "waiting": list(s.waiting),
+            "drafts": {r: len(ids) for r, ids in s.drafts_sent.items()}}
 
 
 class RunAbstraction:
@@ -124,7 +128,8 @@ class RunAbstraction:
                     th=get_long_prefill_threshold(b), wm=c.watermark_blocks, U=c.num_gpu_blocks - 1,
                     chunked=c.enable_chunked_prefill, full_isl=c.scheduler_reserve_full_isl,
                     prio=c.policy == PRIORITY, asy=c.async_scheduling,
-                    lora=c.max_loras is not None, ML=c.max_loras or 0)
+                    lora=c.max_loras is not None, ML=c.max_loras or 0,
+                    sd=c.num_speculative_tokens > 0, K=c.num_speculative_tokens, LA=c.num_lookahead_tokens)
 
     def consts(self, x):
         ahead = self.before.running[:self.pos0[x]]
@@ -140,7 +145,7 @@ class RunAbstraction:
                     n=snap["scheduled"].get(r, 0), b=snap["held"].get(r, 0),
                     seq=snap["preempted"].index(r) if r in snap["preempted"] else -1,
                     ph=q.num_output_placeholders, lim=q.num_prompt_tokens + q.max_tokens,
-                    inr=inr, g=r in snap["scheduled"])
+                    d=len(q.spec_token_ids), ds=snap["drafts"].get(r, 0), inr=inr, g=r in snap["scheduled"])
 
     def state(self, snap, x, stopped):
         alive = snap["running"]
@@ -274,6 +279,15 @@ def compare_running(state, variant: str = "correct", stats=None) -> list:
                     stats["victim behind the cursor"] = stats.get("victim behind the cursor", 0) + 1
                 if kind == "fail" and vrq["g"]:
                     stats["refund"] = stats.get("refund", 0) + 1
+                sent = after["drafts"].get(cur, 0) if kind == "success" else 0
+                if sent:
+                    key = "grant sending all its drafts" if sent == len(creq.spec_token_ids) else \
+                        "grant sending part of its drafts"
+                    stats[key] = stats.get(key, 0) + 1
+                if kind == "success" and creq.spec_token_ids and not sent:
+                    stats["grant with drafts sending none"] = stats.get("grant with drafts sending none", 0) + 1
+                if kind == "fail" and snap["drafts"].get(v, 0):
+                    stats["victim with drafts sent"] = stats.get("victim with drafts sent", 0) + 1
                 if snap["pend"] >= 1 and snap["pend"] < S.num_new_tokens_running(_work_at(state, snap), state.requests[cur]):
                     stats["retry with the first n, below a fresh one"] = stats.get("retry with the first n, below a fresh one", 0) + 1
         A.allocated += sum(after["held"].values()) - sum(snap["held"].values()) if kind == "success" else 0
@@ -375,7 +389,8 @@ def compare_waiting(state, variant: str = "correct", stats=None) -> list:
         return dict(nt=q.num_tokens, q=W.index(r), n=s.scheduled.get(r, 0),
                     b=s.kv.num_blocks(r), adm=r in s.scheduled, st=q.num_stale_output_tokens > 0,
                     gw=q.status == SO.WAITING_FOR_GRAMMAR and q.grammar in (SO.COMPILING, SO.FAILED),
-                    ls=r in skipped_lora, ln=q.lora_int_id > 0 and q.lora_int_id not in loras)
+                    ls=r in skipped_lora, ln=q.lora_int_id > 0 and q.lora_int_id not in loras,
+                    pd=S.spec_decode.pads_new_decode(s, q, q.num_computed_tokens))
 
     stopped = False
     while (s.token_budget > 0 and s.input_budget > 0 and s.waiting
@@ -411,8 +426,8 @@ def compare_waiting(state, variant: str = "correct", stats=None) -> list:
                 if s2[name] != int(val):
                     bad.append(("state", why, x, name, s2[name], val))
             for name, val in wreq(x).items():
-                # ln is an input of the iteration that visits the request, read then
-                if name != "ln" and x2[name] != int(val):
+                # ln and pd are inputs of the iteration that visits the request, read then
+                if name not in ("ln", "pd") and x2[name] != int(val):
                     bad.append(("ghost", x, name, x2[name], val))
         if stats is not None:
             kind = "skip" if ok is None else "admit" if ok else "stop"
@@ -421,6 +436,8 @@ def compare_waiting(state, variant: str = "correct", stats=None) -> list:
                 stats[why] = stats.get(why, 0) + 1
             if ok and skipped:
                 stats["admitted behind a skipped request"] = stats.get("admitted behind a skipped request", 0) + 1
+            if ok and h["pd"]:
+                stats["padded new decode"] = stats.get("padded new decode", 0) + 1
             if ok and state.config.watermark_blocks and s0["Rn"] > 0:
                 stats["admitted above the watermark"] = stats.get("admitted above the watermark", 0) + 1
         if bad:
@@ -787,6 +804,84 @@ def test_lora_mutant_is_caught():
     assert found, "the encoding mutant lora_cap_off_by_one agrees with the spec on every iteration tried"
 
 
+# --- speculative decoding -------------------------------------------------------------------------
+
+
+def with_drafts(state, k: int, lookahead: int):
+    """`state` under speculative decoding (num_speculative_tokens k, the given
+    lookahead): its decoding running requests carry 0..k drafts in turn, and every
+    other new waiting request has a one-token prompt, which an admission pads as a
+    new decode when a request decodes beside it.  None where the spec does not
+    model it (an older release, prefix caching) or where vLLM raises (a long-prefill
+    threshold below 1 + k: the premise threshold_admits_padded_decode)."""
+    c = state.config
+    th = c.long_prefill_token_threshold
+    if c.vllm_version != DEFAULT_RELEASE or c.enable_prefix_caching or 0 < th < 1 + k:
+        return None
+    reqs = dict(state.requests)
+    for i, r in enumerate(state.running):
+        q = reqs[r]
+        if not q.is_prefill_chunk and q.num_computed_tokens >= q.num_prompt_tokens - 1:
+            reqs[r] = q.evolve(spec_token_ids=(7,) * (i % (k + 1)))
+    for i, w in enumerate(state.waiting):
+        q = reqs[w]
+        if i % 2 == 0 and q.status == RequestStatus.WAITING and q.num_output_tokens == 0:
+            reqs[w] = q.evolve(num_prompt_tokens=1)
+    config = dataclasses.replace(c, num_speculative_tokens=k, num_lookahead_tokens=lookahead)
+    validate_config(config)
+    return dataclasses.replace(state, config=config, requests=reqs)
+
+
+def corpus_drafts(check):
+    """The synchronous and async corpora, the states in turn under
+    num_speculative_tokens 1 (no lookahead) and 3 (lookahead 2)."""
+    seen = [0]
+
+    def each(state):
+        seen[0] += 1
+        k, lookahead = ((1, 0), (3, 2))[seen[0] % 2]
+        drafted = with_drafts(state, k, lookahead)
+        if drafted is not None:
+            check(drafted)
+
+    corpus(each)
+    corpus_async(each)
+
+
+def test_iterations_agree_with_spec_drafts():
+    """Both loops under speculative decoding: a running request's need counts its
+    drafts, the grant takes the drafts that fit and the allocation the lookahead
+    slots; a one-token admission beside a decode is padded to 1 + k."""
+    run_stats: dict = {}
+    wait_stats: dict = {}
+    found = []
+
+    def check(state):
+        assert driver_is_the_loop(state), state
+        found.extend(compare_running(state, stats=run_stats))
+        found.extend(compare_waiting(state, stats=wait_stats))
+        assert not found, found[:2]
+
+    corpus_drafts(check)
+    assert run_stats.get("grant sending all its drafts", 0) >= 100, run_stats
+    assert run_stats.get("grant sending part of its drafts", 0) >= 15, run_stats
+    assert run_stats.get("victim with drafts sent", 0) >= 3, run_stats
+    assert wait_stats.get("padded new decode", 0) >= 20, wait_stats
+
+
+@pytest.mark.parametrize("variant", ["drafts_counted_twice", "victim_keeps_drafts", "padded_decode_budget_unchecked"])
+def test_drafts_mutant_is_caught(variant):
+    found = []
+
+    def check(state):
+        if not found:
+            found.extend(compare_running(state, variant))
+            found.extend(compare_waiting(state, variant))
+
+    corpus_drafts(check)
+    assert found, f"the encoding mutant {variant} agrees with the spec on every iteration tried"
+
+
 class ValueEval:
     """z3 terms over fresh symbols, evaluated on concrete values by substitution."""
 
@@ -986,10 +1081,17 @@ def test_async_witness_replays(tmp_path):
 
 
 def test_fixed_witnesses_fail_on_a_scenario_that_does_not_show_them(monkeypatch):
-    """The fixed witnesses of grammar_wait_respected and max_loras_respected prove on
-    their scenarios, and are refuted where nothing is skipped: room for two adapters,
-    grammars that never wait."""
+    """The fixed witnesses of grammar_wait_respected, max_loras_respected and
+    drafts_sent_are_known prove on their scenarios, and are refuted where nothing
+    is skipped (room for two adapters, grammars that never wait) or nothing padded
+    (no one-token prompt)."""
     assert LI.grammar_witness()[0].status == "proved" and LI.lora_witness()[0].status == "proved"
+    assert LI.drafts_witness()[0].status == "proved"
+    drafts_scenario = LI.drafts_witness_scenario()
+    monkeypatch.setattr(LI, "drafts_witness_scenario", lambda: dataclasses.replace(
+        drafts_scenario, requests=tuple(dataclasses.replace(r, prompt_len=max(r.prompt_len, 2))
+                                        for r in drafts_scenario.requests)))
+    assert LI.drafts_witness()[0].status == "refuted"
     lora_scenario, grammar_scenario = LI.lora_witness_scenario(), LI.grammar_witness_scenario()
     monkeypatch.setattr(LI, "lora_witness_scenario",
                         lambda: dataclasses.replace(lora_scenario, config={**lora_scenario.config, "max_loras": 2}))

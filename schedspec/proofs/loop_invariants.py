@@ -62,8 +62,14 @@ release.models_lora): a waiting head whose adapter would be one too many is skip
 and keeps its place (S:1089-1101), so `max_loras_respected` holds for any number of
 requests and adapters; the iteration state counts the batch's adapters (`Lc`), and
 whether the head's adapter is new to the batch is an input of each iteration.
-Speculative decoding off (no draft tokens: the spec's num_tokens_with_spec is
-num_tokens).  The block size is a case split over
+Speculative decoding (`LoopConfig.sd`, symbolic; 0.33.0 only,
+release.models_spec_decode): a running request's drafts count in its need
+(num_tokens_with_spec, S:839) and the grant sends those that fit (S:1009-1025);
+allocations reserve the drafter's lookahead slots (K:550-553); a one-token
+admission beside a decode is padded to 1 + num_speculative_tokens (S:1308-1330,
+whether it would be is an input of the iteration).  The claims about schedule()'s
+loops (SPEC_DECODE) are proved with it on or off; the four whose exits model
+update_after_schedule and the delivery are stated with it off.  The block size is a case split over
 BLOCK_SIZES (each `cdiv` then divides by a numeral); every other value is an
 unbounded integer.
 
@@ -135,6 +141,10 @@ class LoopRules:
     grammar_skip: bool = True  # S:1079-1082: a head whose grammar compiles (or failed) is skipped
     # LoRA
     lora_cap_extra: int = 0  # S:1089-1101: skipped when the batch has max_loras (+ extra) adapters
+    # speculative decoding
+    drafts_in_need: int = 1  # S:839: num_tokens_with_spec counts each draft once (2: twice)
+    victim_drafts_dropped: bool = True  # S:951-957: a preempted request's drafts leave the step's output
+    padded_budget_checked: bool = True  # S:1326-1328: a padded new decode that does not fit stops admission
 
 
 LOOP_VARIANTS: dict[str, LoopRules] = {
@@ -173,6 +183,10 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     "grammar_head_admitted": LoopRules(grammar_skip=False),
     # LoRA
     "lora_cap_off_by_one": LoopRules(lora_cap_extra=1),
+    # speculative decoding
+    "drafts_counted_twice": LoopRules(drafts_in_need=2),
+    "victim_keeps_drafts": LoopRules(victim_drafts_dropped=False),
+    "padded_decode_budget_unchecked": LoopRules(padded_budget_checked=False),
 }
 
 
@@ -196,7 +210,9 @@ class LoopConfig:
     """What the loops read of the config, for one block size.  `th` is the
     long-prefill threshold in force this step (0 with one eligible request,
     S:757-763); `wm` the watermark's blocks; `U` the usable blocks; `ML`
-    max_loras, which binds when `lora` (a LoRA config) is on."""
+    max_loras, which binds when `lora` (a LoRA config) is on; `K` and `LA`
+    num_speculative_tokens and num_lookahead_tokens, both 0 unless `sd`
+    (speculative decoding) is on."""
 
     TB0: Any  # max_num_scheduled_tokens (S:719)
     IB0: Any  # max_num_batched_tokens (S:722)
@@ -206,11 +222,14 @@ class LoopConfig:
     wm: Any
     U: Any
     ML: Any
+    K: Any
+    LA: Any
     chunked: Any = _B()
     full_isl: Any = _B()
     prio: Any = _B()
     asy: Any = _B()  # async scheduling (the AsyncScheduler): placeholders, in-flight and stale tokens
     lora: Any = _B()  # a LoRA config: max_loras set (spec/config.py)
+    sd: Any = _B()  # speculative decoding: num_speculative_tokens >= 1 (spec/spec_decode.py)
     bs: int = 1
 
     @staticmethod
@@ -226,7 +245,12 @@ class LoopConfig:
         th_check = release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
         # max_loras >= 1 (spec/config.py FIELD_MINIMA); LoRA is modelled for 0.33.0 only.
         lora = z3.Implies(self.lora, self.ML >= 1) if release.models_lora() else z3.Not(self.lora)
-        return z3.And(lora, self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
+        # Speculative decoding (0.33.0 only, spec/config.py validate_spec_decode): a
+        # lookahead only beside drafts.
+        off = z3.And(self.K == 0, self.LA == 0)
+        sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0), off) if release.models_spec_decode() \
+            else z3.And(z3.Not(self.sd), off)
+        return z3.And(lora, sd, self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.U >= self.cdiv(self.L), self.IB0 >= self.M,
                       z3.Or(self.chunked, self.IB0 >= self.L))
 
@@ -247,17 +271,18 @@ def _fresh_config(prefix: str) -> LoopConfig:
     I, Bo = z3.Int, z3.Bool
     return LoopConfig(I(f"{prefix}.TB0"), I(f"{prefix}.IB0"), I(f"{prefix}.M"), I(f"{prefix}.L"),
                       I(f"{prefix}.th"), I(f"{prefix}.wm"), I(f"{prefix}.U"), I(f"{prefix}.ML"),
+                      I(f"{prefix}.K"), I(f"{prefix}.LA"),
                       Bo(f"{prefix}.chunked"), Bo(f"{prefix}.full_isl"), Bo(f"{prefix}.prio"), Bo(f"{prefix}.asy"),
-                      Bo(f"{prefix}.lora"))
+                      Bo(f"{prefix}.lora"), Bo(f"{prefix}.sd"))
 
 
 @dataclass(frozen=True)
 class RunReq:
     """A request of `before.running`: what the step read of it (nc, nt, b0 = its
     computed tokens, num_tokens and blocks before the step; pos0 its position;
-    rank its victim rank), and where the running loop has got it (in: still in
-    running; pos; g: granted; n: the grant; b: blocks held; seq: its preemption
-    index, -1 if none)."""
+    rank its victim rank; d its drafts), and where the running loop has got it
+    (in: still in running; pos; g: granted; n: the grant; b: blocks held; seq:
+    its preemption index, -1 if none; ds: drafts sent to the model, 0 for none)."""
 
     nc: Any
     nt: Any
@@ -270,6 +295,8 @@ class RunReq:
     seq: Any
     ph: Any  # num_output_placeholders before the step (async; 0 in the synchronous engine)
     lim: Any  # num_prompt_tokens + max_tokens: the length at which max_tokens stops it
+    d: Any  # len(spec_token_ids): its drafts (speculative decoding; 0 without)
+    ds: Any  # len(scheduled_spec_decode_tokens[it]) so far this step (0: no entry)
     inr: Any = _B()
     g: Any = _B()
 
@@ -282,9 +309,9 @@ class RunReq:
         return z3.And(self.ph > 0, self.nc + 2 - self.ph >= self.lim)
 
     def need(self):
-        """get_need (spec/properties.py): placeholders count as tokens to compute
-        (S:839); 0 under the async max_tokens guard."""
-        return z3.If(self.lif(), 0, self.nt + self.ph - self.nc)
+        """get_need (spec/properties.py): drafts and placeholders count as tokens to
+        compute (S:839); 0 under the async max_tokens guard."""
+        return z3.If(self.lif(), 0, self.nt + self.d + self.ph - self.nc)
 
     def cap(self, c: LoopConfig):
         """get_capped_need (spec/properties.py): the need after the threshold and
@@ -292,8 +319,22 @@ class RunReq:
         return z3_max0(z3_min(self.thcap(c, self.need()), c.L - self.nc - 1))
 
     def dem(self, c: LoopConfig):
-        """get_block_demand(before, rid, capped need): new blocks for the whole capped need."""
-        return z3_max0(c.cdiv(z3_min(self.nc + self.cap(c), c.L)) - self.b0)
+        """get_block_demand(before, rid, capped need): new blocks for the whole capped
+        need and the drafter's lookahead (K:550-553)."""
+        return z3_max0(c.cdiv(z3_min(self.nc + self.cap(c) + c.LA, c.L)) - self.b0)
+
+    def b_after(self, c: LoopConfig, n):
+        """Blocks held after a grant of n: those of computed + n tokens; with
+        speculative decoding those of the lookahead too, and never fewer than it
+        held (the slots of rejected drafts stay, S:2371-2380)."""
+        return z3.If(c.sd, z3.If(self.b0 > c.cdiv(z3_min(self.nc + n + c.LA, c.L)), self.b0,
+                                 c.cdiv(z3_min(self.nc + n + c.LA, c.L))),
+                     c.cdiv(z3_min(self.nc + n, c.L)))
+
+    def drafts_sent(self, n):
+        """spec_decode.schedule_drafts (S:1009-1025): the drafts past the tokens it
+        has that fit in grant n."""
+        return z3.If(self.d > 0, z3_max0(n + self.nc - self.nt - self.ph), 0)
 
     def static_facts(self, c: LoopConfig, R0):
         """The state invariant's facts about a running request (spec/invariants.py:
@@ -305,7 +346,12 @@ class RunReq:
         # synchronous engine has no placeholders.
         counts = z3.If(c.asy, z3.And(self.ph >= 0, self.nc < self.nt + self.ph, self.nc < c.L),
                        z3.And(self.ph == 0, self.nc < self.nt))
-        return z3.And(0 <= self.nc, counts, 1 <= self.nt, self.nt < c.L, self.nt < self.lim, self.b0 == c.cdiv(self.nc),
+        # blocks_match_computed_tokens: with speculative decoding up to the slots of
+        # num_speculative_tokens drafts and the lookahead (properties.get_block_span).
+        blocks = z3.If(c.sd, z3.And(self.d >= 0, c.cdiv(self.nc) <= self.b0,
+                                    self.b0 <= c.cdiv(z3_min(self.nc + c.K + c.LA, c.L))),
+                       z3.And(self.d == 0, self.b0 == c.cdiv(self.nc)))
+        return z3.And(0 <= self.nc, counts, 1 <= self.nt, self.nt < c.L, self.nt < self.lim, blocks,
                       0 <= self.pos0, self.pos0 < R0, 0 <= self.rank, self.rank < R0,
                       z3.Or(c.prio, fcfs_rank))
 
@@ -383,7 +429,7 @@ def run_J(c: LoopConfig, k: RunConsts, s: RunState, r: RunReq):
         z3.Implies(r.inr, z3.And(0 <= r.pos, r.pos < s.Rn, r.rank >= s.P, r.seq == -1,
                                  z3.Or(c.prio, r.pos == r.pos0))),  # FCFS removes only the tail
         z3.Implies(z3.Not(r.inr), z3.And(r.rank < s.P, r.seq == r.rank, z3.Not(r.g), r.b == 0, r.n == 0)),
-        z3.Implies(r.g, z3.And(r.inr, r.pos < s.cur, 1 <= r.n, r.n <= cap, r.b == c.cdiv(z3_min(r.nc + r.n, c.L)))),
+        z3.Implies(r.g, z3.And(r.inr, r.pos < s.cur, 1 <= r.n, r.n <= cap, r.b == r.b_after(c, r.n))),
         z3.Implies(z3.And(r.inr, z3.Not(r.g)), z3.And(r.b == r.b0, r.n == 0)),
         # visited and not granted: skipped, its capped need was 0 (S:891-909)
         z3.Implies(z3.And(r.inr, r.pos < s.cur, z3.Not(r.g)), cap == 0),
@@ -422,7 +468,7 @@ def run_entry(c: LoopConfig, k: RunConsts, x: RunReq):
     s = RunState(c.TB0, c.IB, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
                  z3.IntVal(0), k.D0, z3.IntVal(0), k.CAx, z3.IntVal(0), z3.IntVal(-1), z3.BoolVal(False))
     x0 = replace(x, inr=z3.BoolVal(True), pos=x.pos0, g=z3.BoolVal(False), n=z3.IntVal(0), b=x.b0,
-                 seq=z3.IntVal(-1))
+                 seq=z3.IntVal(-1), ds=z3.IntVal(0))
     premises = [c.constraints(), x.static_facts(c, k.R0), k.R0 >= 1, k.R0 <= c.M, k.F0 >= 0, k.H0 >= 0,
                 k.F0 + k.H0 == c.U, k.D0 >= 0, k.CAx >= 0]
     return premises, s, x0
@@ -458,7 +504,7 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     # Async: placeholders count as tokens to compute (S:839); a request whose last
     # allowed token is in flight gets 0 before any cap (S:800-814), so it is skipped.
     ph = cr.ph if rules.placeholders_in_need else z3.IntVal(0)
-    need_tokens = cr.nt + ph - cr.nc + rules.running_need_extra
+    need_tokens = cr.nt + rules.drafts_in_need * cr.d + ph - cr.nc + rules.running_need_extra
     budgets = [s.tb] if rules.grant_ignores_input_budget else [s.tb, s.ib]
     n = z3_min(cr.thcap(c, need_tokens), *budgets, c.L - cr.nc - rules.model_len_margin)
     if rules.running_cap is not None:
@@ -470,8 +516,9 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     if rules.n_once_per_request:
         n = z3.If(s.pend >= 1, s.pend, n)
     skip = (n == 0) if rules.skip_zero_grant else z3.BoolVal(False)
-    # allocate_slots for a running request (K:550-588): no watermark, no gate.
-    need = z3_max0(c.cdiv(z3_min(z3_min(cr.nc, c.L) + n, c.L)) - cr.b)
+    # allocate_slots for a running request (K:550-588): no watermark, no gate; the
+    # drafter's lookahead slots too (K:550-553).
+    need = z3_max0(c.cdiv(z3_min(z3_min(cr.nc, c.L) + n + c.LA, c.L)) - cr.b)
     fits = (need < s.F) if rules.fail_when_exact_fit else (need <= s.F)
     # the bad variant: the guard ends the loop (a `break`) instead of skipping the request
     guard_stop = z3.And(guard, guarded, s.pend < 1) if rules.last_token_guard_stops else z3.BoolVal(False)
@@ -516,7 +563,9 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
                  g=z3.Or(x_grant, z3.And(x.g, z3.Not(gone))),
                  n=z3.If(gone, 0, z3.If(x_grant, n, x.n)),
                  b=z3.If(gone, 0, z3.If(x_grant, x.b + need, x.b)),
-                 seq=z3.If(gone, s.P, x.seq))
+                 seq=z3.If(gone, s.P, x.seq),
+                 ds=z3.If(gone, 0 if rules.victim_drafts_dropped else x.ds,
+                          z3.If(x_grant, x.drafts_sent(n), x.ds)))
     facts = {"guard": guard, "n": n, "need": need, "skip": skipping, "success": success, "fail": fail,
              "self_preempt": self_pre, "cr_granted_before": cr.g, "guarded": guarded}
     return frame, s2, x2, facts
@@ -540,12 +589,24 @@ class WaitReq:
     gw: Any = _B()  # waits for its grammar: WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, compiling or failed
     ls: Any = _B()  # LoRA: skipped this step, its adapter one too many (S:1089-1101)
     ln: Any = _B()  # LoRA: its adapter is not in the batch yet (an input of the iteration that visits it)
+    # Speculative decoding: admitted now it would be a new decode padded with drafts
+    # (spec_decode.pads_new_decode; an input of the iteration that visits it).
+    pd: Any = _B()
 
     def static_facts(self, c: LoopConfig, W0):
         # No grammar where schedspec does not model structured output (release.py).
         grammar = z3.BoolVal(True) if release.models_structured_output() else z3.Not(self.gw)
+        # pads_new_decode's conditions on the request and config (S:1308-1330): one
+        # token left to compute (none computed: prefix caching is off) and the padded
+        # rows and a sampled token within max_model_len; the batch's (no prefill chunk
+        # scheduled, some request decoding) are left free, which only adds behaviours.
+        padded = z3.Implies(self.pd, z3.And(c.sd, self.nt == 1, c.K + 2 <= c.L))
         return z3.And(1 <= self.nt, self.nt < c.L, 0 <= self.q, self.q < W0, z3.Implies(z3.Not(c.asy), z3.Not(self.st)),
-                      z3.Implies(z3.Not(c.lora), z3.Not(self.ln)), grammar)
+                      z3.Implies(z3.Not(c.lora), z3.Not(self.ln)), grammar, padded)
+
+    def n_max(self, c: LoopConfig):
+        """The most an admission grants: num_tokens, or 1 + K for a padded new decode."""
+        return self.nt + z3.If(self.pd, c.K, 0)
 
 
 @dataclass(frozen=True)
@@ -583,7 +644,7 @@ def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
         # visited (before the head) and not skipped for stale output, its grammar or LoRA: admitted
         r.adm == z3.And(r.q < s.A + s.K, z3.Not(r.st), z3.Not(r.gw), z3.Not(r.ls)),
         z3.Implies(r.ls, r.q < s.A + s.K),
-        z3.Implies(r.adm, z3.And(1 <= r.n, r.n <= r.nt, r.b == c.cdiv(z3_min(r.n, c.L)))),
+        z3.Implies(r.adm, z3.And(1 <= r.n, r.n <= r.n_max(c), r.b == c.cdiv(z3_min(r.n + c.LA, c.L)))),
         z3.Implies(z3.Not(r.adm), z3.And(r.n == 0, r.b == 0)),
     )
 
@@ -603,7 +664,7 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     the pool with the watermark).  Returns (frame, state, ghost, facts)."""
     frame = [h.q == s.A + s.K, h.static_facts(c, W0), wait_J(c, s, h),
              z3.Implies(x.q == h.q, z3.And(x.nt == h.nt, x.adm == h.adm, x.n == h.n, x.b == h.b, x.st == h.st,
-                                           x.gw == h.gw, x.ls == h.ls))]
+                                           x.gw == h.gw, x.ls == h.ls, x.pd == h.pd))]
     guard = wait_guard(c, s, W0, rules)
     # Async (S:1084): a head whose output from before its preemption is still in
     # flight is skipped and keeps its place; it takes no budget and no run slot.
@@ -620,14 +681,19 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     skip = z3.Or(z3.And(guard, stale) if rules.stale_head == "skip" else z3.BoolVal(False), skip_grammar, skip_lora)
     stale_stop = z3.And(guard, stale, z3.Not(grammar), z3.Not(lora)) if rules.stale_head == "stop" else z3.BoolVal(False)
     budget = z3_min(s.tb, s.ib)  # S:1295
-    n0 = z3.If(z3.And(0 < c.th, c.th < h.nt), c.th, h.nt)  # S:1306, S:1332 (0 computed tokens)
-    no_fit = z3.And(z3.Not(c.chunked), (n0 >= budget) if rules.chunked_off_fit_strict else (n0 > budget))  # S:1337-1344
+    # S:1306 (0 computed tokens); a padded new decode asks 1 + K and stops admission
+    # rather than be cut by the budget (S:1308-1330); then the threshold (S:1332).
+    ask = z3.If(h.pd, 1 + c.K, h.nt)
+    pad_stop = z3.And(h.pd, ask > budget) if rules.padded_budget_checked else z3.BoolVal(False)
+    n0 = z3.If(z3.And(0 < c.th, c.th < ask), c.th, ask)
+    no_fit = z3.Or(pad_stop, z3.And(z3.Not(c.chunked),
+                                    (n0 >= budget) if rules.chunked_off_fit_strict else (n0 > budget)))  # S:1337-1344
     n = z3_min(n0, budget + rules.admission_budget_extra)  # S:1346
     # allocate_slots for an admission (K:518-588): the watermark unless nothing runs, the gate.
     wm = c.wm if rules.watermark_on_first_admission else z3.If(s.Rn > 0, c.wm, 0)
     full = z3_max0(c.cdiv(z3_min(h.nt, c.L)) - h.b)
     gate_fail = z3.And(c.full_isl, (full if rules.gate_without_watermark else full + wm) > s.F)
-    need = z3_max0(c.cdiv(z3_min(n, c.L)) - h.b)
+    need = z3_max0(c.cdiv(z3_min(n + c.LA, c.L)) - h.b)  # the lookahead too (K:550-553)
     admit = z3.And(guard, z3.Not(blocked), z3.Not(no_fit), z3.Not(gate_fail), need + wm <= s.F)
     stop = z3.Or(stale_stop, z3.And(guard, z3.Not(blocked), z3.Not(admit)))
     s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n, 0), s.T + z3.If(admit, n, 0), s.Tr,
@@ -639,7 +705,7 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
                  ls=z3.Or(x.ls, z3.And(skip_lora, x.q == h.q)))
     return frame, s2, x2, {"guard": guard, "admit": admit, "n": n, "need": need, "head_admitted_before": h.adm,
                            "skip_stale": z3.And(skip, z3.Not(skip_grammar), z3.Not(skip_lora)),
-                           "skip_grammar": skip_grammar, "skip_lora": skip_lora}
+                           "skip_grammar": skip_grammar, "skip_lora": skip_lora, "padded": z3.And(admit, h.pd)}
 
 
 # --- update_from_output's removal of finished requests -------------------------------------
@@ -961,6 +1027,50 @@ def lemma_caps_nonincreasing(V: LoopVars, R: LoopRules):
     return [c.constraints(), x.static_facts(c, V.k.R0), cap >= 1, deliveries, z3.Not(finished)], x2.cap(c) <= cap
 
 
+# --- speculative decoding: drafts_sent_are_known ------------------------------------------
+
+
+def drafts_J(c: LoopConfig, r: RunReq):
+    """What the step's output holds for a request of before.running: drafts only
+    for a request granted this step (a victim's leave with its grant, S:951-957),
+    as many as spec_decode.schedule_drafts takes of its grant."""
+    return r.ds == z3.If(r.g, r.drafts_sent(r.n), 0)
+
+
+def part_drafts_entry(V: LoopVars, R: LoopRules):
+    premises, s0, x0 = run_entry(V.c, V.k, V.x)
+    return premises, drafts_J(V.c, x0)
+
+
+def part_drafts_preserved(V: LoopVars, R: LoopRules):
+    frame, s2, x2, _ = run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, R)
+    return _run_pre(V) + [drafts_J(V.c, V.x)] + frame + [run_guard(V.s)], drafts_J(V.c, x2)
+
+
+def exit_drafts_known(V: LoopVars, R: LoopRules):
+    """drafts_sent_are_known, running part: when the running loop ends, a request
+    of before.running has drafts in the output only if it is scheduled and still
+    running, and no more than it has (its grant never passes num_tokens_with_spec
+    + placeholders, S:839), so they are a prefix of its own (the spec slices
+    them: spec_decode.schedule_drafts)."""
+    x = V.x
+    return _run_pre(V) + [drafts_J(V.c, x), z3.Not(run_guard(V.s))], z3.And(
+        x.ds <= x.d, z3.Implies(x.ds > 0, z3.And(x.g, x.inr)))
+
+
+def iter_padded_admission(V: LoopVars, R: LoopRules):
+    """... and admission part: a padded new decode is granted exactly 1 +
+    num_speculative_tokens tokens, the one token it lacks and one per -1 draft, so
+    its drafts are num_speculative_tokens paddings and vLLM's assertion S:1579
+    holds; given the premise `threshold_admits_padded_decode` (no long-prefill
+    threshold, or one of at least 1 + num_speculative_tokens: below it the
+    threshold cuts the padded decode and vLLM 0.33.0 raises, docs/rules.md)."""
+    c = V.c
+    frame, _, _, f = wait_iteration(c, V.ws, V.W0, V.wx, V.wh, R)
+    premise = z3.Or(c.th == 0, c.th >= 1 + c.K)
+    return _wait_pre(V) + frame + [f["padded"], premise], f["n"] == 1 + c.K
+
+
 # --- async counters: placeholders_never_negative ------------------------------------------
 
 
@@ -1094,6 +1204,13 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
         ("lora_cap_off_by_one",),
         "LoRA: the running requests use at most max_loras distinct adapters after the step, given the premise "
         "before_within_max_loras; a waiting request whose adapter would be one too many keeps its place"),
+    LoopClaim("drafts_sent_are_known", RUN_INV + WAIT_INV + (
+        ("drafts sent: entry", part_drafts_entry), ("drafts sent: preserved", part_drafts_preserved),
+        ("exit: a running request's drafts sent are its own, only if scheduled", exit_drafts_known),
+        ("iteration: a padded new decode is granted 1 + num_speculative_tokens", iter_padded_admission)),
+        ("drafts_counted_twice", "victim_keeps_drafts", "padded_decode_budget_unchecked"),
+        "speculative decoding: the drafts a step sends are a scheduled running request's own (a prefix), or for "
+        "an admitted new decode num_speculative_tokens paddings, given the premise threshold_admits_padded_decode"),
     LoopClaim("placeholders_never_negative", RUN_INV + WAIT_INV + (
         ("exit: a request of before.running, after the delivery", exit_counters_running),
         ("exit: a request of before.waiting, after the delivery", exit_counters_waiting)),
@@ -1106,7 +1223,23 @@ ASYNC_ONLY = frozenset({"placeholders_never_negative"})
 # Claims of a feature schedspec models for 0.33.0 only: whether the modelled release
 # has it (the spec refuses the feature for the others).
 FEATURE_ONLY: dict[str, Callable[[], bool]] = {"max_loras_respected": release.models_lora,
-                                               "grammar_wait_respected": release.models_structured_output}
+                                               "grammar_wait_respected": release.models_structured_output,
+                                               "drafts_sent_are_known": release.models_spec_decode}
+# Claims proved with speculative decoding on or off (`LoopConfig.sd` free): those
+# about schedule()'s two loops, whose iterations model drafts and the lookahead.
+# The other four are stated with it off (their premises add `not sd`): their
+# exits and lemmas model update_after_schedule's placeholders and the delivery of
+# one sampled token, where speculative decoding adds a placeholder per draft and
+# delivers accepted drafts and rolls back rejected ones (S:2346-2380).
+SPEC_DECODE = frozenset({"token_budget_respected", "max_num_seqs_respected", "running_before_waiting",
+                         "preemption_only_on_allocation_failure", "grants_positive", "grammar_wait_respected",
+                         "max_loras_respected", "drafts_sent_are_known"})
+
+
+def claim_premises(claim: LoopClaim, V: LoopVars) -> list:
+    """The premises a claim adds to every part: speculative decoding off unless
+    the claim is one of SPEC_DECODE."""
+    return [] if claim.name in SPEC_DECODE else [z3.Not(V.c.sd)]
 
 
 def _check(constraints: list, timeout_s: float) -> str:
@@ -1125,6 +1258,7 @@ def discharge(claim: LoopClaim, variant: str = "correct", timeout_s: float = DEF
         V = LoopVars(bs, rules)
         for name, build in claim.parts:
             premises, goal = build(V, rules)
+            premises = premises + claim_premises(claim, V)
             for part in _conjuncts(goal):
                 r = _check(premises + [z3.Not(part)], timeout_s)
                 if r == "sat":
@@ -1153,9 +1287,13 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
     rules = LOOP_VARIANTS["correct"]
     V = LoopVars(bs, rules)
     checks = []
+    # speculative decoding on too, where the claim covers it and the release has it
+    spec_decode = claim.name in SPEC_DECODE and release.models_spec_decode()
     for name, build in claim.parts:
         premises, _ = build(V, rules)
-        # each part with the engine flag off and on (the synchronous-only lemma: off)
+        premises = premises + claim_premises(claim, V)
+        # each part with the engine flags off and on (the synchronous-only lemma: off);
+        # speculative decoding on too where the claim covers it
         for asy in (False, True):
             if asy and name.startswith("lemma: without async"):
                 continue
@@ -1163,7 +1301,11 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
                 continue
             if not asy and "delivering" in name:
                 continue  # stated for async (the synchronous delivery is the existing "update only appends")
-            checks.append((f"{name} (async {'on' if asy else 'off'})", premises + [V.c.asy == asy]))
+            for sd in (False, True) if spec_decode else (False,):
+                if not sd and "padded" in name:
+                    continue  # a padded new decode exists only with speculative decoding on
+                checks.append((f"{name} (async {'on' if asy else 'off'}, speculative decoding "
+                               f"{'on' if sd else 'off'})", premises + [V.c.asy == asy, V.c.sd == sd]))
     frame, _, _, f = run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, rules)
     run = _run_pre(V) + frame
     checks += [("a running grant", run + [f["success"], z3.Not(_same(V.x, V.cr)), V.x.inr, V.x.pos > V.s.cur]),
@@ -1187,6 +1329,16 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
                     _wait_pre(V) + wframe + [wf["admit"], V.c.lora, V.wh.ln, V.ws.Lc > 0]),
                    ("LoRA: an admission behind a request skipped for its adapter",
                     _wait_pre(V) + wframe + [wf["admit"], V.wx.ls, V.wx.q < V.wh.q])]
+    if spec_decode:
+        ns = V.cr.drafts_sent(f["n"])
+        checks += [("speculative decoding: a grant sending all of a request's drafts",
+                    run + [V.c.sd, f["success"], ns == V.cr.d, V.cr.d > 1]),
+                   ("speculative decoding: a grant cut short of a request's drafts",
+                    run + [V.c.sd, f["success"], ns > 0, ns < V.cr.d]),
+                   ("speculative decoding: a preemption of a request granted drafts",
+                    run + [V.c.sd, f["fail"], V.v.g, V.v.drafts_sent(V.v.n) > 0, drafts_J(V.c, V.v)]),
+                   ("speculative decoding: a padded new decode admitted, with a lookahead",
+                    _wait_pre(V) + wframe + [wf["padded"], V.c.K > 1, V.c.LA > 0])]
     if claim.name in ASYNC_ONLY:
         xr, _ = exit_counters_running(V, rules)
         xw, _ = exit_counters_waiting(V, rules)
@@ -1344,11 +1496,52 @@ def lora_witness() -> tuple[Result, Any]:
     return replay_witness(lora_witness_scenario(), "max_loras_respected", "admitted behind a LoRA skip", shows)
 
 
+def drafts_witness_scenario():
+    """num_speculative_tokens 3, lookahead 1, a token budget of 6: r0 decodes with
+    three drafts, then one, alternately; r2 (arriving at step 1) decodes beside it
+    and gets fewer of its drafts than it has; r1, a one-token prompt arriving at
+    step 5, is admitted as a new decode padded with three -1 drafts (found by a
+    small search over the spec, kept here so the witness is the same every run)."""
+    from schedspec.reference.scenario import RequestSpec, Scenario
+
+    cfg = {"max_num_batched_tokens": 6, "max_num_seqs": 4, "block_size": 2, "max_model_len": 32,
+           "num_gpu_blocks": 40, "async_scheduling": False, "enable_prefix_caching": False,
+           "num_speculative_tokens": 3, "num_lookahead_tokens": 1}
+    reqs = (RequestSpec(id="r0", prompt_len=4, max_tokens=12, num_draft_tokens=(3, 1), num_accepted_tokens=(1,)),
+            RequestSpec(id="r1", prompt_len=1, arrival_step=5, max_tokens=4, num_draft_tokens=(3,),
+                        num_accepted_tokens=(0,)),
+            RequestSpec(id="r2", prompt_len=3, arrival_step=1, max_tokens=3, num_draft_tokens=(3,),
+                        num_accepted_tokens=(2,)))
+    return Scenario(name="loop-drafts-sent", config=cfg, requests=reqs, max_steps=30,
+                    description=fixed_witness_description(
+                        "speculative decoding, a running request's drafts sent cut short by the budget and a new "
+                        "decode admitted with padding drafts (loop:drafts_sent_are_known)"))
+
+
+def drafts_witness() -> tuple[Result, Any]:
+    """The witness of drafts_sent_are_known: a step that sends a running request
+    fewer drafts than it has, and a step that admits a padded new decode."""
+    seen = {"cut": False, "padded": False}
+
+    def shows(t):
+        admitted = set(t.output.admitted)
+        for rid, ids in t.output.scheduled_spec_decode_tokens:
+            if rid in admitted:
+                seen["padded"] = True
+            elif len(ids) < len(t.before.requests[rid].spec_token_ids):
+                seen["cut"] = True
+        return seen["cut"] and seen["padded"]
+
+    return replay_witness(drafts_witness_scenario(), "drafts_sent_are_known",
+                          "drafts cut short and a padded new decode, by this step", shows)
+
+
 # Claims whose witness is a fixed scenario replayed on the spec: the bounded
-# encoding's BMC models neither async scheduling, structured output nor LoRA.
+# encoding's BMC models neither async scheduling, structured output, LoRA nor
+# speculative decoding.
 FIXED_WITNESSES: dict[str, Callable[[], tuple[Result, Any]]] = {
     "placeholders_never_negative": async_witness, "grammar_wait_respected": grammar_witness,
-    "max_loras_respected": lora_witness}
+    "max_loras_respected": lora_witness, "drafts_sent_are_known": drafts_witness}
 
 
 def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
@@ -1378,7 +1571,11 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
                                                     + ("async scheduling on" if name in ASYNC_ONLY
                                                        else "async scheduling on or off")
                                                     + ("; max_loras >= 1, any number of adapters"
-                                                       if name == "max_loras_respected" else "")),
+                                                       if name == "max_loras_respected" else "")
+                                                    + ("; speculative decoding on or off, any "
+                                                       "num_speculative_tokens and lookahead"
+                                                       if name in SPEC_DECODE and release.models_spec_decode()
+                                                       else "")),
             discharge=lambda variant, claim=claim: discharge(claim, variant, timeout_s),
             witness=witness, bad_variants=claim.bad_variants, expected="proved", doc=claim.doc,
             extra={"parts": [p for p, _ in claim.parts]}))

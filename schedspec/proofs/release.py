@@ -68,6 +68,12 @@ def models_structured_output() -> bool:
     return _release[0] == DEFAULT_RELEASE
 
 
+def models_spec_decode() -> bool:
+    """Does schedspec model speculative decoding for the modelled release?  Only for
+    0.33.0: the spec refuses num_speculative_tokens for any other (spec/config.py)."""
+    return _release[0] == DEFAULT_RELEASE
+
+
 def scenario_config(config: dict) -> dict:
     """A witness scenario's config for the modelled release: without the fields
     it lacks, and naming the release unless it is the default."""
@@ -124,4 +130,4 @@ def finding(prop: str) -> str | None:
 
 
 __all__ = ["FINDINGS", "SAME_AS_RULE_OF", "applies", "bad_variants", "checks_config", "fields_lacking", "finding",
-           "models_lora", "models_structured_output", "release", "restriction", "scenario_config", "set_release"]
+           "models_lora", "models_spec_decode", "models_structured_output", "release", "restriction", "scenario_config", "set_release"]
