@@ -96,7 +96,7 @@ from . import release
 from .encoding import z3_max0, z3_min
 from .obligation import Bound, Obligation, Result
 from .symbolic import BLOCK_SIZES, cdiv_const
-from .solving import check, unknown_detail
+from .solving import check, first_unsatisfiable, prove_parts
 
 DEFAULT_TIMEOUT_S = 20.0
 
@@ -1254,28 +1254,17 @@ def discharge(claim: LoopClaim, variant: str = "correct", timeout_s: float = DEF
     refuted at the first part and block size where z3 finds a counterexample."""
     rules = LOOP_VARIANTS[variant]
     t0 = time.perf_counter()
-    for bs in block_sizes:
-        V = LoopVars(bs, rules)
-        for name, build in claim.parts:
-            premises, goal = build(V, rules)
-            premises = premises + claim_premises(claim, V)
-            for part in _conjuncts(goal):
-                r = _check(premises + [z3.Not(part)], timeout_s)
-                if r == "sat":
-                    return Result("refuted", time.perf_counter() - t0, f"{name}, block_size {bs}: {part}"[:300])
-                if r == "unknown":
-                    return Result("unknown", time.perf_counter() - t0,
-                                  f"z3 unknown ({unknown_detail(timeout_s)}) in {name}, block_size {bs}")
-    return Result("proved", time.perf_counter() - t0,
-                  f"{len(claim.parts)} parts x {len(block_sizes)} block sizes unsat")
 
+    def parts():
+        for bs in block_sizes:
+            V = LoopVars(bs, rules)
+            for name, build in claim.parts:
+                premises, goal = build(V, rules)
+                yield f"{name}, block_size {bs}", premises + claim_premises(claim, V), goal
 
-def _conjuncts(goal) -> list:
-    """A conjunction as its conjuncts, flattened (each is checked alone: the same
-    claim, and z3 decides the parts faster than the whole)."""
-    if z3.is_and(goal):
-        return [p for ch in goal.children() for p in _conjuncts(ch)]
-    return [goal]
+    status, where = prove_parts(parts(), timeout_s, _check)
+    return Result(status, time.perf_counter() - t0,
+                  where or f"{len(claim.parts)} parts x {len(block_sizes)} block sizes unsat")
 
 
 def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4) -> Result:
@@ -1348,11 +1337,17 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
                     xr + [V.x.g, V.x.ph > 0, V.dk == 1, V.bt <= V.inf]),
                    ("async: a waiting request's stale output delivered", xw + [V.stl > 0, V.bt > 0]),
                    ("async: an admission whose own batch is applied", xw + [V.wx.adm, V.bt == V.wx.n])]
-    for name, cons in checks:
-        r = check(cons, timeout_s, expect_sat=True)[0]
-        if r != "sat":
-            return Result("refuted" if r == "unsat" else "unknown", time.perf_counter() - t0,
-                          f"premises of {name!r} are {r}: the claim would be vacuous")
+    return vacuity_result(checks, timeout_s, t0)
+
+
+def vacuity_result(checks, timeout_s: float, t0: float) -> Result:
+    """proved when every (name, constraints) of `checks` is satisfiable; else which is
+    not (unsat: the claim would be vacuous)."""
+    bad = first_unsatisfiable(checks, timeout_s)
+    if bad is not None:
+        name, r = bad
+        return Result("refuted" if r == "unsat" else "unknown", time.perf_counter() - t0,
+                      f"premises of {name!r} are {r}: the claim would be vacuous")
     return Result("proved", time.perf_counter() - t0, f"{len(checks)} premise sets satisfiable")
 
 

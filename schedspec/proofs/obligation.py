@@ -25,8 +25,10 @@ from typing import Any, Callable, Literal
 #   "inductive"  - the state invariant is preserved by a transition (schedule+update, add_request, abort);
 #   "initial"    - the initial (empty) state satisfies the invariant;
 #   "theorem"    - a closed-form statement over unbounded integers (e.g. the starvation condition);
-#   "loop"       - a property for any number of requests, by loop invariants (proofs/loop_invariants.py).
-Kind = Literal["step", "inductive", "initial", "theorem", "loop"]
+#   "loop"       - a property for any number of requests, by loop invariants (proofs/loop_invariants.py);
+#   "pool"       - a prefix-caching property for any number of blocks and requests, by an
+#                  invariant of the pool operations (proofs/pool_invariants.py).
+Kind = Literal["step", "inductive", "initial", "theorem", "loop", "pool"]
 Status = Literal["proved", "refuted", "unknown"]
 
 

@@ -26,6 +26,7 @@ from schedspec.spec.properties import PROPERTIES
 
 from . import encoding, release
 from .loop_invariants import CLAIMS as LOOP_CLAIMS
+from .pool_invariants import CLAIMS as POOL_CLAIMS
 from .loop_invariants import FEATURE_ONLY as LOOP_FEATURE_ONLY
 from .obligation import Bound, Obligation, Result
 from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS, block_demand, capped_need, state_invariant
@@ -70,9 +71,11 @@ STEP_BAD_VARIANTS = {
 # (both flags off) does not model: no `step:` obligation.
 OUTSIDE_BOUNDED = {name: p.engine_flags for name, p in PROPERTIES.items() if p.engine_flags}
 # Of those, the ones no obligation encodes (the loop encoding has async scheduling,
-# structured output and LoRA, loop_invariants.ASYNC_ONLY / FEATURE_ONLY): `schedspec
-# prove` lists them as not encoded; the state machine, `check` and `diff` judge them.
-OUTSIDE_ENCODING = {name: flags for name, flags in OUTSIDE_BOUNDED.items() if name not in LOOP_CLAIMS}
+# speculative decoding, structured output and LoRA, loop_invariants.ASYNC_ONLY /
+# FEATURE_ONLY; the pool encoding prefix caching's three): `schedspec prove` lists
+# them as not encoded; the state machine, `check` and `diff` judge them.  None today.
+OUTSIDE_ENCODING = {name: flags for name, flags in OUTSIDE_BOUNDED.items()
+                    if name not in LOOP_CLAIMS and name not in POOL_CLAIMS}
 
 
 def outside_encoding() -> dict[str, tuple[str, ...]]:
@@ -366,6 +369,7 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
                            "the empty state satisfies the state invariant", "initial"))
     out += theorem_obligations()
     out += loop_obligations(timeout_s)
+    out += pool_obligations(timeout_s)
     return [for_release(o) for o in out]
 
 
@@ -388,6 +392,13 @@ def loop_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
     from . import loop_invariants
 
     return loop_invariants.obligations(timeout_s)
+
+
+def pool_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+    """proofs/pool_invariants.py's claims for any number of blocks and requests."""
+    from . import pool_invariants
+
+    return pool_invariants.obligations(timeout_s)
 
 
 def theorem_obligations() -> list[Obligation]:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from schedspec.spec import versions
 from schedspec.spec.versions import (DEFAULT_RELEASE, GATES, INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO,
-                                     PRIORITY_SELF_PREEMPTION_CONTINUES, RELEASES, checks, field_minimum, has)
+                                     PRIORITY_SELF_PREEMPTION_CONTINUES, RELEASES, UNHASHED_FREE_BLOCKS_FIRST, checks,
+                                     field_minimum, has)
 
 _release = [DEFAULT_RELEASE]
 
@@ -97,6 +98,9 @@ def restriction() -> str:
 SAME_AS_RULE_OF = {
     "threshold_with_one_eligible": LONG_PREFILL_THRESHOLD_NEEDS_TWO,  # encoding.py / variants.py
     "threshold_one_eligible": LONG_PREFILL_THRESHOLD_NEEDS_TWO,  # starvation.py
+    # pool_invariants.py: before the gate every freed block goes to the back, so
+    # where a freed hashed block goes changes nothing
+    "hashed_freed_to_front": UNHASHED_FREE_BLOCKS_FIRST,
 }
 
 

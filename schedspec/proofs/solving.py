@@ -107,3 +107,37 @@ def recheck(build: Callable[[], Any], timeout_ms: int) -> tuple[str, Any]:
         if r != z3.unknown:
             return str(r), solver
     return "unknown", solver
+
+
+def conjuncts(goal) -> list:
+    """A conjunction as its conjuncts, flattened: each is checked alone (the same
+    claim, and z3 decides the parts faster than the whole)."""
+    if z3.is_and(goal):
+        return [p for ch in goal.children() for p in conjuncts(ch)]
+    return [goal]
+
+
+def prove_parts(parts, timeout_s: float, check_call=None) -> tuple[str, str]:
+    """Each (label, premises, goal) of `parts`, conjunct by conjunct: ("proved", "")
+    when every premises ∧ ¬conjunct is unsat, else the status ("refuted": z3 found a
+    counterexample; "unknown") and where, at the first conjunct that is not.
+    `check_call(constraints, timeout_s)` gives the status (default: `check`)."""
+    run = check_call or (lambda cons, t: check(cons, t)[0])
+    for label, premises, goal in parts:
+        for part in conjuncts(goal):
+            r = run(premises + [z3.Not(part)], timeout_s)
+            if r == "sat":
+                return "refuted", f"{label}: {part}"[:300]
+            if r == "unknown":
+                return "unknown", f"z3 unknown ({unknown_detail(timeout_s)}) in {label}"
+    return "proved", ""
+
+
+def first_unsatisfiable(checks, timeout_s: float) -> tuple[str, str] | None:
+    """The first (name, status) of `checks`, (name, constraints) pairs, whose
+    constraints z3 does not find satisfiable (a vacuity check), or None."""
+    for name, cons in checks:
+        r = check(cons, timeout_s, expect_sat=True)[0]
+        if r != "sat":
+            return name, r
+    return None
