@@ -683,6 +683,44 @@ def test_plain_for_failures_gives_the_full_runs_verdict(tmp_path, fake_sdist, mo
                           show_progress=False)
 
 
+def test_a_failure_on_a_missing_package_before_any_call_is_not_rerun():
+    """`--plain-for failures` infers the plain outcome of a test that failed on a
+    package this machine lacks before any scheduler call (the monitor acts only
+    through those calls), with the failure's message and modules; a failure on a
+    missing package after a call, one with a monitor error, and a plain failure
+    without a missing package are rerun."""
+    def calls(n):
+        return {name: {"total": n if name == "schedule" else 0, "checked": n}
+                for name in ("schedule", "update_from_output", "add_request", "finish_requests")}
+
+    def entry(outcome, n=0, missing=("mistral_common",), errors=()):
+        e = {"outcome": outcome, "message": "ValidationError: mm model failed to be inspected",
+             "stats": {"calls": calls(n), "outside_scope": {}, "divergences": [], "monitor_errors": list(errors)}}
+        if missing:
+            e["missing_modules"] = list(missing)
+        return e
+
+    shadow = {"tests": {"f.py::a_missing": entry("failed"), "f.py::b_missing_setup": entry("error"),
+                        "f.py::c_missing_after_call": entry("failed", n=1),
+                        "f.py::d_monitor_error": entry("failed", errors=[{"call": "end", "error": "x"}]),
+                        "f.py::e_plain_failure": entry("failed", missing=()),
+                        "f.py::f_passed": entry("passed", missing=()),
+                        "f.py::g_no_stats": {**entry("failed"), "stats": None}}}
+    rerun = pt.needs_plain_run(shadow)
+    assert rerun == ["f.py::c_missing_after_call", "f.py::d_monitor_error", "f.py::e_plain_failure",
+                     "f.py::g_no_stats"]
+    plain = {"tests": {nodeid: {"outcome": "failed", "message": "plain"} for nodeid in rerun}}
+    merged = pt.plain_report_where_needed(shadow, plain)["tests"]
+    assert merged["f.py::a_missing"] == {"outcome": "failed", "inferred": True, "missing_modules": ["mistral_common"],
+                                         "message": "ValidationError: mm model failed to be inspected"}
+    assert merged["f.py::b_missing_setup"]["outcome"] == "error" and merged["f.py::b_missing_setup"]["inferred"]
+    assert merged["f.py::f_passed"] == {"outcome": "passed", "inferred": True}
+    assert all(merged[nodeid] == {"outcome": "failed", "message": "plain"} for nodeid in rerun)
+    # In the table the inferred failure is a plain failure with its cause, not a spec failure.
+    table = pt.build_table(pt.plain_report_where_needed(shadow, plain), shadow)
+    assert {f["test"]: f["missing_modules"] for f in table["plain_failures"]}["f.py::a_missing"] == ["mistral_common"]
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -87,7 +87,8 @@ def cmd_peer_tests(args) -> int:
     if run.get("default_files_absent"):
         print(f"default files vLLM {version} does not have: {', '.join(run['default_files_absent'])}")
     if run.get("plain_for") == "failures" and not args.plain:
-        print(f"plain run: only the tests that failed or diverged under the monitor; the plain outcome of "
+        print(f"plain run: only the tests that failed or diverged under the monitor (not those that failed on "
+              f"a missing package before any scheduler call); the plain outcome of "
               f"{run.get('plain_inferred', 0)} others is their shadowed one (--plain-for failures)")
     print(f"pytest: {times}; output in {shown(run.get('run_dir', '?'), 300)}")
     if json_out is not None:
@@ -119,7 +120,8 @@ def register(subparsers) -> None:
                    help="all (default): every test also runs plain; failures: only the tests that fail or "
                         "diverge under the monitor run plain again (the same verdict, about half the time: a "
                         "monitor that only observes cannot make a failing test pass, so the plain outcome of "
-                        "the others is taken from the shadowed run)")
+                        "the others is taken from the shadowed run; nor make one fail on a package this "
+                        "machine lacks before any scheduler call, so such a failure is taken too)")
     p.add_argument("--version", default=VLLM_VERSION, metavar="X",
                    help=f"the vLLM release whose tests run, on its own interpreter (`schedspec install-vllm "
                         f"--version X`), against the spec gated to X: {', '.join(RELEASES)} "
