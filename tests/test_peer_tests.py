@@ -686,15 +686,16 @@ def test_plain_for_failures_gives_the_full_runs_verdict(tmp_path, fake_sdist, mo
 def test_a_failure_on_a_missing_package_before_any_call_is_not_rerun():
     """`--plain-for failures` infers the plain outcome of a test that failed on a
     package this machine lacks before any scheduler call (the monitor acts only
-    through those calls), with the failure's message and modules; a failure on a
-    missing package after a call, one with a monitor error, and a plain failure
-    without a missing package are rerun."""
+    through those calls), with the failure's message and modules, also where the
+    output names no module but the failure's first line is one that did (vLLM
+    logs a failed model inspection once); a failure on a missing package after a
+    call, one with a monitor error, and another failure are rerun."""
     def calls(n):
         return {name: {"total": n if name == "schedule" else 0, "checked": n}
                 for name in ("schedule", "update_from_output", "add_request", "finish_requests")}
 
-    def entry(outcome, n=0, missing=("mistral_common",), errors=()):
-        e = {"outcome": outcome, "message": "ValidationError: mm model failed to be inspected",
+    def entry(outcome, n=0, missing=("mistral_common",), errors=(), message="ValidationError: mm model failed"):
+        e = {"outcome": outcome, "message": message,
              "stats": {"calls": calls(n), "outside_scope": {}, "divergences": [], "monitor_errors": list(errors)}}
         if missing:
             e["missing_modules"] = list(missing)
@@ -703,7 +704,8 @@ def test_a_failure_on_a_missing_package_before_any_call_is_not_rerun():
     shadow = {"tests": {"f.py::a_missing": entry("failed"), "f.py::b_missing_setup": entry("error"),
                         "f.py::c_missing_after_call": entry("failed", n=1),
                         "f.py::d_monitor_error": entry("failed", errors=[{"call": "end", "error": "x"}]),
-                        "f.py::e_plain_failure": entry("failed", missing=()),
+                        "f.py::e_plain_failure": entry("failed", missing=(), message="AssertionError: 1 == 2"),
+                        "f.py::h_same_message": entry("failed", missing=()),
                         "f.py::f_passed": entry("passed", missing=()),
                         "f.py::g_no_stats": {**entry("failed"), "stats": None}}}
     rerun = pt.needs_plain_run(shadow)
@@ -712,7 +714,8 @@ def test_a_failure_on_a_missing_package_before_any_call_is_not_rerun():
     plain = {"tests": {nodeid: {"outcome": "failed", "message": "plain"} for nodeid in rerun}}
     merged = pt.plain_report_where_needed(shadow, plain)["tests"]
     assert merged["f.py::a_missing"] == {"outcome": "failed", "inferred": True, "missing_modules": ["mistral_common"],
-                                         "message": "ValidationError: mm model failed to be inspected"}
+                                         "message": "ValidationError: mm model failed"}
+    assert merged["f.py::h_same_message"] == merged["f.py::a_missing"]
     assert merged["f.py::b_missing_setup"]["outcome"] == "error" and merged["f.py::b_missing_setup"]["inferred"]
     assert merged["f.py::f_passed"] == {"outcome": "passed", "inferred": True}
     assert all(merged[nodeid] == {"outcome": "failed", "message": "plain"} for nodeid in rerun)

@@ -1219,16 +1219,13 @@ def merge_runs(mode: str, runs: Sequence[PytestRun]) -> PytestRun:
     return PytestRun(mode, code, report, runs[0].log, max(r.seconds for r in runs))
 
 
-def failed_on_a_missing_package(entry: Any) -> bool:
-    """A shadowed test that failed on a package this machine lacks (its output
-    names a module not installed) before making any scheduler call, with nothing
-    from the monitor (no divergence, no monitor error).  The monitor acts only
-    through the scheduler's methods, so such a test fails the same way plain:
-    `--plain-for failures` infers that outcome instead of running it again."""
+def _untouched_failure(entry: Any) -> bool:
+    """A shadowed test that failed before any scheduler call, with nothing from
+    the monitor (no divergence, no monitor error)."""
     if not isinstance(entry, Mapping) or entry.get("outcome") not in ("failed", "error"):
         return False
     stats = entry.get("stats")
-    if not entry.get("missing_modules") or not isinstance(stats, Mapping):
+    if not isinstance(stats, Mapping):
         return False
     calls = stats.get("calls")
     if not isinstance(calls, Mapping) or any(not isinstance(c, Mapping) or c.get("total") != 0
@@ -1237,18 +1234,40 @@ def failed_on_a_missing_package(entry: Any) -> bool:
     return not stats.get("divergences") and not stats.get("monitor_errors")
 
 
+def missing_package_failures(shadow: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """node id -> missing modules, for the shadowed tests that failed on a package
+    this machine lacks before any scheduler call: those whose output names a
+    module not installed, and those failing the same way (the same first line)
+    without saying it again (vLLM remembers a model it failed to inspect and
+    logs the cause once).  The monitor acts only through the scheduler's
+    methods, so such a test fails the same way plain: `--plain-for failures`
+    infers that outcome instead of running it again."""
+    tests = (shadow or {}).get("tests") or {}
+    untouched = {nodeid: entry for nodeid, entry in tests.items() if _untouched_failure(entry)}
+    causes: dict[str, set[str]] = {}
+    for entry in untouched.values():
+        if entry.get("missing_modules"):
+            causes.setdefault(_first_line(entry.get("message")), set()).update(entry["missing_modules"])
+    out = {}
+    for nodeid, entry in untouched.items():
+        modules = set(entry.get("missing_modules") or ()) | causes.get(_first_line(entry.get("message")), set())
+        if modules:
+            out[nodeid] = sorted(modules)
+    return out
+
+
 def needs_plain_run(shadow: Mapping[str, Any] | None) -> list[str]:
     """The node ids of a shadowed run whose verdict needs the plain outcome: the
     tests that did not pass or skip under the monitor (did they fail plain too?),
     except those that failed on a missing package before any scheduler call
-    (failed_on_a_missing_package), and those with a divergence (does it count?),
+    (missing_package_failures), and those with a divergence (does it count?),
     in order."""
     out = []
+    inferred = missing_package_failures(shadow)
     for nodeid, entry in sorted(((shadow or {}).get("tests") or {}).items()):
         stats = entry.get("stats") if isinstance(entry, Mapping) else None
         diverged = isinstance(stats, Mapping) and bool(stats.get("divergences"))
-        if diverged or (_outcome(shadow, nodeid) not in ("passed", "skipped")
-                        and not failed_on_a_missing_package(entry)):
+        if diverged or (_outcome(shadow, nodeid) not in ("passed", "skipped") and nodeid not in inferred):
             out.append(nodeid)
     return out
 
@@ -1259,17 +1278,18 @@ def plain_report_where_needed(shadow: Mapping[str, Any] | None, plain: Mapping[s
     `inferred`: for those that passed or skipped under the monitor with no
     divergence (a monitor that only observes cannot make a failing test pass),
     and for those that failed on a missing package before any scheduler call
-    (failed_on_a_missing_package), with the shadowed failure's message and
+    (missing_package_failures), with the shadowed failure's message and the
     missing modules.  A rerun test that was not reported plain (deselected, not
     collected) stays absent, so the table shows it and does not count it as
     passing."""
     tests: dict[str, Any] = {}
     rerun = set(needs_plain_run(shadow))
+    missing = missing_package_failures(shadow)
     for nodeid, entry in ((shadow or {}).get("tests") or {}).items():
         if nodeid not in rerun:
             tests[nodeid] = {"outcome": _outcome(shadow, nodeid), "inferred": True}
-            if failed_on_a_missing_package(entry):
-                tests[nodeid].update(message=entry.get("message"), missing_modules=list(entry["missing_modules"]))
+            if nodeid in missing:
+                tests[nodeid].update(message=entry.get("message"), missing_modules=missing[nodeid])
     tests.update(((plain or {}).get("tests") or {}))
     return {**(plain or {}), "tests": tests}
 
