@@ -156,14 +156,19 @@ def test_spec_contracts_hold_under_crosshair(tmp_path):
         assert not any(st.startswith("Unable to meet precondition") for st in statuses[fn]), (fn, statuses[fn])
 
 
+# function -> (file, old, new, CrossHair's seconds per condition).
 PLANTED = {
     # allocate_slots hands out one block more than is free: the search must build a
     # request, a config and a pool that meet its preconditions (about 140 s in CI).
+    # 30 s per condition: with the wave-2 Request fields, 4 s met allocate_slots'
+    # precondition in 1 run of 6 here; 12 s found the bug in 10 of 10, until a day
+    # the machine ran about 3x slower, when 12 s failed 3 runs of 3 (the code
+    # unchanged) and 30 s found it in 3 of 3 (about 80 s a run).
     "allocate_slots": ("kv_cache.py", "new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
-                       "new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks + 1"),
+                       "new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks + 1", "30"),
     # add_request keeps only the queue's head, wrong once a request already waits:
     # the search must build a state with a waiting request (about 10 s).
-    "add_request": ("scheduler.py", "tuple(waiting)", "tuple(waiting)[:1]"),
+    "add_request": ("scheduler.py", "tuple(waiting)", "tuple(waiting)[:1]", PER_CONDITION_TIMEOUT),
 }
 # The suite's CrossHair runs; the others are scripts/long-tests.sh's.
 QUICK = {"add_request"}
@@ -172,14 +177,9 @@ QUICK = {"add_request"}
 @pytest.mark.parametrize("fn", [fn if fn in QUICK else pytest.param(fn, marks=pytest.mark.long)
                                 for fn in sorted(PLANTED)])
 def test_crosshair_catches_a_planted_bug(fn, tmp_path):
-    file, old, new = PLANTED[fn]
+    file, old, new, timeout = PLANTED[fn]
     bounded_copy(tmp_path, "brokenspec", (file, fn, old, new))
-    # 30 s per condition: with the wave-2 Request fields, 4 s met allocate_slots'
-    # precondition in 1 run of 6 here; 12 s found the bug in 10 of 10, until a day
-    # the machine ran about 3x slower, when 12 s failed 3 runs of 3 (the code
-    # unchanged) and 30 s found it in 3 of 3 (about 80 s a run).
-    rc, lines = crosshair([f"brokenspec.spec.{file[:-3]}.{fn}"], tmp_path,
-                          timeout="30" if fn == "allocate_slots" else PER_CONDITION_TIMEOUT)
+    rc, lines = crosshair([f"brokenspec.spec.{file[:-3]}.{fn}"], tmp_path, timeout=timeout)
     errors = [ln for ln in lines if ": error:" in ln]
     assert rc == 1 and errors, "\n".join(lines)
     assert all(f"calling {fn}(" in e for e in errors), errors
