@@ -4,7 +4,9 @@ Prefix-caching scenarios of the campaign generator run on the spec with every
 call of `PoolWork` recorded: `add_hits`, `allocate_new_blocks`, `cache_blocks`
 and `free`, with the pool before and after.  Each call is cut into the
 encodings' one-block operations (a touch per hit, a pop per new block, a cache
-per newly hashed index, a release per block, tail first); the encodings are
+per full block without a hash, a release per block, tail first), by what the
+call was asked to do and the pool before it, never by the spec's answer; the
+encodings are
 evaluated on the abstraction of the pool before the call, one operation after
 the other, and after the last one every tracked block's fields and the
 aggregates must be the abstraction of the spec's pool after the call.  Before
@@ -12,14 +14,15 @@ each operation its premises (the head is popped, a hit is cached under the
 request's hash at its index, ...), the invariant and the frame must evaluate to
 true: what the proofs assume of an operation is true of the spec's.  Every pool
 of the corpus must also satisfy the abstraction's own facts: the hash map is
-exactly the blocks' hashes, each free block is once in the queue.  Mutants of
-the encodings (POOL_VARIANTS that change an effect) must make the comparison
-fail.
+exactly the blocks' hashes, each free block is once in the queue.  Each
+lookup's hit count must be the encoding's `lookup_length`.  Mutants of the
+encodings (POOL_VARIANTS that change an effect) must make the comparison fail.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import weakref
 from dataclasses import fields
@@ -36,7 +39,9 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.spec.block_pool import PoolWork
 from schedspec.spec.versions import DEFAULT_RELEASE
 
-SCENARIOS = 20
+# The generator's seeds 7000 + i: the first 20, and 7024, where a preempted request
+# resumes without a hit (its num_cached_block must start again from 0).
+SEEDS = tuple(range(20)) + (24,)
 
 
 # --- recording the spec's pool calls --------------------------------------------------------------
@@ -60,6 +65,8 @@ class Recorder:
         # per PoolWork (one scheduler call): the hashes cached at its start and hashed since
         self.available: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.lookup: list = []
+        self.lookups: list[dict] = []  # every lookup: the cached run, its arguments, how many hits
+        self.scenario = 0
 
     def _avail(self, w):
         if w not in self.available:
@@ -73,7 +80,10 @@ class Recorder:
 
         def get_computed_blocks(self, block_hashes, num_tokens, block_size):
             rec.lookup = list(block_hashes)
-            return orig["get_computed_blocks"](self, block_hashes, num_tokens, block_size)
+            hits = orig["get_computed_blocks"](self, block_hashes, num_tokens, block_size)
+            run = next((i for i, h in enumerate(block_hashes) if not self.cached.get(h)), len(block_hashes))
+            rec.lookups.append({"run": run, "num_tokens": num_tokens, "block_size": block_size, "hits": len(hits)})
+            return hits
 
         def wrap(name):
             def call(self, rid, *args):
@@ -88,7 +98,7 @@ class Recorder:
                 if name == "cache_blocks":
                     rec._avail(self).update(after["hash"].values())
                 rec.calls.append({"name": name, "rid": rid, "args": args, "before": before, "after": after,
-                                  "available": avail, "known": dict(rec.known)})
+                                  "available": avail, "known": dict(rec.known), "scenario": rec.scenario})
                 return out
             return call
 
@@ -97,29 +107,49 @@ class Recorder:
             monkeypatch.setattr(PoolWork, n, wrap(n))
 
 
+# The recorded calls are the spec's own outputs, so they are kept per mutant under
+# test: mutmut runs the clean tests in its main process and forks each mutant's
+# run from it, and a record of the unmutated spec's calls, inherited, would let
+# every mutant of block_pool.py pass the comparison unseen.
 _CALLS: dict = {}
 
 
 def recorded_calls(vllm_release: str = DEFAULT_RELEASE) -> list[dict]:
-    """The pool calls of SCENARIOS prefix-caching scenarios of a release (drawn once, kept)."""
-    if vllm_release not in _CALLS:
-        calls = _CALLS[vllm_release] = []
+    """The pool calls of the SEEDS' prefix-caching scenarios of a release (drawn once
+    per release and mutant under test, kept)."""
+    key = (vllm_release, os.environ.get("MUTANT_UNDER_TEST", ""))
+    if key not in _CALLS:
+        calls = _CALLS[key] = []
         mp = pytest.MonkeyPatch()
         rec = Recorder()
         rec.install(mp)
         try:
-            for i in range(SCENARIOS):
+            for i in SEEDS:
                 sc = generate_scenario(random.Random(7000 + i), i, flags=((True, False), (True, True)),
                                        release=vllm_release)
                 sc = dataclasses.replace(sc, config={**sc.config, "vllm_version": vllm_release})
                 if sc.scheduler_config().num_gpu_blocks > 200:
                     continue  # small pools: evictions, and few blocks to evaluate
                 rec.known.clear()  # request ids repeat from scenario to scenario
+                rec.scenario = i
                 run_scenario(sc, SpecScheduler())
         finally:
             mp.undo()
         calls.extend(rec.calls)
-    return _CALLS[vllm_release]
+        _LOOKUPS[key] = rec.lookups
+    return _CALLS[key]
+
+
+# The lookups of the same scenarios, by the same key.  They are checked in the
+# test that records them: mutmut runs, for a mutant, only the tests that reached
+# its function in its stats run, and a test that read another test's record
+# reached none.
+_LOOKUPS: dict = {}
+
+
+def recorded_lookups(vllm_release: str = DEFAULT_RELEASE) -> list[dict]:
+    recorded_calls(vllm_release)
+    return _LOOKUPS[(vllm_release, os.environ.get("MUTANT_UNDER_TEST", ""))]
 
 
 # --- the abstraction ------------------------------------------------------------------------------
@@ -233,9 +263,13 @@ def operations(call: dict, ids: Ids) -> list[tuple[str, int, int]]:
         new = a["lists"].get(rid, ())[start:]
         return [("pop", blk, chain_id(ids, known, rid, start + i)) for i, blk in enumerate(new)]
     if call["name"] == "cache_blocks":
-        # the indices cache_blocks visits: from what was cached to the full blocks
+        # every full block of the request, by the call's arguments, that has no hash
+        # yet: cut from what the call is asked to do and the pool before it, never
+        # from what the spec did (its num_cached_block after the call)
+        block_hashes, num_tokens, block_size = call["args"]
+        num_full = min(num_tokens, len(block_hashes) * block_size) // block_size
         blocks = b["lists"].get(rid, ())
-        return [("cache", blk, 0) for blk in blocks[b["ncached"].get(rid, 0):a["ncached"].get(rid, 0)]]
+        return [("cache", blk, 0) for blk in blocks[:num_full] if blk not in b["hash"]]
     if call["name"] == "free":
         return [("release", blk, 0) for blk in reversed(b["lists"].get(rid, ()))]
     raise AssertionError(call["name"])
@@ -302,6 +336,24 @@ def compare_call(call: dict, variant: str = "correct", ids: Ids | None = None, s
     return bad
 
 
+def resumptions_without_a_hit(calls: list[dict]) -> int:
+    """New blocks for a request that holds none, after a free of it with cached
+    blocks, in the same scenario and with no hit between: a resumption that must
+    hash its blocks from index 0 again."""
+    freed: set = set()
+    count = 0
+    for c in calls:
+        key = (c["scenario"], c["rid"])
+        if c["name"] == "free" and c["before"]["ncached"].get(c["rid"], 0) > 0:
+            freed.add(key)
+        elif c["name"] == "add_hits":
+            freed.discard(key)
+        elif c["name"] == "allocate_new_blocks" and key in freed and not c["before"]["lists"].get(c["rid"]):
+            freed.discard(key)
+            count += 1
+    return count
+
+
 def test_pool_operations_agree_with_spec():
     stats: dict = {}
     calls = recorded_calls()
@@ -310,11 +362,34 @@ def test_pool_operations_agree_with_spec():
     for turn, call in enumerate(calls):
         found += compare_call(call, ids=ids, stats=stats, turn=turn)
         assert not found, found[:3]
+    stats["resumption without a hit"] = resumptions_without_a_hit(calls)
+    check_lookup_lengths(recorded_lookups())
     # Every kind of operation the claims are about happened on the spec.
     for key, least in (("touch of a free block", 20), ("touch of a held block", 20), ("pop from part 1", 20),
                        ("pop from part 2", 20), ("pop from part 3", 20), ("cache", 100), ("release freeing it", 100),
-                       ("release leaving it held", 20)):
+                       ("release leaving it held", 20), ("resumption without a hit", 1)):
         assert stats.get(key, 0) >= least, (key, stats)
+
+
+def check_lookup_lengths(lookups: list[dict]) -> None:
+    """The hit count `lemma_hit_length` assumes (the cached run from the start,
+    capped to leave a token) is the spec's on every lookup of the corpus, among
+    them lookups where the cap binds and where an uncached hash ends the run, at
+    num_tokens a multiple of block_size and one past it."""
+    run, nt, bs = z3.Ints("run nt bs")
+    term = PI.lookup_length(run, nt, bs)
+    seen = {"an uncached hash ends it": 0, "the cap binds at num_tokens = k * block_size": 0,
+            "the cap binds at num_tokens = k * block_size + 1": 0}
+    for lk in lookups:
+        want = z3.substitute(term, (run, z3.IntVal(lk["run"])), (nt, z3.IntVal(lk["num_tokens"])),
+                             (bs, z3.IntVal(lk["block_size"])))
+        assert z3.simplify(want).as_long() == lk["hits"], lk
+        cap, rest = divmod(lk["num_tokens"] - 1, lk["block_size"])
+        if 0 < lk["run"] < cap:
+            seen["an uncached hash ends it"] += 1
+        elif lk["run"] >= cap > 0 and rest in (lk["block_size"] - 1, 0):
+            seen[f"the cap binds at num_tokens = k * block_size{' + 1' if rest == 0 else ''}"] += 1
+    assert all(n > 0 for n in seen.values()), seen
 
 
 def test_pool_operations_agree_with_spec_0_20():
@@ -327,6 +402,7 @@ def test_pool_operations_agree_with_spec_0_20():
         for turn, call in enumerate(recorded_calls("0.20.0")):
             found = compare_call(call, ids=ids, stats=stats, turn=turn)
             assert not found, found[:3]
+        check_lookup_lengths(recorded_lookups("0.20.0"))
     finally:
         release.set_release(DEFAULT_RELEASE)
     assert stats.get("release freeing it", 0) >= 100 and stats.get("pop from part 3", 0) >= 20, stats
@@ -372,3 +448,13 @@ def test_pool_obligations_prove_and_refute_their_variants(vllm_release):
             (vllm_release != "0.20.0")
     finally:
         release.set_release(DEFAULT_RELEASE)
+
+
+def test_the_recorded_calls_are_drawn_again_for_each_mutant(monkeypatch):
+    """Under mutmut each mutant runs in a process forked after the clean run:
+    the calls recorded there are the unmutated spec's, and must not be reused."""
+    clean = recorded_calls()
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "schedspec.spec.block_pool.not_a_mutant")
+    assert recorded_calls() is not clean
+    monkeypatch.delenv("MUTANT_UNDER_TEST")
+    assert recorded_calls() is clean

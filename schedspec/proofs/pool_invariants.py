@@ -321,11 +321,19 @@ def iter_hit_available(V: PoolVars, R: PoolRules):
     return _pre(V) + frame + pre, facts["av"]
 
 
+def lookup_length(run, num_tokens, block_size):
+    """How many hits the lookup returns: the request's cached hashes from the start
+    (`run` of them before the first uncached one), over at most (num_tokens - 1)
+    // block_size blocks, so that a token is left to compute (K:295-307,
+    T:792-800).  The agreement test evaluates it on every lookup of the spec."""
+    cap = (num_tokens - 1) / block_size
+    return z3.If(run < cap, run, cap)
+
+
 def lemma_hit_length(V: PoolVars, R: PoolRules):
-    """... and k hit blocks, k <= (num_tokens - 1) // block_size (the lookup's
-    bound, T:792-800), are whole blocks leaving a token to compute."""
-    k, nt, bs = z3.Ints("P.k P.nt P.bs")
-    return [bs >= 1, nt >= 1, k >= 0, k <= (nt - 1) / bs], z3.And(k * bs <= nt - 1, k * bs >= 0)
+    """... and the lookup's k hit blocks are whole blocks leaving a token to compute."""
+    k, run, nt, bs = z3.Ints("P.k P.run P.nt P.bs")
+    return [bs >= 1, nt >= 1, run >= 0, k == lookup_length(run, nt, bs)], z3.And(k * bs <= nt - 1, k * bs >= 0)
 
 
 @dataclass(frozen=True)

@@ -153,8 +153,8 @@ class PoolWork:
         blocks = self.req_to_blocks[request_id]
         for i in range(num_cached, num_full):
             b, h = blocks[i], block_hashes[i]
-            if self.block_hash.get(b) == h or b in self.cached.get(h, ()):
-                continue
+            # No hash yet: pops evict, hits lie below num_cached (vLLM re-hashes partial blocks only, P:290-296).
+            assert b not in self.block_hash, (request_id, i, b)
             self.block_hash[b] = h
             self.cached[h] = self.cached.get(h, ()) + (b,)
         self.num_cached_block[request_id] = num_full
