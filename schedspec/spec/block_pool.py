@@ -153,7 +153,7 @@ class PoolWork:
         blocks = self.req_to_blocks[request_id]
         for i in range(num_cached, num_full):
             b, h = blocks[i], block_hashes[i]
-            # No hash yet: pops evict, hits lie below num_cached (vLLM re-hashes partial blocks only, P:290-296).
+            # No hash yet: pops evict, hits lie below num_cached; vLLM asserts it too, bar partial blocks (P:290-296).
             assert b not in self.block_hash, (request_id, i, b)
             self.block_hash[b] = h
             self.cached[h] = self.cached.get(h, ()) + (b,)
