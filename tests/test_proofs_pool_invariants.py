@@ -107,19 +107,20 @@ class Recorder:
             monkeypatch.setattr(PoolWork, n, wrap(n))
 
 
-# The recorded calls are the spec's own outputs, so they are kept per mutant under
-# test: mutmut runs the clean tests in its main process and forks each mutant's
-# run from it, and a record of the unmutated spec's calls, inherited, would let
-# every mutant of block_pool.py pass the comparison unseen.
-_CALLS: dict = {}
+# The records are the spec's own outputs, so they are kept per mutant under test:
+# mutmut runs the clean tests in its main process and forks each mutant's run from
+# it, and a record of the unmutated spec's calls, inherited, would let every mutant
+# of block_pool.py pass the comparison unseen.  The lookups are checked in the test
+# that records them: mutmut runs, for a mutant, only the tests that reached its
+# function in its stats run, and a test that read another test's record reached none.
+_RECORDS: dict = {}
 
 
-def recorded_calls(vllm_release: str = DEFAULT_RELEASE) -> list[dict]:
-    """The pool calls of the SEEDS' prefix-caching scenarios of a release (drawn once
-    per release and mutant under test, kept)."""
+def record(vllm_release: str = DEFAULT_RELEASE) -> tuple[list[dict], list[dict]]:
+    """The pool calls and the lookups of the SEEDS' prefix-caching scenarios of a
+    release (drawn once per release and mutant under test, kept)."""
     key = (vllm_release, os.environ.get("MUTANT_UNDER_TEST", ""))
-    if key not in _CALLS:
-        calls = _CALLS[key] = []
+    if key not in _RECORDS:
         mp = pytest.MonkeyPatch()
         rec = Recorder()
         rec.install(mp)
@@ -135,21 +136,16 @@ def recorded_calls(vllm_release: str = DEFAULT_RELEASE) -> list[dict]:
                 run_scenario(sc, SpecScheduler())
         finally:
             mp.undo()
-        calls.extend(rec.calls)
-        _LOOKUPS[key] = rec.lookups
-    return _CALLS[key]
+        _RECORDS[key] = (rec.calls, rec.lookups)
+    return _RECORDS[key]
 
 
-# The lookups of the same scenarios, by the same key.  They are checked in the
-# test that records them: mutmut runs, for a mutant, only the tests that reached
-# its function in its stats run, and a test that read another test's record
-# reached none.
-_LOOKUPS: dict = {}
+def recorded_calls(vllm_release: str = DEFAULT_RELEASE) -> list[dict]:
+    return record(vllm_release)[0]
 
 
 def recorded_lookups(vllm_release: str = DEFAULT_RELEASE) -> list[dict]:
-    recorded_calls(vllm_release)
-    return _LOOKUPS[(vllm_release, os.environ.get("MUTANT_UNDER_TEST", ""))]
+    return record(vllm_release)[1]
 
 
 # --- the abstraction ------------------------------------------------------------------------------
