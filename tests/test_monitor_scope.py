@@ -318,16 +318,21 @@ def test_prompt_logprobs_read_no_cached_prefix_and_are_compared(monitor):
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no_caching", "caching"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_pause_states_are_compared(monitor, async_scheduling):
+def test_pause_states_are_compared(monitor, async_scheduling, prefix_caching):
     """set_pause_state (S:3073): PAUSED_NEW runs what is running and admits no
     waiting request; PAUSED_ALL schedules nothing (S:723-725, 1050, 1066).
-    Every call is compared, and unpausing admits the waiting request."""
-    s = build_scheduler(async_scheduling=async_scheduling)
-    s.add_request(request("a", 20, max_tokens=30, sampling={"ignore_eos": True}))
+    Every call is compared, and unpausing admits the waiting request.  With
+    prefix caching the comparison renames the spec's new block hashes to vLLM's
+    (check.py `renamed`), which until 2026-12-04 rebuilt the state without its
+    pause state (and cadence): a paused call that completed a block diverged.  a's
+    30-token prompt fills its second 16-token block in the first paused step."""
+    s = build_scheduler(async_scheduling=async_scheduling, prefix_caching=prefix_caching)
+    s.add_request(request("a", 30, max_tokens=30, sampling={"ignore_eos": True}, sched=s))
     step(s)
     s.set_pause_state(PauseState.PAUSED_NEW)
-    s.add_request(request("b", 20, max_tokens=4))
+    s.add_request(request("b", 20, max_tokens=4, sched=s))
     out = step(s)
     assert "b" not in out.num_scheduled_tokens and out.num_scheduled_tokens
     s.set_pause_state(PauseState.PAUSED_ALL)
@@ -447,7 +452,10 @@ def _(mon, tmp_path, monkeypatch):
 @case("PREFILL_THROTTLING", "throttle_argument")
 def _(mon, tmp_path, monkeypatch):
     # EngineCore passes _should_throttle_prefills() (core.py:676), True on a DP
-    # engine's off-cadence steps; positional and keyword both.
+    # engine's off-cadence steps; positional and keyword both.  The spec models
+    # throttling for 0.33.0 only (spec/prefill_throttle.py): outside scope on an
+    # older release, which this process is made to read as.
+    monkeypatch.setattr(scope, "newest_rules", lambda: False)
     s = build_scheduler()
     s.add_request(request("a", 20, max_tokens=8))
     step(s)
@@ -461,6 +469,7 @@ def _(mon, tmp_path, monkeypatch):
 
 @case("PREFILL_THROTTLING", "prefill_schedule_interval")
 def _(mon, tmp_path, monkeypatch):
+    monkeypatch.setattr(scope, "newest_rules", lambda: False)  # as above
     s = build_scheduler(scheduler={"prefill_schedule_interval": 2})
     assert s.local_prefill_interval == 2
     return watch(mon, add_and_step(s, request("a", 20)))
@@ -841,6 +850,57 @@ def test_lora_is_in_scope(monitor):
     out = s.schedule()
     assert set(out.num_scheduled_tokens) == {"a", "c"}
     s.update_from_output(out, runner_output(out, {"a": [100], "c": [100]}))
+    run_to_completion(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_data_parallel_prefill_throttling_is_in_scope(monitor, async_scheduling):
+    """0.33.0's throttle_prefills (spec/prefill_throttle.py): an off-cadence step
+    defers a waiting prefill and a running prefill chunk while a decode runs
+    (S:750-752, 822, 1290); a step that cannot admit everything waiting marks the
+    engine capacity-bound, and the next throttled step admits (S:1612-1616).
+    Every call is compared, the cadence's state included."""
+    s = build_scheduler(async_scheduling=async_scheduling, max_num_batched_tokens=64)
+    s.add_request(request("d", 10, max_tokens=40, sampling={"ignore_eos": True}))
+    step(s)
+    s.add_request(request("c", 100, max_tokens=4))
+    out = s.schedule(throttle_prefills=False)  # release step: c gets a first chunk
+    assert "c" in out.num_scheduled_tokens and s.requests["c"].is_prefill_chunk
+    s.update_from_output(out, runner_output(out, sampled_for(s, out)))
+    s.add_request(request("w", 20, max_tokens=4))
+    out = s.schedule(True)  # held: d decodes alone, c's chunk and w wait
+    assert set(out.num_scheduled_tokens) == {"d"}, out.num_scheduled_tokens
+    s.update_from_output(out, runner_output(out, sampled_for(s, out)))
+    for rid in "xyz":
+        s.add_request(request(rid, 60, max_tokens=4))
+    out = s.schedule()  # release: the budget runs out with requests waiting
+    assert s.prefill_capacity_bound
+    s.update_from_output(out, runner_output(out, sampled_for(s, out)))
+    out = s.schedule(throttle_prefills=True)  # capacity-bound: throttling backs off
+    assert len(out.num_scheduled_tokens) > 1
+    run_to_completion(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no_caching", "caching"])
+def test_local_prefill_interval_is_in_scope(monitor, prefix_caching):
+    """prefill_schedule_interval 3 on an engine without data parallelism (S:404-408,
+    780-791): prefill is held until 3 executed steps have passed since the last
+    step that carried one; a full prefix hit (one token left) is not held.
+    Every call is compared, the cadence's state included."""
+    s = build_scheduler(scheduler={"prefill_schedule_interval": 3}, prefix_caching=prefix_caching)
+    tokens = list(range(500, 532))
+    s.add_request(request("d", tokens=tokens, max_tokens=30, sampling={"ignore_eos": True}, sched=s))
+    step(s)
+    held = 0
+    for k in range(6):
+        s.add_request(request(f"p{k}", 20, max_tokens=3, sched=s))
+        out = step(s)
+        held += f"p{k}" not in out.num_scheduled_tokens
+    assert held, "no step held a prefill back"
+    s.add_request(request("hit", tokens=tokens, max_tokens=3, sched=s))
+    step(s)
     run_to_completion(s)
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 

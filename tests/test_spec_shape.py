@@ -14,8 +14,10 @@ MAX_FUNCTION_LINES = 60
 # 900 until speculative decoding (its rules are in spec_decode.py; the core gained its
 # call sites, the draft fields and the lookahead in allocate_slots); 950 until drop-mode
 # stale output, prefix-cache skipping and the pause state (stale output's rules are in
-# stale_output.py; the core gained two request fields, one state field, their rules' lines).
-MAX_CORE_LINES = 960
+# stale_output.py; the core gained two request fields, one state field, their rules' lines);
+# 969 since prefill throttling: its rules are in prefill_throttle.py, the core gained 9 lines
+# (its state field and call sites) for the 91 lines of vLLM 0.33.0 it models (within 10 %).
+MAX_CORE_LINES = 969
 
 
 def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:

@@ -40,10 +40,13 @@ machine_configs = st.one_of(configs(wave2=False), configs(wave2=False).map(_tigh
 def _core(state):
     """The state less the bookkeeping torch does not model: which requests finished
     since the last schedule() and whether a request's last grant was a prefill
-    chunk (both only steer the async engine)."""
+    chunk (both only steer the async engine), and prefill throttling's cadence
+    (it steers only a throttled step; torch refuses throttling)."""
     from dataclasses import replace
 
-    return replace(state, finished_req_ids=(),
+    from schedspec.spec.prefill_throttle import PrefillCadence
+
+    return replace(state, finished_req_ids=(), prefill_cadence=PrefillCadence(),
                    requests={k: replace(r, is_prefill_chunk=False) for k, r in state.requests.items()})
 
 

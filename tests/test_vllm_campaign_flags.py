@@ -20,6 +20,8 @@ FEATURES = (
     "preemptions", "resumptions", "prefix hits", "prefix hits on resumption", "prefix tokens saved",
     "evicted blocks", "steps with shared blocks", "in-flight preemptions", "stale outputs applied",
     "aborts with a batch in flight", "async max_tokens guard", "empty async batches",
+    # prefill throttling (generator.py draws prefill_schedule_interval beside the flags)
+    "scenarios with prefill throttling", "steps holding prefill back", "steps holding an admission back",
 )
 COMBINATIONS = ("sync", "sync + prefix caching", "async", "async + prefix caching")
 

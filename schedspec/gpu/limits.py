@@ -71,6 +71,9 @@ def limit_violation(config, max_steps: int) -> str | None:
     if config.max_loras is not None:
         return (f"config.max_loras: = {config.max_loras}: the torch implementation does not model LoRA; "
                 "use --impl spec or vllm")
+    if config.prefill_schedule_interval > 1:
+        return (f"config.prefill_schedule_interval: = {config.prefill_schedule_interval}: the torch implementation "
+                "does not model prefill throttling; use --impl spec or vllm")
     if config.enable_prefix_caching and config.num_gpu_blocks > MAX_PREFIX_BLOCKS:
         return (f"config.num_gpu_blocks: = {config.num_gpu_blocks} exceeds the torch implementation's "
                 f"limit {MAX_PREFIX_BLOCKS} with prefix caching (2**31 - 1; int32 block tables, gpu/limits.py)")

@@ -17,7 +17,7 @@ normalised away, each an implementation freedom and not a behaviour:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Any, Mapping
 
@@ -113,10 +113,9 @@ def renamed(state: SchedulerState, rename: Mapping[bytes, bytes]) -> SchedulerSt
             cached[rename[h]] = cached.get(rename[h], ()) + tuple(blocks)
             for b in blocks:
                 block_hash[b] = rename[h]
-        kv = BlockPool(kv.num_gpu_blocks, kv.free_front, kv.next_fresh, kv.free_back, kv.ref_cnt,
-                       block_hash, cached, kv.req_to_blocks, kv.num_cached_block)
-    return SchedulerState(state.config, requests, state.running, state.waiting, kv, state.finished_req_ids,
-                          state.grammar_compile_error_reqs)
+        kv = replace(kv, block_hash=block_hash, cached=cached)
+    # Every other field as it is (the pause state, the prefill cadence, the pool's free order).
+    return replace(state, requests=requests, kv_cache=kv)
 
 
 def kv_view(state: SchedulerState) -> dict[str, Any]:
@@ -129,6 +128,12 @@ def kv_view(state: SchedulerState) -> dict[str, Any]:
                 "num_cached_block": {rid: n for rid, n in kv.num_cached_block.items() if n and rid in held}}
     return {"num_free_blocks": kv.num_free_blocks,
             "req_to_num_blocks": {rid: n for rid, n in kv.req_to_num_blocks.items() if n}}
+
+
+def cadence_view(s: SchedulerState) -> dict[str, Any]:
+    c = s.prefill_cadence
+    return {f.name: list(c.deferred_waiting) if f.name == "deferred_waiting" else getattr(c, f.name)
+            for f in fields(c)}
 
 
 def first_difference(field: str, a: Any, b: Any) -> Difference:
@@ -159,6 +164,8 @@ def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerSta
         return Difference("post_state.finished_req_ids", sorted(spec.finished_req_ids), sorted(vllm.finished_req_ids))
     if spec.pause_state != vllm.pause_state:
         return Difference("post_state.pause_state", spec.pause_state, vllm.pause_state)
+    if spec.prefill_cadence != vllm.prefill_cadence:
+        return first_difference("post_state.prefill_cadence", cadence_view(spec), cadence_view(vllm))
     if set(spec.grammar_compile_error_reqs) != set(vllm.grammar_compile_error_reqs):
         return Difference("post_state.grammar_compile_error_reqs", sorted(spec.grammar_compile_error_reqs),
                           sorted(vllm.grammar_compile_error_reqs))

@@ -273,10 +273,11 @@ class Prepared:
 
     def call_json(self) -> dict[str, Any]:
         from schedspec.reference.state_json import output_to_json, request_to_json
+        from schedspec.reference.vectors import schedule_call
 
         a = self.args
         if self.call == "schedule":
-            return {"name": "schedule"}
+            return schedule_call(a["throttle_prefills"])
         if self.call == "update_from_output":
             return {"name": "update_from_output", "output": output_to_json(a["output"]),
                     "sampled_token_ids": {rid: list(t) for rid, t in a["sampled"].items()}}
@@ -306,7 +307,8 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
             if sched.use_v2_model_runner else None
         if preempted:  # not a scenario event: the run cannot be rebuilt as a file from here on
             monitor.unrebuildable(sched, "a preemption outside schedule() (reset_prefix_cache or a direct call)")
-        return Prepared(pre, "schedule", status_before=status_before, earlier=tuple(preempted))
+        return Prepared(pre, "schedule", status_before=status_before, earlier=tuple(preempted),
+                        throttle_prefills=throttle_prefills)
 
     def judge(p: Prepared, out):
         vllm_out = lift_output(out, preempted, prefix_caching=p.pre.config.enable_prefix_caching,
@@ -321,7 +323,7 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
                 raise LiftError(f"preemptions before schedule() {list(earlier)} are not the first of "
                                 f"{list(vllm_out.preempted_req_ids)}")
             vllm_out = replace(vllm_out, preempted_req_ids=vllm_out.preempted_req_ids[len(earlier):])
-        spec_out, spec_post = spec.schedule(p.pre)
+        spec_out, spec_post = spec.schedule(p.pre, throttle_prefills)
         p.observed_result, p.observed_post = vllm_out, lift_state(sched, p.pre.config, like=spec_post)
         return compare_outputs(spec_out, vllm_out) or compare_states(p.pre, spec_post, p.observed_post)
 

@@ -47,6 +47,8 @@ class RunLog:
         """A checked call: what it adds to the run."""
         a = prepared.args
         if call == "schedule":
+            if a.get("throttle_prefills"):
+                self.stop("schedule(throttle_prefills=True): a scenario has no data-parallel cadence")
             self.steps += 1
         elif call == "add_request":
             r = a["request"]

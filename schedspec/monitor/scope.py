@@ -109,7 +109,9 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     # the model's runner type alone.
     if getattr(sched, "num_sampled_tokens_per_step", 1) == 0 or vc.model_config.runner_type == "pooling":
         out.append(POOLING)
-    if throttle_prefills or getattr(sched, "local_prefill_interval", 1) > 1:
+    # Prefill throttling: modelled for 0.33.0 (spec/prefill_throttle.py); 0.30.0 has the
+    # data-parallel gate with its own queue of skipped requests.
+    if (throttle_prefills or getattr(sched, "local_prefill_interval", 1) > 1) and not newest_rules():
         out.append(PREFILL_THROTTLING)
     # Bridge (adaptive_long_prefill_threshold): from 0.31.0; none before.
     if getattr(sched, "adaptive_long_prefill_threshold", False) and sched.scheduler_config.long_prefill_token_threshold:
@@ -130,8 +132,9 @@ _newest_rules: list[bool] = []
 
 
 def newest_rules() -> bool:
-    """Whether this process's release is the one whose speculative-decoding and LoRA
-    rules the spec has (0.33.0: spec/spec_decode.py, spec/lora.py)."""
+    """Whether this process's release is the one whose speculative-decoding, LoRA and
+    prefill-throttling rules the spec has (0.33.0: spec/spec_decode.py, spec/lora.py,
+    spec/prefill_throttle.py)."""
     if not _newest_rules:
         from schedspec.spec.versions import DEFAULT_RELEASE
 

@@ -2,6 +2,7 @@
 number of steps computed from the scenario, by a ranking function checked by z3.
 
 **Theorem (liveness.bounded_finish).**  Synchronous engine, prefix caching off,
+prefill throttling off (`prefill_schedule_interval` 1, no data-parallel cadence),
 the FCFS policy, and chunked prefill on or a step budget of at least
 `max_model_len − 1` tokens (`unmet_conditions`).  Then every request of a
 scenario finishes (or is aborted) by step
@@ -81,6 +82,10 @@ def unmet_conditions(config) -> list[str]:
         out.append("synchronous engine")
     if config.enable_prefix_caching:
         out.append("prefix caching off")
+    if config.prefill_schedule_interval > 1:
+        # A held step skips a head that is a prefill chunk while another request decodes
+        # (docs/rules.md §18): the ranking function below need not fall in it.
+        out.append("prefill throttling off")
     if not config.enable_chunked_prefill and get_step_budget(SchedulerState(config)) < config.max_model_len - 1:
         out.append("chunked prefill on or a step budget >= max_model_len - 1")
     return out

@@ -48,7 +48,10 @@ request of least rank, is the one of rank `P`, which the iteration assumes of
 `v` (the agreement test checks on concrete runs that the spec's own
 `choose_victim` returns exactly it).
 
-**Scope.** Prefix caching off; async scheduling on or off (`LoopConfig.asy`, a
+**Scope.** Prefix caching off; prefill throttling off (`prefill_schedule_interval`
+1, no `throttle_prefills`: a held step, docs/rules.md §18, skips running prefill chunks
+on purpose, one more exception to `running_never_starved`, and stops admission at the
+first prefill); async scheduling on or off (`LoopConfig.asy`, a
 symbolic flag, so every claim covers both engines): output placeholders in a
 running request's need (S:839), the async max_tokens guard (S:800-814: 0
 tokens, skipped), the waiting loop's skip of a request with stale output in
@@ -1193,7 +1196,8 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
         ("lemma: capped needs ahead never grow", lemma_caps_nonincreasing)),
         ("no_cursor_fix", "no_refund", "last_token_guard_stops_loop"),
         "a request running before the step and after it received >= 1 token in it, given its premises "
-        "(ahead_within_budget; exceptions: not_last_token_in_flight, below_max_model_len_cap)"),
+        "(ahead_within_budget; exceptions: not_last_token_in_flight, below_max_model_len_cap; prefill "
+        "throttling off)"),
     LoopClaim("grammar_wait_respected", RUN_INV + WAIT_INV + (
         ("exit: a request waiting for its grammar was not admitted", exit_grammar_wait),),
         ("grammar_head_admitted",),

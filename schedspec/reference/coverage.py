@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from schedspec.spec import prefill_throttle
+
 from .scenario import Scenario
 
 if TYPE_CHECKING:
@@ -45,6 +47,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with LoRA")
     if any(r.grammar_compile_steps is not None for r in scenario.requests):
         bump("scenarios with structured output")
+    if scenario.config.get("prefill_schedule_interval", 1) > 1:
+        bump("scenarios with prefill throttling")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -165,6 +169,10 @@ class StepCoverage:
                 _bump(cov, "steps at max_loras")
                 if any(after.requests[w].lora_int_id not in running | {0} for w in after.waiting):
                     _bump(cov, "steps holding an adapter back")
+        if c.prefill_schedule_interval > 1 and prefill_throttle.holds_prefill(before):
+            _bump(cov, "steps holding prefill back")
+            if before.waiting and not out.scheduled_new_reqs and not out.scheduled_resumed_reqs:
+                _bump(cov, "steps holding an admission back")
         if any(before.requests[w].grammar in ("compiling", "failed") for w in before.waiting):
             _bump(cov, "steps with a request waiting for its grammar")
             if out.num_scheduled_tokens:

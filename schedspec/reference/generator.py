@@ -61,6 +61,10 @@ With "structured_output" in `features`, after LoRA and only for 0.33.0, one
 scenario in four gives half its requests a grammar that compiles after 0..8 steps
 (sometimes up to 60), and one grammar in eight fails.
 
+With "prefill_throttle" in `features`, after structured output and only for 0.33.0,
+one scenario in four gets `prefill_schedule_interval` 2..8: prefill held on the
+steps between, while something decodes (spec/prefill_throttle.py).
+
 `FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
 model neither flag, and the scenario streams pinned by their tests stay as they
 were.  A campaign draws the combinations both its implementations model
@@ -212,8 +216,8 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
 
 
 # Scheduler features beyond the two flags, and the implementations that lack one.
-FEATURES = frozenset({"spec_decode", "lora", "structured_output"})
-IMPL_LACKS: dict[str, frozenset[str]] = {"torch": frozenset({"spec_decode", "lora", "structured_output"})}
+FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle"})
+IMPL_LACKS: dict[str, frozenset[str]] = {"torch": FEATURES}
 
 
 def features_for(*impl_names: str) -> frozenset[str]:
@@ -288,6 +292,8 @@ def generate_scenario(rng: random.Random, index: int,
         config, requests = _lora(rng, config, requests)
     if "structured_output" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
         requests = _structured_output(rng, requests)
+    if "prefill_throttle" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
+        config = {**config, "prefill_schedule_interval": rng.choice([2, 2, 3, 4, 8])}
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 

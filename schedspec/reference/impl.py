@@ -94,8 +94,8 @@ class SpecScheduler:
         done, self.state = spec_scheduler.finish_requests(self.state, request_ids, status)
         return done
 
-    def schedule(self) -> SchedulerOutput:
-        output, self.state = spec_scheduler.schedule(self.state)
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        output, self.state = spec_scheduler.schedule(self.state, throttle_prefills)
         return output
 
     def update_from_output(self, output, sampled_token_ids):

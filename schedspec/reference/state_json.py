@@ -35,6 +35,7 @@ from schedspec.spec.config import (BOOL_FIELDS, CONFIG_FIELDS, INT_FIELDS, POLIC
 from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.output import SchedulerOutput
 from schedspec.spec.request import Request, RequestStatus
+from schedspec.spec.prefill_throttle import PrefillCadence
 from schedspec.spec.state import PAUSE_STATES, SchedulerState
 from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
 
@@ -199,7 +200,9 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
     builds its scheduler directly (a pool smaller than one max_model_len sequence)."""
     # vllm_version is optional: vectors written before it model 0.33.0 (spec/versions.py).
     # So are speculative decoding's fields: vectors written before it have none (0, off).
-    optional = ("vllm_version", "num_speculative_tokens", "num_lookahead_tokens", "max_loras")
+    # And prefill_schedule_interval (1, never held), from before prefill throttling.
+    optional = ("vllm_version", "num_speculative_tokens", "num_lookahead_tokens", "max_loras",
+                "prefill_schedule_interval")
     raw = read_object(obj, where, tuple(f for f in CONFIG_FIELDS if f not in optional), CONFIG_FIELDS)
     values: dict[str, Any] = {}
     for name in CONFIG_FIELDS:
@@ -438,9 +441,37 @@ def kv_from_json(obj: Any, where: str = "kv_cache", unhashed_first: bool = True)
 # --- the state -----------------------------------------------------------------------------
 
 STATE_FIELDS = ("config", "requests", "running", "waiting", "kv_cache", "finished_req_ids",
-                "grammar_compile_error_reqs", "pause_state")
-# Written only when not empty (not UNPAUSED): vectors from before these fields read as they did.
-OPTIONAL_STATE_FIELDS = ("grammar_compile_error_reqs", "pause_state")
+                "grammar_compile_error_reqs", "pause_state", "prefill_cadence")
+# Written only when not empty (not UNPAUSED, not the initial cadence): vectors from before these
+# fields read as they did.
+OPTIONAL_STATE_FIELDS = ("grammar_compile_error_reqs", "pause_state", "prefill_cadence")
+CADENCE_FIELDS = ("num_executed_steps", "last_prefill_step", "capacity_bound", "deferred_waiting")
+
+
+def cadence_to_json(c: PrefillCadence) -> dict[str, Any]:
+    """Prefill throttling's state; a field at its initial value is left out."""
+    out = {"num_executed_steps": c.num_executed_steps, "last_prefill_step": c.last_prefill_step,
+           "capacity_bound": c.capacity_bound, "deferred_waiting": sorted(c.deferred_waiting)}
+    initial = {"num_executed_steps": 0, "last_prefill_step": None, "capacity_bound": False, "deferred_waiting": []}
+    return {k: v for k, v in out.items() if v != initial[k]}
+
+
+def cadence_from_json(obj: Any, where: str, waiting: tuple[str, ...]) -> PrefillCadence:
+    raw = read_object(obj, where, (), CADENCE_FIELDS)
+    f = lambda name: field_path(where, name)  # noqa: E731 - the path of one field
+    steps = read_int(raw.get("num_executed_steps", 0), f("num_executed_steps"), 0)
+    last = read_int(raw.get("last_prefill_step"), f("last_prefill_step"), 1, nullable=True)
+    if last is not None and last > steps:
+        _fail(f("last_prefill_step"), f"= {last} is after num_executed_steps ({steps}); a prefill is stamped "
+                                      "on a step that has run")
+    deferred = read_str_list(raw.get("deferred_waiting", []), f("deferred_waiting"), unique=True)
+    for i, rid in enumerate(deferred):
+        if rid not in waiting:
+            _fail(index_path(f("deferred_waiting"), i), f"= {excerpt(rid)} is not in waiting; only a waiting "
+                                                         "request is deferred")
+    return PrefillCadence(num_executed_steps=steps, last_prefill_step=last,
+                          capacity_bound=read_bool(raw.get("capacity_bound", False), f("capacity_bound")),
+                          deferred_waiting=tuple(sorted(deferred)))
 
 
 def state_to_json(s: SchedulerState) -> dict[str, Any]:
@@ -454,6 +485,7 @@ def state_to_json(s: SchedulerState) -> dict[str, Any]:
         "finished_req_ids": list(s.finished_req_ids),
         **({"grammar_compile_error_reqs": list(s.grammar_compile_error_reqs)} if s.grammar_compile_error_reqs else {}),
         **({"pause_state": s.pause_state} if s.pause_state != "UNPAUSED" else {}),
+        **({"prefill_cadence": cadence_to_json(s.prefill_cadence)} if s.prefill_cadence != PrefillCadence() else {}),
     }
 
 
@@ -499,7 +531,9 @@ def state_from_json(obj: Any, where: str = "state", *, validate: bool = False) -
                                                                       f("finished_req_ids")),
                           grammar_compile_error_reqs=tuple(read_str_list(raw.get("grammar_compile_error_reqs", []),
                                                                          f("grammar_compile_error_reqs"))),
-                          pause_state=pause)
+                          pause_state=pause,
+                          prefill_cadence=cadence_from_json(raw.get("prefill_cadence", {}), f("prefill_cadence"),
+                                                            tuple(queues["waiting"])))
 
 
 def sampled_to_json(sampled: Mapping[str, Any]) -> dict[str, list[int]]:

@@ -26,6 +26,7 @@ ValueError with a one-line message naming the JSON path of the bad field.
 from __future__ import annotations
 
 import codecs
+import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,8 +47,8 @@ from .campaign import safe_stem
 from .engine import run_scenario
 from .impl import SpecScheduler, StateLoadable
 from .scenario import Scenario
-from .state_json import (STATUS_NAMES, StateJsonError, index_path, output_from_json, output_to_json, read_list,
-                         read_object, read_str, read_str_list, request_from_json, request_to_json,
+from .state_json import (STATUS_NAMES, StateJsonError, index_path, output_from_json, output_to_json, read_bool,
+                         read_list, read_object, read_str, read_str_list, request_from_json, request_to_json,
                          sampled_from_json, sampled_to_json, state_from_json, state_to_json, status_from_json,
                          status_to_json)
 from .strict_json import (TYPE_WORDS, DuplicateKeys, Refused, StrictValidator, fast_valid, is_json_integer, object_pairs,
@@ -82,10 +83,12 @@ class Call:
     status: RequestStatus | None = None  # finish_requests
     output: SchedulerOutput | None = None  # update_from_output
     sampled_token_ids: Mapping[str, list[int]] | None = None  # update_from_output
+    throttle_prefills: bool = False  # schedule: a data-parallel engine's off-cadence step
 
 
-def schedule_call() -> dict[str, Any]:
-    return {"name": "schedule"}
+def schedule_call(throttle_prefills: bool = False) -> dict[str, Any]:
+    """`throttle_prefills` is written only when true: vectors from before it read alike."""
+    return {"name": "schedule", **({"throttle_prefills": True} if throttle_prefills else {})}
 
 
 def add_request_call(request: Request) -> dict[str, Any]:
@@ -102,7 +105,7 @@ def update_from_output_call(output: SchedulerOutput, sampled_token_ids: Mapping[
 
 
 _CALL_FIELDS = {
-    "schedule": ("name",),
+    "schedule": ("name", "throttle_prefills"),
     "add_request": ("name", "request"),
     "finish_requests": ("name", "request_ids", "status"),
     "update_from_output": ("name", "output", "sampled_token_ids"),
@@ -114,7 +117,7 @@ def call_from_json(obj: Any, where: str = "call") -> Call:
     name = raw["name"]
     if name not in _CALL_FIELDS:
         raise StateJsonError(field_path(where, "name"), f"= {excerpt(name)}, must be one of {', '.join(CALL_NAMES)}")
-    read_object(raw, where, _CALL_FIELDS[name], _CALL_FIELDS[name])
+    read_object(raw, where, _CALL_FIELDS[name][:1] if name == "schedule" else _CALL_FIELDS[name], _CALL_FIELDS[name])
     f = lambda key: field_path(where, key)  # noqa: E731 - the path of one field
     if name == "add_request":
         return Call(name, request=request_from_json(raw["request"], f("request")))
@@ -127,7 +130,7 @@ def call_from_json(obj: Any, where: str = "call") -> Call:
     if name == "update_from_output":
         return Call(name, output=output_from_json(raw["output"], f("output")),
                     sampled_token_ids=sampled_from_json(raw["sampled_token_ids"], f("sampled_token_ids")))
-    return Call(name)
+    return Call(name, throttle_prefills=read_bool(raw.get("throttle_prefills", False), f("throttle_prefills")))
 
 
 def call_to_json(call: Call) -> dict[str, Any]:
@@ -137,7 +140,7 @@ def call_to_json(call: Call) -> dict[str, Any]:
         return finish_requests_call(call.request_ids, call.status)
     if call.name == "update_from_output":
         return update_from_output_call(call.output, call.sampled_token_ids)
-    return schedule_call()
+    return schedule_call(call.throttle_prefills)
 
 
 def result_to_json(name: str, value: Any) -> dict[str, Any]:
@@ -179,7 +182,7 @@ def result_from_json(name: str, obj: Any, where: str) -> Any:
 def run_spec(state: SchedulerState, call: Call) -> tuple[Any, SchedulerState]:
     """The spec's pure functions on one decoded call: (return value, post-state)."""
     if call.name == "schedule":
-        return spec_scheduler.schedule(state)
+        return spec_scheduler.schedule(state, call.throttle_prefills)
     if call.name == "add_request":
         return None, spec_scheduler.add_request(state, call.request)
     if call.name == "finish_requests":
@@ -459,6 +462,11 @@ def require_load_state(impl: Any) -> None:
 def invoke(impl: Any, call: Call) -> Any:
     """The call on a stateful implementation (reference/impl.py's protocol)."""
     if call.name == "schedule":
+        if call.throttle_prefills:
+            if "throttle_prefills" not in inspect.signature(impl.schedule).parameters:
+                raise VectorError(f"call.throttle_prefills: implementation {implementation_name(impl)}'s "
+                                  "schedule() takes no throttle_prefills argument")
+            return impl.schedule(throttle_prefills=True)
         return impl.schedule()
     if call.name == "add_request":
         return impl.add_request(call.request)

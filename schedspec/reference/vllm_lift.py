@@ -28,7 +28,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from schedspec.spec.block_pool import BlockPool
 from schedspec.spec.config import SchedulerConfig
+from schedspec.spec import prefill_throttle
 from schedspec.spec.kv_cache import BlockCounts
+from schedspec.spec.prefill_throttle import PrefillCadence
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import PAUSE_STATES, SchedulerOutput, SchedulerState
 from schedspec.spec.versions import FIELDS_SINCE, UNHASHED_FREE_BLOCKS_FIRST, has
@@ -81,6 +83,9 @@ def lift_config(sched: Any) -> SchedulerConfig:
         num_speculative_tokens=getattr(sched, "num_spec_tokens", 0),
         num_lookahead_tokens=getattr(sched, "num_lookahead_tokens", 0),
         max_loras=sched.lora_config.max_loras if getattr(sched, "lora_config", None) else None,
+        # The interval the scheduler applies itself: the config's on an engine without data
+        # parallelism, else 1 (S:404-408).  Bridge: no local interval in 0.30.0.
+        prefill_schedule_interval=getattr(sched, "local_prefill_interval", 1),
         vllm_version=vllm.__version__,
     )
 
@@ -437,7 +442,23 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
         finished_req_ids=tuple(finished),
         grammar_compile_error_reqs=tuple(getattr(sched, "grammar_compile_error_reqs", None) or ()),
         pause_state=lift_pause_state(sched),
+        prefill_cadence=lift_prefill_cadence(sched, config),
     )
+
+
+def lift_prefill_cadence(sched: Any, config: SchedulerConfig) -> PrefillCadence:
+    """Prefill throttling's state (spec/prefill_throttle.py), for the release the spec
+    models it for; the initial one for the others, as the spec keeps it there."""
+    if not prefill_throttle.modelled(config):
+        return PrefillCadence()
+    interval = config.prefill_schedule_interval
+    local = interval > 1  # the spec counts steps under a local interval only (prefill_throttle.py)
+    last = sched.last_prefill_step
+    return PrefillCadence(
+        num_executed_steps=sched.num_executed_steps if local else 0,
+        last_prefill_step=last if local and last != -interval else None,  # -interval: none yet (S:421)
+        capacity_bound=bool(sched.prefill_capacity_bound),
+        deferred_waiting=tuple(sorted(r.request_id for r in sched.deferred_waiting)))
 
 
 def lift_pause_state(sched: Any) -> str:

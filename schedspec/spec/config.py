@@ -57,6 +57,10 @@ class SchedulerConfig:
     # LoRA (off by default, as in vLLM): the most distinct adapters running at once
     # (LoRAConfig.max_loras, config/lora.py); None: no LoRA config, no adapters.
     max_loras: int | None = None
+    # Prefill throttling (prefill_throttle.py): prefill admitted once every N executed
+    # steps (C:203-209), applied by the scheduler on an engine without data
+    # parallelism (S:404-408), as this one is; 1 (vLLM's default) never holds prefill.
+    prefill_schedule_interval: int = 1
     # The vLLM release modelled: its rules (spec/versions.py gates) and its config checks.
     vllm_version: str = DEFAULT_RELEASE
 
@@ -101,6 +105,7 @@ INT_FIELDS = {
     "num_speculative_tokens": (0, False),
     "num_lookahead_tokens": (0, False),
     "max_loras": (1, True),
+    "prefill_schedule_interval": (1, False),
 }
 # The true/false fields.
 BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching",
@@ -246,6 +251,11 @@ def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
     if c.max_loras is not None and c.vllm_version != DEFAULT_RELEASE:
         raise ConfigError(f"{where}.max_loras", f"= {c.max_loras}: schedspec models LoRA for vLLM "
                           f"{DEFAULT_RELEASE} only, not {c.vllm_version}; leave it out or use vllm_version "
+                          f"{DEFAULT_RELEASE}")
+    if c.prefill_schedule_interval > 1 and c.vllm_version != DEFAULT_RELEASE:
+        raise ConfigError(f"{where}.prefill_schedule_interval",
+                          f"= {c.prefill_schedule_interval}: schedspec models prefill throttling for vLLM "
+                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; set it to 1 or use vllm_version "
                           f"{DEFAULT_RELEASE}")
     if c.num_lookahead_tokens > 0 and c.num_speculative_tokens == 0:
         raise ConfigError(f"{where}.num_lookahead_tokens",

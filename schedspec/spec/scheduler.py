@@ -19,7 +19,7 @@ from typing import Iterable, Mapping, Sequence
 from .config import PRIORITY, ConfigError, SchedulerConfig
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
-from . import lora, spec_decode, stale_output, structured_output
+from . import lora, prefill_throttle, spec_decode, stale_output, structured_output
 from .spec_decode import update_draft_token_ids  # noqa: F401 - a public call of the spec, as the others
 from .structured_output import grammar_compiled  # noqa: F401 - the environment's event, beside the calls
 from .state import SchedulerOutput, SchedulerState, Working
@@ -53,13 +53,14 @@ def add_request(state: SchedulerState, request: Request) -> SchedulerState:
     requests = {**state.requests, request.request_id: request}
     waiting = deque(state.waiting)
     enqueue(state.config.policy, waiting, requests, request.request_id, front=False)
-    return replace(state, requests=requests, waiting=tuple(waiting))
+    return replace(state, requests=requests, waiting=tuple(waiting),
+                   prefill_cadence=prefill_throttle.enqueued(state, request))
 
 
 class ScheduleWork(Working):
     """One `schedule()`'s working state: budgets and decisions besides what `Working` holds."""
 
-    def __init__(self, state: SchedulerState):
+    def __init__(self, state: SchedulerState, throttle_prefills: bool = False):
         Working.__init__(self, state)
         c = state.config
         self.token_budget = c.token_budget if self.pause_state != "PAUSED_ALL" else 0  # S:719, 723-725
@@ -73,6 +74,7 @@ class ScheduleWork(Working):
         self.prefix_hits: list[tuple[str, int]] = []
         self.drafts_sent: dict[str, tuple[int, ...]] = {}  # the drafts sent to the model, by request
         self.prefill_scheduled = False  # whether the running loop scheduled a prefill chunk (S:1000)
+        self.defer_prefills = prefill_throttle.defers_prefills(self, throttle_prefills)  # S:750-752, 780-791
 
     def output(self) -> SchedulerOutput:
         return SchedulerOutput(
@@ -82,8 +84,8 @@ class ScheduleWork(Working):
             scheduled_spec_decode_tokens=tuple(self.drafts_sent.items()))
 
 
-def schedule(state: SchedulerState) -> tuple[SchedulerOutput, SchedulerState]:
-    """One `Scheduler.schedule()` (S:699-1784) followed by `_update_after_schedule`
+def schedule(state: SchedulerState, throttle_prefills: bool = False) -> tuple[SchedulerOutput, SchedulerState]:
+    """One `Scheduler.schedule(throttle_prefills)` (S:699-1784), then `_update_after_schedule`
     (S:1845-1877), which advances num_computed_tokens optimistically.
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py), for
@@ -98,11 +100,11 @@ def schedule(state: SchedulerState) -> tuple[SchedulerOutput, SchedulerState]:
     post: len(__return__[1].running) <= state.config.max_num_active_reqs and (not __return__[0].preempted_req_ids or not __return__[0].admitted)
     post: sorted(__return__[1].running + __return__[1].waiting) == sorted(state.running + state.waiting)
     """
-    s = ScheduleWork(state)
+    s = ScheduleWork(state, throttle_prefills)
     schedule_running(s)
-    # No admission in a step that preempted, nor paused (S:1050, 1066: PAUSED_NEW admits only block holders)
-    if not s.preempted and s.pause_state == "UNPAUSED":
+    if not s.preempted and s.pause_state != "PAUSED_ALL":  # no admission in a step that preempted (S:1050)
         schedule_waiting(s)
+    s.cadence = prefill_throttle.after_step(s)
     assert s.token_budget >= 0 and s.input_budget >= 0  # S:1631-1632
     assert len(s.running) <= s.config.max_num_seqs  # S:1633
     update_after_schedule(s)
@@ -134,9 +136,9 @@ def schedule_running(s: ScheduleWork) -> None:
 def num_new_tokens_running(s: ScheduleWork, r: Request) -> int:
     """The tokens a running request gets if its blocks can be had: what it lacks,
     under three caps (S:839-856)."""
-    if last_token_in_flight(r):  # async (S:800-814)
+    if last_token_in_flight(r) or (s.defer_prefills and r.is_prefill_chunk):  # async (S:800-814); S:822
         return 0
-    # [seams: PP cadence, deferred prefill, EC pending (S:816-837)]
+    # [seams: PP cadence, EC pending (S:816-837)]
     n = r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens  # S:839
     if 0 < s.threshold < n:  # cap 1 (S:844)
         n = s.threshold
@@ -222,10 +224,11 @@ def grant(s: ScheduleWork, rid: str, n: int) -> None:
 
 def schedule_waiting(s: ScheduleWork) -> None:
     """The waiting loop (S:1050-1614): admit from the head while budget, a run slot
-    (S:1072-1074) and blocks last; skipped requests keep their place (S:1606-1610)."""
+    (S:1072-1074) and blocks last, unpaused (PAUSED_NEW admits only block holders, none in this
+    scope: S:1064-1067); skipped requests keep their place (S:1606-1610)."""
     skipped: list[str] = []
     loras = lora.running_loras(s.requests[x] for x in s.running)
-    while (s.token_budget > 0 and s.input_budget > 0 and s.waiting
+    while (s.token_budget > 0 and s.input_budget > 0 and s.waiting and s.pause_state == "UNPAUSED"
            and len(s.running) < s.config.max_num_active_reqs):
         rid = s.waiting[0]
         # Skipped: a grammar compiling or failed (S:1079-1082) [seam: remote KVs, streaming
@@ -239,6 +242,7 @@ def schedule_waiting(s: ScheduleWork) -> None:
             break
         loras.update(lora.running_loras((s.requests[rid],)))  # S:1563-1565
     s.waiting.extendleft(reversed(skipped))
+    s.cadence = prefill_throttle.after_waiting_loop(s, skipped)
 
 
 def admit(s: ScheduleWork, rid: str) -> bool:
@@ -250,6 +254,8 @@ def admit(s: ScheduleWork, rid: str) -> bool:
     hits = s.kv.get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size) \
         if r.num_computed_tokens == 0 and not r.skip_reading_prefix_cache else []
     num_computed_tokens = r.num_computed_tokens + len(hits) * c.block_size
+    if s.defer_prefills and prefill_throttle.has_prefill_left(num_computed_tokens, r.num_tokens):  # S:1290
+        return False
     n = num_new_tokens_waiting(s, r, num_computed_tokens)
     if n is None:
         return False
@@ -405,6 +411,7 @@ def remove_finished(w: Working, done: Sequence[str]) -> SchedulerState:
     for rid in done:
         w.kv.free(rid)
         del w.requests[rid]
+    w.cadence = prefill_throttle.forget(w.cadence, done)
     gone = set(done)
     w.running = [x for x in w.running if x not in gone]
     w.waiting = deque(x for x in w.waiting if x not in gone)

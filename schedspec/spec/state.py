@@ -11,6 +11,7 @@ from .block_pool import BlockPool
 from .config import SchedulerConfig
 from .kv_cache import BlockCounts
 from .output import SchedulerOutput  # noqa: F401 - the step's decision, beside the state
+from .prefill_throttle import PrefillCadence
 from .request import Request
 from .versions import UNHASHED_FREE_BLOCKS_FIRST, has
 
@@ -36,6 +37,7 @@ class SchedulerState:
     grammar_compile_error_reqs: tuple[str, ...] = ()
     # set_pause_state (S:3073), from outside: PAUSED_NEW admits nothing, PAUSED_ALL schedules nothing.
     pause_state: str = "UNPAUSED"
+    prefill_cadence: PrefillCadence = PrefillCadence()  # prefill throttling (prefill_throttle.py)
 
     def __post_init__(self):
         if self.kv_cache is None:
@@ -76,7 +78,7 @@ class Working:
         self.kv = state.kv_cache.work()
         self.finished_req_ids = state.finished_req_ids
         self.grammar_compile_error_reqs = state.grammar_compile_error_reqs
-        self.pause_state = state.pause_state
+        self.pause_state, self.cadence = state.pause_state, state.prefill_cadence
         self._copied: set[str] = set()
 
     def request(self, request_id: str) -> Request:
@@ -92,4 +94,4 @@ class Working:
                               waiting=tuple(self.waiting), kv_cache=self.kv.freeze(),
                               finished_req_ids=self.finished_req_ids,
                               grammar_compile_error_reqs=self.grammar_compile_error_reqs,
-                              pause_state=self.pause_state)
+                              pause_state=self.pause_state, prefill_cadence=self.cadence)
