@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from schedspec.reference.engine import FakeModel, engine_step
 from schedspec.reference.impl import SpecScheduler
+from schedspec.spec import prefill_throttle
 from schedspec.spec.config import SchedulerConfig, validate_config
 from schedspec.spec.properties import PROPERTIES, check_step
 from schedspec.spec.request import RequestStatus
@@ -59,7 +60,10 @@ def configs(draw, wave2: bool = True) -> SchedulerConfig:
             k = 0
         c = replace(c, num_speculative_tokens=k,
                     num_lookahead_tokens=draw(st.sampled_from([0, 0, 1, 2])) if k else 0,
-                    max_loras=draw(st.sampled_from([None, None, 1, 2])))
+                    max_loras=draw(st.sampled_from([None, None, 1, 2])),
+                    # Prefill throttling: a held step skips prefill on purpose, which the
+                    # properties must allow for (spec/prefill_throttle.py).
+                    prefill_schedule_interval=draw(st.sampled_from([1, 1, 1, 2, 3])))
     validate_config(c)
     return c
 
@@ -86,6 +90,9 @@ def count_coverage(before: SchedulerState, output, after: SchedulerState) -> Non
     COVERAGE["grammar waits"] += sum(1 for w in before.waiting if before.requests[w].grammar in ("compiling", "failed"))
     COVERAGE["grammar errors"] += sum(1 for w in before.requests if w not in after.requests
                                       and before.requests[w].grammar == "failed")
+    if prefill_throttle.holds_prefill(before):  # a step holding prefill, with some to hold
+        COVERAGE["steps holding prefill"] += bool(before.waiting) or any(
+            before.requests[x].is_prefill_chunk for x in before.running)
     COVERAGE[f"preemptions async={c.async_scheduling}"] += len(output.preempted_req_ids)
     # Async: preempted while its previous batch was in flight; that batch returns in
     # the same engine step, and its token is applied to the waiting request.

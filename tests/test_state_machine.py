@@ -122,7 +122,7 @@ def test_machine_reaches_prefix_caching_and_async_events():
     # (A stale output applied to a waiting request is rarer here; tests/test_rules_wave2.py
     # pins it down on a fixed scenario.)
     for event in ("prefix hits", "shared blocks", "evictions", "preemptions", "in-flight preemptions",
-                  "drafts sent", "adapters held back", "grammar waits", "grammar errors"):
+                  "drafts sent", "adapters held back", "grammar waits", "grammar errors", "steps holding prefill"):
         assert COVERAGE[event] > 0, (event, dict(COVERAGE))
     for caching in (False, True):
         for async_ in (False, True):

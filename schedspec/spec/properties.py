@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from . import prefill_throttle
 from .config import FCFS, PRIORITY
 from .kv_cache import cdiv, get_num_blocks_to_allocate
 from .lora import exceeds_max_loras, running_loras
@@ -166,12 +167,15 @@ def grants_positive(before, output, after):
 
 @prop
 def running_before_waiting(before, output, after):
-    """A waiting request receives tokens only if every running request eligible this step received its full capped need, and only from the budget they left."""
+    """A waiting request receives tokens only if every running request eligible this step received its full capped need, and only from the budget they left; a step that holds prefill (docs/rules.md §18) skips the running prefill chunks on purpose."""
     if not output.admitted:
         return NOT_APPLICABLE
     granted = output.scheduled
+    held = prefill_throttle.holds_prefill(before)
     for rid in before.running:
         need = get_capped_need(before, before.requests[rid])
+        if held and before.requests[rid].is_prefill_chunk:
+            continue
         if need > 0 and granted.get(rid, 0) != need:
             return violated("a waiting request was admitted while a running one was short",
                             admitted=list(output.admitted), running_request=rid,
@@ -238,6 +242,9 @@ def starvation_condition(before, output, after):
         return NOT_APPLICABLE  # a new decode may be padded, or not admitted (spec_decode.pads_new_decode)
     if exceeds_max_loras(c, running_loras(before.requests[x] for x in before.running), r):
         return NOT_APPLICABLE  # LoRA: it would bring one adapter too many and is skipped (lora.py)
+    if prefill_throttle.holds_prefill(before) and \
+            prefill_throttle.has_prefill_left(dict(output.prefix_hits).get(head, r.num_computed_tokens), r.num_tokens):
+        return NOT_APPLICABLE  # a step holding prefill admits no prefill (prefill_throttle.py)
     blocks_needed = (sum(get_block_demand(before, d, 1) for d in before.running)
                      + cdiv(r.num_tokens, c.block_size) + c.watermark_blocks)
     if blocks_needed > before.num_free_blocks:
