@@ -477,6 +477,9 @@ def _(mon, tmp_path, monkeypatch):
 
 @case("ADAPTIVE_THRESHOLD")
 def _(mon, tmp_path, monkeypatch):
+    # Modelled for 0.33.0 (spec/config.py long_prefill_threshold): outside scope on
+    # an older release (0.31.0 and 0.32.0 have the field), which this process reads as.
+    monkeypatch.setattr(scope, "newest_rules", lambda: False)
     s = build_scheduler(scheduler={"long_prefill_token_threshold": 8, "long_prefill_token_threshold_adaptive": True})
     return watch(mon, add_and_step(s, request("a", 40), request("b", 40)))
 
@@ -879,6 +882,19 @@ def test_data_parallel_prefill_throttling_is_in_scope(monitor, async_scheduling)
     s.update_from_output(out, runner_output(out, sampled_for(s, out)))
     out = s.schedule(throttle_prefills=True)  # capacity-bound: throttling backs off
     assert len(out.num_scheduled_tokens) > 1
+    run_to_completion(s)
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+def test_adaptive_long_prefill_threshold_is_in_scope(monitor):
+    """0.33.0's adaptive threshold (S:764-772): the cap of 8 is floored at 64 // 2
+    eligible requests, so a and b each get 32 tokens, not 8; every call compared."""
+    s = build_scheduler(max_num_batched_tokens=64, scheduler={"long_prefill_token_threshold": 8,
+                                                              "long_prefill_token_threshold_adaptive": True})
+    s.add_request(request("a", 40))
+    s.add_request(request("b", 40))
+    out = step(s)
+    assert dict(out.num_scheduled_tokens) == {"a": 32, "b": 32}
     run_to_completion(s)
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 

@@ -22,6 +22,7 @@ FEATURES = (
     "aborts with a batch in flight", "async max_tokens guard", "empty async batches",
     # prefill throttling (generator.py draws prefill_schedule_interval beside the flags)
     "scenarios with prefill throttling", "steps holding prefill back", "steps holding an admission back",
+    "scenarios with the adaptive long-prefill threshold", "steps with the long-prefill cap raised to a fair share",
 )
 COMBINATIONS = ("sync", "sync + prefix caching", "async", "async + prefix caching")
 

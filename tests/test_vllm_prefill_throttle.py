@@ -255,3 +255,42 @@ def test_torch_refuses_an_interval():
     assert "config.prefill_schedule_interval: = 2: the torch implementation does not model prefill throttling" \
         in prepare(s)
     assert "does not model prefill throttling" in run_scenario(s, load_impl("torch", device="cpu"))["error"]
+
+
+# -- the adaptive long-prefill threshold (spec/config.py long_prefill_threshold, S:764-772) --
+
+
+def test_the_adaptive_threshold_is_a_fair_share_of_the_input_budget():
+    from schedspec.spec.config import long_prefill_threshold
+
+    c = config(prefill_schedule_interval=1, long_prefill_token_threshold=8, long_prefill_token_threshold_adaptive=True)
+    assert [long_prefill_threshold(c, n) for n in (1, 2, 4, 8, 16)] == [0, 32, 16, 8, 8]
+    plain = config(prefill_schedule_interval=1, long_prefill_token_threshold=8)
+    assert [long_prefill_threshold(plain, n) for n in (1, 2, 16)] == [0, 8, 8]
+    s = add(add(SchedulerState(c), "a", 40), "b", 40)
+    out, _ = step(s)
+    assert dict(out.num_scheduled_tokens) == {"a": 32, "b": 32}
+    with pytest.raises(ConfigError, match=r"^config\.long_prefill_token_threshold_adaptive: = true: schedspec "
+                                          r"models the adaptive long-prefill threshold for vLLM 0\.33\.0 only"):
+        config_from_dict({"long_prefill_token_threshold": 8, "long_prefill_token_threshold_adaptive": True,
+                          "vllm_version": "0.31.0"})
+
+
+def adaptive_scenarios(n: int = NUM_SCENARIOS):
+    drawn = (random_scenario(SEED, i, FLAGS_ALL, features_for("vllm", "spec")) for i in range(n))
+    return [s for s in drawn if s.config.get("long_prefill_token_threshold_adaptive")]
+
+
+def test_vllm_agrees_on_the_adaptive_threshold_and_catches_its_absence(vllm, monkeypatch):
+    from schedspec.spec import config as C
+
+    drawn = adaptive_scenarios()
+    assert len(drawn) >= 3
+    both = Both(vllm)
+    for scenario in drawn:
+        assert "error" not in run_scenario(scenario, both)
+    real = C.long_prefill_threshold
+    monkeypatch.setattr(S, "long_prefill_threshold", lambda c, n: real(
+        __import__("dataclasses").replace(c, long_prefill_token_threshold_adaptive=False), n))
+    caught = any(compare_traces(run_scenario(s, vllm), run_scenario(s, SpecScheduler())) is not None for s in drawn)
+    assert caught, "the spec without the adaptive floor agreed with vLLM on every scenario"

@@ -113,8 +113,10 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     # data-parallel gate with its own queue of skipped requests.
     if (throttle_prefills or getattr(sched, "local_prefill_interval", 1) > 1) and not newest_rules():
         out.append(PREFILL_THROTTLING)
-    # Bridge (adaptive_long_prefill_threshold): from 0.31.0; none before.
-    if getattr(sched, "adaptive_long_prefill_threshold", False) and sched.scheduler_config.long_prefill_token_threshold:
+    # Bridge (adaptive_long_prefill_threshold): from 0.31.0; none before.  Modelled for
+    # 0.33.0 (spec/config.py long_prefill_threshold).
+    if getattr(sched, "adaptive_long_prefill_threshold", False) and sched.scheduler_config.long_prefill_token_threshold \
+            and not newest_rules():
         out.append(ADAPTIVE_THRESHOLD)
     # Paused, the spec admits no waiting request (spec/scheduler.py schedule); vLLM
     # still admits those holding blocks under PAUSED_NEW (S:1064-1067), which only a

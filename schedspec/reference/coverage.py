@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from schedspec.spec import prefill_throttle
+from schedspec.spec.config import long_prefill_threshold
 
 from .scenario import Scenario
 
@@ -49,6 +50,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with structured output")
     if scenario.config.get("prefill_schedule_interval", 1) > 1:
         bump("scenarios with prefill throttling")
+    if scenario.config.get("long_prefill_token_threshold_adaptive"):
+        bump("scenarios with the adaptive long-prefill threshold")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -169,6 +172,9 @@ class StepCoverage:
                 _bump(cov, "steps at max_loras")
                 if any(after.requests[w].lora_int_id not in running | {0} for w in after.waiting):
                     _bump(cov, "steps holding an adapter back")
+        if c.long_prefill_token_threshold_adaptive and \
+                long_prefill_threshold(c, len(before.running) + len(before.waiting)) > c.long_prefill_token_threshold:
+            _bump(cov, "steps with the long-prefill cap raised to a fair share")
         if c.prefill_schedule_interval > 1 and prefill_throttle.holds_prefill(before):
             _bump(cov, "steps holding prefill back")
             if before.waiting and not out.scheduled_new_reqs and not out.scheduled_resumed_reqs:

@@ -65,6 +65,9 @@ With "prefill_throttle" in `features`, after structured output and only for 0.33
 one scenario in four gets `prefill_schedule_interval` 2..8: prefill held on the
 steps between, while something decodes (spec/prefill_throttle.py).
 
+With "adaptive_threshold" in `features`, last and only for 0.33.0, one scenario in two
+that has a `long_prefill_token_threshold` gets `long_prefill_token_threshold_adaptive`.
+
 `FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
 model neither flag, and the scenario streams pinned by their tests stay as they
 were.  A campaign draws the combinations both its implementations model
@@ -216,7 +219,7 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
 
 
 # Scheduler features beyond the two flags, and the implementations that lack one.
-FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle"})
+FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle", "adaptive_threshold"})
 IMPL_LACKS: dict[str, frozenset[str]] = {"torch": FEATURES}
 
 
@@ -294,6 +297,9 @@ def generate_scenario(rng: random.Random, index: int,
         requests = _structured_output(rng, requests)
     if "prefill_throttle" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
         config = {**config, "prefill_schedule_interval": rng.choice([2, 2, 3, 4, 8])}
+    if "adaptive_threshold" in features and release == DEFAULT_RELEASE and config.get("long_prefill_token_threshold") \
+            and rng.random() < 1 / 2:
+        config = {**config, "long_prefill_token_threshold_adaptive": True}
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 

@@ -200,9 +200,10 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
     builds its scheduler directly (a pool smaller than one max_model_len sequence)."""
     # vllm_version is optional: vectors written before it model 0.33.0 (spec/versions.py).
     # So are speculative decoding's fields: vectors written before it have none (0, off).
-    # And prefill_schedule_interval (1, never held), from before prefill throttling.
+    # And prefill_schedule_interval (1, never held) and long_prefill_token_threshold_adaptive
+    # (false), from before prefill throttling and the adaptive threshold.
     optional = ("vllm_version", "num_speculative_tokens", "num_lookahead_tokens", "max_loras",
-                "prefill_schedule_interval")
+                "prefill_schedule_interval", "long_prefill_token_threshold_adaptive")
     raw = read_object(obj, where, tuple(f for f in CONFIG_FIELDS if f not in optional), CONFIG_FIELDS)
     values: dict[str, Any] = {}
     for name in CONFIG_FIELDS:

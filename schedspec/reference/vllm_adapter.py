@@ -255,10 +255,12 @@ def scheduler_config_kwargs(v: Mapping[str, Any], c: SchedulerConfig) -> dict[st
         if f in have or value != FIELDS_SINCE.get(f, (None, SchedulerConfig.__dataclass_fields__[f].default))[1]:
             kwargs[f] = value
     # Prefill throttling's interval, applied by the scheduler itself on this engine
-    # without data parallelism (S:404-408); only where set (the spec refuses it
-    # before 0.33.0, spec/config.py).
+    # without data parallelism (S:404-408), and the adaptive long-prefill threshold;
+    # only where set (the spec refuses both before 0.33.0, spec/config.py).
     if c.prefill_schedule_interval != 1:
         kwargs["prefill_schedule_interval"] = c.prefill_schedule_interval
+    if c.long_prefill_token_threshold_adaptive:
+        kwargs["long_prefill_token_threshold_adaptive"] = True
     return kwargs
 
 

@@ -86,6 +86,8 @@ def lift_config(sched: Any) -> SchedulerConfig:
         # The interval the scheduler applies itself: the config's on an engine without data
         # parallelism, else 1 (S:404-408).  Bridge: no local interval in 0.30.0.
         prefill_schedule_interval=getattr(sched, "local_prefill_interval", 1),
+        # Bridge: from 0.31.0 (0.33.0 S:144-146); 0.30.0 has no adaptive threshold.
+        long_prefill_token_threshold_adaptive=bool(getattr(sched, "adaptive_long_prefill_threshold", False)),
         vllm_version=vllm.__version__,
     )
 

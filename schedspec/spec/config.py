@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .versions import DEFAULT_RELEASE, FIELDS_SINCE, RELEASES, checks, field_minimum, release_key
+from .versions import (DEFAULT_RELEASE, FIELDS_SINCE, LONG_PREFILL_THRESHOLD_NEEDS_TWO, RELEASES, checks,
+                       field_minimum, has, release_key)
 
 FCFS = "fcfs"
 PRIORITY = "priority"
@@ -37,6 +38,8 @@ class SchedulerConfig:
     max_num_active_seqs: int | None = None  # None -> max_num_seqs
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0 = no per-request chunk cap
+    # Floor the cap at a fair share of the input budget (C:86-90; vLLM 0.33.0 here).
+    long_prefill_token_threshold_adaptive: bool = False
     policy: str = FCFS
     watermark: float = 0.0  # C:196, in [0, 1)
     scheduler_reserve_full_isl: bool = True  # C:190, the full-ISL admission gate
@@ -90,6 +93,18 @@ class SchedulerConfig:
         return int(self.watermark * self.num_gpu_blocks)
 
 
+def long_prefill_threshold(c: SchedulerConfig, num_eligible: int) -> int:
+    """The long-prefill cap of a step with `num_eligible` running and waiting requests
+    (S:754-772): none for a request alone (there is nobody to starve; from 0.31.0);
+    adaptive, at least a fair share of the input budget."""
+    if num_eligible <= 1 and has(c, LONG_PREFILL_THRESHOLD_NEEDS_TWO):
+        return 0
+    threshold = c.long_prefill_token_threshold
+    if threshold > 0 and c.long_prefill_token_threshold_adaptive:
+        return max(threshold, c.max_num_batched_tokens // num_eligible)
+    return threshold
+
+
 CONFIG_FIELDS = tuple(f.name for f in fields(SchedulerConfig))
 
 # The integer fields: name -> (minimum, whether null is allowed).
@@ -109,7 +124,7 @@ INT_FIELDS = {
 }
 # The true/false fields.
 BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching",
-               "async_scheduling")
+               "async_scheduling", "long_prefill_token_threshold_adaptive")
 
 
 def _is_int(v: Any) -> bool:
@@ -251,6 +266,11 @@ def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
     if c.max_loras is not None and c.vllm_version != DEFAULT_RELEASE:
         raise ConfigError(f"{where}.max_loras", f"= {c.max_loras}: schedspec models LoRA for vLLM "
                           f"{DEFAULT_RELEASE} only, not {c.vllm_version}; leave it out or use vllm_version "
+                          f"{DEFAULT_RELEASE}")
+    if c.long_prefill_token_threshold_adaptive and c.vllm_version != DEFAULT_RELEASE:
+        raise ConfigError(f"{where}.long_prefill_token_threshold_adaptive",
+                          f"= true: schedspec models the adaptive long-prefill threshold for vLLM "
+                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; set it to false or use vllm_version "
                           f"{DEFAULT_RELEASE}")
     if c.prefill_schedule_interval > 1 and c.vllm_version != DEFAULT_RELEASE:
         raise ConfigError(f"{where}.prefill_schedule_interval",

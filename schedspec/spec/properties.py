@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from . import prefill_throttle
-from .config import FCFS, PRIORITY
+from .config import FCFS, PRIORITY, long_prefill_threshold
 from .kv_cache import cdiv, get_num_blocks_to_allocate
 from .lora import exceeds_max_loras, running_loras
 from .request import Request, RequestStatus, last_token_in_flight
 from .state import SchedulerOutput, SchedulerState
-from .versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, UNHASHED_FREE_BLOCKS_FIRST, has
+from .versions import INPUT_BUDGET, UNHASHED_FREE_BLOCKS_FIRST, has
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,8 @@ def prop(fn: Callable[[SchedulerState, SchedulerOutput, SchedulerState], Verdict
 
 
 def get_long_prefill_threshold(state: SchedulerState) -> int:
-    """The threshold in force this step: only with more than one eligible request (S:757-763)."""
-    eligible = len(state.running) + len(state.waiting)
-    alone = eligible <= 1 and has(state.config, LONG_PREFILL_THRESHOLD_NEEDS_TWO)  # every grant before 0.31.0
-    return 0 if alone else state.config.long_prefill_token_threshold
+    """The threshold in force this step (config.py `long_prefill_threshold`)."""
+    return long_prefill_threshold(state.config, len(state.running) + len(state.waiting))
 
 
 def get_need(r: Request) -> int:

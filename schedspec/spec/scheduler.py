@@ -16,14 +16,14 @@ from collections import deque
 from dataclasses import replace
 from typing import Iterable, Mapping, Sequence
 
-from .config import PRIORITY, ConfigError, SchedulerConfig
+from .config import PRIORITY, ConfigError, SchedulerConfig, long_prefill_threshold
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
 from . import lora, prefill_throttle, spec_decode, stale_output, structured_output
 from .spec_decode import update_draft_token_ids  # noqa: F401 - a public call of the spec, as the others
 from .structured_output import grammar_compiled  # noqa: F401 - the environment's event, beside the calls
 from .state import SchedulerOutput, SchedulerState, Working
-from .versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES, has
+from .versions import INPUT_BUDGET, PRIORITY_SELF_PREEMPTION_CONTINUES, has
 
 
 def enqueue(policy: str, waiting: deque[str], requests: Mapping[str, Request], rid: str, front: bool) -> None:
@@ -65,9 +65,7 @@ class ScheduleWork(Working):
         c = state.config
         self.token_budget = c.token_budget if self.pause_state != "PAUSED_ALL" else 0  # S:719, 723-725
         self.input_budget = c.max_num_batched_tokens if has(c, INPUT_BUDGET) else self.token_budget  # S:722
-        # The long-prefill cap applies only with more than one eligible request (S:757-763).
-        alone = len(self.running) + len(self.waiting) <= 1 and has(c, LONG_PREFILL_THRESHOLD_NEEDS_TWO)
-        self.threshold = 0 if alone else c.long_prefill_token_threshold
+        self.threshold = long_prefill_threshold(c, len(self.running) + len(self.waiting))  # S:754-772
         self.cursor = 0  # the running loop's position in `running`
         self.scheduled: dict[str, int] = {}  # insertion order is grant order
         self.scheduled_running, self.new, self.resumed, self.preempted = [], [], [], []
