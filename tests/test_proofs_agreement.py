@@ -320,8 +320,7 @@ def test_encoding_agrees_with_spec(evaluator):
 M = Mutation
 SPEC_MUTANTS = {
     "budget_off_by_one": [M("scheduler.ScheduleWork.__init__", "c.token_budget", "c.token_budget + 1")],
-    "threshold_one_eligible": [M("scheduler.ScheduleWork.__init__", "len(self.running) + len(self.waiting) <= 1",
-                                 "len(self.running) + len(self.waiting) <= 0")],
+    "threshold_one_eligible": [M("config.long_prefill_threshold", "num_eligible <= 1", "num_eligible <= 0")],
     "fcfs_victim_head": [M("scheduler.choose_victim", "s.running[-1]", "s.running[0]")],
     "no_cursor_fix": [M("scheduler.preempt", "v < s.cursor", "False")],
     "no_refund": [M("scheduler.preempt", "s.token_budget += refund\ns.input_budget += refund", "pass")],

@@ -57,7 +57,11 @@ MUTANTS = {
           "r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens + 2"),
     ],
     "scheduled_requests_run": [
-        M("scheduler.admit", "s.running.append(rid)", "s.waiting.append(rid)"),
+        # The first admission of a step ends in waiting, and the loop stops there: put
+        # back in waiting and left in the loop, it was admitted a second time in the same
+        # step, and the spec crashed before the step's end, where the property is checked.
+        M("scheduler.schedule_waiting", "loras.update(lora.running_loras((s.requests[rid],)))",
+          "s.waiting.append(s.running.pop())\nbreak"),
     ],
     "computed_tokens_advance_by_grant": [
         M("scheduler.update_after_schedule", "r.num_computed_tokens += n", "r.num_computed_tokens += n - (n > 2)"),
