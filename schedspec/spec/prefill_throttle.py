@@ -135,7 +135,7 @@ def after_step(w: Any) -> PrefillCadence:
     `_update_after_schedule` advances it (S:1586-1590, 1620-1629); under a local
     interval only (see the module's docstring)."""
     c = w.cadence
-    if w.config.prefill_schedule_interval <= 1:
+    if not modelled(w.config) or w.config.prefill_schedule_interval <= 1:
         return c
     n = c.num_executed_steps + (sum(w.scheduled.values()) > 0)
     admitted = (w.requests[x] for x in w.new + w.resumed)
