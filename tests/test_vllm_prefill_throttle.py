@@ -32,6 +32,7 @@ from schedspec.spec.input_processor import make_request
 from schedspec.spec.state import SchedulerState
 
 from monitor_helpers import Both
+from mutants import Mutation, mutated
 
 SEED = 31
 NUM_SCENARIOS = 80
@@ -176,42 +177,27 @@ def test_lift_equals_the_spec_after_every_call(vllm):
     assert both.calls > 0 and held > 0
 
 
-@pytest.mark.parametrize("mutant", ["never_defer", "interval_off_by_one", "no_capacity_escape", "chunks_not_held"])
-def test_vllm_catches_a_broken_gate(vllm, monkeypatch, mutant):
-    real = P.defers_prefills
-    if mutant == "never_defer":
-        monkeypatch.setattr(P, "defers_prefills", lambda w, t: False)
-    elif mutant == "interval_off_by_one":
-        def wider(w, t):
-            c = w.cadence
-            return real(w, t) or (c.last_prefill_step is not None and not c.capacity_bound and
-                                  c.num_executed_steps + 1 - c.last_prefill_step == w.config.prefill_schedule_interval
-                                  and not all(w.requests[x].is_prefill_chunk for x in w.running))
-        monkeypatch.setattr(P, "defers_prefills", wider)
-    elif mutant == "no_capacity_escape":
-        monkeypatch.setattr(P, "after_waiting_loop", lambda w, skipped: __import__("dataclasses").replace(
-            real_after(w, skipped), capacity_bound=False))
-    else:
-        monkeypatch.setattr(S, "num_new_tokens_running", lambda s, r: real_running(
-            _undeferred(s), r))
-    for scenario in throttle_scenarios():
-        if compare_traces(run_scenario(scenario, vllm), run_scenario(scenario, SpecScheduler())) is not None:
-            return
+# One-line spec mutants (tests/mutants.py), each a gate vLLM must show broken.
+GATE_MUTANTS = {
+    "never_defer": Mutation("scheduler.ScheduleWork.__init__",
+                            "prefill_throttle.defers_prefills(self, throttle_prefills)", "False"),
+    "interval_off_by_one": Mutation("prefill_throttle.gate", "cadence.num_executed_steps + 1 - last < interval",
+                                    "cadence.num_executed_steps + 1 - last <= interval"),
+    "no_capacity_escape": Mutation("prefill_throttle.after_waiting_loop", "len(w.waiting) > len(deferred)", "False"),
+    "chunks_not_held": Mutation("scheduler.num_new_tokens_running",
+                                "last_token_in_flight(r) or (s.defer_prefills and r.is_prefill_chunk)",
+                                "last_token_in_flight(r)"),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(GATE_MUTANTS))
+def test_vllm_catches_a_broken_gate(vllm, mutant):
+    scenarios = throttle_scenarios()
+    with mutated([GATE_MUTANTS[mutant]]):
+        for scenario in scenarios:
+            if compare_traces(run_scenario(scenario, vllm), run_scenario(scenario, SpecScheduler())) is not None:
+                return
     pytest.fail(f"the spec with {mutant} agreed with vLLM on every scenario")
-
-
-real_after = P.after_waiting_loop
-real_running = S.num_new_tokens_running
-
-
-class _undeferred:
-    """A step's working state as the running loop sees it, without the deferral."""
-
-    def __init__(self, s):
-        self._s = s
-
-    def __getattr__(self, name):
-        return False if name == "defer_prefills" else getattr(self._s, name)
 
 
 def test_the_file_contract():
@@ -281,16 +267,15 @@ def adaptive_scenarios(n: int = NUM_SCENARIOS):
     return [s for s in drawn if s.config.get("long_prefill_token_threshold_adaptive")]
 
 
-def test_vllm_agrees_on_the_adaptive_threshold_and_catches_its_absence(vllm, monkeypatch):
-    from schedspec.spec import config as C
-
+def test_vllm_agrees_on_the_adaptive_threshold_and_catches_its_absence(vllm):
     drawn = adaptive_scenarios()
     assert len(drawn) >= 3
     both = Both(vllm)
     for scenario in drawn:
         assert "error" not in run_scenario(scenario, both)
-    real = C.long_prefill_threshold
-    monkeypatch.setattr(S, "long_prefill_threshold", lambda c, n: real(
-        __import__("dataclasses").replace(c, long_prefill_token_threshold_adaptive=False), n))
-    caught = any(compare_traces(run_scenario(s, vllm), run_scenario(s, SpecScheduler())) is not None for s in drawn)
+    without_floor = Mutation("config.long_prefill_threshold",
+                             "max(threshold, c.max_num_batched_tokens // num_eligible)", "threshold")
+    with mutated([without_floor]):
+        caught = any(compare_traces(run_scenario(s, vllm), run_scenario(s, SpecScheduler())) is not None
+                     for s in drawn)
     assert caught, "the spec without the adaptive floor agreed with vLLM on every scenario"

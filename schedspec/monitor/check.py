@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Any, Mapping
 
+from schedspec.reference.state_json import cadence_fields
 from schedspec.spec.block_pool import BlockPool
 from schedspec.spec.request import Request
 from schedspec.spec.state import SchedulerOutput, SchedulerState
@@ -130,12 +131,6 @@ def kv_view(state: SchedulerState) -> dict[str, Any]:
             "req_to_num_blocks": {rid: n for rid, n in kv.req_to_num_blocks.items() if n}}
 
 
-def cadence_view(s: SchedulerState) -> dict[str, Any]:
-    c = s.prefill_cadence
-    return {f.name: list(c.deferred_waiting) if f.name == "deferred_waiting" else getattr(c, f.name)
-            for f in fields(c)}
-
-
 def first_difference(field: str, a: Any, b: Any) -> Difference:
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         for k in list(a) + [k for k in b if k not in a]:
@@ -165,7 +160,8 @@ def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerSta
     if spec.pause_state != vllm.pause_state:
         return Difference("post_state.pause_state", spec.pause_state, vllm.pause_state)
     if spec.prefill_cadence != vllm.prefill_cadence:
-        return first_difference("post_state.prefill_cadence", cadence_view(spec), cadence_view(vllm))
+        return first_difference("post_state.prefill_cadence", cadence_fields(spec.prefill_cadence),
+                                cadence_fields(vllm.prefill_cadence))
     if set(spec.grammar_compile_error_reqs) != set(vllm.grammar_compile_error_reqs):
         return Difference("post_state.grammar_compile_error_reqs", sorted(spec.grammar_compile_error_reqs),
                           sorted(vllm.grammar_compile_error_reqs))

@@ -449,12 +449,16 @@ OPTIONAL_STATE_FIELDS = ("grammar_compile_error_reqs", "pause_state", "prefill_c
 CADENCE_FIELDS = ("num_executed_steps", "last_prefill_step", "capacity_bound", "deferred_waiting")
 
 
+def cadence_fields(c: PrefillCadence) -> dict[str, Any]:
+    """Prefill throttling's state, every field (the deferred ids sorted: a set)."""
+    return {"num_executed_steps": c.num_executed_steps, "last_prefill_step": c.last_prefill_step,
+            "capacity_bound": c.capacity_bound, "deferred_waiting": sorted(c.deferred_waiting)}
+
+
 def cadence_to_json(c: PrefillCadence) -> dict[str, Any]:
     """Prefill throttling's state; a field at its initial value is left out."""
-    out = {"num_executed_steps": c.num_executed_steps, "last_prefill_step": c.last_prefill_step,
-           "capacity_bound": c.capacity_bound, "deferred_waiting": sorted(c.deferred_waiting)}
-    initial = {"num_executed_steps": 0, "last_prefill_step": None, "capacity_bound": False, "deferred_waiting": []}
-    return {k: v for k, v in out.items() if v != initial[k]}
+    initial = cadence_fields(PrefillCadence())
+    return {k: v for k, v in cadence_fields(c).items() if v != initial[k]}
 
 
 def cadence_from_json(obj: Any, where: str, waiting: tuple[str, ...]) -> PrefillCadence:

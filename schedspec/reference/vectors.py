@@ -110,6 +110,7 @@ _CALL_FIELDS = {
     "finish_requests": ("name", "request_ids", "status"),
     "update_from_output": ("name", "output", "sampled_token_ids"),
 }
+_OPTIONAL_CALL_FIELDS = {"schedule": ("throttle_prefills",)}
 
 
 def call_from_json(obj: Any, where: str = "call") -> Call:
@@ -117,7 +118,8 @@ def call_from_json(obj: Any, where: str = "call") -> Call:
     name = raw["name"]
     if name not in _CALL_FIELDS:
         raise StateJsonError(field_path(where, "name"), f"= {excerpt(name)}, must be one of {', '.join(CALL_NAMES)}")
-    read_object(raw, where, _CALL_FIELDS[name][:1] if name == "schedule" else _CALL_FIELDS[name], _CALL_FIELDS[name])
+    optional = _OPTIONAL_CALL_FIELDS.get(name, ())
+    read_object(raw, where, tuple(f for f in _CALL_FIELDS[name] if f not in optional), _CALL_FIELDS[name])
     f = lambda key: field_path(where, key)  # noqa: E731 - the path of one field
     if name == "add_request":
         return Call(name, request=request_from_json(raw["request"], f("request")))
