@@ -284,11 +284,36 @@ def _delay_free_connector():
     return DelayFreeConnector
 
 
+def _matching_connector(answer):
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+    class Connector(ExampleConnector):
+        """vLLM's ExampleConnector giving every admission the same answer from
+        get_num_new_matched_tokens (base.py): `answer(block_size)`."""
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            return answer(self._block_size)
+
+    return Connector
+
+
+# Connectors vLLM's factory loads by module path (kv_connector_module_path).
+CONNECTORS = {
+    "DelayFreeConnector": _delay_free_connector,
+    # One block of external tokens, loaded within the step (a sync load, S:1138-1187).
+    "OneBlockConnector": lambda: _matching_connector(lambda bs: (bs, False)),
+    # Cannot tell yet: the request is skipped this step (S:1146-1151).
+    "UndecidedConnector": lambda: _matching_connector(lambda bs: (None, False)),
+}
+
+
 def __getattr__(name: str):
     # vLLM's KV connector factory imports the class by module and name
     # (kv_connector_module_path); it is made on first use, after vLLM is imported.
-    if name == "DelayFreeConnector":
-        cls = _delay_free_connector()
+    make = CONNECTORS.get(name)
+    if make is not None:
+        cls = make()
+        cls.__name__ = cls.__qualname__ = name
         globals()[name] = cls
         return cls
     raise AttributeError(name)

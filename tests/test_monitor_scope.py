@@ -30,8 +30,10 @@ require_vllm()
 
 import torch  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
+from mutants import Mutation, mutated  # noqa: E402
 from schedspec.monitor import scope  # noqa: E402
 from schedspec.monitor.shadow import ShadowAsyncScheduler, ShadowScheduler  # noqa: E402
 
@@ -111,15 +113,55 @@ def _(mon, tmp_path, monkeypatch):
     return watch(mon, add_and_step(s, request("a", 20)))
 
 
-@case("KV_CONNECTOR", "example_connector")
-def _(mon, tmp_path, monkeypatch):
+def connector_scheduler(tmp_path, name: str = "ExampleConnector", role: str = "kv_both", **kw):
+    """A scheduler with KV connector `name`: vLLM's ExampleConnector (storing in
+    tmp_path, empty: it loads nothing), or one of monitor_helpers.CONNECTORS."""
     from vllm.config import KVTransferConfig
 
+    extra = {} if name == "ExampleConnector" else {"kv_connector_module_path": "monitor_helpers"}
     s = build_scheduler(kv_transfer_config=KVTransferConfig(
-        kv_connector="ExampleConnector", kv_role="kv_both",
-        kv_connector_extra_config={"shared_storage_path": str(tmp_path)}))
+        kv_connector=name, kv_role=role, kv_connector_extra_config={"shared_storage_path": str(tmp_path)},
+        **extra), **kw)
     assert s.connector is not None
-    return watch(mon, add_and_step(s, request("a", 20, sched=s)))
+    return s
+
+
+@case("KV_CONNECTOR", "external_tokens")
+def _(mon, tmp_path, monkeypatch):
+    # A connector answering one block of external tokens, loaded within the step
+    # (S:1138-1187): vLLM counts them computed, the spec has no such tokens.
+    s = connector_scheduler(tmp_path, "OneBlockConnector")
+    s.add_request(request("a", 40, sched=s))
+    stats = watch(mon, lambda: s.schedule())
+    assert s.requests["a"].num_computed_tokens == 40  # 16 loaded, 24 computed
+    return stats
+
+
+@case("KV_CONNECTOR", "undecided")
+def _(mon, tmp_path, monkeypatch):
+    # A connector that cannot tell yet: vLLM skips the request this step (S:1146-1151).
+    s = connector_scheduler(tmp_path, "UndecidedConnector")
+    s.add_request(request("a", 40, sched=s))
+    stats = watch(mon, lambda: s.schedule())
+    assert s.requests["a"].num_computed_tokens == 0
+    return stats
+
+
+@case("KV_CONNECTOR", "delivery_preemption")
+def _(mon, tmp_path, monkeypatch):
+    # A producer's connector requires KV delivery: a request preempted in
+    # schedule() has its in-flight output dropped (S:972-976), which the spec's
+    # preemption does not do.  Nine steps fill the 6 usable blocks; the tenth preempts.
+    s = connector_scheduler(tmp_path, num_blocks=7)
+    assert s.requires_kv_delivery
+    for rid in "ab":
+        s.add_request(request(rid, 40, sched=s, max_tokens=30))
+    for _ in range(9):
+        step(s)
+    outs: list = []
+    stats = watch(mon, lambda: outs.append(s.schedule()))
+    assert outs[0].preempted_req_ids == {"b"}
+    return stats
 
 
 @case("KV_CONNECTOR", "request_kv_transfer_params")
@@ -495,7 +537,55 @@ def _(mon, tmp_path, monkeypatch):
                         aux_output_config=AuxOutputConfig(enable_return_routed_experts=True))
     assert s.aux_output_connector is not None
     # (No update_from_output: it wants the routed experts from the worker.)
-    return watch(mon, add_and_schedule(s, request("a", 20, sched=s)))
+    # "a" leaves its two full blocks cached; the connector caps "b"'s hit of them
+    # at one block, as vLLM's test_prefix_hit_is_capped_at_retained_auxiliary_outputs
+    # has it answer.
+    tokens = list(range(1, 41))
+    s.add_request(request("a", tokens=tokens, sched=s))
+    s.schedule()
+    s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    s.add_request(request("b", tokens=tokens, sched=s))
+    s.aux_output_connector.max_cache_hit = lambda r: 16
+    outs: list = []
+    stats = watch(mon, lambda: outs.append(s.schedule()))
+    assert outs[0].num_scheduled_tokens == {"b": 24}  # 40 - 16, not 40 - 32
+    return stats
+
+
+def test_a_watch_blind_to_the_aux_cap_lets_it_diverge(monitor, tmp_path, monkeypatch):
+    """Without the watch's judgement of max_cache_hit, the capped hit of the
+    AUX_OUTPUT_CONNECTOR case is compared, and differs from the spec's."""
+    blind = Mutation("scope.connector_answer_changes_step",
+                     "type(result) is not int or prefix_hit(sched, request, result) != "
+                     "prefix_hit(sched, request, request.num_tokens - 1)", "False")
+    (aux_case,) = [c for c in CASES if c.feature == "AUX_OUTPUT_CONNECTOR"]
+    with mutated([blind], package="schedspec.monitor", module="scope"):
+        stats = aux_case.fn(monitor, tmp_path, monkeypatch)
+    assert stats["divergences"] and not stats["outside_scope"], stats
+
+
+def test_an_aux_output_connector_that_caps_nothing_leaves_its_calls_checked(monitor, monkeypatch):
+    """vLLM's aux output connector only caps prefix hits (S:1117-1121): with no
+    cap below a hit, every call is compared (scope.ConnectorWatch), a prefix hit
+    included."""
+    from vllm.config.aux_output import AuxOutputConfig
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    s = build_scheduler(hf_config=MIXTRAL, prefix_caching=True,
+                        aux_output_config=AuxOutputConfig(enable_return_routed_experts=True))
+    tokens = list(range(1, 41))
+    outs: list = []
+
+    def calls():
+        s.add_request(request("a", tokens=tokens, sched=s))
+        s.schedule()
+        s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+        s.add_request(request("b", tokens=tokens, sched=s))
+        outs.append(s.schedule())
+    stats = watch(monitor, calls)
+    assert outs[0].num_scheduled_tokens == {"b": 8}  # a hit of 32
+    assert_all_checked(stats, "schedule", "add_request", "finish_requests")
+    assert not set(scope.ConnectorWatch.AUX) & s.aux_output_connector.__dict__.keys()
 
 
 @case("PREFIX_REPLAY", companions=("KV_CACHE_GROUPS",))
@@ -623,8 +713,14 @@ def _(mon, tmp_path, monkeypatch):
     assert s.requests["a"].is_finished()  # finished, still held
 
     def calls():
-        s.schedule()
         s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+        out = s.schedule()
+        # The connector reports the send done: vLLM frees the blocks (S:3579-3582).
+        # The output names no held request, so only KV_CONNECTOR names this call.
+        result = runner_output(out, {})
+        result.kv_connector_output = KVConnectorOutput(finished_sending={"a"})
+        s.update_from_output(out, result)
+        assert "a" not in s.requests
     return watch(mon, calls)
 
 
@@ -741,6 +837,51 @@ def test_feature_is_counted_outside_scope(c: Case, monitor, tmp_path, monkeypatc
     assert set(stats["outside_scope"]) == expected, f"named {sorted(stats['outside_scope'])}"
     assert_clean(stats)
     assert_clean(monitor.summary())  # the setup calls too
+
+
+@pytest.mark.parametrize("num_blocks", [64, 7], ids=["no-preemption", "preemption"])
+def test_a_connector_that_changes_nothing_leaves_its_calls_checked(monitor, tmp_path, num_blocks):
+    """vLLM's ExampleConnector with nothing stored answers no external tokens and
+    keeps no block: every call is compared (scope.ConnectorWatch), except a
+    schedule() that preempts, where this producer's connector has vLLM drop the
+    in-flight output.  The watch leaves the connector as it found it."""
+    s = connector_scheduler(tmp_path, num_blocks=num_blocks)
+    preempting = 0
+
+    def calls():
+        nonlocal preempting
+        for rid in "ab":
+            s.add_request(request(rid, 40, sched=s, max_tokens=30))
+        for _ in range(200):
+            if not s.requests:
+                break
+            preempting += bool(step(s).preempted_req_ids)
+    stats = watch(monitor, calls)
+    assert not s.requests
+    assert preempting == (0 if num_blocks == 64 else 1)
+    seen = calls_seen(stats)
+    assert seen["schedule"]["checked"] == seen["schedule"]["total"] - preempting, seen
+    assert stats["outside_scope"] == ({scope.KV_CONNECTOR: preempting} if preempting else {})
+    for call in ("update_from_output", "add_request"):
+        assert seen[call]["checked"] == seen[call]["total"], (call, seen)
+    assert_clean(stats)
+    assert not set(scope.ConnectorWatch.KV) & s.connector.__dict__.keys()
+    assert_clean(monitor.summary())
+
+
+@pytest.mark.parametrize("mutation", [
+    Mutation("scope.connector_answer_changes_step", "type(ext) is int and (ext == 0 or "
+             "getattr(request, 'skip_reading_prefix_cache', False))", "True"),
+    Mutation("scope.ConnectorWatch.features", "dict(self.acted)", "{}"),
+], ids=["answers-ignored", "acts-ignored"])
+def test_a_watch_blind_to_external_tokens_lets_them_diverge(monitor, tmp_path, mutation):
+    """The watch is what keeps a sync external load from being compared: without
+    it, the spec (no external tokens) and vLLM disagree on that schedule()."""
+    s = connector_scheduler(tmp_path, "OneBlockConnector")
+    s.add_request(request("a", 40, sched=s))
+    with mutated([mutation], package="schedspec.monitor", module="scope"):
+        stats = watch(monitor, lambda: s.schedule())
+    assert stats["divergences"] and not stats["outside_scope"], stats
 
 
 def test_a_spy_that_calls_through_leaves_every_call_checked(monitor):

@@ -8,8 +8,9 @@ test that changes the scheduler's internals by hand between calls cannot put
 the monitor out of step: the next call is judged from what vLLM then holds.
 
 Every call ends in exactly one of: *checked* (and maybe a divergence),
-*outside scope* (a feature the spec does not model, named, scope.py; or a
-difference in a call a test's spy may have changed, scope.is_spy), *vLLM
+*outside scope* (a feature the spec does not model, named, scope.py; a KV
+connector whose answers in the call changed what vLLM did, scope.ConnectorWatch;
+or a difference in a call a test's spy may have changed, scope.is_spy), *vLLM
 raised* (vLLM's exception goes on to its caller, nothing to compare), or a
 *monitor error* (the lift, the spec or the comparison failed), kept apart from
 divergences.  A monitor error never reaches vLLM's caller unless the policy is
@@ -154,13 +155,23 @@ class Monitor:
             sched.__dict__.pop(POST_ATTR, None)
             self.monitor_error(call, number, e)
             return original()
+        watch = scope.ConnectorWatch(sched) if not outside else None
         try:
-            result = original()
+            if watch is None:
+                result = original()
+            else:
+                with watch:
+                    result = original()
         except BaseException:
             sched.__dict__.pop(POST_ATTR, None)
             self.count(call, "vllm_raised")
             self.unrebuildable(sched, f"{call} #{number} raised in vLLM")
             raise
+        if watch is not None:
+            # A KV connector is judged by what it answered in this call (scope.ConnectorWatch).
+            outside = watch.features(result)
+            if outside:
+                sched.__dict__.pop(POST_ATTR, None)
         if outside:
             self.unrebuildable(sched, f"{call} #{number} is outside the spec's scope")
             self.count(call, "outside_scope")
@@ -345,7 +356,7 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
             extra.append(scope.SPECULATIVE_DECODING)  # drafts verified: 0.33.0's rules only
         if getattr(model_runner_output, "pooler_output", None):
             extra.append(scope.POOLING)
-        if getattr(model_runner_output, "kv_connector_output", None) is not None:
+        if scope.connector_output_acts(getattr(model_runner_output, "kv_connector_output", None)):
             extra.append(scope.KV_CONNECTOR)
         if getattr(model_runner_output, "ec_connector_output", None) is not None:
             extra.append(scope.EC_CONNECTOR)

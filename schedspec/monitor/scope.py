@@ -81,11 +81,13 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(SPECULATIVE_DECODING)
     if getattr(sched, "num_hash_lookahead_tokens", 0):
         out.append(HASH_LOOKAHEAD)
-    if sched.connector is not None or getattr(sched, "defer_block_free", False):
+    if (sched.connector is not None and not connector_watchable(sched)) or getattr(sched, "defer_block_free", False):
         out.append(KV_CONNECTOR)
     if sched.ec_connector is not None:
         out.append(EC_CONNECTOR)
-    if getattr(sched, "aux_output_connector", None) is not None:
+    aux = getattr(sched, "aux_output_connector", None)
+    if aux is not None and not (newest_rules() and type(aux).__name__ == "AuxOutputSchedulerConnector"):
+        # A connector of vLLM's own class is judged call by call (ConnectorWatch).
         out.append(AUX_OUTPUT_CONNECTOR)
     if getattr(sched, "is_encoder_decoder", False):
         out.append(ENCODER_DECODER)
@@ -128,6 +130,132 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     if patched(sched):
         out.append(PATCHED_INTERNALS)
     return out
+
+
+def connector_watchable(sched: Any) -> bool:
+    """A KV connector whose calls can be judged one by one (ConnectorWatch): on
+    vLLM 0.33.0, whose code paths with a connector that loads nothing were read
+    (S:925-927, 1130-1214, 1467-1500, 3349-3401), on one full-attention group
+    (no divergent hybrid hits, S:667-671), with an object the watch can wrap
+    methods on."""
+    conn = sched.connector
+    return (newest_rules() and hasattr(conn, "__dict__")
+            and getattr(conn, "supports_divergent_local_hybrid_hits", True) is False)
+
+
+class ConnectorWatch:
+    """What the connectors decided during one scheduler call.
+
+    With a KV connector that loads nothing, keeps no block and reports no
+    transfer, vLLM 0.33.0 schedules exactly as without one: it asks the
+    connector for external tokens at each admission (S:1138-1144) and hands it
+    the result afterwards (S:1467-1486, 1756-1757), with nothing the step
+    depends on.  Likewise an aux output connector only caps prefix hits
+    (S:1117-1121, 1189-1197); the rest is metadata for the workers.  So such a
+    call is compared, and the watch names a connector only when one of its
+    answers did change what vLLM does:
+      - KV: external tokens for a request that reads the prefix cache, or `None`
+        (the request is skipped, S:1146-1151); `has_pending_block_frees()` true
+        (no preemption, S:925-927); a finished request whose blocks it keeps
+        (S:3383-3401); a preemption in the call under `requires_kv_delivery`:
+        vLLM drops the request's in-flight output (S:972-976, 1832), the spec
+        keeps it;
+      - aux output: a cap below the request's prefix hit, or an external hit cut.
+    Each watched method is wrapped on the connector object for the call only and
+    calls through, so a test's own replacement still sees every call."""
+
+    KV = ("get_num_new_matched_tokens", "has_pending_block_frees", "request_finished",
+          "request_finished_all_groups", "register_finished_partial_tail")
+    AUX = ("max_cache_hit", "cap_external_hit")
+
+    def __init__(self, sched: Any):
+        self.sched = sched
+        kv, aux = getattr(sched, "connector", None), getattr(sched, "aux_output_connector", None)
+        self.watched = [(obj, names, feature) for obj, names, feature in
+                        ((kv, self.KV, KV_CONNECTOR), (aux, self.AUX, AUX_OUTPUT_CONNECTOR))
+                        if obj is not None and hasattr(obj, "__dict__")]
+        self.delivery = bool(kv is not None and getattr(kv, "requires_kv_delivery", False))
+        self.acted: dict[str, None] = {}
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> "ConnectorWatch":
+        for obj, names, feature in self.watched:
+            d = obj.__dict__
+            for name in names:
+                inner = getattr(obj, name, None)
+                if inner is None:
+                    continue
+                self.saved.append((obj, name, d.get(name, _ABSENT)))
+                d[name] = self.wrap(name, inner, feature)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for obj, name, old in reversed(self.saved):
+            if old is _ABSENT:
+                obj.__dict__.pop(name, None)
+            else:
+                obj.__dict__[name] = old
+        self.saved.clear()
+
+    def wrap(self, name: str, inner: Any, feature: str) -> Any:
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            result = inner(*args, **kwargs)
+            if connector_answer_changes_step(self.sched, name, result, args):
+                self.acted[feature] = None
+            return result
+        watched.schedspec_recorder = True
+        return watched
+
+    def features(self, result: Any) -> tuple[str, ...]:
+        """The connectors that changed this call (after it, given its result)."""
+        out = dict(self.acted)
+        if self.delivery and getattr(result, "preempted_req_ids", None):
+            out[KV_CONNECTOR] = None
+        return tuple(out)
+
+
+_ABSENT = object()
+
+
+def connector_answer_changes_step(sched: Any, name: str, result: Any, args: tuple) -> bool:
+    """Whether a connector's answer `result` to `name(*args)` makes vLLM 0.33.0
+    do something it would not do without that connector (ConnectorWatch)."""
+    request = args[0] if args else None
+    if name == "get_num_new_matched_tokens":
+        ext = result[0] if isinstance(result, tuple) and len(result) == 2 else result
+        # A request that skips the prefix cache is given no external tokens (S:1143-1144).
+        return not (type(ext) is int and (ext == 0 or getattr(request, "skip_reading_prefix_cache", False)))
+    if name == "has_pending_block_frees" or name == "register_finished_partial_tail":
+        return result is not False
+    if name == "max_cache_hit":
+        # vLLM looks the hit up under this cap instead of num_tokens - 1 (K:266-301).
+        return type(result) is not int or prefix_hit(sched, request, result) != \
+            prefix_hit(sched, request, request.num_tokens - 1)
+    if name == "cap_external_hit":
+        return len(args) < 3 or result != args[2]
+    delay = result[0] if isinstance(result, tuple) and len(result) == 2 else result
+    return delay is not False  # request_finished(_all_groups): (delay_free, kv_xfer_params)
+
+
+def prefix_hit(sched: Any, request: Any, max_cache_hit_length: int) -> int:
+    """The tokens of `request`'s prefix hit in vLLM's pool as it stands, up to
+    `max_cache_hit_length` (K:266-301); a lookup, nothing changed."""
+    kv = sched.kv_cache_manager
+    if not kv.prefix_cache_lookup_enabled(request):
+        return 0
+    return kv.coordinator.find_longest_cache_hit(request.block_hashes, max_cache_hit_length)[1]
+
+
+def connector_output_acts(output: Any) -> bool:
+    """A model runner's KV connector output that update_from_output acts on:
+    finished or failed transfers, or invalid blocks (S:2292-2302, 2581-2582,
+    3556-3582).  Statistics and events change no scheduling state."""
+    if output is None:
+        return False
+    if not newest_rules():
+        return True
+    return any(getattr(output, f, None) for f in ("finished_sending", "finished_recving", "failed_recving",
+                                                   "invalid_block_ids"))
 
 
 _newest_rules: list[bool] = []
@@ -368,5 +496,6 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
     return tuple(out)
 
 
-__all__ = ["BLOCKED_STATUSES", "decode_stagger", "features", "hash_block_size", "init_fields", "release",
+__all__ = ["BLOCKED_STATUSES", "ConnectorWatch", "connector_answer_changes_step", "connector_output_acts", "connector_watchable",
+           "prefix_hit", "decode_stagger", "features", "hash_block_size", "init_fields", "release",
            "request_features", "scheduler_features", "static_request_features"]
