@@ -285,16 +285,10 @@ def _delay_free_connector():
 
 
 def _matching_connector(answer):
-    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+    """A connector giving every admission the answer `answer(block_size)`."""
+    from schedspec.reference.vllm_connector import answering_connector
 
-    class Connector(ExampleConnector):
-        """vLLM's ExampleConnector giving every admission the same answer from
-        get_num_new_matched_tokens (base.py): `answer(block_size)`."""
-
-        def get_num_new_matched_tokens(self, request, num_computed_tokens):
-            return answer(self._block_size)
-
-    return Connector
+    return answering_connector(lambda request, num_computed_tokens, block_size: answer(block_size))
 
 
 # Connectors vLLM's factory loads by module path (kv_connector_module_path).
@@ -302,6 +296,8 @@ CONNECTORS = {
     "DelayFreeConnector": _delay_free_connector,
     # One block of external tokens, loaded within the step (a sync load, S:1138-1187).
     "OneBlockConnector": lambda: _matching_connector(lambda bs: (bs, False)),
+    # One block loaded asynchronously: the request waits for remote KVs (S:1286-1288, 1514-1545).
+    "OneBlockAsyncConnector": lambda: _matching_connector(lambda bs: (bs, True)),
     # Cannot tell yet: the request is skipped this step (S:1146-1151).
     "UndecidedConnector": lambda: _matching_connector(lambda bs: (None, False)),
 }

@@ -41,7 +41,9 @@ SEARCH_BOUNDS = {
         # At least one waiting: since the state gained prefill throttling's cadence
         # (2026-12-04) the search no longer reaches a non-empty queue within 3 s per
         # condition unless asked to; the empty queue is the state machines' case.
-        "1 <= len(state.waiting) <= 3"]),
+        # At most three requests held: with the KV connector's request field the
+        # search spent its budget on larger dicts (see SLOW).
+        "1 <= len(state.waiting) <= 3 and len(state.requests) <= 3"]),
     "schedule": ("scheduler", [
         "len(state.requests) <= 3 and 1 <= state.config.block_size <= 4 and state.config.max_model_len <= 32",
         "1 <= state.config.token_budget <= 16 and 1 <= state.config.max_num_batched_tokens <= 16",
@@ -138,7 +140,10 @@ def test_bounded_copy_keeps_every_contract(tmp_path):
 # Functions whose states cost CrossHair more than PER_CONDITION_TIMEOUT to build:
 # with the speculative-decoding and LoRA config fields, finish_requests met no
 # precondition at 3 s (it does at 12 s); they get their own run with this budget.
-SLOW = {"finish_requests": "12"}
+# add_request: with the KV connector's request field (2026-12-04) its conditions met no
+# precondition at 3 s in 6 runs of 6 on a loaded machine (3 s had sufficed before);
+# at 8 s, with at most three requests held, they did.
+SLOW = {"finish_requests": "12", "add_request": "8"}
 
 
 @pytest.mark.long
@@ -171,7 +176,7 @@ PLANTED = {
                        "new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks + 1", "30"),
     # add_request keeps only the queue's head, wrong once a request already waits:
     # the search must build a state with a waiting request (about 10 s).
-    "add_request": ("scheduler.py", "tuple(waiting)", "tuple(waiting)[:1]", PER_CONDITION_TIMEOUT),
+    "add_request": ("scheduler.py", "tuple(waiting)", "tuple(waiting)[:1]", SLOW["add_request"]),
 }
 # The suite's CrossHair runs; the others are scripts/long-tests.sh's.
 QUICK = {"add_request"}
@@ -193,7 +198,8 @@ def test_quick_contracts_hold_under_crosshair(fn, tmp_path):
     """The unbroken spec passes the run that catches the planted bug, and CrossHair
     met the function's preconditions there (so the pass is not vacuous)."""
     spec = bounded_copy(tmp_path, "boundedspec")
-    rc, lines = crosshair([f"boundedspec.spec.{SEARCH_BOUNDS[fn][0]}.{fn}"], tmp_path)
+    rc, lines = crosshair([f"boundedspec.spec.{SEARCH_BOUNDS[fn][0]}.{fn}"], tmp_path,
+                          timeout=SLOW.get(fn, PER_CONDITION_TIMEOUT))
     errors = [ln for ln in lines if ": error:" in ln]
     assert rc == 0 and not errors, "\n".join(lines)
     statuses = _statuses(lines, spec)

@@ -142,7 +142,7 @@ def test_torch_campaigns_draw_every_flag_combination_and_no_feature_it_lacks():
     assert flags_for("vllm", "spec") == FLAGS_ALL and flags_for("mymod:Sched", "spec") == FLAGS_ALL
     assert features_for("torch", "spec") == frozenset() and features_for("spec", "torch") == frozenset()
     assert features_for("vllm", "spec") == FEATURES == {"spec_decode", "lora", "structured_output", "prefill_throttle",
-                                                        "adaptive_threshold"}
+                                                        "adaptive_threshold", "kv_connector"}
     plain = list(random_scenarios(80, SEED))  # no `flags`: none drawn
     assert all(_flags(s) == (False, False) for s, _ in plain)
     flagged = list(random_scenarios(80, SEED, FLAGS_ALL))
@@ -159,7 +159,7 @@ def test_torch_diff_command_draws_both_flags_and_no_feature(capsys, tmp_path):
     drawn = {k: v for k, v in cov.items() if k.startswith("scenarios (")}
     assert len(drawn) == 4 and sum(drawn.values()) == 24, cov
     assert "scenarios with speculative decoding" not in cov and "scenarios with LoRA" not in cov, cov
-    assert "scenarios with prefill throttling" not in cov, cov
+    assert "scenarios with prefill throttling" not in cov and "scenarios with KV connector hits" not in cov, cov
 
 
 def test_an_implementation_that_lacks_a_combination_is_refused_it(capsys, monkeypatch):

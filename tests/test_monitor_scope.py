@@ -126,24 +126,14 @@ def connector_scheduler(tmp_path, name: str = "ExampleConnector", role: str = "k
     return s
 
 
-@case("KV_CONNECTOR", "external_tokens")
+@case("KV_CONNECTOR", "async_load")
 def _(mon, tmp_path, monkeypatch):
-    # A connector answering one block of external tokens, loaded within the step
-    # (S:1138-1187): vLLM counts them computed, the spec has no such tokens.
-    s = connector_scheduler(tmp_path, "OneBlockConnector")
+    # A connector loading one block asynchronously: the request waits for remote
+    # KVs (S:1286-1288, 1514-1545), which the spec does not model.
+    s = connector_scheduler(tmp_path, "OneBlockAsyncConnector")
     s.add_request(request("a", 40, sched=s))
     stats = watch(mon, lambda: s.schedule())
-    assert s.requests["a"].num_computed_tokens == 40  # 16 loaded, 24 computed
-    return stats
-
-
-@case("KV_CONNECTOR", "undecided")
-def _(mon, tmp_path, monkeypatch):
-    # A connector that cannot tell yet: vLLM skips the request this step (S:1146-1151).
-    s = connector_scheduler(tmp_path, "UndecidedConnector")
-    s.add_request(request("a", 40, sched=s))
-    stats = watch(mon, lambda: s.schedule())
-    assert s.requests["a"].num_computed_tokens == 0
+    assert s.requests["a"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
     return stats
 
 
@@ -181,7 +171,28 @@ def _(mon, tmp_path, monkeypatch):
         ec_connector="ECExampleConnector", ec_role="ec_both",
         ec_connector_extra_config={"shared_storage_path": str(tmp_path)}))
     assert s.ec_connector is not None
-    return watch(mon, add_and_step(s, request("a", 20)))
+    s.add_request(request("a", 20))
+    out = s.schedule()
+    # The connector can no longer obtain an encoder input of "a": vLLM finishes it
+    # with an error (S:2559-2562).
+    s.ec_connector.take_unavailable_requests = lambda: {"a"}
+    stats = watch(mon, lambda: s.update_from_output(out, runner_output(out, {"a": [7]})))
+    assert s.requests.get("a") is None
+    return stats
+
+
+def test_an_encoder_cache_connector_on_text_only_requests_leaves_its_calls_checked(monitor, tmp_path):
+    """vLLM's ECExampleConnector acts on requests with encoder inputs only: a
+    text-only run to completion is compared call by call (scope.ConnectorWatch)."""
+    from vllm.config import ECTransferConfig
+
+    s = build_scheduler(ec_transfer_config=ECTransferConfig(
+        ec_connector="ECExampleConnector", ec_role="ec_both",
+        ec_connector_extra_config={"shared_storage_path": str(tmp_path)}))
+    stats = watch(monitor, lambda: (s.add_request(request("a", 20)), s.add_request(request("b", 30)),
+                                    run_to_completion(s)))
+    assert_all_checked(stats, "schedule", "update_from_output", "add_request")
+    assert not set(scope.ConnectorWatch.EC) & s.ec_connector.__dict__.keys()
 
 
 @case("ENCODER_DECODER", "attribute")
@@ -870,18 +881,58 @@ def test_a_connector_that_changes_nothing_leaves_its_calls_checked(monitor, tmp_
 
 
 @pytest.mark.parametrize("mutation", [
-    Mutation("scope.connector_answer_changes_step", "type(ext) is int and (ext == 0 or "
-             "getattr(request, 'skip_reading_prefix_cache', False))", "True"),
+    Mutation("scope.connector_answer_changes_step", "ext == 0 or load_async is False", "True"),
     Mutation("scope.ConnectorWatch.features", "dict(self.acted)", "{}"),
 ], ids=["answers-ignored", "acts-ignored"])
-def test_a_watch_blind_to_external_tokens_lets_them_diverge(monitor, tmp_path, mutation):
-    """The watch is what keeps a sync external load from being compared: without
-    it, the spec (no external tokens) and vLLM disagree on that schedule()."""
-    s = connector_scheduler(tmp_path, "OneBlockConnector")
+def test_a_watch_blind_to_an_async_load_lets_it_diverge(monitor, tmp_path, mutation):
+    """The watch is what keeps an asynchronous load from being compared: without
+    it, the spec (a load within the step) and vLLM (waiting for remote KVs)
+    disagree on that schedule()."""
+    s = connector_scheduler(tmp_path, "OneBlockAsyncConnector")
     s.add_request(request("a", 40, sched=s))
     with mutated([mutation], package="schedspec.monitor", module="scope"):
         stats = watch(monitor, lambda: s.schedule())
     assert stats["divergences"] and not stats["outside_scope"], stats
+
+
+@pytest.mark.parametrize("connector,prefix_caching", [
+    ("OneBlockConnector", False), ("OneBlockConnector", True), ("UndecidedConnector", False),
+])
+def test_a_connectors_answers_are_compared(monitor, tmp_path, connector, prefix_caching):
+    """A load within the step (S:1138-1218) and an undecided answer, which skips the
+    request (S:1146-1151), are the spec's rules (spec/kv_connector.py): every call
+    of a run to completion is compared, the admission's included, and agrees."""
+    s = connector_scheduler(tmp_path, connector, prefix_caching=prefix_caching)
+    outs: list = []
+
+    def calls():
+        for rid in "ab":
+            s.add_request(request(rid, 40, sched=s, max_tokens=3))
+        if connector == "UndecidedConnector":
+            outs.append(s.schedule())
+            return
+        while s.requests:
+            outs.append(step(s))
+    stats = watch(monitor, calls)
+    assert_all_checked(stats, "schedule", "add_request")
+    if connector == "UndecidedConnector":
+        assert outs[0].num_scheduled_tokens == {}
+    else:
+        assert outs[0].num_scheduled_tokens == {"a": 24, "b": 24}  # 16 of 40 loaded
+
+
+@pytest.mark.parametrize("mutation", [
+    Mutation("kv_connector.external_tokens", "max(0, r.kv_connector_tokens - num_local_computed_tokens)", "0"),
+    Mutation("kv_connector.undecided", "r.kv_connector_tokens is None", "False"),
+], ids=["no-external-tokens", "never-undecided"])
+def test_a_spec_without_the_connector_rules_diverges(monitor, tmp_path, mutation):
+    """The comparison above can fail: the spec without either rule disagrees with vLLM."""
+    name = "OneBlockConnector" if "external" in mutation.target else "UndecidedConnector"
+    s = connector_scheduler(tmp_path, name)
+    s.add_request(request("a", 40, sched=s))
+    with mutated([mutation], module="kv_connector"):
+        stats = watch(monitor, lambda: s.schedule())
+    assert stats["divergences"], stats
 
 
 def test_a_spy_that_calls_through_leaves_every_call_checked(monitor):

@@ -23,6 +23,9 @@ FEATURES = (
     # prefill throttling (generator.py draws prefill_schedule_interval beside the flags)
     "scenarios with prefill throttling", "steps holding prefill back", "steps holding an admission back",
     "scenarios with the adaptive long-prefill threshold", "steps with the long-prefill cap raised to a fair share",
+    # KV connector hits (generator.py draws kv_connector_tokens)
+    "scenarios with KV connector hits", "KV connector loads", "KV connector loads on resumption",
+    "KV connector loads beyond a prefix hit",
 )
 COMBINATIONS = ("sync", "sync + prefix caching", "async", "async + prefix caching")
 

@@ -199,6 +199,9 @@ def prepare(scenario: Scenario) -> _Prepared | str:
         if r.grammar_compile_steps is not None:  # refused, never ignored
             return (f"requests[{i}].grammar_compile_steps: = {r.grammar_compile_steps}: the torch implementation "
                     "does not model structured output; use --impl spec or vllm")
+        if r.kv_connector_tokens:
+            return (f"requests[{i}].kv_connector_tokens: = {r.kv_connector_tokens}: the torch implementation "
+                    "does not model KV connector hits; use --impl spec or vllm")
     requests = []
     checked = _front_end_config(config)
     for i, r in enumerate(scenario.requests):

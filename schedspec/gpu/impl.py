@@ -33,6 +33,7 @@ from .step import abort, arrive, deliver, finish, schedule, update, waiting_key
 
 class TorchScheduler:
     name = "torch"
+    models_kv_connector_hits = False  # scenarios with kv_connector_tokens are refused (reference/engine.py)
 
     def __init__(self, device: str | None = None) -> None:
         self.device = resolve_device(device)
@@ -75,6 +76,9 @@ class TorchScheduler:
         if request.grammar:  # refused, never ignored
             raise ValueError(f"request {request.request_id}: the torch implementation does not model structured "
                              "output; use --impl spec or vllm")
+        if request.kv_connector_tokens:  # refused, never ignored
+            raise ValueError(f"request {request.request_id}: kv_connector_tokens: the torch implementation does not "
+                             "model KV connector hits; use --impl spec or vllm")
         if request.request_id in self.slot:
             raise ConfigError("id", f"duplicate request id {request.request_id!r}")
         j = len(self.requests)

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from schedspec.reference.campaign import safe_stem
-from schedspec.reference.vllm_lift import LiftError, lift_config, lift_output, lift_request, lift_state, lift_status, \
-    sampled_tokens
+from schedspec.reference.vllm_lift import KV_CONNECTOR_ATTR, LiftError, lift_config, lift_output, lift_request, \
+    lift_state, lift_status, sampled_tokens
 from schedspec.spec import scheduler as spec
 from schedspec.spec.state import SchedulerOutput
 
@@ -172,6 +172,9 @@ class Monitor:
             outside = watch.features(result)
             if outside:
                 sched.__dict__.pop(POST_ATTR, None)
+            elif watch.answered:
+                prepared.external = dict(watch.external)
+                self.unrebuildable(sched, f"{call} #{number}: a KV connector's answers are no scenario event")
         if outside:
             self.unrebuildable(sched, f"{call} #{number} is outside the spec's scope")
             self.count(call, "outside_scope")
@@ -281,6 +284,7 @@ class Prepared:
         self.pre, self.call, self.args = pre, call, args
         self.observed_result: Any = None
         self.observed_post = None
+        self.external: dict[str, int] = {}  # tokens a KV connector loaded in the call (scope.ConnectorWatch)
 
     def call_json(self) -> dict[str, Any]:
         from schedspec.reference.state_json import output_to_json, request_to_json
@@ -323,7 +327,7 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
 
     def judge(p: Prepared, out):
         vllm_out = lift_output(out, preempted, prefix_caching=p.pre.config.enable_prefix_caching,
-                               status_before=p.args["status_before"])
+                               status_before=p.args["status_before"], external=p.external)
         earlier = p.args["earlier"]
         if earlier:
             # A preemption since the last schedule() (reset_prefix_cache, a direct
@@ -334,6 +338,8 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
                 raise LiftError(f"preemptions before schedule() {list(earlier)} are not the first of "
                                 f"{list(vllm_out.preempted_req_ids)}")
             vllm_out = replace(vllm_out, preempted_req_ids=vllm_out.preempted_req_ids[len(earlier):])
+        # The KV connector's answers in this call are the spec's kv_connector_tokens (spec/kv_connector.py).
+        p.pre = with_connector_answers(p.pre, sched)
         spec_out, spec_post = spec.schedule(p.pre, throttle_prefills)
         p.observed_result, p.observed_post = vllm_out, lift_state(sched, p.pre.config, like=spec_post)
         return compare_outputs(spec_out, vllm_out) or compare_states(p.pre, spec_post, p.observed_post)
@@ -342,6 +348,18 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
         return monitor.run("schedule", sched, original, prepare, judge, features)
     finally:
         preempted.clear()  # recording starts afresh for the next schedule()
+
+
+def with_connector_answers(pre, sched: Any):
+    """`pre` with each request's kv_connector_tokens as its connector last answered,
+    in the call just made (the pre-state was lifted before it asked)."""
+    changed = {}
+    for rid, r in pre.requests.items():
+        v = sched.requests.get(rid)
+        answer = v.__dict__.get(KV_CONNECTOR_ATTR, 0) if v is not None else r.kv_connector_tokens
+        if answer != r.kv_connector_tokens:
+            changed[rid] = r.evolve(kv_connector_tokens=answer)
+    return replace(pre, requests={**pre.requests, **changed}) if changed else pre
 
 
 def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], scheduler_output: Any,
@@ -358,7 +376,9 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
             extra.append(scope.POOLING)
         if scope.connector_output_acts(getattr(model_runner_output, "kv_connector_output", None)):
             extra.append(scope.KV_CONNECTOR)
-        if getattr(model_runner_output, "ec_connector_output", None) is not None:
+        if getattr(model_runner_output, "ec_connector_output", None) is not None and not scope.newest_rules():
+            # 0.33.0: what it reports reaches scheduling only through the connector's own
+            # answers, which the watch judges (scope.ConnectorWatch).
             extra.append(scope.EC_CONNECTOR)
         if getattr(sched, "grammar_compile_error_reqs", None) and not scope.newest_rules():
             extra.append(scope.STRUCTURED_OUTPUT)

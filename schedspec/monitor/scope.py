@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from schedspec.reference import vllm_lift
 from schedspec.reference.vllm_lift import lift_pause_state
 
 # Feature names, as reports and the peer-tests table print them.
@@ -83,8 +84,8 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(HASH_LOOKAHEAD)
     if (sched.connector is not None and not connector_watchable(sched)) or getattr(sched, "defer_block_free", False):
         out.append(KV_CONNECTOR)
-    if sched.ec_connector is not None:
-        out.append(EC_CONNECTOR)
+    if sched.ec_connector is not None and not (newest_rules() and hasattr(sched.ec_connector, "__dict__")):
+        out.append(EC_CONNECTOR)  # else judged call by call (ConnectorWatch)
     aux = getattr(sched, "aux_output_connector", None)
     if aux is not None and not (newest_rules() and type(aux).__name__ == "AuxOutputSchedulerConnector"):
         # A connector of vLLM's own class is judged call by call (ConnectorWatch).
@@ -146,36 +147,47 @@ def connector_watchable(sched: Any) -> bool:
 class ConnectorWatch:
     """What the connectors decided during one scheduler call.
 
-    With a KV connector that loads nothing, keeps no block and reports no
-    transfer, vLLM 0.33.0 schedules exactly as without one: it asks the
-    connector for external tokens at each admission (S:1138-1144) and hands it
-    the result afterwards (S:1467-1486, 1756-1757), with nothing the step
-    depends on.  Likewise an aux output connector only caps prefix hits
-    (S:1117-1121, 1189-1197); the rest is metadata for the workers.  So such a
-    call is compared, and the watch names a connector only when one of its
-    answers did change what vLLM does:
-      - KV: external tokens for a request that reads the prefix cache, or `None`
-        (the request is skipped, S:1146-1151); `has_pending_block_frees()` true
-        (no preemption, S:925-927); a finished request whose blocks it keeps
-        (S:3383-3401); a preemption in the call under `requires_kv_delivery`:
-        vLLM drops the request's in-flight output (S:972-976, 1832), the spec
-        keeps it;
-      - aux output: a cap below the request's prefix hit, or an external hit cut.
+    The spec models what a KV connector answers at an admission
+    (spec/kv_connector.py): tokens loaded within the step, or None, which skips
+    the request (S:1138-1151).  The watch records each answer on the vLLM request
+    (vllm_lift.KV_CONNECTOR_ATTR, what the lift reads as kv_connector_tokens: the
+    local hit it was asked beyond plus the tokens answered) and in `external`
+    (the tokens loaded this call, which lift_output needs).  Beyond that answer
+    vLLM 0.33.0 hands the connector only results (S:1467-1486, 1756-1757), with
+    nothing the step depends on.  Likewise an aux output connector only caps
+    prefix hits (S:1117-1121, 1189-1197); the rest is metadata for the workers.
+    An encoder-cache connector acts on requests with encoder inputs (S:829-835,
+    2190, 2681-2688), themselves outside scope, and otherwise only through what
+    it reports.  So such a call is compared, and the watch names a connector only when one
+    of its answers did something the spec does not model:
+      - KV: an asynchronous load (WAITING_FOR_REMOTE_KVS, S:1286-1288, 1514-1545);
+        `has_pending_block_frees()` true (no preemption, S:925-927); a finished
+        request whose blocks it keeps (S:3383-3401); a preemption in the call
+        under `requires_kv_delivery`: vLLM drops the request's in-flight output
+        (S:972-976, 1832), the spec keeps it;
+      - aux output: a cap below the request's prefix hit, or an external hit cut;
+      - encoder cache: requests whose encoder input it can no longer obtain,
+        finished with an error (S:2559-2562), or a finished request whose blocks
+        it keeps (S:3046-3049).
     Each watched method is wrapped on the connector object for the call only and
     calls through, so a test's own replacement still sees every call."""
 
     KV = ("get_num_new_matched_tokens", "has_pending_block_frees", "request_finished",
           "request_finished_all_groups", "register_finished_partial_tail")
     AUX = ("max_cache_hit", "cap_external_hit")
+    EC = ("take_unavailable_requests", "request_finished")
 
     def __init__(self, sched: Any):
         self.sched = sched
         kv, aux = getattr(sched, "connector", None), getattr(sched, "aux_output_connector", None)
+        ec = getattr(sched, "ec_connector", None)
         self.watched = [(obj, names, feature) for obj, names, feature in
-                        ((kv, self.KV, KV_CONNECTOR), (aux, self.AUX, AUX_OUTPUT_CONNECTOR))
+                        ((kv, self.KV, KV_CONNECTOR), (aux, self.AUX, AUX_OUTPUT_CONNECTOR), (ec, self.EC, EC_CONNECTOR))
                         if obj is not None and hasattr(obj, "__dict__")]
         self.delivery = bool(kv is not None and getattr(kv, "requires_kv_delivery", False))
         self.acted: dict[str, None] = {}
+        self.external: dict[str, int] = {}  # request id -> external tokens loaded in this call
+        self.answered = False  # some answer other than none: tokens, or None (cannot tell yet)
         self.saved: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> "ConnectorWatch":
@@ -202,9 +214,26 @@ class ConnectorWatch:
             result = inner(*args, **kwargs)
             if connector_answer_changes_step(self.sched, name, result, args):
                 self.acted[feature] = None
+            elif name == "get_num_new_matched_tokens":
+                self.record(args, result)
             return result
         watched.schedspec_recorder = True
         return watched
+
+    def record(self, call_args: tuple, result: tuple) -> None:
+        """A synchronous answer, as the spec reads it (spec/kv_connector.py)."""
+        request, num_local = call_args[0], call_args[1] if len(call_args) > 1 else 0
+        ext = result[0]
+        if request.skip_reading_prefix_cache:  # its answer is replaced by none (S:1143-1144)
+            ext = 0
+        # What the store holds, as far as the answer tells: the local hit plus the
+        # tokens answered; for none, any hold within the local hit (one already known is kept).
+        known = request.__dict__.get(vllm_lift.KV_CONNECTOR_ATTR, 0)
+        request.__dict__[vllm_lift.KV_CONNECTOR_ATTR] = None if ext is None else num_local + ext if ext else \
+            known if type(known) is int and known <= num_local else 0
+        self.answered = self.answered or ext != 0
+        if ext:
+            self.external[request.request_id] = ext
 
     def features(self, result: Any) -> tuple[str, ...]:
         """The connectors that changed this call (after it, given its result)."""
@@ -217,22 +246,28 @@ class ConnectorWatch:
 _ABSENT = object()
 
 
-def connector_answer_changes_step(sched: Any, name: str, result: Any, args: tuple) -> bool:
-    """Whether a connector's answer `result` to `name(*args)` makes vLLM 0.33.0
+def connector_answer_changes_step(sched: Any, name: str, result: Any, call_args: tuple) -> bool:
+    """Whether a connector's answer `result` to `name(*call_args)` makes vLLM 0.33.0
     do something it would not do without that connector (ConnectorWatch)."""
-    request = args[0] if args else None
+    request = call_args[0] if call_args else None
     if name == "get_num_new_matched_tokens":
-        ext = result[0] if isinstance(result, tuple) and len(result) == 2 else result
-        # A request that skips the prefix cache is given no external tokens (S:1143-1144).
-        return not (type(ext) is int and (ext == 0 or getattr(request, "skip_reading_prefix_cache", False)))
+        if not (isinstance(result, tuple) and len(result) == 2 and len(call_args) == 2 and type(call_args[1]) is int):
+            return True
+        ext, load_async = result
+        if getattr(request, "skip_reading_prefix_cache", False):
+            return False  # its answer is replaced by none (S:1143-1144)
+        # Modelled: a number of tokens loaded within the step, or None (spec/kv_connector.py).
+        return not (ext is None or (type(ext) is int and ext >= 0 and (ext == 0 or load_async is False)))
     if name == "has_pending_block_frees" or name == "register_finished_partial_tail":
         return result is not False
     if name == "max_cache_hit":
         # vLLM looks the hit up under this cap instead of num_tokens - 1 (K:266-301).
         return type(result) is not int or prefix_hit(sched, request, result) != \
             prefix_hit(sched, request, request.num_tokens - 1)
+    if name == "take_unavailable_requests":
+        return not (isinstance(result, (set, frozenset, list, tuple)) and not result)
     if name == "cap_external_hit":
-        return len(args) < 3 or result != args[2]
+        return len(call_args) < 3 or result != call_args[2]
     delay = result[0] if isinstance(result, tuple) and len(result) == 2 else result
     return delay is not False  # request_finished(_all_groups): (delay_free, kv_xfer_params)
 
@@ -496,6 +531,6 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
     return tuple(out)
 
 
-__all__ = ["BLOCKED_STATUSES", "ConnectorWatch", "connector_answer_changes_step", "connector_output_acts", "connector_watchable",
-           "prefix_hit", "decode_stagger", "features", "hash_block_size", "init_fields", "release",
+__all__ = ["BLOCKED_STATUSES", "ConnectorWatch", "connector_answer_changes_step", "connector_output_acts",
+           "connector_watchable", "decode_stagger", "features", "hash_block_size", "init_fields", "prefix_hit", "release",
            "request_features", "scheduler_features", "static_request_features"]

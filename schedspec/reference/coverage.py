@@ -52,6 +52,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with prefill throttling")
     if scenario.config.get("long_prefill_token_threshold_adaptive"):
         bump("scenarios with the adaptive long-prefill threshold")
+    if any(r.kv_connector_tokens for r in scenario.requests):
+        bump("scenarios with KV connector hits")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -184,6 +186,11 @@ class StepCoverage:
             if out.num_scheduled_tokens:
                 _bump(cov, "steps scheduling past a request waiting for its grammar")
         resumed = set(out.scheduled_resumed_reqs)
+        for rid, n in out.kv_connector_hits:
+            _bump(cov, "KV connector loads on resumption" if rid in resumed else "KV connector loads")
+            _bump(cov, "KV connector tokens loaded", n)
+            if dict(out.prefix_hits).get(rid):
+                _bump(cov, "KV connector loads beyond a prefix hit")
         for rid, hit in out.prefix_hits:
             if hit > 0:
                 _bump(cov, "prefix hits on resumption" if rid in resumed else "prefix hits")

@@ -319,13 +319,17 @@ def run_scenario(
     for i, r in enumerate(scenario.requests):
         try:
             requests[r.id] = make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time,
-                                          tokens.get(r.id), r.lora_int_id, r.grammar_compile_steps is not None)
+                                          tokens.get(r.id), r.lora_int_id, r.grammar_compile_steps is not None,
+                                          r.kv_connector_tokens)
         except ConfigError as e:
             return rejected(f"requests[{i}].{e}")
 
     arrivals, aborts = scenario.events_by_step()
     event_steps = sorted(set(arrivals) | set(aborts))
     grammars = scenario.grammar_events()
+    held = [i for i, r in enumerate(scenario.requests) if r.kv_connector_tokens]
+    if held and getattr(impl, "models_kv_connector_hits", True) is False:
+        return rejected(f"requests[{held[0]}].kv_connector_tokens: {name} does not model KV connector hits")
     if grammars and not isinstance(impl, GrammarTaking):
         return rejected(f"requests[].grammar_compile_steps: {name} does not model structured output "
                         "(it has no grammar_compiled)")
@@ -393,6 +397,8 @@ def run_scenario(
         record = step_record(step, output, mid, after, finished, sampled, position)
         if config.enable_prefix_caching:
             record["prefix_hits"] = dict(output.prefix_hits)
+        if output.kv_connector_hits:
+            record["kv_connector_hits"] = dict(output.kv_connector_hits)
         if config.num_speculative_tokens:
             record["scheduled_spec_decode_tokens"] = {rid: len(ids) for rid, ids in output.scheduled_spec_decode_tokens}
             record["new_tokens"] = kept

@@ -65,8 +65,14 @@ With "prefill_throttle" in `features`, after structured output and only for 0.33
 one scenario in four gets `prefill_schedule_interval` 2..8: prefill held on the
 steps between, while something decodes (spec/prefill_throttle.py).
 
-With "adaptive_threshold" in `features`, last and only for 0.33.0, one scenario in two
-that has a `long_prefill_token_threshold` gets `long_prefill_token_threshold_adaptive`.
+With "adaptive_threshold" in `features`, after throttling and only for 0.33.0, one
+scenario in two that has a `long_prefill_token_threshold` gets
+`long_prefill_token_threshold_adaptive`.
+
+With "kv_connector" in `features`, last and only for 0.33.0, one scenario in four gives
+about half its requests `kv_connector_tokens`: a remote store holding a block-aligned,
+mid-block or whole-prompt-but-one prefix, loaded beyond the local hit at admission
+(spec/kv_connector.py), which a shared prefix may already cover.
 
 `FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
 model neither flag, and the scenario streams pinned by their tests stay as they
@@ -219,7 +225,8 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
 
 
 # Scheduler features beyond the two flags, and the implementations that lack one.
-FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle", "adaptive_threshold"})
+FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle", "adaptive_threshold",
+                      "kv_connector"})
 IMPL_LACKS: dict[str, frozenset[str]] = {"torch": FEATURES}
 
 
@@ -300,6 +307,8 @@ def generate_scenario(rng: random.Random, index: int,
     if "adaptive_threshold" in features and release == DEFAULT_RELEASE and config.get("long_prefill_token_threshold") \
             and rng.random() < 1 / 2:
         config = {**config, "long_prefill_token_threshold_adaptive": True}
+    if "kv_connector" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
+        requests = _kv_connector(rng, config.get("block_size", 16), requests)
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 
@@ -411,6 +420,20 @@ def _lora(rng: random.Random, config: dict[str, Any], requests: list[RequestSpec
     adapters = rng.randint(1, config["max_loras"] + 2)
     return config, [dataclasses.replace(r, lora_int_id=rng.randint(1, adapters)) if rng.random() < 0.75 else r
                     for r in requests]
+
+
+def _kv_connector(rng: random.Random, block_size: Any, requests: list[RequestSpec]) -> list[RequestSpec]:
+    """KV connector hits on a drawn scenario: about half the requests have a prefix
+    in a remote store, whole blocks, mid-block or all the prompt but its last token."""
+    bs = block_size if isinstance(block_size, int) and block_size > 0 else 16
+    out = []
+    for r in requests:
+        if r.prompt_len > 1 and rng.random() < 0.5:
+            most = r.prompt_len - 1
+            held = rng.choice([min(most, bs * rng.randint(1, max(1, most // bs))), rng.randint(1, most), most])
+            r = dataclasses.replace(r, kv_connector_tokens=held)
+        out.append(r)
+    return out
 
 
 def _structured_output(rng: random.Random, requests: list[RequestSpec]) -> list[RequestSpec]:

@@ -66,6 +66,12 @@ class GrammarTaking(Protocol):
     def grammar_compiled(self, request_ids: Sequence[str], failed: bool = False) -> None: ...
 
 
+# KV connector hits (spec/kv_connector.py) need nothing more of the protocol: a request
+# carries its `kv_connector_tokens`.  An implementation that does not model them says so
+# with a class attribute `models_kv_connector_hits = False`, and is refused scenarios
+# that use them (reference/engine.py); without it, it is taken to model them.
+
+
 @runtime_checkable
 class StateLoadable(Protocol):
     """The optional part of the protocol: set the implementation to `state`

@@ -94,6 +94,7 @@ REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
     "prefix_len": (0, 2**30 - 1),
     "lora_int_id": (0, INT32_MAX),
     "grammar_compile_steps": (0, INT32_MAX),
+    "kv_connector_tokens": (0, 2**30 - 1),
 }
 ARRIVAL_TIME_BOUND = 2**53  # |arrival_time|; every integer up to it is exact in a float
 TOKEN_ID_BOUNDS = (0, INT32_MAX)
@@ -136,6 +137,8 @@ class RequestSpec:
     # arrival step (None: no grammar), and whether that compilation fails.
     grammar_compile_steps: int | None = None
     grammar_error: bool = False
+    # KV connector (formats.md): the leading prompt tokens a remote store holds for it.
+    kv_connector_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,8 @@ class Scenario:
                 d["grammar_compile_steps"] = r.grammar_compile_steps
             if r.grammar_error:
                 d["grammar_error"] = True
+            if r.kv_connector_tokens:
+                d["kv_connector_tokens"] = r.kv_connector_tokens
             reqs.append(d)
         out["requests"] = reqs
         out["aborts"] = [asdict(a) for a in self.aborts]
@@ -557,6 +562,7 @@ def _from_checked_json(data: Any) -> Scenario:
             lora_int_id=r.get("lora_int_id", 0),
             grammar_compile_steps=r.get("grammar_compile_steps"),
             grammar_error=r.get("grammar_error", False),
+            kv_connector_tokens=r.get("kv_connector_tokens", 0),
         ))
     scenario = Scenario(
         name=data["name"],
@@ -599,7 +605,7 @@ def validate_scenario(scenario: Scenario) -> SchedulerConfig:
     for i, r in enumerate(scenario.requests):
         try:
             make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time, tokens.get(r.id),
-                         r.lora_int_id, r.grammar_compile_steps is not None)
+                         r.lora_int_id, r.grammar_compile_steps is not None, r.kv_connector_tokens)
         except ConfigError as e:
             raise ConfigError(f"requests[{i}].{e.field}", str(e).split(": ", 1)[1]) from None
     return config

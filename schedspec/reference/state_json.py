@@ -242,7 +242,7 @@ REQUEST_FIELDS = tuple(f.name for f in fields(Request))
 # Speculative decoding's fields are written only when not empty, so vectors of
 # the scope before it read and write as they always did.
 OPTIONAL_REQUEST_FIELDS = ("spec_token_ids", "lora_int_id", "grammar", "drop_stale_output",
-                           "skip_reading_prefix_cache")
+                           "skip_reading_prefix_cache", "kv_connector_tokens")
 GRAMMARS = ("compiling", "compiled", "failed")  # Request.grammar, when it has one (spec/structured_output.py)
 # name -> minimum, for the integer fields (None: any integer).
 _REQUEST_INTS: dict[str, int | None] = {
@@ -274,6 +274,9 @@ def request_to_json(r: Request) -> dict[str, Any]:
             v = [hash_to_json(h) for h in v]
         elif name in ("lora_int_id", "grammar", "drop_stale_output", "skip_reading_prefix_cache"):
             if not v:
+                continue
+        elif name == "kv_connector_tokens":  # written unless 0; null: the connector cannot tell yet
+            if v == 0:
                 continue
         elif name in _TOKEN_LISTS or name in OPTIONAL_REQUEST_FIELDS:
             v = list(v)
@@ -309,6 +312,8 @@ def request_from_json(obj: Any, where: str = "request") -> Request:
             values[name] = read_int(v, path, 0, nullable=True)
         elif name == "lora_int_id":
             values[name] = read_int(v, path, 0)
+        elif name == "kv_connector_tokens":
+            values[name] = read_int(v, path, 0, nullable=True)
         elif name == "grammar":
             if v not in GRAMMARS:
                 _fail(path, f"= {excerpt(v)}, must be one of {', '.join(map(repr, GRAMMARS))}")
@@ -323,10 +328,11 @@ def request_from_json(obj: Any, where: str = "request") -> Request:
 # --- the scheduler's output --------------------------------------------------------------
 
 OUTPUT_FIELDS = tuple(f.name for f in fields(SchedulerOutput))
-_OUTPUT_PAIRS = {"num_scheduled_tokens": 1, "prefix_hits": 0}  # name -> the count's minimum
+_OUTPUT_PAIRS = {"num_scheduled_tokens": 1, "prefix_hits": 0, "kv_connector_hits": 1}  # name -> the count's minimum
 
 
 DRAFTS = "scheduled_spec_decode_tokens"  # [[id, [draft ids]], ...], written only when not empty
+OPTIONAL_OUTPUT_FIELDS = (DRAFTS, "kv_connector_hits")  # written only when not empty
 
 
 def output_to_json(o: SchedulerOutput) -> dict[str, Any]:
@@ -337,12 +343,14 @@ def output_to_json(o: SchedulerOutput) -> dict[str, Any]:
             if v:
                 out[name] = [[rid, list(ids)] for rid, ids in v]
             continue
+        if name in OPTIONAL_OUTPUT_FIELDS and not v:
+            continue
         out[name] = [[rid, n] for rid, n in v] if name in _OUTPUT_PAIRS else list(v)
     return out
 
 
 def output_from_json(obj: Any, where: str = "output") -> SchedulerOutput:
-    raw = read_object(obj, where, tuple(f for f in OUTPUT_FIELDS if f != DRAFTS), OUTPUT_FIELDS)
+    raw = read_object(obj, where, tuple(f for f in OUTPUT_FIELDS if f not in OPTIONAL_OUTPUT_FIELDS), OUTPUT_FIELDS)
     values: dict[str, Any] = {}
     for name in OUTPUT_FIELDS:
         path = field_path(where, name)
@@ -355,7 +363,7 @@ def output_from_json(obj: Any, where: str = "output") -> SchedulerOutput:
                 drafts.append((read_str(pair[0], index_path(at, 0)), read_int_list(pair[1], index_path(at, 1), -1)))
             values[name] = tuple(drafts)
         elif name in _OUTPUT_PAIRS:
-            values[name] = read_pair_list(raw[name], path, _OUTPUT_PAIRS[name])
+            values[name] = read_pair_list(raw.get(name, []), path, _OUTPUT_PAIRS[name])
         else:
             values[name] = read_str_list(raw[name], path)
     return SchedulerOutput(**values)

@@ -54,7 +54,7 @@ from schedspec.spec.state import SchedulerOutput, SchedulerState
 from schedspec.spec.versions import DEFAULT_RELEASE, FIELDS_SINCE, RELEASES, release_key
 
 from .vllm_lift import SCHEDULER_CONFIG_FIELDS as LIFTED_SCHEDULER_CONFIG_FIELDS
-from .vllm_lift import LiftError, lift_output, lift_state
+from .vllm_lift import KV_CONNECTOR_ATTR, LiftError, lift_output, lift_state
 
 MODEL_CONFIG = Path(__file__).parent / "vllm_model" / "config.json"
 VLLM_VERSION = "0.33.0"
@@ -477,6 +477,8 @@ class VllmScheduler:
         self.sched = sched
         self.config = config
         self._vllm_config = vllm_config
+        self._kv_cache_config = kv_cache_config
+        self._kv_store = None  # the scenario connector's (vllm_connector.py), once a request needs one
         self._in_flight = {}
         self._finish_order = []
         self._token_seq = 0
@@ -522,6 +524,13 @@ class VllmScheduler:
         )
         if request.grammar:
             self._await_grammar(req, request.grammar)
+        if request.kv_connector_tokens:
+            if self._kv_store is None:
+                from .vllm_connector import attach_scenario_connector
+
+                self._kv_store = attach_scenario_connector(self.sched, self._vllm_config, self._kv_cache_config)
+            self._kv_store.holds[request.request_id] = request.kv_connector_tokens
+            req.__dict__[KV_CONNECTOR_ATTR] = request.kv_connector_tokens  # what the lift reads (observe)
         self.sched.add_request(req)
 
     def _await_grammar(self, req, grammar: str) -> None:
@@ -574,13 +583,16 @@ class VllmScheduler:
         if sched.use_v2_model_runner:  # resumed requests then travel as new ones
             pre_status = {rid: r.status.name for rid, r in sched.requests.items()}
         self._preempted.clear()
+        if self._kv_store is not None:
+            self._kv_store.answers.clear()
         out = sched.schedule()
         # schedule() hands the finished ids to this batch and starts a new set
         # (S:1876); keep only those finished since.
         self._finish_order = [rid for rid in self._finish_order if rid in sched.finished_req_ids]
         try:
             output = lift_output(out, self._preempted, prefix_caching=self._block_hasher is not None,
-                                 status_before=pre_status)
+                                 status_before=pre_status,
+                                 external=self._kv_store.answers if self._kv_store is not None else None)
         except LiftError as e:
             raise RuntimeError(f"vLLM adapter: {e}") from None
         self._in_flight[id(output)] = (output, out)

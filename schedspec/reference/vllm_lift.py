@@ -105,7 +105,7 @@ _STATUS = {s.name: s for s in RequestStatus}
 
 REQUEST_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Request))
 LIFTED_OTHERWISE = ("request_id", "status", "eos_token_id", "stop_token_ids", "prompt_token_ids", "block_hashes",
-                    "partial_block_token_ids", "spec_token_ids", "lora_int_id", "grammar")
+                    "partial_block_token_ids", "spec_token_ids", "lora_int_id", "grammar", "kv_connector_tokens")
 # A field added to the spec's Request must be lifted too: fail at import, not lift it silently wrong.
 if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE):
     raise ImportError("vllm_lift: the spec's Request fields changed; lift_request does not cover "
@@ -125,6 +125,9 @@ def _shared_of(r: Any) -> tuple:
 
 
 LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last lifted Request)
+# On a vLLM Request: what its KV connector last answered, as the spec's kv_connector_tokens
+# (spec/kv_connector.py); the monitor's watch of the connector records it (monitor/scope.py).
+KV_CONNECTOR_ATTR = "schedspec_kv_connector_tokens"
 _STATUS_OF: dict[Any, tuple[Any, RequestStatus]] = {}  # vLLM status member -> (it, lift_status(it))
 
 
@@ -192,21 +195,23 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
         hashes = tail = ()
     drafts = tuple(r.spec_token_ids) if r.spec_token_ids else ()
     grammar = lift_grammar(r) if getattr(r, "structured_output_request", None) is not None else ""
-    key = (shared, r.status, hashes, tail, drafts, grammar)
+    external = r.__dict__.get(KV_CONNECTOR_ATTR, 0)
+    key = (shared, r.status, hashes, tail, drafts, grammar, external)
     if key == cache[1]:
         return cache[2]
     status = _spec_status(r.status)
     if like is not None and like.status is status and _shared(like) == shared \
             and (like.block_hashes, like.partial_block_token_ids, like.request_id, like.eos_token_id,
-                 like.spec_token_ids, like.lora_int_id, like.grammar) == (hashes, tail, fixed[1], fixed[2], drafts,
-                                                                          fixed[5], grammar) \
+                 like.spec_token_ids, like.lora_int_id, like.grammar, like.kv_connector_tokens) == \
+            (hashes, tail, fixed[1], fixed[2], drafts, fixed[5], grammar, external) \
             and _same(like.stop_token_ids, fixed[3]) and _same(like.prompt_token_ids, fixed[4]):
         cache[1], cache[2] = key, like
         return like
     values = dict(zip(SHARED_REQUEST_FIELDS, shared))
     values.update(request_id=fixed[1], status=status, eos_token_id=fixed[2],
                   stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
-                  partial_block_token_ids=tail, spec_token_ids=drafts, lora_int_id=fixed[5], grammar=grammar)
+                  partial_block_token_ids=tail, spec_token_ids=drafts, lora_int_id=fixed[5], grammar=grammar,
+                  kv_connector_tokens=external)
     lifted = Request.__new__(Request)
     lifted.__dict__ = values  # every field, by name: what Request(...) would hold
     cache[1], cache[2] = key, lifted
@@ -475,11 +480,14 @@ def lift_pause_state(sched: Any) -> str:
 
 
 def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,
-                status_before: Mapping[str, str] | None = None) -> SchedulerOutput:
+                status_before: Mapping[str, str] | None = None,
+                external: Mapping[str, int] | None = None) -> SchedulerOutput:
     """vLLM's SchedulerOutput as the spec's.  `preempted` is the order of the
     `_preempt_request` calls (vLLM keeps the ids in a set, S:1799).  With the V2
     model runner resumed requests travel as new ones; `status_before` (status
-    names before the call) tells them apart."""
+    names before the call) tells them apart.  `external`: the tokens a KV
+    connector answered in the call, by request, which an admission's
+    num_computed_tokens counts beside its prefix hit (S:1216-1218)."""
     grants = tuple(out.num_scheduled_tokens.items())  # insertion order = grant order
     new = [d.req_id for d in out.scheduled_new_reqs]
     cached = out.scheduled_cached_reqs
@@ -504,10 +512,13 @@ def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,
     if granted != running + admission_order or sorted(granted) != sorted(running + new + resumed):
         raise LiftError(f"grant order {granted} is not the running loop's {running} "
                         f"followed by admissions {new + resumed}")
+    loaded = {rid: external[rid] for rid in admission_order if external and external.get(rid)}
     return SchedulerOutput(
         num_scheduled_tokens=grants, scheduled_new_reqs=tuple(new), scheduled_resumed_reqs=tuple(resumed),
         scheduled_running_reqs=tuple(running), preempted_req_ids=preempted,
-        prefix_hits=tuple((rid, hits_at[rid]) for rid in admission_order) if prefix_caching else (),
+        prefix_hits=tuple((rid, hits_at[rid] - loaded.get(rid, 0)) for rid in admission_order)
+        if prefix_caching else (),
+        kv_connector_hits=tuple(loaded.items()),
         scheduled_spec_decode_tokens=tuple((rid, tuple(ids)) for rid, ids in
                                            (getattr(out, "scheduled_spec_decode_tokens", None) or {}).items()))
 

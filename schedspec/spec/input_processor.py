@@ -22,6 +22,7 @@ def make_request(
     prompt_token_ids: Sequence[int] | None = None,
     lora_int_id: int = 0,
     structured_output: bool = False,
+    kv_connector_tokens: int = 0,
 ) -> Request:
     """A new WAITING request, after vLLM's front-end checks
     (v1/engine/input_processor.py:476-602).  With prefix caching the prompt's
@@ -41,9 +42,13 @@ def make_request(
     if lora_int_id and config.max_loras is None:
         # vLLM's front end refuses an adapter when LoRA is not enabled (input_processor.py).
         raise ConfigError("lora_int_id", f"= {lora_int_id}, but LoRA is off; set config.max_loras")
-    if structured_output and config.vllm_version != DEFAULT_RELEASE:
-        raise ConfigError("grammar_compile_steps", f"schedspec models structured output for vLLM "
-                          f"{DEFAULT_RELEASE} only, not {config.vllm_version}")
+    for field, used, feature in (("grammar_compile_steps", structured_output, "structured output"),
+                                 ("kv_connector_tokens", kv_connector_tokens, "KV connector hits")):
+        if used and config.vllm_version != DEFAULT_RELEASE:
+            raise ConfigError(field, f"schedspec models {feature} for vLLM {DEFAULT_RELEASE} only, not {config.vllm_version}")
+    if kv_connector_tokens >= num_prompt_tokens:  # vLLM asserts a token is left to compute (S:1219, 1347)
+        raise ConfigError("kv_connector_tokens", f"= {kv_connector_tokens}, must be < prompt_len "
+                          f"({num_prompt_tokens}): the last prompt token is always computed")
     tokens: tuple = ()
     hashes: tuple = ()
     if config.enable_prefix_caching:
@@ -65,4 +70,5 @@ def make_request(
         # A grammar to compile first: the request waits for it (RQ:116-117).
         status=RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if structured_output else RequestStatus.WAITING,
         grammar=COMPILING if structured_output else "",
+        kv_connector_tokens=kv_connector_tokens,
     )

@@ -26,7 +26,8 @@ def get_num_blocks_to_allocate(block_size: int, num_blocks_held: int, num_tokens
 
 def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: int, num_blocks_held: int,
                    num_free_blocks: int, *, full_sequence_must_fit: bool = False, has_scheduled_reqs: bool = True,
-                   num_hit_blocks: int = 0, num_evictable_hit_blocks: int = 0) -> int | None:
+                   num_hit_blocks: int = 0, num_evictable_hit_blocks: int = 0,
+                   num_external_computed_tokens: int = 0) -> int | None:
     """How many new blocks `request` takes from the free queue to compute
     `num_new_tokens` more tokens, or None when the pool cannot hold them (K:380-627).
 
@@ -38,7 +39,7 @@ def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: in
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: 0.0 <= config.watermark < 1.0 and 0 <= request.num_computed_tokens <= request.num_tokens and config.num_lookahead_tokens >= 0
     pre: num_new_tokens > 0 and num_blocks_held >= 0 and num_free_blocks >= 0
-    pre: num_hit_blocks == 0 and num_evictable_hit_blocks == 0
+    pre: num_hit_blocks == 0 and num_evictable_hit_blocks == 0 and num_external_computed_tokens == 0
     post: __return__ is None or (0 <= __return__ <= num_free_blocks and (has_scheduled_reqs is False or request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED) or __return__ + config.watermark_blocks <= num_free_blocks))
     post: __return__ is None or (num_blocks_held + __return__) * config.block_size >= min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len) and (__return__ == 0 or (num_blocks_held + __return__ - 1) * config.block_size < min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len))
     post: __return__ is not None or full_sequence_must_fit or config.watermark_blocks > 0 or (num_blocks_held + num_free_blocks) * config.block_size < min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len)
@@ -55,7 +56,8 @@ def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: in
         full = get_num_blocks_to_allocate(config.block_size, held, min(request.num_tokens, L))
         if full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks:
             return None
-    total_computed_tokens = min(request.num_computed_tokens + num_hit_blocks * config.block_size, L)
+    total_computed_tokens = min(request.num_computed_tokens + num_hit_blocks * config.block_size
+                                + num_external_computed_tokens, L)  # external tokens: new blocks (K:559-566)
     # Speculative decoding: the drafter writes KV past the scheduled tokens (K:550-553).
     num_tokens_need_slot = min(total_computed_tokens + num_new_tokens + config.num_lookahead_tokens, L)
     new_blocks = get_num_blocks_to_allocate(config.block_size, held, num_tokens_need_slot)

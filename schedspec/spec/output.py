@@ -23,6 +23,9 @@ class SchedulerOutput:
     # Speculative decoding: (request_id, the draft ids it verifies this step) for each
     # request scheduled with drafts, in grant order; -1 ids pad a new decode (S:1577-1582).
     scheduled_spec_decode_tokens: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # KV connector: for each admission that loads external tokens, in admission
+    # order, how many (kv_connector.py); its num_computed_tokens counts them too.
+    kv_connector_hits: tuple[tuple[str, int], ...] = ()
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -35,3 +38,8 @@ class SchedulerOutput:
     @property
     def admitted(self) -> tuple[str, ...]:
         return self.scheduled_new_reqs + self.scheduled_resumed_reqs
+
+    def computed_on_admission(self, rid: str, num_computed_tokens: int) -> int:
+        """`rid`'s num_computed_tokens once this step admitted it: its prefix hit
+        (else `num_computed_tokens`, what it had) and the tokens a KV connector loaded."""
+        return dict(self.prefix_hits).get(rid, num_computed_tokens) + dict(self.kv_connector_hits).get(rid, 0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from . import prefill_throttle
+from . import kv_connector, prefill_throttle
 from .config import FCFS, PRIORITY, long_prefill_threshold
 from .kv_cache import cdiv, get_num_blocks_to_allocate
 from .lora import exceeds_max_loras, running_loras
@@ -236,19 +236,24 @@ def starvation_condition(before, output, after):
         return NOT_APPLICABLE  # async: skipped until its in-flight output returns
     if r.grammar in ("compiling", "failed"):
         return NOT_APPLICABLE  # structured output: skipped until its grammar compiles (structured_output.py)
-    if c.num_speculative_tokens and r.num_tokens - dict(output.prefix_hits).get(head, r.num_computed_tokens) == 1:
+    if kv_connector.undecided(r):
+        return NOT_APPLICABLE  # skipped until its KV connector can tell its hit (kv_connector.py)
+    # What admission computes: its hit and loaded tokens when admitted; else at least what
+    # its KV connector holds (a local hit is visible only on admission).
+    start = max(output.computed_on_admission(head, r.num_computed_tokens), kv_connector.external_tokens(r, 0))
+    if c.num_speculative_tokens and r.num_tokens - start == 1:
         return NOT_APPLICABLE  # a new decode may be padded, or not admitted (spec_decode.pads_new_decode)
     if exceeds_max_loras(c, running_loras(before.requests[x] for x in before.running), r):
         return NOT_APPLICABLE  # LoRA: it would bring one adapter too many and is skipped (lora.py)
     if prefill_throttle.holds_prefill(before) and \
-            prefill_throttle.has_prefill_left(dict(output.prefix_hits).get(head, r.num_computed_tokens), r.num_tokens):
+            prefill_throttle.has_prefill_left(start, r.num_tokens):
         return NOT_APPLICABLE  # a step holding prefill admits no prefill (prefill_throttle.py)
     blocks_needed = (sum(get_block_demand(before, d, 1) for d in before.running)
                      + cdiv(r.num_tokens, c.block_size) + c.watermark_blocks)
     if blocks_needed > before.num_free_blocks:
         return NOT_APPLICABLE
     # A prefix hit is computed already: the head needs what the cache lacks.
-    need = r.num_tokens - dict(output.prefix_hits).get(head, r.num_computed_tokens)
+    need = r.num_tokens - start
     threshold = get_long_prefill_threshold(before)
     if 0 < threshold < need:
         need = threshold
@@ -313,13 +318,13 @@ def scheduled_requests_run(before, output, after):
 
 @prop
 def computed_tokens_advance_by_grant(before, output, after):
-    """A scheduled request that did not finish advances by exactly its grant, from 0 if it was preempted before, or from its prefix hit when admitted; with speculative decoding, less the drafts rejected (at most those it verified: this step's, or under async scheduling an older batch's)."""
-    hits, drafts = dict(output.prefix_hits), dict(output.scheduled_spec_decode_tokens)
+    """A scheduled request that did not finish advances by exactly its grant, from 0 if it was preempted before, or from its prefix hit and KV connector tokens when admitted; with speculative decoding, less the drafts rejected (at most those it verified: this step's, or under async scheduling an older batch's)."""
+    drafts = dict(output.scheduled_spec_decode_tokens)
     c = after.config
     for rid, n in output.num_scheduled_tokens:
         if rid not in after.requests:
             continue
-        start = hits.get(rid, before.requests[rid].num_computed_tokens)
+        start = output.computed_on_admission(rid, before.requests[rid].num_computed_tokens)
         rejectable = c.num_speculative_tokens if c.async_scheduling else len(drafts.get(rid, ()))
         if not start + n - rejectable <= after.requests[rid].num_computed_tokens <= start + n:
             return violated("num_computed_tokens did not advance by the grant", request=rid,
@@ -376,13 +381,13 @@ def placeholders_never_negative(before, output, after):
 
 @prop
 def scheduled_within_known_tokens(before, output, after):
-    """No request is scheduled beyond num_tokens + num_output_placeholders and the drafts it sends, counted from its num_computed_tokens, or from its prefix hit when admitted: a token is computed at most once per admission."""
-    hits, drafts = dict(output.prefix_hits), dict(output.scheduled_spec_decode_tokens)
+    """No request is scheduled beyond num_tokens + num_output_placeholders and the drafts it sends, counted from its num_computed_tokens, or from its prefix hit and KV connector tokens when admitted: a token is computed at most once per admission."""
+    drafts = dict(output.scheduled_spec_decode_tokens)
     for rid, n in output.num_scheduled_tokens:
         r = before.requests.get(rid)
         if r is None:
             continue
-        start = hits.get(rid, r.num_computed_tokens)
+        start = output.computed_on_admission(rid, r.num_computed_tokens)
         if start + n > r.num_tokens + r.num_output_placeholders + len(drafts.get(rid, ())):
             return violated("scheduled past num_tokens + num_output_placeholders", request=rid,
                             start=start, granted=n, num_tokens=r.num_tokens,
@@ -495,7 +500,7 @@ def prefix_hit_within_shared_prefix(before, output, after):
             if missing:
                 return violated("a hit covers a block whose prefix was not cached", request=rid, hit=h,
                                 block_index=missing[0])
-        start = hits.get(rid, r.num_computed_tokens)
+        start = output.computed_on_admission(rid, r.num_computed_tokens)
         available.update(r.block_hashes[:min(start + n, r.num_tokens) // b])
     return HOLDS
 

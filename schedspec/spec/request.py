@@ -72,6 +72,7 @@ class Request:
     # LoRA: the adapter's id, 0 for none (lora.py).
     lora_int_id: int = 0
     grammar: str = ""  # structured output: "" none, else "compiling", "compiled" or "failed"
+    kv_connector_tokens: int | None = 0  # prefix a remote store holds; None: cannot tell yet (kv_connector.py)
     # Stop tokens (U:101-112): the EOS id (None: none, as with ignore_eos) and the others.
     eos_token_id: int | None = EOS_TOKEN_ID
     stop_token_ids: tuple = ()

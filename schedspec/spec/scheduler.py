@@ -19,7 +19,7 @@ from typing import Iterable, Mapping, Sequence
 from .config import PRIORITY, ConfigError, SchedulerConfig, long_prefill_threshold
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
-from . import lora, prefill_throttle, spec_decode, stale_output, structured_output
+from . import kv_connector, lora, prefill_throttle, spec_decode, stale_output, structured_output
 from .spec_decode import update_draft_token_ids  # noqa: F401 - a public call of the spec, as the others
 from .structured_output import grammar_compiled  # noqa: F401 - the environment's event, beside the calls
 from .state import SchedulerOutput, SchedulerState, Working
@@ -70,6 +70,7 @@ class ScheduleWork(Working):
         self.scheduled: dict[str, int] = {}  # insertion order is grant order
         self.scheduled_running, self.new, self.resumed, self.preempted = [], [], [], []
         self.prefix_hits: list[tuple[str, int]] = []
+        self.kv_connector_hits: list[tuple[str, int]] = []
         self.drafts_sent: dict[str, tuple[int, ...]] = {}  # the drafts sent to the model, by request
         self.prefill_scheduled = False  # whether the running loop scheduled a prefill chunk (S:1000)
         self.defer_prefills = prefill_throttle.defers_prefills(self, throttle_prefills)  # S:750-752, 780-791
@@ -79,7 +80,8 @@ class ScheduleWork(Working):
             num_scheduled_tokens=tuple(self.scheduled.items()), scheduled_new_reqs=tuple(self.new),
             scheduled_resumed_reqs=tuple(self.resumed), scheduled_running_reqs=tuple(self.scheduled_running),
             preempted_req_ids=tuple(self.preempted), prefix_hits=tuple(self.prefix_hits),
-            scheduled_spec_decode_tokens=tuple(self.drafts_sent.items()))
+            scheduled_spec_decode_tokens=tuple(self.drafts_sent.items()),
+            kv_connector_hits=tuple(self.kv_connector_hits))
 
 
 def schedule(state: SchedulerState, throttle_prefills: bool = False) -> tuple[SchedulerOutput, SchedulerState]:
@@ -194,16 +196,17 @@ def preempt(s: ScheduleWork, victim: str) -> None:
     s.preempted.append(victim)
 
 
-def blocks_to_allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int] = (),
+def blocks_to_allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int] = (), external: int = 0,
                        full_sequence_must_fit: bool = False, has_scheduled_reqs: bool = True) -> int | None:
-    """How many new blocks `rid` needs for `n` more tokens after its `hits`, or
-    None when the pool cannot give them (kv_cache.allocate_slots).  Changes nothing."""
+    """How many new blocks `rid` needs for `n` more tokens after its `hits` and `external`
+    tokens, or None when the pool cannot give them (kv_cache.allocate_slots).  Changes nothing."""
     return allocate_slots(s.config, s.requests[rid], n, s.kv.num_blocks(rid), s.kv.num_free_blocks,
                           full_sequence_must_fit=full_sequence_must_fit, has_scheduled_reqs=has_scheduled_reqs,
-                          num_hit_blocks=len(hits), num_evictable_hit_blocks=s.kv.num_evictable(hits) if hits else 0)
+                          num_hit_blocks=len(hits), num_evictable_hit_blocks=s.kv.num_evictable(hits) if hits else 0,
+                          num_external_computed_tokens=external)
 
 
-def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blocks: int) -> None:
+def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blocks: int, external: int = 0) -> None:
     """Give `rid` its hit blocks and `num_new_blocks` new ones, and cache the full
     blocks it will have computed, so a later request in this step can hit them
     (K:590-627)."""
@@ -211,7 +214,7 @@ def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blo
     if hits or num_new_blocks:  # else it holds the blocks already: most decode steps
         s.kv.allocate(rid, hits, num_new_blocks)
     if r.block_hashes:  # only full blocks are cached, and only prefix caching hashes them
-        num_computed_tokens = r.num_computed_tokens + len(hits) * s.config.block_size
+        num_computed_tokens = r.num_computed_tokens + len(hits) * s.config.block_size + external
         s.kv.cache_blocks(rid, r.block_hashes, min(num_computed_tokens + n, r.num_tokens), s.config.block_size)
 
 
@@ -231,9 +234,10 @@ def schedule_waiting(s: ScheduleWork) -> None:
         rid = s.waiting[0]
         # Skipped: a grammar compiling or failed (S:1079-1082) [seam: remote KVs, streaming
         # input]; async: output from before its preemption in flight, which resuming could
-        # resample (S:1084); LoRA: one adapter too many (S:1089-1101).
+        # resample (S:1084); LoRA: one adapter too many (S:1089-1101); KV connector undecided (S:1146).
         if structured_output.waits_for_grammar(s, rid) or stale_output.pending(s.requests[rid]) \
-                or lora.exceeds_max_loras(s.config, loras, s.requests[rid]):
+                or lora.exceeds_max_loras(s.config, loras, s.requests[rid]) \
+                or kv_connector.undecided(s.requests[rid]):
             skipped.append(s.waiting.popleft())
             continue
         if not admit(s, rid):
@@ -248,26 +252,29 @@ def admit(s: ScheduleWork, rid: str) -> bool:
     False stops admission: it never preempts (S:1102-1461)."""
     c = s.config
     r = s.requests[rid]
-    # S:1110-1127, none for a request that reads no cached prefix (K:251-253); [seam: connector hits]
+    # S:1110-1127, none for a request that reads no cached prefix (K:251-253); KV connector: S:1130-1218.
     hits = s.kv.get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size) \
         if r.num_computed_tokens == 0 and not r.skip_reading_prefix_cache else []
-    num_computed_tokens = r.num_computed_tokens + len(hits) * c.block_size
+    external = kv_connector.external_tokens(r, len(hits) * c.block_size)
+    num_computed_tokens = r.num_computed_tokens + len(hits) * c.block_size + external
     if s.defer_prefills and prefill_throttle.has_prefill_left(num_computed_tokens, r.num_tokens):  # S:1290
         return False
     n = num_new_tokens_waiting(s, r, num_computed_tokens)
     if n is None:
         return False
     padded = spec_decode.pads_new_decode(s, r, num_computed_tokens)
-    num_new_blocks = blocks_to_allocate(s, rid, n, hits, full_sequence_must_fit=c.scheduler_reserve_full_isl,
+    num_new_blocks = blocks_to_allocate(s, rid, n, hits, external, full_sequence_must_fit=c.scheduler_reserve_full_isl,
                                         has_scheduled_reqs=bool(s.running))  # S:1449-1451
     if num_new_blocks is None:
         return False
-    allocate(s, rid, n, hits, num_new_blocks)
+    allocate(s, rid, n, hits, num_new_blocks, external)
     s.waiting.popleft()
     s.running.append(rid)
     (s.new if r.status == WAITING else s.resumed).append(rid)
     if c.enable_prefix_caching:
-        s.prefix_hits.append((rid, num_computed_tokens))
+        s.prefix_hits.append((rid, num_computed_tokens - external))
+    if external:
+        s.kv_connector_hits.append((rid, external))
     grant(s, rid, n)
     if padded:
         # vLLM asserts this (S:1579); a long-prefill cap below 1 + num_speculative_tokens

@@ -1,0 +1,73 @@
+"""The KV connector the vLLM adapter gives vLLM's scheduler for a scenario whose
+requests carry `kv_connector_tokens` (spec/kv_connector.py, docs/formats.md).
+
+A remote store holding the first `kv_connector_tokens` prompt tokens of each such
+request: asked at an admission from `num_computed_tokens` local tokens, it answers
+the tokens it holds beyond them, loaded within the step (base.py
+get_num_new_matched_tokens).  It is a best-effort cache of a KV producer
+(requires_kv_delivery False, base.py:198-207), attached to a scheduler built
+without one, so that, as the spec has it, no free is deferred (S:187-195) and a
+preemption keeps its in-flight output (S:972-976).  Its worker side never runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class ScenarioStore:
+    """What the remote store holds (request id -> leading prompt tokens), filled by
+    the adapter as requests arrive, and what the connector answered since `answers`
+    was last cleared (request id -> tokens beyond the local hit)."""
+
+    def __init__(self) -> None:
+        self.holds: dict[str, int] = {}
+        self.answers: dict[str, int] = {}
+
+
+def answering_connector(answer: Callable[[Any, int, int], tuple]) -> type:
+    """A scheduler-side KV connector class (base.py KVConnectorBase_V1) whose
+    get_num_new_matched_tokens(request, num_computed_tokens) returns
+    `answer(request, num_computed_tokens, block_size)`; it keeps no other state, is
+    best-effort (requires_kv_delivery False) and has no worker side."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
+
+    class AnsweringConnector(KVConnectorBase_V1):
+        requires_kv_delivery = False  # a best-effort cache: a dropped save is a later miss
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            return answer(request, num_computed_tokens, self._vllm_config.cache_config.block_size)
+
+        def update_state_after_alloc(self, request, blocks, num_external_tokens):
+            pass
+
+        def build_connector_meta(self, scheduler_output):
+            return KVConnectorMetadata()
+
+        def start_load_kv(self, forward_context, **kwargs):
+            raise AssertionError("schedspec's KV connectors have no worker side")
+
+        wait_for_layer_load = save_kv_layer = wait_for_save = start_load_kv
+
+    return AnsweringConnector
+
+
+def attach_scenario_connector(sched: Any, vllm_config: Any, kv_cache_config: Any) -> ScenarioStore:
+    """Give `sched` the scenario connector, answering from the store returned."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    store = ScenarioStore()
+
+    def answer(request, num_computed_tokens, block_size):
+        n = store.answers[request.request_id] = max(0, store.holds.get(request.request_id, 0) - num_computed_tokens)
+        return n, False
+
+    vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="ScenarioConnector", kv_role="kv_producer")
+    connector = answering_connector(answer)(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    connector.bind_kv_cache_manager(sched.kv_cache_manager)  # as Scheduler.__init__ does (S:383-384)
+    sched.connector = connector
+    return store
+
+
+__all__ = ["ScenarioStore", "answering_connector", "attach_scenario_connector"]
