@@ -353,6 +353,8 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
 def with_connector_answers(pre, sched: Any):
     """`pre` with each request's kv_connector_tokens as its connector last answered,
     in the call just made (the pre-state was lifted before it asked)."""
+    if getattr(sched, "connector", None) is None:  # no answers: nothing asked (the common case, for free)
+        return pre
     changed = {}
     for rid, r in pre.requests.items():
         v = sched.requests.get(rid)
