@@ -155,7 +155,7 @@ class Monitor:
             sched.__dict__.pop(POST_ATTR, None)
             self.monitor_error(call, number, e)
             return original()
-        watch = scope.ConnectorWatch(sched) if not outside else None
+        watch = scope.connector_watch(sched) if not outside else None
         try:
             if watch is None:
                 result = original()

@@ -246,6 +246,15 @@ class ConnectorWatch:
 _ABSENT = object()
 
 
+def connector_watch(sched: Any) -> ConnectorWatch | None:
+    """A ConnectorWatch for a call on `sched`, or None when it has no connector to
+    watch (the common case, without the cost of one per call)."""
+    d = sched.__dict__
+    if d.get("connector") is None and d.get("aux_output_connector") is None and d.get("ec_connector") is None:
+        return None
+    return ConnectorWatch(sched)
+
+
 def connector_answer_changes_step(sched: Any, name: str, result: Any, call_args: tuple) -> bool:
     """Whether a connector's answer `result` to `name(*call_args)` makes vLLM 0.33.0
     do something it would not do without that connector (ConnectorWatch)."""
@@ -532,5 +541,5 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
 
 
 __all__ = ["BLOCKED_STATUSES", "ConnectorWatch", "connector_answer_changes_step", "connector_output_acts",
-           "connector_watchable", "decode_stagger", "features", "hash_block_size", "init_fields", "prefix_hit", "release",
-           "request_features", "scheduler_features", "static_request_features"]
+           "connector_watch", "connector_watchable", "decode_stagger", "features", "hash_block_size", "init_fields",
+           "prefix_hit", "release", "request_features", "scheduler_features", "static_request_features"]
