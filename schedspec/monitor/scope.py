@@ -82,14 +82,12 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(SPECULATIVE_DECODING)
     if getattr(sched, "num_hash_lookahead_tokens", 0):
         out.append(HASH_LOOKAHEAD)
-    if (sched.connector is not None and not connector_watchable(sched)) or getattr(sched, "defer_block_free", False):
-        out.append(KV_CONNECTOR)
-    if sched.ec_connector is not None and not (newest_rules() and hasattr(sched.ec_connector, "__dict__")):
-        out.append(EC_CONNECTOR)  # else judged call by call (ConnectorWatch)
-    aux = getattr(sched, "aux_output_connector", None)
-    if aux is not None and not (newest_rules() and type(aux).__name__ == "AuxOutputSchedulerConnector"):
-        # A connector of vLLM's own class is judged call by call (ConnectorWatch).
-        out.append(AUX_OUTPUT_CONNECTOR)
+    # A connector the watch can judge call by call is named only where it acts (ConnectorWatch).
+    for attr, feature in CONNECTOR_ATTRS:
+        conn = getattr(sched, attr, None)
+        if (conn is not None and not connector_watchable(conn, feature)) or \
+                (feature == KV_CONNECTOR and getattr(sched, "defer_block_free", False)):
+            out.append(feature)
     if getattr(sched, "is_encoder_decoder", False):
         out.append(ENCODER_DECODER)
     groups = sched.kv_cache_config.kv_cache_groups
@@ -133,15 +131,24 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     return out
 
 
-def connector_watchable(sched: Any) -> bool:
-    """A KV connector whose calls can be judged one by one (ConnectorWatch): on
-    vLLM 0.33.0, whose code paths with a connector that loads nothing were read
-    (S:925-927, 1130-1214, 1467-1500, 3349-3401), on one full-attention group
-    (no divergent hybrid hits, S:667-671), with an object the watch can wrap
-    methods on."""
-    conn = sched.connector
-    return (newest_rules() and hasattr(conn, "__dict__")
-            and getattr(conn, "supports_divergent_local_hybrid_hits", True) is False)
+# The scheduler's attribute for each connector, and the feature it is named by.
+CONNECTOR_ATTRS = (("connector", KV_CONNECTOR), ("ec_connector", EC_CONNECTOR),
+                   ("aux_output_connector", AUX_OUTPUT_CONNECTOR))
+
+
+def connector_watchable(conn: Any, feature: str) -> bool:
+    """A connector whose calls can be judged one by one (ConnectorWatch): on vLLM
+    0.33.0, whose code paths with each connector were read, and an object the
+    watch can wrap methods on.  A KV connector also without divergent hybrid hits
+    (S:667-671; its paths: S:925-927, 1130-1214, 1467-1500, 3349-3401); an aux output
+    connector of vLLM's own class (a test's Mock in its place is not judged)."""
+    if not (newest_rules() and hasattr(conn, "__dict__")):
+        return False
+    if feature == KV_CONNECTOR:
+        return getattr(conn, "supports_divergent_local_hybrid_hits", True) is False
+    if feature == AUX_OUTPUT_CONNECTOR:
+        return type(conn).__name__ == "AuxOutputSchedulerConnector"
+    return True
 
 
 class ConnectorWatch:
@@ -179,11 +186,11 @@ class ConnectorWatch:
 
     def __init__(self, sched: Any):
         self.sched = sched
-        kv, aux = getattr(sched, "connector", None), getattr(sched, "aux_output_connector", None)
-        ec = getattr(sched, "ec_connector", None)
-        self.watched = [(obj, names, feature) for obj, names, feature in
-                        ((kv, self.KV, KV_CONNECTOR), (aux, self.AUX, AUX_OUTPUT_CONNECTOR), (ec, self.EC, EC_CONNECTOR))
+        methods = {KV_CONNECTOR: self.KV, EC_CONNECTOR: self.EC, AUX_OUTPUT_CONNECTOR: self.AUX}
+        self.watched = [(obj, methods[feature], feature) for obj, feature in
+                        ((getattr(sched, attr, None), feature) for attr, feature in CONNECTOR_ATTRS)
                         if obj is not None and hasattr(obj, "__dict__")]
+        kv = getattr(sched, "connector", None)
         self.delivery = bool(kv is not None and getattr(kv, "requires_kv_delivery", False))
         self.acted: dict[str, None] = {}
         self.external: dict[str, int] = {}  # request id -> external tokens loaded in this call
@@ -250,7 +257,7 @@ def connector_watch(sched: Any) -> ConnectorWatch | None:
     """A ConnectorWatch for a call on `sched`, or None when it has no connector to
     watch (the common case, without the cost of one per call)."""
     d = sched.__dict__
-    if d.get("connector") is None and d.get("aux_output_connector") is None and d.get("ec_connector") is None:
+    if all(d.get(attr) is None for attr, _ in CONNECTOR_ATTRS):
         return None
     return ConnectorWatch(sched)
 
@@ -540,6 +547,7 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
     return tuple(out)
 
 
-__all__ = ["BLOCKED_STATUSES", "ConnectorWatch", "connector_answer_changes_step", "connector_output_acts",
-           "connector_watch", "connector_watchable", "decode_stagger", "features", "hash_block_size", "init_fields",
-           "prefix_hit", "release", "request_features", "scheduler_features", "static_request_features"]
+__all__ = ["BLOCKED_STATUSES", "CONNECTOR_ATTRS", "ConnectorWatch", "connector_answer_changes_step",
+           "connector_output_acts", "connector_watch", "connector_watchable", "decode_stagger", "features",
+           "hash_block_size", "init_fields", "prefix_hit", "release", "request_features", "scheduler_features",
+           "static_request_features"]
