@@ -895,6 +895,19 @@ def test_a_watch_blind_to_an_async_load_lets_it_diverge(monitor, tmp_path, mutat
     assert stats["divergences"] and not stats["outside_scope"], stats
 
 
+@pytest.mark.parametrize("case_id", ["KV_CONNECTOR-async_load", "KV_CONNECTOR-delivery_preemption",
+                                     "EC_CONNECTOR-real", "AUX_OUTPUT_CONNECTOR-real"])
+def test_a_watch_that_never_names_a_connector_lets_each_case_diverge(monitor, tmp_path, monkeypatch, case_id):
+    """Each connector case is outside scope because of what the watch saw, not by
+    accident: a watch that names nothing lets the case's call be compared, and it
+    differs from the spec."""
+    (c,) = [c for c in CASES if c.id == case_id]
+    blind = Mutation("scope.ConnectorWatch.features", "tuple(out)", "()")
+    with mutated([blind], package="schedspec.monitor", module="scope"):
+        stats = c.fn(monitor, tmp_path, monkeypatch)
+    assert stats["divergences"] and not stats["outside_scope"], stats
+
+
 @pytest.mark.parametrize("connector,prefix_caching", [
     ("OneBlockConnector", False), ("OneBlockConnector", True), ("UndecidedConnector", False),
 ])
