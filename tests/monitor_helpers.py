@@ -225,19 +225,32 @@ def sampled_for(sched, scheduler_output, token: int = 100, stop: Mapping[str, in
     return out
 
 
-def runner_output(scheduler_output, sampled: Mapping[str, Iterable[int]]):
-    """A ModelRunnerOutput (v1/outputs.py) for every request of the batch."""
-    from vllm.v1.outputs import ModelRunnerOutput
+def runner_output(scheduler_output, sampled: Mapping[str, Iterable[int]], finished_recving: Iterable[str] = (),
+                  failed_recving: Iterable[str] = ()):
+    """A ModelRunnerOutput (v1/outputs.py) for every request of the batch; with
+    the KV loads the worker reports finished or failed."""
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
     ids = list(scheduler_output.num_scheduled_tokens)
+    kv = KVConnectorOutput(finished_recving=set(finished_recving) or None, failed_recving=set(failed_recving)) \
+        if finished_recving or failed_recving else None
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
-                             sampled_token_ids=[list(sampled.get(rid, ())) for rid in ids])
+                             sampled_token_ids=[list(sampled.get(rid, ())) for rid in ids], kv_connector_output=kv)
 
 
-def step(sched, token: int = 100, stop: Mapping[str, int] | None = None):
-    """schedule, then update_from_output with what a model runner would sample."""
+def loading(sched) -> list[str]:
+    """The requests waiting for remote KVs whose load is not yet reported finished."""
+    done = sched.finished_recving_kv_req_ids
+    return sorted(rid for rid, r in sched.requests.items()
+                  if r.status.name == "WAITING_FOR_REMOTE_KVS" and rid not in done)
+
+
+def step(sched, token: int = 100, stop: Mapping[str, int] | None = None, finish_loads: bool = False):
+    """schedule, then update_from_output with what a model runner would sample;
+    `finish_loads`: reporting every KV load in flight finished."""
     out = sched.schedule()
-    sched.update_from_output(out, runner_output(out, sampled_for(sched, out, token, stop)))
+    sched.update_from_output(out, runner_output(out, sampled_for(sched, out, token, stop),
+                                                loading(sched) if finish_loads else ()))
     return out
 
 
@@ -284,6 +297,12 @@ def _delay_free_connector():
     return DelayFreeConnector
 
 
+def _answering(answer):
+    from schedspec.reference.vllm_connector import answering_connector
+
+    return answering_connector(answer)
+
+
 def _matching_connector(answer):
     """A connector giving every admission the answer `answer(block_size)`."""
     from schedspec.reference.vllm_connector import answering_connector
@@ -298,6 +317,9 @@ CONNECTORS = {
     "OneBlockConnector": lambda: _matching_connector(lambda bs: (bs, False)),
     # One block loaded asynchronously: the request waits for remote KVs (S:1286-1288, 1514-1545).
     "OneBlockAsyncConnector": lambda: _matching_connector(lambda bs: (bs, True)),
+    # The whole sequence, loaded asynchronously: the promotion leaves the last token to compute (S:3513-3514).
+    "WholePromptAsyncConnector": lambda: _answering(
+        lambda request, num_computed_tokens, block_size: (request.num_tokens - num_computed_tokens, True)),
     # Cannot tell yet: the request is skipped this step (S:1146-1151).
     "UndecidedConnector": lambda: _matching_connector(lambda bs: (None, False)),
 }
@@ -397,9 +419,10 @@ class Both:
         self.pending[id(a)] = b
         return a
 
-    def update_from_output(self, output, sampled):
+    def update_from_output(self, output, sampled, finished_recving=()):
         b = self.pending.pop(id(output))
-        x, y = self.spec.update_from_output(output, sampled), self.vllm.update_from_output(b, sampled)
+        x = self.spec.update_from_output(output, sampled, finished_recving)
+        y = self.vllm.update_from_output(b, sampled, finished_recving)
         assert list(x) == list(y)
         self.agree("update_from_output")
         return x

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pytest
 
 from monitor_helpers import (LLAMA, MIXTRAL, assert_all_checked, assert_clean, build_scheduler, calls_seen,
-                             full_attention, kv_groups, monitor, prompt, request, require_vllm, run_to_completion,
+                             full_attention, kv_groups, loading, monitor, prompt, request, require_vllm, run_to_completion,
                              runner_output, sampled_for, shadow_monitor, step, vllm_config)
 
 require_vllm()
@@ -126,32 +126,25 @@ def connector_scheduler(tmp_path, name: str = "ExampleConnector", role: str = "k
     return s
 
 
-@case("KV_CONNECTOR", "async_load")
+@case("KV_CONNECTOR", "failed_load")
 def _(mon, tmp_path, monkeypatch):
-    # A connector loading one block asynchronously: the request waits for remote
-    # KVs (S:1286-1288, 1514-1545), which the spec does not model.
+    # A load the worker reports failed (S:2292-2294, 3688-3701): not modelled.
     s = connector_scheduler(tmp_path, "OneBlockAsyncConnector")
     s.add_request(request("a", 40, sched=s))
-    stats = watch(mon, lambda: s.schedule())
+    out = s.schedule()
     assert s.requests["a"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
-    return stats
+    return watch(mon, lambda: s.update_from_output(out, runner_output(out, {}, failed_recving=["a"])))
 
 
-@case("KV_CONNECTOR", "delivery_preemption")
+@case("DELAYED_FREE", "abort_while_loading")
 def _(mon, tmp_path, monkeypatch):
-    # A producer's connector requires KV delivery: a request preempted in
-    # schedule() has its in-flight output dropped (S:972-976), which the spec's
-    # preemption does not do.  Nine steps fill the 6 usable blocks; the tenth preempts.
-    s = connector_scheduler(tmp_path, num_blocks=7)
-    assert s.requires_kv_delivery
-    for rid in "ab":
-        s.add_request(request(rid, 40, sched=s, max_tokens=30))
-    for _ in range(9):
-        step(s)
-    outs: list = []
-    stats = watch(mon, lambda: outs.append(s.schedule()))
-    assert outs[0].preempted_req_ids == {"b"}
-    return stats
+    # A request aborted while its KV load is in flight keeps its blocks until the
+    # load ends (S:3016-3027): not modelled.
+    s = connector_scheduler(tmp_path, "OneBlockAsyncConnector")
+    s.add_request(request("a", 40, sched=s))
+    s.schedule()
+    assert s.requests["a"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    return watch(mon, lambda: s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED))
 
 
 @case("KV_CONNECTOR", "request_kv_transfer_params")
@@ -487,11 +480,10 @@ def _(mon, tmp_path, monkeypatch):
                                                   pooling_params=PoolingParams(task="embed"))))
 
 
-@case("PAUSE", "attribute")
-def _(mon, tmp_path, monkeypatch):
-    # Under PAUSED_NEW vLLM still admits a waiting request that holds blocks
-    # (S:1064-1067), which only a KV connector or streaming input leaves there:
-    # one is put in kv_holding_waiting by hand.
+def holder_under_paused_new():
+    """A scheduler under PAUSED_NEW whose waiting request holds blocks, which vLLM
+    still admits (S:1064-1067): only a KV connector or streaming input leaves one
+    there, so it is put in kv_holding_waiting by hand."""
     s = build_scheduler()
     s.add_request(request("a", 20, max_tokens=8))
     step(s)
@@ -499,6 +491,15 @@ def _(mon, tmp_path, monkeypatch):
     a.status = RequestStatus.WAITING
     s.kv_holding_waiting.add_request(a)
     s.set_pause_state(PauseState.PAUSED_NEW)
+    return s
+
+
+@case("PAUSE", "attribute")
+def _(mon, tmp_path, monkeypatch):
+    # Modelled for 0.33.0 (spec/scheduler.py schedule_waiting): outside scope on an
+    # older release, which this process is made to read as.
+    monkeypatch.setattr(scope, "newest_rules", lambda: False)
+    s = holder_under_paused_new()
     return watch(mon, lambda: s.schedule())
 
 
@@ -851,58 +852,175 @@ def test_feature_is_counted_outside_scope(c: Case, monitor, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("num_blocks", [64, 7], ids=["no-preemption", "preemption"])
-def test_a_connector_that_changes_nothing_leaves_its_calls_checked(monitor, tmp_path, num_blocks):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("delivery", [True, False], ids=["spec", "spec-without-delivery"])
+def test_a_connector_that_changes_nothing_leaves_its_calls_checked(monitor, tmp_path, num_blocks, async_scheduling,
+                                                                   delivery):
     """vLLM's ExampleConnector with nothing stored answers no external tokens and
-    keeps no block: every call is compared (scope.ConnectorWatch), except a
-    schedule() that preempts, where this producer's connector has vLLM drop the
-    in-flight output.  The watch leaves the connector as it found it."""
-    s = connector_scheduler(tmp_path, num_blocks=num_blocks)
+    keeps no block: every call is compared (scope.ConnectorWatch), a schedule()
+    that preempts included, where this producer's connector requires KV delivery
+    and has vLLM drop the preempted request's in-flight output (S:972-976; the
+    config's requires_kv_delivery).  A spec that delivers it instead differs.  The
+    watch leaves the connector as it found it.  A producer's: a consumer's under async
+    scheduling defers frees (S:189-195), which the spec does not model."""
+    s = connector_scheduler(tmp_path, role="kv_producer", num_blocks=num_blocks, async_scheduling=async_scheduling)
+    assert s.requires_kv_delivery
     preempting = 0
 
     def calls():
         nonlocal preempting
         for rid in "ab":
             s.add_request(request(rid, 40, sched=s, max_tokens=30))
+        if async_scheduling:  # two batches in flight: a preempted request has output in flight
+            run_to_completion(s)
+            return
         for _ in range(200):
             if not s.requests:
                 break
             preempting += bool(step(s).preempted_req_ids)
-    stats = watch(monitor, calls)
+    mutation = Mutation("scheduler.preempt", "s.config.requires_kv_delivery", "False")
+    with mutated([] if delivery else [mutation]):
+        stats = watch(monitor, calls)
     assert not s.requests
-    assert preempting == (0 if num_blocks == 64 else 1)
-    seen = calls_seen(stats)
-    assert seen["schedule"]["checked"] == seen["schedule"]["total"] - preempting, seen
-    assert stats["outside_scope"] == ({scope.KV_CONNECTOR: preempting} if preempting else {})
-    for call in ("update_from_output", "add_request"):
-        assert seen[call]["checked"] == seen[call]["total"], (call, seen)
-    assert_clean(stats)
+    if not async_scheduling:
+        assert preempting == (0 if num_blocks == 64 else 1)
+    if not delivery:
+        if num_blocks == 7:
+            assert stats["divergences"], stats
+        return
+    assert_all_checked(stats, "schedule", "update_from_output", "add_request")
     assert not set(scope.ConnectorWatch.KV) & s.connector.__dict__.keys()
     assert_clean(monitor.summary())
 
 
-@pytest.mark.parametrize("mutation", [
-    Mutation("scope.connector_answer_changes_step", "ext == 0 or load_async is False", "True"),
-    Mutation("scope.ConnectorWatch.features", "dict(self.acted)", "{}"),
-], ids=["answers-ignored", "acts-ignored"])
-def test_a_watch_blind_to_an_async_load_lets_it_diverge(monitor, tmp_path, mutation):
-    """The watch is what keeps an asynchronous load from being compared: without
-    it, the spec (a load within the step) and vLLM (waiting for remote KVs)
-    disagree on that schedule()."""
-    s = connector_scheduler(tmp_path, "OneBlockAsyncConnector")
-    s.add_request(request("a", 40, sched=s))
-    with mutated([mutation], package="schedspec.monitor", module="scope"):
+def async_load_run(s, prompts: Mapping[str, int], max_tokens: int = 3, finish_after: int | Mapping[str, int] = 1,
+                   policy_priority: Mapping[str, int] | None = None) -> list:
+    """Requests `prompts` (id -> prompt length) added, then steps to completion; each
+    KV load is reported finished `finish_after` steps after it started (by request
+    where a mapping)."""
+    outs: list = []
+    started: dict[str, int] = {}
+    for rid, n in prompts.items():
+        s.add_request(request(rid, n, sched=s, max_tokens=max_tokens,
+                              **({"priority": policy_priority[rid]} if policy_priority else {})))
+    after = finish_after if isinstance(finish_after, Mapping) else dict.fromkeys(prompts, finish_after)
+    for k in range(200):
+        if not s.requests:
+            break
+        out = s.schedule()
+        outs.append(out)
+        for rid in loading(s):
+            started.setdefault(rid, k)
+        done = [rid for rid in loading(s) if k - started[rid] + 1 >= after[rid]]
+        s.update_from_output(out, runner_output(out, sampled_for(s, out), done))
+    assert not s.requests
+    return outs
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-caching", "prefix-caching"])
+@pytest.mark.parametrize("finish_after", [1, 3])
+@pytest.mark.parametrize("connector", ["OneBlockAsyncConnector", "WholePromptAsyncConnector"])
+def test_async_loads_are_compared(monitor, tmp_path, prefix_caching, finish_after, connector):
+    """An asynchronous KV load (S:1286-1288, 1403-1451, 1514-1545), the request's wait
+    for it and its promotion once reported finished (S:3467-3531) are the spec's
+    rules (spec/kv_connector.py): every call of a run to completion is compared, and
+    agrees.  Two requests share a prefix, so under prefix caching the second one's
+    local hit meets the first one's blocks, cached only when its load ends."""
+    s = connector_scheduler(tmp_path, connector, prefix_caching=prefix_caching)
+    stats = watch(monitor, lambda: async_load_run(s, {"a": 40, "b": 70, "c": 20}, finish_after=finish_after))
+    assert_all_checked(stats, "schedule", "update_from_output", "add_request")
+
+
+@pytest.mark.parametrize("reserve", [True, False], ids=["spec", "spec-without-reservation"])
+def test_an_async_load_is_admitted_only_within_the_in_flight_reservation(monitor, tmp_path, reserve):
+    """A load is started only if its blocks fit beside what the prefills in flight
+    still need (S:1420-1430, 3404-3436): "b" waits while "a", mid-prefill (48
+    tokens a step, the long-prefill cap), needs every free block.  Without the
+    reservation the spec starts the load, and differs from vLLM."""
+    s = connector_scheduler(tmp_path, "OneBlockAsyncConnector", num_blocks=13,  # 12 usable blocks
+                            scheduler={"long_prefill_token_threshold": 48})
+    outs = []
+    s.add_request(request("a", 180, sched=s, max_tokens=1))  # 12 blocks in all
+    step(s, finish_loads=True)  # "a" loads its first block
+    step(s)  # promoted and admitted: 48 more tokens, 4 blocks
+
+    def calls():
+        s.add_request(request("b", 40, sched=s))
+        outs.append(s.schedule())  # "a": 48 more, 7 blocks; 5 free, 5 reserved for "a"
+    mutation = Mutation("kv_connector.reserved_blocks", "total", "0")
+    with mutated([] if reserve else [mutation], module="kv_connector"):
+        stats = watch(monitor, calls)
+    assert outs[0].num_scheduled_tokens == {"a": 48}
+    assert s.requests["b"].status == RequestStatus.WAITING
+    assert s.requests["b"].__dict__["schedspec_kv_connector_tokens"] == 16  # asked, and refused
+    if reserve:
+        assert_all_checked(stats, "schedule", "add_request")
+    else:
+        assert stats["divergences"], stats
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("holders_first", [True, False], ids=["spec", "spec-with-one-queue"])
+def test_a_preempted_request_waits_behind_the_requests_holding_blocks(monitor, tmp_path, policy, holders_first):
+    """A request loading KV waits in its own queue, drained first (S:1062-1067,
+    2709-2714): a request preempted meanwhile goes to the front of the other
+    one (S:1842), behind it.  "c" loads for 40 steps while "a" and "b" grow until
+    one is preempted.  A spec with one queue puts the preempted request first."""
+    s = connector_scheduler(tmp_path, "OneBlockAsyncConnector", num_blocks=9, scheduler={"policy": policy})
+    preempted_while_loading = []
+
+    def calls():
+        outs = async_load_run(s, {"a": 40, "b": 40, "c": 20}, max_tokens=30, finish_after={"a": 1, "b": 1, "c": 40},
+                              policy_priority={"a": 0, "b": 1, "c": 2} if policy == "priority" else None)
+        preempted_while_loading.extend(rid for out in outs[2:40] for rid in out.preempted_req_ids)
+    mutation = Mutation("scheduler.enqueue", "kv_connector.num_holding(waiting, requests)", "0")
+    with mutated([] if holders_first else [mutation]):
+        stats = watch(monitor, calls)
+    assert preempted_while_loading
+    if holders_first:
+        assert_all_checked(stats, "schedule", "update_from_output", "add_request")
+    else:
+        assert stats["divergences"], stats
+
+
+@pytest.mark.parametrize("holders_admitted", [True, False], ids=["spec", "spec-admitting-nothing"])
+def test_paused_new_admits_the_requests_holding_blocks(monitor, holders_admitted):
+    """Under PAUSED_NEW the waiting loop still drains the holders' queue (S:1064-1067):
+    compared, and the spec that admits nobody paused differs."""
+    s = holder_under_paused_new()
+    mutation = Mutation("scheduler.schedule_waiting", 'kv_connector.holds_kv_blocks(s.requests[s.waiting[0]])',
+                        "False")
+    with mutated([] if holders_admitted else [mutation]):
         stats = watch(monitor, lambda: s.schedule())
-    assert stats["divergences"] and not stats["outside_scope"], stats
+    assert s.running and s.running[0].request_id == "a"
+    if holders_admitted:
+        assert_all_checked(stats, "schedule")
+    else:
+        assert stats["divergences"], stats
 
 
-@pytest.mark.parametrize("case_id", ["KV_CONNECTOR-async_load", "KV_CONNECTOR-delivery_preemption",
+@pytest.mark.parametrize("mutation,connector", [
+    (Mutation("kv_connector.loads_async", "external > 0 and r.kv_connector_async", "False"), "OneBlockAsyncConnector"),
+    (Mutation("kv_connector.promote", "s.requests[rid].kv_load_finished", "False"), "OneBlockAsyncConnector"),
+    (Mutation("kv_connector.promote", "r.num_computed_tokens == r.num_tokens", "False"), "WholePromptAsyncConnector"),
+], ids=["loads-within-the-step", "never-promoted", "whole-load-kept"])
+def test_a_spec_without_the_async_load_rules_diverges(monitor, tmp_path, mutation, connector):
+    """The comparison above can fail: the spec without each rule disagrees with vLLM
+    somewhere in the run (without the whole load's rule, it raises: nothing left to compute)."""
+    s = connector_scheduler(tmp_path, connector, prefix_caching=True, num_blocks=9)
+    with mutated([mutation], module="kv_connector"):
+        stats = watch(monitor, lambda: async_load_run(s, {"a": 40, "b": 70, "c": 20}, finish_after=2))
+    assert stats["divergences"] or (connector == "WholePromptAsyncConnector" and stats["monitor_errors"]), stats
+
+
+@pytest.mark.parametrize("case_id", [
                                      "EC_CONNECTOR-real", "AUX_OUTPUT_CONNECTOR-real"])
 def test_a_watch_that_never_names_a_connector_lets_each_case_diverge(monitor, tmp_path, monkeypatch, case_id):
     """Each connector case is outside scope because of what the watch saw, not by
     accident: a watch that names nothing lets the case's call be compared, and it
     differs from the spec."""
     (c,) = [c for c in CASES if c.id == case_id]
-    blind = Mutation("scope.ConnectorWatch.features", "tuple(out)", "()")
+    blind = Mutation("scope.ConnectorWatch.features", "tuple(self.acted)", "()")
     with mutated([blind], package="schedspec.monitor", module="scope"):
         stats = c.fn(monitor, tmp_path, monkeypatch)
     assert stats["divergences"] and not stats["outside_scope"], stats

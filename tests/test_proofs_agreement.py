@@ -323,7 +323,7 @@ SPEC_MUTANTS = {
     "threshold_one_eligible": [M("config.long_prefill_threshold", "num_eligible <= 1", "num_eligible <= 0")],
     "fcfs_victim_head": [M("scheduler.choose_victim", "s.running[-1]", "s.running[0]")],
     "no_cursor_fix": [M("scheduler.preempt", "v < s.cursor", "False")],
-    "no_refund": [M("scheduler.preempt", "s.token_budget += refund\ns.input_budget += refund", "pass")],
+    "no_refund": [M("scheduler.preempt", "s.token_budget += refund\ns.input_budget += refund + s.draft_slots", "pass")],
     "watermark_on_first_admission": [M("kv_cache.allocate_slots",
                                        "has_scheduled_reqs and (request.status == WAITING or request.status == PREEMPTED)",
                                        "request.status == WAITING or request.status == PREEMPTED")],
@@ -331,8 +331,10 @@ SPEC_MUTANTS = {
                                      "full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
                                      "full + num_evictable_hit_blocks > num_free_blocks")],
     "allocation_needs_spare_block": [M("kv_cache.allocate_slots",
-                                       "new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
-                                       "new_blocks + num_evictable_hit_blocks + watermark_blocks >= num_free_blocks")],
+                                       "new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks - "
+                                       "reserved_blocks",
+                                       "new_blocks + num_evictable_hit_blocks + watermark_blocks >= num_free_blocks - "
+                                       "reserved_blocks")],
     "chunked_off_fit_strict": [M("scheduler.num_new_tokens_waiting", "not s.config.enable_chunked_prefill and n > budget",
                                  "not s.config.enable_chunked_prefill and n >= budget")],
     "admit_after_preemption": [M("scheduler.schedule", "not s.preempted", "True")],

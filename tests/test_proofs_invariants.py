@@ -48,7 +48,10 @@ S, K = "scheduler.py", "kv_cache.py"
 # invariant -> a one-line break of the spec that must violate it.
 M = Mutation
 INVARIANT_MUTANTS = {
-    "queues_partition_requests": [M("scheduler.admit", "s.running.append(rid)", "s.running.append(rid)\ns.waiting.append(rid)")],
+    # The last running request also left in waiting once the loop is over (a duplicate the same
+    # step could admit again would crash the spec first, not break the invariant).
+    "queues_partition_requests": [M("scheduler.schedule_waiting", "s.waiting.extendleft(reversed(skipped))",
+                                    "s.waiting.extendleft(reversed(skipped + s.running[-1:]))")],
     "statuses_match_queues": [M("scheduler.preempt", "r.status = PREEMPTED", "r.status = RUNNING")],
     "request_lengths_valid": [M("scheduler.check_stop", "request.num_tokens >= max_model_len", "request.num_tokens > max_model_len")],
     "computed_tokens_below_num_tokens": [M("scheduler.num_new_tokens_running",
@@ -56,8 +59,8 @@ INVARIANT_MUTANTS = {
                                            "r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens + 1")],
     "waiting_requests_hold_nothing": [M("scheduler.preempt", "r.num_computed_tokens = 0", "pass")],
     "blocks_match_computed_tokens": [M("kv_cache.allocate_slots",
-                                       "min(total_computed_tokens + num_new_tokens + config.num_lookahead_tokens, L)",
-                                       "min(total_computed_tokens + num_new_tokens + config.num_lookahead_tokens + 1, L)")],
+                                       "min(total_computed_tokens + num_new_tokens + lookahead, L)",
+                                       "min(total_computed_tokens + num_new_tokens + lookahead + 1, L)")],
     "blocks_conserved": [M("kv_cache.BlockCountsWork.free",
                            "self.num_free_blocks += self.req_to_num_blocks.pop(request_id, 0)",
                            "self.req_to_num_blocks.pop(request_id, 0)")],

@@ -120,7 +120,8 @@ def test_long_values_and_keys_are_cut(tmp_path, capsys):
             d["requests"][1]["id"] = d["requests"][0]["id"]  # a duplicate quotes it
             field = "requests[1].id"
         err = error_of(capsys, write(tmp_path, d))
-        assert field in err and len(err) < 600 and "\u2026" in err, err
+        # The list of known fields (an unknown key's message) grows with the format, not with the input.
+        assert field in err and len(err.split("; known fields are")[0]) < 400 and "\u2026" in err, err
         assert "\x1b" not in err
 
 

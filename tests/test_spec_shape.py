@@ -20,7 +20,12 @@ MAX_FUNCTION_LINES = 60
 # 977 since KV connector hits: their rules are in kv_connector.py, the core gained 10 lines
 # (a request field, the skip, the external tokens in admission and allocation) for the 97
 # lines of vLLM 0.33.0 it models (S:1130-1218, K:559-566).
-MAX_CORE_LINES = 977
+# 1002 since asynchronous KV loads, KV delivery and a drafter's rows: their rules are in
+# kv_connector.py, stale_output.py and the budgets; the core gained 25 lines for the about
+# 254 lines of vLLM 0.33.0 they model (S:1062-1067, 1286-1288, 1403-1451, 1514-1545,
+# 2697-2714, 3404-3436, 3467-3531, 3556-3577; K:607-612; S:721, 797, 847, 955, 1003, 1068,
+# 1295, 1571; S:972-976, 1832-1834), within 10 %.
+MAX_CORE_LINES = 1002
 
 
 def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:

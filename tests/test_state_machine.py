@@ -32,8 +32,8 @@ MUTANTS = {
         M("kv_cache.allocate_slots", "num_new_tokens <= 0", "num_new_tokens < 0"),
     ],
     "running_before_waiting": [
-        M("scheduler.num_new_tokens_running", "min(n, s.token_budget, s.input_budget)",
-          "min(n, s.token_budget, s.input_budget, 1)"),
+        M("scheduler.num_new_tokens_running", "min(n, s.token_budget, s.input_budget - s.draft_slots)",
+          "min(n, s.token_budget, s.input_budget - s.draft_slots, 1)"),
     ],
     "preemption_only_on_allocation_failure": [
         M("scheduler.schedule", "not s.preempted", "True"),
@@ -60,7 +60,7 @@ MUTANTS = {
         # The first admission of a step ends in waiting, and the loop stops there: put
         # back in waiting and left in the loop, it was admitted a second time in the same
         # step, and the spec crashed before the step's end, where the property is checked.
-        M("scheduler.schedule_waiting", "loras.update(lora.running_loras((s.requests[rid],)))",
+        M("scheduler.schedule_waiting", "loras.update(lora.running_loras((s.requests[x] for x in s.running[-1:])))",
           "s.waiting.append(s.running.pop())\nbreak"),
     ],
     "computed_tokens_advance_by_grant": [

@@ -26,6 +26,9 @@ FEATURES = (
     # KV connector hits (generator.py draws kv_connector_tokens)
     "scenarios with KV connector hits", "KV connector loads", "KV connector loads on resumption",
     "KV connector loads beyond a prefix hit",
+    # asynchronous loads, KV delivery (generator.py draws kv_connector_load_steps, requires_kv_delivery)
+    "KV connector async loads", "KV connector async loads admitted", "steps scheduling past a request loading KV",
+    "scenarios with a KV connector requiring delivery", "in-flight outputs dropped for KV delivery",
 )
 COMBINATIONS = ("sync", "sync + prefix caching", "async", "async + prefix caching")
 

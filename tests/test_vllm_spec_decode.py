@@ -167,6 +167,37 @@ def test_vllm_crashes_on_the_same_step(vllm):
     assert steps == [0, 1]
 
 
+def waiting(c: SchedulerConfig, *prompts: int) -> SchedulerState:
+    s = SchedulerState(c)
+    for i, n in enumerate(prompts):
+        s = S.add_request(s, Request(str(i), n, 50))
+    return s
+
+
+@pytest.mark.parametrize("slots, expected", [(0, (("0", 10), ("1", 10))), (3, (("0", 10), ("1", 4)))])
+def test_a_drafters_rows_are_charged_to_the_input_budget(slots, expected):
+    """A parallel drafter's K - 1 rows per scheduled request (S:1295, 1571): of 20
+    input tokens, the first admission leaves 20 - 13 = 7, the second gets 7 - 3.
+    vLLM's own test_draft_slots_budgeted_per_scheduled_request, on the spec."""
+    c = config(max_num_batched_tokens=20, num_speculative_tokens=4, max_num_new_slots_for_drafting=slots)
+    out, _ = S.schedule(waiting(c, 10, 10))
+    assert out.num_scheduled_tokens == expected
+
+
+def test_no_admission_when_only_the_drafters_rows_are_left():
+    """The waiting loop stops once the input budget is down to the drafter's rows
+    (S:1068): 13 + 3 of 16 leave nothing for a second request."""
+    c = config(max_num_batched_tokens=16, num_speculative_tokens=4, max_num_new_slots_for_drafting=3)
+    out, _ = S.schedule(waiting(c, 10, 10))
+    assert out.num_scheduled_tokens == (("0", 10),)
+
+
+@pytest.mark.parametrize("slots", [5])
+def test_more_rows_than_drafts_are_refused(slots):
+    with pytest.raises(ConfigError, match="max_num_new_slots_for_drafting"):
+        config_from_dict({"num_speculative_tokens": 4, "max_num_new_slots_for_drafting": slots})
+
+
 # -- against vLLM ------------------------------------------------------------------------
 
 
@@ -176,6 +207,7 @@ def test_random_scenarios_draw_speculative_decoding():
     assert len(with_sd) >= NUM_SCENARIOS // 5
     assert any(s.config.get("async_scheduling") for s in with_sd)
     assert any(r.num_accepted_tokens for s in with_sd for r in s.requests)
+    assert any(s.config.get("max_num_new_slots_for_drafting") for s in with_sd)
     assert not any(random_scenario(SEED, i, FLAGS_ALL, features_for("torch", "spec")).config
                    .get("num_speculative_tokens") for i in range(NUM_SCENARIOS))
 

@@ -71,6 +71,9 @@ def limit_violation(config, max_steps: int) -> str | None:
     if config.max_loras is not None:
         return (f"config.max_loras: = {config.max_loras}: the torch implementation does not model LoRA; "
                 "use --impl spec or vllm")
+    if config.requires_kv_delivery:
+        return ("config.requires_kv_delivery: = true: the torch implementation does not model KV connectors; "
+                "use --impl spec or vllm")
     if config.long_prefill_token_threshold_adaptive:
         return ("config.long_prefill_token_threshold_adaptive: = true: the torch implementation does not model "
                 "the adaptive long-prefill threshold; use --impl spec or vllm")

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from schedspec.reference.campaign import safe_stem
-from schedspec.reference.vllm_lift import KV_CONNECTOR_ATTR, LiftError, lift_config, lift_output, lift_request, \
+from schedspec.reference.vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, LiftError, waiting_status, lift_config, lift_output, lift_request, \
     lift_state, lift_status, sampled_tokens
 from schedspec.spec import scheduler as spec
+from schedspec.spec.kv_connector import holds_kv_blocks
 from schedspec.spec.state import SchedulerOutput
 
 from . import scope
@@ -288,14 +289,13 @@ class Prepared:
 
     def call_json(self) -> dict[str, Any]:
         from schedspec.reference.state_json import output_to_json, request_to_json
-        from schedspec.reference.vectors import schedule_call
+        from schedspec.reference.vectors import schedule_call, update_from_output_call
 
         a = self.args
         if self.call == "schedule":
             return schedule_call(a["throttle_prefills"])
         if self.call == "update_from_output":
-            return {"name": "update_from_output", "output": output_to_json(a["output"]),
-                    "sampled_token_ids": {rid: list(t) for rid, t in a["sampled"].items()}}
+            return update_from_output_call(a["output"], a["sampled"], a["finished_recving"])
         if self.call == "add_request":
             return {"name": "add_request", "request": request_to_json(a["request"])}
         return {"name": "finish_requests", "request_ids": list(a["request_ids"]), "status": a["status"].name}
@@ -318,7 +318,7 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
 
     def prepare():
         pre = monitor.pre_state(sched)
-        status_before = {rid: r.status.name for rid, r in sched.requests.items()} \
+        status_before = {rid: waiting_status(r) for rid, r in sched.requests.items()} \
             if sched.use_v2_model_runner else None
         if preempted:  # not a scenario event: the run cannot be rebuilt as a file from here on
             monitor.unrebuildable(sched, "a preemption outside schedule() (reset_prefix_cache or a direct call)")
@@ -326,8 +326,10 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
                         throttle_prefills=throttle_prefills)
 
     def judge(p: Prepared, out):
-        vllm_out = lift_output(out, preempted, prefix_caching=p.pre.config.enable_prefix_caching,
-                               status_before=p.args["status_before"], external=p.external)
+        pre = p.pre
+        vllm_out = lift_output(out, preempted, prefix_caching=pre.config.enable_prefix_caching,
+                               status_before=p.args["status_before"], external=p.external,
+                               holders=[w for w in pre.waiting if holds_kv_blocks(pre.requests[w])])
         earlier = p.args["earlier"]
         if earlier:
             # A preemption since the last schedule() (reset_prefix_cache, a direct
@@ -351,16 +353,18 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
 
 
 def with_connector_answers(pre, sched: Any):
-    """`pre` with each request's kv_connector_tokens as its connector last answered,
-    in the call just made (the pre-state was lifted before it asked)."""
+    """`pre` with each request's kv_connector_tokens and kv_connector_async as its
+    connector last answered, in the call just made (the pre-state was lifted before it asked)."""
     if getattr(sched, "connector", None) is None:  # no answers: nothing asked (the common case, for free)
         return pre
     changed = {}
     for rid, r in pre.requests.items():
         v = sched.requests.get(rid)
-        answer = v.__dict__.get(KV_CONNECTOR_ATTR, 0) if v is not None else r.kv_connector_tokens
-        if answer != r.kv_connector_tokens:
-            changed[rid] = r.evolve(kv_connector_tokens=answer)
+        if v is None:
+            continue
+        answer = (v.__dict__.get(KV_CONNECTOR_ATTR, 0), v.__dict__.get(KV_ASYNC_ATTR, False))
+        if answer != (r.kv_connector_tokens, r.kv_connector_async):
+            changed[rid] = r.evolve(kv_connector_tokens=answer[0], kv_connector_async=answer[1])
     return replace(pre, requests={**pre.requests, **changed}) if changed else pre
 
 
@@ -376,7 +380,7 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
             extra.append(scope.SPECULATIVE_DECODING)  # drafts verified: 0.33.0's rules only
         if getattr(model_runner_output, "pooler_output", None):
             extra.append(scope.POOLING)
-        if scope.connector_output_acts(getattr(model_runner_output, "kv_connector_output", None)):
+        if scope.connector_output_acts(getattr(model_runner_output, "kv_connector_output", None), sched):
             extra.append(scope.KV_CONNECTOR)
         if getattr(model_runner_output, "ec_connector_output", None) is not None and not scope.newest_rules():
             # 0.33.0: what it reports reaches scheduling only through the connector's own
@@ -400,15 +404,18 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
         held = {rid: sched.requests[rid] for rid in ids if rid in pre.requests}
         errors = {rid: sched.requests[rid] for rid in pre.grammar_compile_error_reqs
                   if rid in sched.requests and rid not in held}
+        kv_out = getattr(model_runner_output, "kv_connector_output", None)
         return Prepared(pre, "update_from_output", output=output, held=held, errors=errors,
-                        sampled=read["sampled"])
+                        sampled=read["sampled"], finished_recving=tuple(
+                            sorted(getattr(kv_out, "finished_recving", None) or ())))
 
     def judge(p: Prepared, _result):
         finished = [(rid, lift_status(r.status)) for rid, r in p.args["held"].items() if r.is_finished()]
         # Then those finished for a failed grammar: vLLM takes them from a set, so
         # they are listed in the spec's order (S:2552-2574).
         finished += [(rid, lift_status(r.status)) for rid, r in p.args["errors"].items() if r.is_finished()]
-        spec_finished, spec_post = spec.update_from_output(p.pre, p.args["output"], p.args["sampled"])
+        spec_finished, spec_post = spec.update_from_output(p.pre, p.args["output"], p.args["sampled"],
+                                                           p.args["finished_recving"])
         p.observed_result, p.observed_post = {"finished": finished}, lift_state(sched, p.pre.config, like=spec_post)
         return compare_finished(spec_finished, finished, "result.finished") or \
             compare_states(p.pre, spec_post, p.observed_post, finished_hashes(p, spec_finished))
@@ -470,7 +477,14 @@ def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], requ
 
     def features():
         ids = order()
-        return scope.features(sched, [sched.requests[rid] for rid in ids if rid in sched.requests])
+        found = scope.features(sched, [sched.requests[rid] for rid in ids if rid in sched.requests])
+        # A request finished while its KV load is in flight keeps its blocks until
+        # the load ends (S:3016-3027): not modelled (spec/kv_connector.py).
+        loaded = getattr(sched, "finished_recving_kv_req_ids", None) or ()
+        if any(rid in sched.requests and sched.requests[rid].status.name == "WAITING_FOR_REMOTE_KVS"
+               and rid not in loaded for rid in ids):
+            found = tuple(dict.fromkeys(found + (scope.DELAYED_FREE,)))
+        return found
 
     def prepare():
         return Prepared(monitor.pre_state(sched), "finish_requests", request_ids=order(),

@@ -64,7 +64,7 @@ BLOCKED_STATUSES = {
 }
 
 # Of those, the ones the spec models for the newest release (spec/structured_output.py).
-MODELLED_BLOCKED_STATUSES = frozenset({"WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"})
+MODELLED_BLOCKED_STATUSES = frozenset({"WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR", "WAITING_FOR_REMOTE_KVS"})
 
 _STATIC = "schedspec_scope"  # the attribute a request's creation-time features are kept in
 
@@ -88,6 +88,11 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         if (conn is not None and not connector_watchable(conn, feature)) or \
                 (feature == KV_CONNECTOR and getattr(sched, "defer_block_free", False)):
             out.append(feature)
+    # KV loads that failed, or whose start waits for the step in flight (S:1467-1477,
+    # 2292-2302): not modelled (spec/kv_connector.py).
+    if getattr(sched, "failed_recving_kv_req_ids", None) or getattr(sched, "defer_async_loads", False) \
+            or getattr(sched, "deferred_loads", None):
+        out.append(KV_CONNECTOR)
     if getattr(sched, "is_encoder_decoder", False):
         out.append(ENCODER_DECODER)
     groups = sched.kv_cache_config.kv_cache_groups
@@ -119,10 +124,11 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     if getattr(sched, "adaptive_long_prefill_threshold", False) and sched.scheduler_config.long_prefill_token_threshold \
             and not newest_rules():
         out.append(ADAPTIVE_THRESHOLD)
-    # Paused, the spec admits no waiting request (spec/scheduler.py schedule); vLLM
-    # still admits those holding blocks under PAUSED_NEW (S:1064-1067), which only a
-    # KV connector or streaming input leaves in the waiting queues.
-    if lift_pause_state(sched) == "PAUSED_NEW" and getattr(sched, "kv_holding_waiting", None):
+    # Under PAUSED_NEW vLLM still admits the waiting requests holding blocks
+    # (S:1064-1067), which only a KV connector or streaming input leaves in the
+    # waiting queues: modelled for 0.33.0 (spec/scheduler.py schedule_waiting).
+    if lift_pause_state(sched) == "PAUSED_NEW" and getattr(sched, "kv_holding_waiting", None) \
+            and not newest_rules():
         out.append(PAUSE)
     if getattr(sched, "num_waiting_for_streaming_input", 0):
         out.append(STREAMING_INPUT)
@@ -155,11 +161,12 @@ class ConnectorWatch:
     """What the connectors decided during one scheduler call.
 
     The spec models what a KV connector answers at an admission
-    (spec/kv_connector.py): tokens loaded within the step, or None, which skips
-    the request (S:1138-1151).  The watch records each answer on the vLLM request
-    (vllm_lift.KV_CONNECTOR_ATTR, what the lift reads as kv_connector_tokens: the
-    local hit it was asked beyond plus the tokens answered) and in `external`
-    (the tokens loaded this call, which lift_output needs).  Beyond that answer
+    (spec/kv_connector.py): tokens loaded within the step or asynchronously, or
+    None, which skips the request (S:1138-1151, 1514-1545).  The watch records each
+    answer on the vLLM request (vllm_lift.KV_CONNECTOR_ATTR, what the lift reads as
+    kv_connector_tokens: the local hit it was asked beyond plus the tokens
+    answered; KV_ASYNC_ATTR, read as kv_connector_async) and in `external` (the
+    tokens loaded this call, which lift_output needs).  Beyond that answer
     vLLM 0.33.0 hands the connector only results (S:1467-1486, 1756-1757), with
     nothing the step depends on.  Likewise an aux output connector only caps
     prefix hits (S:1117-1121, 1189-1197); the rest is metadata for the workers.
@@ -167,11 +174,9 @@ class ConnectorWatch:
     2190, 2681-2688), themselves outside scope, and otherwise only through what
     it reports.  So such a call is compared, and the watch names a connector only when one
     of its answers did something the spec does not model:
-      - KV: an asynchronous load (WAITING_FOR_REMOTE_KVS, S:1286-1288, 1514-1545);
-        `has_pending_block_frees()` true (no preemption, S:925-927); a finished
-        request whose blocks it keeps (S:3383-3401); a preemption in the call
-        under `requires_kv_delivery`: vLLM drops the request's in-flight output
-        (S:972-976, 1832), the spec keeps it;
+      - KV: `has_pending_block_frees()` true (no preemption, S:925-927); a finished
+        request whose blocks it keeps (S:3383-3401).  Its `requires_kv_delivery`
+        (preemptions drop output in flight, S:972-976) is the config's (lift_config);
       - aux output: a cap below the request's prefix hit, or an external hit cut;
       - encoder cache: requests whose encoder input it can no longer obtain,
         finished with an error (S:2559-2562), or a finished request whose blocks
@@ -190,8 +195,6 @@ class ConnectorWatch:
         self.watched = [(obj, methods[feature], feature) for obj, feature in
                         ((getattr(sched, attr, None), feature) for attr, feature in CONNECTOR_ATTRS)
                         if obj is not None and hasattr(obj, "__dict__")]
-        kv = getattr(sched, "connector", None)
-        self.delivery = bool(kv is not None and getattr(kv, "requires_kv_delivery", False))
         self.acted: dict[str, None] = {}
         self.external: dict[str, int] = {}  # request id -> external tokens loaded in this call
         self.answered = False  # some answer other than none: tokens, or None (cannot tell yet)
@@ -238,16 +241,14 @@ class ConnectorWatch:
         known = request.__dict__.get(vllm_lift.KV_CONNECTOR_ATTR, 0)
         request.__dict__[vllm_lift.KV_CONNECTOR_ATTR] = None if ext is None else num_local + ext if ext else \
             known if type(known) is int and known <= num_local else 0
+        request.__dict__[vllm_lift.KV_ASYNC_ATTR] = bool(ext) and result[1] is True
         self.answered = self.answered or ext != 0
         if ext:
             self.external[request.request_id] = ext
 
     def features(self, result: Any) -> tuple[str, ...]:
         """The connectors that changed this call (after it, given its result)."""
-        out = dict(self.acted)
-        if self.delivery and getattr(result, "preempted_req_ids", None):
-            out[KV_CONNECTOR] = None
-        return tuple(out)
+        return tuple(self.acted)
 
 
 _ABSENT = object()
@@ -272,8 +273,9 @@ def connector_answer_changes_step(sched: Any, name: str, result: Any, call_args:
         ext, load_async = result
         if getattr(request, "skip_reading_prefix_cache", False):
             return False  # its answer is replaced by none (S:1143-1144)
-        # Modelled: a number of tokens loaded within the step, or None (spec/kv_connector.py).
-        return not (ext is None or (type(ext) is int and ext >= 0 and (ext == 0 or load_async is False)))
+        # Modelled: a number of tokens loaded within the step or asynchronously, or None
+        # (spec/kv_connector.py).
+        return not (ext is None or (type(ext) is int and ext >= 0 and type(load_async) is bool))
     if name == "has_pending_block_frees" or name == "register_finished_partial_tail":
         return result is not False
     if name == "max_cache_hit":
@@ -297,16 +299,22 @@ def prefix_hit(sched: Any, request: Any, max_cache_hit_length: int) -> int:
     return kv.coordinator.find_longest_cache_hit(request.block_hashes, max_cache_hit_length)[1]
 
 
-def connector_output_acts(output: Any) -> bool:
-    """A model runner's KV connector output that update_from_output acts on:
-    finished or failed transfers, or invalid blocks (S:2292-2302, 2581-2582,
-    3556-3582).  Statistics and events change no scheduling state."""
+def connector_output_acts(output: Any, sched: Any = None) -> bool:
+    """A model runner's KV connector output that update_from_output acts on beyond
+    the spec (S:2292-2302, 2581-2582, 3556-3582): finished sends, failed loads,
+    invalid blocks, or a finished load of a request no longer waiting for it (a
+    delayed free).  A finished load of a request waiting for remote KVs is
+    modelled for 0.33.0 (spec/kv_connector.py); statistics and events change no
+    scheduling state."""
     if output is None:
         return False
     if not newest_rules():
         return True
-    return any(getattr(output, f, None) for f in ("finished_sending", "finished_recving", "failed_recving",
-                                                   "invalid_block_ids"))
+    if any(getattr(output, f, None) for f in ("finished_sending", "failed_recving", "invalid_block_ids")):
+        return True
+    requests = getattr(sched, "requests", {})
+    return any(rid not in requests or requests[rid].status.name != "WAITING_FOR_REMOTE_KVS"
+               for rid in getattr(output, "finished_recving", None) or ())
 
 
 _newest_rules: list[bool] = []
@@ -325,12 +333,12 @@ def newest_rules() -> bool:
 
 def spec_decode_in_scope(sched: Any) -> bool:
     """Speculative decoding as the spec models it (spec/spec_decode.py): vLLM 0.33.0,
-    a fixed number of drafts per step, a drafter with no rows of its own in the
-    target batch (max_num_new_slots_for_drafting, speculative.py:2058-2098) and no
-    prefill lookahead or EAGLE block drop (S:294-345); any KV lookahead."""
+    a fixed number of drafts per step, no prefill lookahead or EAGLE block drop
+    (S:294-345); any KV lookahead, and any rows of the drafter's own in the target
+    batch (max_num_new_slots_for_drafting, speculative.py:2058-2098)."""
     spec = sched.vllm_config.speculative_config
     return (newest_rules() and spec is not None and sched.num_spec_tokens > 0
-            and spec.max_num_new_slots_for_drafting == 0 and not getattr(sched, "num_prefill_lookahead", 0)
+            and not getattr(sched, "num_prefill_lookahead", 0)
             and getattr(sched, "dynamic_sd_lookup", None) is None
             and not getattr(sched, "use_eagle_block_drop", False))
 

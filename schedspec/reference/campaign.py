@@ -12,6 +12,7 @@ report divergences through `report_divergence`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -79,6 +80,11 @@ class TimedImpl:
             self.update_draft_token_ids = lambda drafts: self._timed(impl.update_draft_token_ids, drafts)
         if isinstance(impl, GrammarTaking):
             self.grammar_compiled = lambda ids, failed=False: self._timed(impl.grammar_compiled, ids, failed)
+        if "finished_recving" in inspect.signature(impl.update_from_output).parameters:  # async KV loads
+            self.update_from_output = lambda output, sampled, finished_recving=(): self._timed(
+                impl.update_from_output, output, sampled, finished_recving)
+        if hasattr(impl, "models_kv_connector_hits"):
+            self.models_kv_connector_hits = impl.models_kv_connector_hits
 
     def _timed(self, fn, *args):
         t = time.perf_counter()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from schedspec.spec import prefill_throttle
 from schedspec.spec.config import long_prefill_threshold
+from schedspec.spec.request import RequestStatus
 
 from .scenario import Scenario
 
@@ -54,6 +55,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with the adaptive long-prefill threshold")
     if any(r.kv_connector_tokens for r in scenario.requests):
         bump("scenarios with KV connector hits")
+    if scenario.config.get("requires_kv_delivery"):
+        bump("scenarios with a KV connector requiring delivery")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -186,6 +189,16 @@ class StepCoverage:
             if out.num_scheduled_tokens:
                 _bump(cov, "steps scheduling past a request waiting for its grammar")
         resumed = set(out.scheduled_resumed_reqs)
+        for rid, r in t.after.requests.items():
+            was = before.requests.get(rid)
+            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and (was is None or was.status != r.status):
+                _bump(cov, "KV connector async loads")
+        for rid in out.admitted:
+            if before.requests[rid].status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                _bump(cov, "KV connector async loads admitted")
+        if any(before.requests[w].status == RequestStatus.WAITING_FOR_REMOTE_KVS for w in before.waiting) \
+                and out.num_scheduled_tokens:
+            _bump(cov, "steps scheduling past a request loading KV")
         for rid, n in out.kv_connector_hits:
             _bump(cov, "KV connector loads on resumption" if rid in resumed else "KV connector loads")
             _bump(cov, "KV connector tokens loaded", n)
@@ -202,6 +215,8 @@ class StepCoverage:
             r = before.requests.get(rid)
             if r is not None and r.num_in_flight_tokens > 0:
                 _bump(cov, "in-flight preemptions")
+                if c.requires_kv_delivery:
+                    _bump(cov, "in-flight outputs dropped for KV delivery")
                 stale[rid] = stale.get(rid, 0) + r.num_in_flight_tokens
         finished = {rid for rid, _ in t.record.get("finished", ())}
         for rid, n in stale.items():

@@ -13,6 +13,7 @@ per-request patterns (formats.md, "Speculative decoding").
 from __future__ import annotations
 
 import bisect
+import inspect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -155,20 +156,53 @@ def num_kept(state: SchedulerState, sampled: Mapping[str, Sequence[int]]) -> dic
     return kept
 
 
-def _sync_step(impl: SchedulerImpl, model: FakeModel):
+class KVLoads:
+    """Asynchronous KV loads in flight (formats.md, kv_connector_load_steps): a load
+    seen started after a schedule() is reported finished to the update_from_output
+    of the engine step `kv_connector_load_steps` - 1 steps later (1: the same step),
+    or to the first one after it, as the worker's finished_recving (S:2581, 3566-3571)."""
+
+    def __init__(self, load_steps: Mapping[str, int]):
+        self.load_steps = load_steps
+        self.started: dict[str, int] = {}
+
+    def seen(self, step: int, state: SchedulerState) -> None:
+        for rid in self.load_steps:
+            r = state.requests.get(rid)
+            if r is not None and r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not r.kv_load_finished:
+                self.started.setdefault(rid, step)
+
+    def due(self, step: int) -> list[str]:
+        done = [rid for rid, start in self.started.items() if step - start + 1 >= self.load_steps[rid]]
+        for rid in done:
+            del self.started[rid]
+        return done
+
+
+def _update(impl: SchedulerImpl, output: SchedulerOutput, sampled: Mapping[str, list[int]],
+            loads: KVLoads | None, step: int):
+    finished_recving = loads.due(step) if loads is not None else ()
+    if finished_recving:
+        return impl.update_from_output(output, sampled, finished_recving=finished_recving)
+    return impl.update_from_output(output, sampled)
+
+
+def _sync_step(impl: SchedulerImpl, model: FakeModel, step: int, loads: KVLoads | None):
     """formats.md steps 3-5: schedule, the fake model, update_from_output, and with
     speculative decoding the drafter (EngineCore.step, v1/engine/core.py:690-707)."""
     before = impl.observe()
     output = impl.schedule()
     mid = impl.observe()
+    if loads is not None:
+        loads.seen(step, mid)
     sampled = fake_model(model, output, mid)
-    stopped = impl.update_from_output(output, sampled)
+    stopped = _update(impl, output, sampled, loads, step)
     if mid.config.num_speculative_tokens:
         impl.update_draft_token_ids(model.propose([rid for rid, _ in output.num_scheduled_tokens], impl.observe()))
     return before, output, mid, impl.observe(), sampled, stopped
 
 
-def _async_step(impl: SchedulerImpl, step: int, model: FakeModel, in_flight: deque):
+def _async_step(impl: SchedulerImpl, step: int, model: FakeModel, in_flight: deque, loads: KVLoads | None):
     """formats.md's async engine step, as vLLM's EngineCore.step_with_batch_queue
     runs it with two batches in flight (v1/engine/core.py:708-822)."""
     before = impl.observe()
@@ -177,6 +211,8 @@ def _async_step(impl: SchedulerImpl, step: int, model: FakeModel, in_flight: deq
     if called:
         output = impl.schedule()
         mid = impl.observe()
+        if loads is not None:
+            loads.seen(step, mid)
         # Which requests of this batch will sample is fixed now (is_prefill_chunk).
         sampling = [rid for rid, _ in output.num_scheduled_tokens if not mid.requests[rid].is_prefill_chunk]
         in_flight.append((step, output, sampling))
@@ -191,7 +227,7 @@ def _async_step(impl: SchedulerImpl, step: int, model: FakeModel, in_flight: deq
         r = mid.requests.get(rid)
         if r is not None:  # finished or aborted meanwhile: vLLM drops its output (S:2327-2335)
             sampled[rid] = model.sample(rid, r, drafts.get(rid, 0), rid in admitted, async_drafts=True)
-    stopped = impl.update_from_output(batch, sampled)
+    stopped = _update(impl, batch, sampled, loads, step)
     return before, output, mid, impl.observe(), sampled, stopped, called, applied
 
 
@@ -211,14 +247,15 @@ class EngineStep:
 
 
 def engine_step(impl: SchedulerImpl, step: int, model: "FakeModel | Mapping[str, int | None]",
-                in_flight: deque | None) -> EngineStep:
+                in_flight: deque | None, loads: KVLoads | None = None) -> EngineStep:
     """One engine step of formats.md on `impl`: synchronous when `in_flight` is None,
-    else with two batches in flight.  The engine loop and the hypothesis state
-    machine (tests/machine.py) both step through here."""
+    else with two batches in flight; `loads`, the asynchronous KV loads in flight.
+    The engine loop and the hypothesis state machine (tests/machine.py) both step
+    through here."""
     model = FakeModel.of(model)
     if in_flight is None:
-        return EngineStep(*_sync_step(impl, model), True, step)
-    return EngineStep(*_async_step(impl, step, model, in_flight))
+        return EngineStep(*_sync_step(impl, model, step, loads), True, step)
+    return EngineStep(*_async_step(impl, step, model, in_flight, loads))
 
 
 def step_record(step: int, output: SchedulerOutput, mid: SchedulerState, after: SchedulerState,
@@ -320,7 +357,7 @@ def run_scenario(
         try:
             requests[r.id] = make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time,
                                           tokens.get(r.id), r.lora_int_id, r.grammar_compile_steps is not None,
-                                          r.kv_connector_tokens)
+                                          r.kv_connector_tokens, r.kv_connector_load_steps is not None)
         except ConfigError as e:
             return rejected(f"requests[{i}].{e}")
 
@@ -330,6 +367,12 @@ def run_scenario(
     held = [i for i, r in enumerate(scenario.requests) if r.kv_connector_tokens]
     if held and getattr(impl, "models_kv_connector_hits", True) is False:
         return rejected(f"requests[{held[0]}].kv_connector_tokens: {name} does not model KV connector hits")
+    load_steps = {r.id: r.kv_connector_load_steps for r in scenario.requests if r.kv_connector_load_steps}
+    if load_steps and "finished_recving" not in inspect.signature(impl.update_from_output).parameters:
+        i = next(i for i, r in enumerate(scenario.requests) if r.kv_connector_load_steps)
+        return rejected(f"requests[{i}].kv_connector_load_steps: {name} does not model asynchronous KV loads "
+                        "(its update_from_output takes no finished_recving)")
+    loads = KVLoads(load_steps) if load_steps else None
     if grammars and not isinstance(impl, GrammarTaking):
         return rejected(f"requests[].grammar_compile_steps: {name} does not model structured output "
                         "(it has no grammar_compiled)")
@@ -370,7 +413,7 @@ def run_scenario(
             ids = [rid for rid, f in grammars.get(step, ()) if f == failed]
             if ids:
                 impl.grammar_compiled(ids, failed)
-        e = engine_step(impl, step, model, in_flight)
+        e = engine_step(impl, step, model, in_flight, loads)
         before, output, mid, after, sampled, stopped = e.before, e.output, e.mid, e.after, e.sampled, e.stopped
         called, applied = e.called, e.applied
         # Requests finished with an error come last, in id order: vLLM finishes them from a set.

@@ -72,7 +72,11 @@ scenario in two that has a `long_prefill_token_threshold` gets
 With "kv_connector" in `features`, last and only for 0.33.0, one scenario in four gives
 about half its requests `kv_connector_tokens`: a remote store holding a block-aligned,
 mid-block or whole-prompt-but-one prefix, loaded beyond the local hit at admission
-(spec/kv_connector.py), which a shared prefix may already cover.
+(spec/kv_connector.py), which a shared prefix may already cover.  In half of those
+scenarios, about 60 % of the held prefixes load asynchronously
+(`kv_connector_load_steps` 1 to 6), and those requests are never aborted; one
+scenario in three has a connector requiring KV delivery (`requires_kv_delivery`:
+preemptions drop output in flight).
 
 `FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
 model neither flag, and the scenario streams pinned by their tests stay as they
@@ -309,6 +313,14 @@ def generate_scenario(rng: random.Random, index: int,
         config = {**config, "long_prefill_token_threshold_adaptive": True}
     if "kv_connector" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
         requests = _kv_connector(rng, config.get("block_size", 16), requests)
+        # A request aborted mid-load keeps its blocks until the load ends: not modelled (docs/rules.md §19).
+        loading = {r.id for r in requests if r.kv_connector_load_steps is not None}
+        aborts = [a for a in aborts if a.id not in loading]
+        if rng.random() < 1 / 3:  # a connector handing KV on (a producer): preemptions drop output in flight
+            config = {**config, "requires_kv_delivery": True}
+    if config.get("num_speculative_tokens", 0) >= 2 and rng.random() < 1 / 4:
+        # A parallel drafter: K - 1 rows of its own per scheduled request (speculative.py:2085-2092).
+        config = {**config, "max_num_new_slots_for_drafting": config["num_speculative_tokens"] - 1}
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 
@@ -433,6 +445,9 @@ def _kv_connector(rng: random.Random, block_size: Any, requests: list[RequestSpe
             held = rng.choice([min(most, bs * rng.randint(1, max(1, most // bs))), rng.randint(1, most), most])
             r = dataclasses.replace(r, kv_connector_tokens=held)
         out.append(r)
+    if rng.random() < 1 / 2:  # asynchronous loads, finishing 1 to 6 steps after they start
+        out = [dataclasses.replace(r, kv_connector_load_steps=rng.choice([1, 1, 2, 3, 6]))
+               if r.kv_connector_tokens and rng.random() < 0.6 else r for r in out]
     return out
 
 

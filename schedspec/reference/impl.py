@@ -70,6 +70,9 @@ class GrammarTaking(Protocol):
 # carries its `kv_connector_tokens`.  An implementation that does not model them says so
 # with a class attribute `models_kv_connector_hits = False`, and is refused scenarios
 # that use them (reference/engine.py); without it, it is taken to model them.
+# Asynchronous loads (kv_connector_load_steps) need update_from_output to take a third
+# argument, `finished_recving`: the requests whose load the worker reports finished
+# (vLLM's kv_connector_output.finished_recving); one without it is refused such scenarios.
 
 
 @runtime_checkable
@@ -104,8 +107,9 @@ class SpecScheduler:
         output, self.state = spec_scheduler.schedule(self.state, throttle_prefills)
         return output
 
-    def update_from_output(self, output, sampled_token_ids):
-        finished, self.state = spec_scheduler.update_from_output(self.state, output, sampled_token_ids)
+    def update_from_output(self, output, sampled_token_ids, finished_recving=()):
+        finished, self.state = spec_scheduler.update_from_output(self.state, output, sampled_token_ids,
+                                                                 finished_recving)
         return finished
 
     def update_draft_token_ids(self, draft_token_ids):

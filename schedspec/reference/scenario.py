@@ -82,6 +82,7 @@ CONFIG_BOUNDS: dict[str, tuple[int | None, int]] = {
     "num_gpu_blocks": (None, 2**22),
     "num_speculative_tokens": (None, 1024),
     "num_lookahead_tokens": (None, 1024),
+    "max_num_new_slots_for_drafting": (None, 1024),
     "max_loras": (None, 2**16),
     "prefill_schedule_interval": (None, 2**16),
 }
@@ -95,6 +96,7 @@ REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
     "lora_int_id": (0, INT32_MAX),
     "grammar_compile_steps": (0, INT32_MAX),
     "kv_connector_tokens": (0, 2**30 - 1),
+    "kv_connector_load_steps": (1, INT32_MAX),
 }
 ARRIVAL_TIME_BOUND = 2**53  # |arrival_time|; every integer up to it is exact in a float
 TOKEN_ID_BOUNDS = (0, INT32_MAX)
@@ -137,8 +139,10 @@ class RequestSpec:
     # arrival step (None: no grammar), and whether that compilation fails.
     grammar_compile_steps: int | None = None
     grammar_error: bool = False
-    # KV connector (formats.md): the leading prompt tokens a remote store holds for it.
+    # KV connector (formats.md): the leading prompt tokens a remote store holds for it,
+    # and, for an asynchronous load, the engine steps until the worker reports it finished.
     kv_connector_tokens: int = 0
+    kv_connector_load_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,8 @@ class Scenario:
                 d["grammar_error"] = True
             if r.kv_connector_tokens:
                 d["kv_connector_tokens"] = r.kv_connector_tokens
+            if r.kv_connector_load_steps is not None:
+                d["kv_connector_load_steps"] = r.kv_connector_load_steps
             reqs.append(d)
         out["requests"] = reqs
         out["aborts"] = [asdict(a) for a in self.aborts]
@@ -410,7 +416,8 @@ def check_bounds(scenario: Scenario) -> None:
     for i, r in enumerate(scenario.requests):
         where = f"requests[{i}]"
         for name, bounds in REQUEST_BOUNDS.items():
-            _check_int(f"{where}.{name}", getattr(r, name), bounds, nullable=name in ("max_tokens", "output_len", "grammar_compile_steps"))
+            _check_int(f"{where}.{name}", getattr(r, name), bounds,
+                       nullable=name in ("max_tokens", "output_len", "grammar_compile_steps", "kv_connector_load_steps"))
         t = r.arrival_time
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not abs(t) <= ARRIVAL_TIME_BOUND:
             raise ScenarioError(f"{where}.arrival_time: = {excerpt(t)}, must be a number in "
@@ -485,11 +492,20 @@ def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
                     f"requests[{i}].prompt_len: = {r.prompt_len} brings the prompts to {total} tokens, more than "
                     f"the {MAX_CACHED_PROMPT_TOKENS} a scenario may hold with config.enable_prefix_caching "
                     "(their token ids are kept; schedspec's bound, docs/formats.md)")
+    for i, r in enumerate(scenario.requests):
+        if r.kv_connector_load_steps is not None and not r.kv_connector_tokens:
+            raise ScenarioError(f"requests[{i}].kv_connector_load_steps: = {r.kv_connector_load_steps} without "
+                                "kv_connector_tokens: there is nothing to load; set kv_connector_tokens or drop it")
     by_id = {r.id: r for r in scenario.requests}
     for i, a in enumerate(scenario.aborts):
         where = f"aborts[{i}]"
         if a.id not in by_id:
             raise ScenarioError(f"{where}.id: = {excerpt(a.id)} is not a request of this scenario")
+        if by_id[a.id].kv_connector_load_steps is not None:
+            # vLLM keeps the blocks of a request aborted mid-load until the load ends
+            # (S:3016-3027), which schedspec does not model (docs/rules.md §19).
+            raise ScenarioError(f"{where}.id: = {excerpt(a.id)} loads its KV asynchronously "
+                                "(kv_connector_load_steps); such a request cannot be aborted in a scenario")
         if a.step <= by_id[a.id].arrival_step:
             raise ScenarioError(
                 f"{where}.step: = {a.step} must be greater than the request's arrival_step "
@@ -563,6 +579,7 @@ def _from_checked_json(data: Any) -> Scenario:
             grammar_compile_steps=r.get("grammar_compile_steps"),
             grammar_error=r.get("grammar_error", False),
             kv_connector_tokens=r.get("kv_connector_tokens", 0),
+            kv_connector_load_steps=r.get("kv_connector_load_steps"),
         ))
     scenario = Scenario(
         name=data["name"],
@@ -605,7 +622,8 @@ def validate_scenario(scenario: Scenario) -> SchedulerConfig:
     for i, r in enumerate(scenario.requests):
         try:
             make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time, tokens.get(r.id),
-                         r.lora_int_id, r.grammar_compile_steps is not None, r.kv_connector_tokens)
+                         r.lora_int_id, r.grammar_compile_steps is not None, r.kv_connector_tokens,
+                         r.kv_connector_load_steps is not None)
         except ConfigError as e:
             raise ConfigError(f"requests[{i}].{e.field}", str(e).split(": ", 1)[1]) from None
     return config

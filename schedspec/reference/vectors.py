@@ -83,6 +83,7 @@ class Call:
     status: RequestStatus | None = None  # finish_requests
     output: SchedulerOutput | None = None  # update_from_output
     sampled_token_ids: Mapping[str, list[int]] | None = None  # update_from_output
+    finished_recving: tuple[str, ...] = ()  # update_from_output: KV loads the worker reports finished
     throttle_prefills: bool = False  # schedule: a data-parallel engine's off-cadence step
 
 
@@ -99,18 +100,21 @@ def finish_requests_call(request_ids: Iterable[str], status: RequestStatus) -> d
     return {"name": "finish_requests", "request_ids": list(request_ids), "status": status_to_json(status)}
 
 
-def update_from_output_call(output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+def update_from_output_call(output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]],
+                            finished_recving: Iterable[str] = ()) -> dict[str, Any]:
+    """`finished_recving` is written only when some load finished: vectors from before it read alike."""
     return {"name": "update_from_output", "output": output_to_json(output),
-            "sampled_token_ids": sampled_to_json(sampled_token_ids)}
+            "sampled_token_ids": sampled_to_json(sampled_token_ids),
+            **({"finished_recving": list(finished_recving)} if finished_recving else {})}
 
 
 _CALL_FIELDS = {
     "schedule": ("name", "throttle_prefills"),
     "add_request": ("name", "request"),
     "finish_requests": ("name", "request_ids", "status"),
-    "update_from_output": ("name", "output", "sampled_token_ids"),
+    "update_from_output": ("name", "output", "sampled_token_ids", "finished_recving"),
 }
-_OPTIONAL_CALL_FIELDS = {"schedule": ("throttle_prefills",)}
+_OPTIONAL_CALL_FIELDS = {"schedule": ("throttle_prefills",), "update_from_output": ("finished_recving",)}
 
 
 def call_from_json(obj: Any, where: str = "call") -> Call:
@@ -131,7 +135,8 @@ def call_from_json(obj: Any, where: str = "call") -> Call:
         return Call(name, request_ids=read_str_list(raw["request_ids"], f("request_ids")), status=status)
     if name == "update_from_output":
         return Call(name, output=output_from_json(raw["output"], f("output")),
-                    sampled_token_ids=sampled_from_json(raw["sampled_token_ids"], f("sampled_token_ids")))
+                    sampled_token_ids=sampled_from_json(raw["sampled_token_ids"], f("sampled_token_ids")),
+                    finished_recving=read_str_list(raw.get("finished_recving", []), f("finished_recving")))
     return Call(name, throttle_prefills=read_bool(raw.get("throttle_prefills", False), f("throttle_prefills")))
 
 
@@ -141,7 +146,7 @@ def call_to_json(call: Call) -> dict[str, Any]:
     if call.name == "finish_requests":
         return finish_requests_call(call.request_ids, call.status)
     if call.name == "update_from_output":
-        return update_from_output_call(call.output, call.sampled_token_ids)
+        return update_from_output_call(call.output, call.sampled_token_ids, call.finished_recving)
     return schedule_call(call.throttle_prefills)
 
 
@@ -189,7 +194,7 @@ def run_spec(state: SchedulerState, call: Call) -> tuple[Any, SchedulerState]:
         return None, spec_scheduler.add_request(state, call.request)
     if call.name == "finish_requests":
         return spec_scheduler.finish_requests(state, call.request_ids, call.status)
-    return spec_scheduler.update_from_output(state, call.output, call.sampled_token_ids)
+    return spec_scheduler.update_from_output(state, call.output, call.sampled_token_ids, call.finished_recving)
 
 
 def apply_call(state: SchedulerState, call: Mapping[str, Any]) -> tuple[dict[str, Any], SchedulerState]:
@@ -476,6 +481,11 @@ def invoke(impl: Any, call: Call) -> Any:
         return impl.finish_requests(list(call.request_ids), call.status)
     # The call's output is the one to apply: an implementation that schedules
     # differently still gets the spec's batch.
+    if call.finished_recving:
+        if "finished_recving" not in inspect.signature(impl.update_from_output).parameters:
+            raise VectorError(f"call.finished_recving: implementation {implementation_name(impl)}'s "
+                              "update_from_output() takes no finished_recving argument")
+        return impl.update_from_output(call.output, call.sampled_token_ids, finished_recving=call.finished_recving)
     return impl.update_from_output(call.output, call.sampled_token_ids)
 
 
@@ -588,6 +598,8 @@ class Recorder:
         self.is_spec = type(impl) is SpecScheduler  # a subclass may answer differently
         self.step = 0  # the engine step the next call belongs to (set through `at_step`)
         self.calls = 0
+        if "finished_recving" in inspect.signature(impl.update_from_output).parameters:  # async KV loads
+            self.update_from_output = self._update_with_loads
         self.written: list[Path] = []
 
     def at_step(self, step: int, total: int | None = None) -> None:
@@ -637,6 +649,11 @@ class Recorder:
     def update_from_output(self, output, sampled_token_ids):
         return self._record(update_from_output_call(output, sampled_token_ids),
                             lambda: self.impl.update_from_output(output, sampled_token_ids))
+
+    def _update_with_loads(self, output, sampled_token_ids, finished_recving=()):
+        return self._record(update_from_output_call(output, sampled_token_ids, finished_recving),
+                            lambda: self.impl.update_from_output(output, sampled_token_ids,
+                                                                 finished_recving=finished_recving))
 
     def update_draft_token_ids(self, draft_token_ids):
         """Passed on, not written: the state vector format has no call for the drafter

@@ -54,7 +54,7 @@ from schedspec.spec.state import SchedulerOutput, SchedulerState
 from schedspec.spec.versions import DEFAULT_RELEASE, FIELDS_SINCE, RELEASES, release_key
 
 from .vllm_lift import SCHEDULER_CONFIG_FIELDS as LIFTED_SCHEDULER_CONFIG_FIELDS
-from .vllm_lift import KV_CONNECTOR_ATTR, LiftError, lift_output, lift_state
+from .vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, LiftError, lift_output, lift_state, waiting_status
 
 MODEL_CONFIG = Path(__file__).parent / "vllm_model" / "config.json"
 VLLM_VERSION = "0.33.0"
@@ -97,10 +97,14 @@ def import_vllm() -> dict[str, Any]:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1 import outputs as vllm_outputs
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request as VRequest
     from vllm.v1.request import RequestStatus as VRequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
+
+    # KV connector output (finished loads): asynchronous loads are modelled for 0.33.0 only.
+    KVConnectorOutput = getattr(vllm_outputs, "KVConnectorOutput", None)
 
     installed = getattr(vllm, "__version__", None)
     if installed not in RELEASES:
@@ -115,7 +119,7 @@ def import_vllm() -> dict[str, Any]:
         get_request_block_hasher=get_request_block_hasher, init_none_hash=init_none_hash,
         get_hash_fn_by_name=get_hash_fn_by_name,
         FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
-        KVCacheGroupSpec=KVCacheGroupSpec, ModelRunnerOutput=ModelRunnerOutput,
+        KVCacheGroupSpec=KVCacheGroupSpec, ModelRunnerOutput=ModelRunnerOutput, KVConnectorOutput=KVConnectorOutput,
         SpeculativeConfig=SpeculativeConfig, DraftTokenIds=DraftTokenIds, LoRAConfig=LoRAConfig,
         LoRARequest=LoRARequest,
         Request=VRequest, RequestStatus=VRequestStatus,
@@ -379,10 +383,18 @@ class VllmScheduler:
             # (tests/v1/core/utils.py create_scheduler): no draft model to load.  Async
             # scheduling takes the GPU n-gram drafter only (config/vllm.py:1655-1680);
             # neither has rows or lookahead of its own (speculative.py:2058-2098).
+            # A drafter's rows in the target batch: K - 1 for a parallel drafter reusing the
+            # query (speculative.py:2085-2092), as vLLM's own test builds one over n-gram.
             method = "ngram_gpu" if c.async_scheduling else "ngram"
+            slots = c.max_num_new_slots_for_drafting
+            if slots not in (0, c.num_speculative_tokens - 1):
+                raise ValueError(f"config.max_num_new_slots_for_drafting: = {slots}: the vLLM adapter builds "
+                                 f"an n-gram drafter, with 0 rows, or a parallel one, with num_speculative_tokens"
+                                 f" - 1 = {c.num_speculative_tokens - 1}; use one of those")
             speculative_config = v["SpeculativeConfig"](
                 model=method, method=method, num_speculative_tokens=c.num_speculative_tokens,
-                prompt_lookup_max=c.num_speculative_tokens, prompt_lookup_min=1) \
+                prompt_lookup_max=c.num_speculative_tokens, prompt_lookup_min=1,
+                **({"parallel_drafting": True} if slots else {})) \
                 if c.num_speculative_tokens else None
             with platform_keeps_async_scheduling():
                 vllm_config = v["VllmConfig"](
@@ -456,6 +468,11 @@ class VllmScheduler:
             # weights' config, so the adapter sets the one value the scheduler reads
             # from it, once, at construction (S:298), as such a drafter would.
             sched.num_lookahead_tokens = c.num_lookahead_tokens
+            if hasattr(sched, "_spec_decode_step_blocks"):
+                # 0.33.0 sizes one speculative step's blocks from it at construction (S:372-381),
+                # which an asynchronous KV load leaves free (S:1427-1430): one full-attention group.
+                step_tokens = 1 + c.num_speculative_tokens + c.num_lookahead_tokens
+                sched._spec_decode_step_blocks = -(-step_tokens // block_size)
         self._block_hasher = None
         if want_caching:
             # As EngineCore does (v1/engine/core.py:219-230).
@@ -479,6 +496,10 @@ class VllmScheduler:
         self._vllm_config = vllm_config
         self._kv_cache_config = kv_cache_config
         self._kv_store = None  # the scenario connector's (vllm_connector.py), once a request needs one
+        if config.requires_kv_delivery:
+            from .vllm_connector import attach_scenario_connector
+
+            self._kv_store = attach_scenario_connector(sched, vllm_config, kv_cache_config, requires_kv_delivery=True)
         self._in_flight = {}
         self._finish_order = []
         self._token_seq = 0
@@ -530,7 +551,10 @@ class VllmScheduler:
 
                 self._kv_store = attach_scenario_connector(self.sched, self._vllm_config, self._kv_cache_config)
             self._kv_store.holds[request.request_id] = request.kv_connector_tokens
+            if request.kv_connector_async:
+                self._kv_store.async_loads.add(request.request_id)
             req.__dict__[KV_CONNECTOR_ATTR] = request.kv_connector_tokens  # what the lift reads (observe)
+            req.__dict__[KV_ASYNC_ATTR] = request.kv_connector_async
         self.sched.add_request(req)
 
     def _await_grammar(self, req, grammar: str) -> None:
@@ -581,7 +605,9 @@ class VllmScheduler:
         sched = self.sched
         pre_status = None
         if sched.use_v2_model_runner:  # resumed requests then travel as new ones
-            pre_status = {rid: r.status.name for rid, r in sched.requests.items()}
+            pre_status = {rid: waiting_status(r) for rid, r in sched.requests.items()}
+        # Requests holding blocks of a KV load: admitted without a prefix lookup (S:1262-1272).
+        holders = [r.request_id for r in getattr(sched, "kv_holding_waiting", ())]
         self._preempted.clear()
         if self._kv_store is not None:
             self._kv_store.answers.clear()
@@ -592,14 +618,16 @@ class VllmScheduler:
         try:
             output = lift_output(out, self._preempted, prefix_caching=self._block_hasher is not None,
                                  status_before=pre_status,
-                                 external=self._kv_store.answers if self._kv_store is not None else None)
+                                 external=self._kv_store.answers if self._kv_store is not None else None,
+                                 holders=holders)
         except LiftError as e:
             raise RuntimeError(f"vLLM adapter: {e}") from None
         self._in_flight[id(output)] = (output, out)
         return output
 
     def update_from_output(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]
+        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]],
+        finished_recving: Sequence[str] = (),
     ) -> list[tuple[str, RequestStatus]]:
         entry = self._in_flight.pop(id(output), None)
         if entry is None or entry[0] is not output:
@@ -618,6 +646,9 @@ class VllmScheduler:
             logprobs=None,
             prompt_logprobs_dict={},
             pooler_output=None,
+            # The KV loads the worker reports finished (S:2581, 3566-3571).
+            kv_connector_output=self._v["KVConnectorOutput"](finished_recving=set(finished_recving))
+            if finished_recving else None,
         )
         # Releases before 0.28.0 have no grammar_compile_error_reqs (structured output
         # is modelled on 0.33.0 only, and never drawn for an older release).

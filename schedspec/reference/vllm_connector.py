@@ -17,11 +17,13 @@ from typing import Any, Callable
 
 class ScenarioStore:
     """What the remote store holds (request id -> leading prompt tokens), filled by
-    the adapter as requests arrive, and what the connector answered since `answers`
-    was last cleared (request id -> tokens beyond the local hit)."""
+    the adapter as requests arrive, the requests it loads asynchronously, and what
+    the connector answered since `answers` was last cleared (request id -> tokens
+    beyond the local hit)."""
 
     def __init__(self) -> None:
         self.holds: dict[str, int] = {}
+        self.async_loads: set[str] = set()
         self.answers: dict[str, int] = {}
 
 
@@ -52,8 +54,11 @@ def answering_connector(answer: Callable[[Any, int, int], tuple]) -> type:
     return AnsweringConnector
 
 
-def attach_scenario_connector(sched: Any, vllm_config: Any, kv_cache_config: Any) -> ScenarioStore:
-    """Give `sched` the scenario connector, answering from the store returned."""
+def attach_scenario_connector(sched: Any, vllm_config: Any, kv_cache_config: Any,
+                              requires_kv_delivery: bool = False) -> ScenarioStore:
+    """Give `sched` the scenario connector, answering from the store returned; one
+    that needs a preempted request's KV delivered if `requires_kv_delivery` (which
+    the scheduler reads from its connector when built, S:172-203)."""
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
@@ -61,11 +66,12 @@ def attach_scenario_connector(sched: Any, vllm_config: Any, kv_cache_config: Any
 
     def answer(request, num_computed_tokens, block_size):
         n = store.answers[request.request_id] = max(0, store.holds.get(request.request_id, 0) - num_computed_tokens)
-        return n, False
+        return n, n > 0 and request.request_id in store.async_loads  # vLLM asserts a load loads something (S:1288)
 
     vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="ScenarioConnector", kv_role="kv_producer")
     connector = answering_connector(answer)(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
     connector.bind_kv_cache_manager(sched.kv_cache_manager)  # as Scheduler.__init__ does (S:383-384)
+    connector.requires_kv_delivery = sched.requires_kv_delivery = requires_kv_delivery
     sched.connector = connector
     return store
 

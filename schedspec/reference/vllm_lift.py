@@ -82,12 +82,17 @@ def lift_config(sched: Any) -> SchedulerConfig:
         # Speculative decoding: the drafts per step and the drafter's KV lookahead (S:297-298).
         num_speculative_tokens=getattr(sched, "num_spec_tokens", 0),
         num_lookahead_tokens=getattr(sched, "num_lookahead_tokens", 0),
+        # The drafter's rows per request, read by schedule() from the config (S:720-721).
+        max_num_new_slots_for_drafting=getattr(sched.vllm_config.speculative_config,
+                                               "max_num_new_slots_for_drafting", 0) or 0,
         max_loras=sched.lora_config.max_loras if getattr(sched, "lora_config", None) else None,
         # The interval the scheduler applies itself: the config's on an engine without data
         # parallelism, else 1 (S:404-408).  Bridge: no local interval in 0.30.0.
         prefill_schedule_interval=getattr(sched, "local_prefill_interval", 1),
         # Bridge: from 0.31.0 (0.33.0 S:144-146); 0.30.0 has no adaptive threshold.
         long_prefill_token_threshold_adaptive=bool(getattr(sched, "adaptive_long_prefill_threshold", False)),
+        # Bridge: 0.33.0 (S:172-203); earlier releases do not have it.
+        requires_kv_delivery=bool(getattr(sched, "requires_kv_delivery", False)),
         vllm_version=vllm.__version__,
     )
 
@@ -105,7 +110,8 @@ _STATUS = {s.name: s for s in RequestStatus}
 
 REQUEST_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Request))
 LIFTED_OTHERWISE = ("request_id", "status", "eos_token_id", "stop_token_ids", "prompt_token_ids", "block_hashes",
-                    "partial_block_token_ids", "spec_token_ids", "lora_int_id", "grammar", "kv_connector_tokens")
+                    "partial_block_token_ids", "spec_token_ids", "lora_int_id", "grammar", "kv_connector_tokens",
+                    "kv_connector_async", "kv_load_finished")
 # A field added to the spec's Request must be lifted too: fail at import, not lift it silently wrong.
 if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE):
     raise ImportError("vllm_lift: the spec's Request fields changed; lift_request does not cover "
@@ -128,6 +134,7 @@ LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last
 # On a vLLM Request: what its KV connector last answered, as the spec's kv_connector_tokens
 # (spec/kv_connector.py); the monitor's watch of the connector records it (monitor/scope.py).
 KV_CONNECTOR_ATTR = "schedspec_kv_connector_tokens"
+KV_ASYNC_ATTR = "schedspec_kv_connector_async"  # and whether it answered an asynchronous load
 _STATUS_OF: dict[Any, tuple[Any, RequestStatus]] = {}  # vLLM status member -> (it, lift_status(it))
 
 
@@ -161,7 +168,7 @@ def lift_grammar(r: Any) -> str:
     return "failed" if isinstance(g, Exception) else "compiled"
 
 
-def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -> Request:
+def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, load_finished: bool = False) -> Request:
     """One vLLM Request.  Token ids and block hashes only under prefix caching,
     as the spec keeps them (spec/request.py).
 
@@ -171,7 +178,8 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
     request is made with (its prompt, its stop tokens) is read once.  `like`, a
     spec request (the monitor passes the spec's answer), is returned itself when
     every field the lift would give equals its own: the same value, compared by
-    identity afterwards."""
+    identity afterwards.  `load_finished`: the worker reported its KV load finished
+    (the scheduler's finished_recving_kv_req_ids)."""
     cache = r.__dict__.get(LIFT_ATTR)
     if cache is None or cache[0][0] is not config:
         params = r.sampling_params
@@ -196,14 +204,16 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
     drafts = tuple(r.spec_token_ids) if r.spec_token_ids else ()
     grammar = lift_grammar(r) if getattr(r, "structured_output_request", None) is not None else ""
     external = r.__dict__.get(KV_CONNECTOR_ATTR, 0)
-    key = (shared, r.status, hashes, tail, drafts, grammar, external)
+    kv = (r.__dict__.get(KV_ASYNC_ATTR, False), load_finished)
+    key = (shared, r.status, hashes, tail, drafts, grammar, external, kv)
     if key == cache[1]:
         return cache[2]
     status = _spec_status(r.status)
     if like is not None and like.status is status and _shared(like) == shared \
             and (like.block_hashes, like.partial_block_token_ids, like.request_id, like.eos_token_id,
-                 like.spec_token_ids, like.lora_int_id, like.grammar, like.kv_connector_tokens) == \
-            (hashes, tail, fixed[1], fixed[2], drafts, fixed[5], grammar, external) \
+                 like.spec_token_ids, like.lora_int_id, like.grammar, like.kv_connector_tokens,
+                 (like.kv_connector_async, like.kv_load_finished)) == \
+            (hashes, tail, fixed[1], fixed[2], drafts, fixed[5], grammar, external, kv) \
             and _same(like.stop_token_ids, fixed[3]) and _same(like.prompt_token_ids, fixed[4]):
         cache[1], cache[2] = key, like
         return like
@@ -211,7 +221,7 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None) -
     values.update(request_id=fixed[1], status=status, eos_token_id=fixed[2],
                   stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
                   partial_block_token_ids=tail, spec_token_ids=drafts, lora_int_id=fixed[5], grammar=grammar,
-                  kv_connector_tokens=external)
+                  kv_connector_tokens=external, kv_connector_async=kv[0], kv_load_finished=kv[1])
     lifted = Request.__new__(Request)
     lifted.__dict__ = values  # every field, by name: what Request(...) would hold
     cache[1], cache[2] = key, lifted
@@ -434,7 +444,8 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
     where the caller recorded it, the rest follow sorted.  `like`: see lift_request."""
     config = config or lift_config(sched)
     alike = like.requests if like is not None else {}
-    requests = {rid: lift_request(r, config, alike.get(rid)) for rid, r in sched.requests.items()
+    loaded = getattr(sched, "finished_recving_kv_req_ids", None) or ()
+    requests = {rid: lift_request(r, config, alike.get(rid), rid in loaded) for rid, r in sched.requests.items()
                 if not r.is_finished()}
     pool = like.block_pool if like is not None else None
     vset = sched.finished_req_ids
@@ -479,15 +490,27 @@ def lift_pause_state(sched: Any) -> str:
     return name
 
 
+def waiting_status(r: Any) -> str:
+    """vLLM request `r`'s status name before a schedule(), as lift_output's
+    `status_before` needs it: for one waiting for remote KVs, the one its promotion
+    will give it, which tells a resumed request from a new one (S:3527-3531)."""
+    name = r.status.name
+    if name == "WAITING_FOR_REMOTE_KVS":
+        return "PREEMPTED" if r.num_preemptions else "WAITING"
+    return name
+
+
 def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,
                 status_before: Mapping[str, str] | None = None,
-                external: Mapping[str, int] | None = None) -> SchedulerOutput:
+                external: Mapping[str, int] | None = None, holders: Iterable[str] = ()) -> SchedulerOutput:
     """vLLM's SchedulerOutput as the spec's.  `preempted` is the order of the
     `_preempt_request` calls (vLLM keeps the ids in a set, S:1799).  With the V2
     model runner resumed requests travel as new ones; `status_before` (status
     names before the call) tells them apart.  `external`: the tokens a KV
     connector answered in the call, by request, which an admission's
-    num_computed_tokens counts beside its prefix hit (S:1216-1218)."""
+    num_computed_tokens counts beside its prefix hit (S:1216-1218).  `holders`: waiting
+    requests that held KV blocks before the call (a KV load's); their admission
+    looks nothing up (S:1262-1272), so it has no prefix hit."""
     grants = tuple(out.num_scheduled_tokens.items())  # insertion order = grant order
     new = [d.req_id for d in out.scheduled_new_reqs]
     cached = out.scheduled_cached_reqs
@@ -516,7 +539,7 @@ def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,
     return SchedulerOutput(
         num_scheduled_tokens=grants, scheduled_new_reqs=tuple(new), scheduled_resumed_reqs=tuple(resumed),
         scheduled_running_reqs=tuple(running), preempted_req_ids=preempted,
-        prefix_hits=tuple((rid, hits_at[rid] - loaded.get(rid, 0)) for rid in admission_order)
+        prefix_hits=tuple((rid, hits_at[rid] - loaded.get(rid, 0)) for rid in admission_order if rid not in holders)
         if prefix_caching else (),
         kv_connector_hits=tuple(loaded.items()),
         scheduled_spec_decode_tokens=tuple((rid, tuple(ids)) for rid, ids in
@@ -537,4 +560,4 @@ def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str
 
 __all__ = ["LiftError", "SHARED_REQUEST_FIELDS", "is_async", "lift_block_counts", "lift_block_pool",
            "lift_config", "lift_output", "lift_request", "lift_state", "lift_status", "sampled_tokens",
-           "waiting_order"]
+           "waiting_order", "waiting_status"]

@@ -57,6 +57,10 @@ class SchedulerConfig:
     # lookahead, as n-gram is (speculative.py:2058-2081); its drafts come from the scenario.
     num_speculative_tokens: int = 0
     num_lookahead_tokens: int = 0
+    # Rows the drafter adds to the target batch for each scheduled request
+    # (SpeculativeConfig.max_num_new_slots_for_drafting, speculative.py:2058-2098: K - 1
+    # for a parallel drafter reusing the query, 0 for n-gram), charged to the input budget.
+    max_num_new_slots_for_drafting: int = 0
     # LoRA (off by default, as in vLLM): the most distinct adapters running at once
     # (LoRAConfig.max_loras, config/lora.py); None: no LoRA config, no adapters.
     max_loras: int | None = None
@@ -64,6 +68,10 @@ class SchedulerConfig:
     # steps (C:203-209), applied by the scheduler on an engine without data
     # parallelism (S:404-408), as this one is; 1 (vLLM's default) never holds prefill.
     prefill_schedule_interval: int = 1
+    # A KV connector that needs a preempted request's KV delivered (vLLM 0.33.0's
+    # KVConnectorBase_V1.requires_kv_delivery, base.py:198-207): schedule()'s preemptions
+    # then drop the request's output in flight (S:972-976).  Off: none, or a best-effort one.
+    requires_kv_delivery: bool = False
     # The vLLM release modelled: its rules (spec/versions.py gates) and its config checks.
     vllm_version: str = DEFAULT_RELEASE
 
@@ -119,12 +127,13 @@ INT_FIELDS = {
     "num_gpu_blocks": (1, False),
     "num_speculative_tokens": (0, False),
     "num_lookahead_tokens": (0, False),
+    "max_num_new_slots_for_drafting": (0, False),
     "max_loras": (1, True),
     "prefill_schedule_interval": (1, False),
 }
 # The true/false fields.
 BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching",
-               "async_scheduling", "long_prefill_token_threshold_adaptive")
+               "async_scheduling", "long_prefill_token_threshold_adaptive", "requires_kv_delivery")
 
 
 def _is_int(v: Any) -> bool:
@@ -277,6 +286,15 @@ def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
                           f"= {c.prefill_schedule_interval}: schedspec models prefill throttling for vLLM "
                           f"{DEFAULT_RELEASE} only, not {c.vllm_version}; set it to 1 or use vllm_version "
                           f"{DEFAULT_RELEASE}")
+    if c.max_num_new_slots_for_drafting > c.num_speculative_tokens:
+        raise ConfigError(f"{where}.max_num_new_slots_for_drafting",
+                          f"= {c.max_num_new_slots_for_drafting} > num_speculative_tokens "
+                          f"{c.num_speculative_tokens}: a drafter adds at most one row per draft token "
+                          "(vLLM speculative.py:2058-2098); lower it")
+    if c.requires_kv_delivery and c.vllm_version != DEFAULT_RELEASE:
+        raise ConfigError(f"{where}.requires_kv_delivery",
+                          f"= true: schedspec models KV connectors for vLLM {DEFAULT_RELEASE} only, not "
+                          f"{c.vllm_version}; set it to false or use vllm_version {DEFAULT_RELEASE}")
     if c.num_lookahead_tokens > 0 and c.num_speculative_tokens == 0:
         raise ConfigError(f"{where}.num_lookahead_tokens",
                           f"= {c.num_lookahead_tokens} without speculative decoding: only a drafter reserves "

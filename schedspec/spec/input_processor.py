@@ -22,7 +22,7 @@ def make_request(
     prompt_token_ids: Sequence[int] | None = None,
     lora_int_id: int = 0,
     structured_output: bool = False,
-    kv_connector_tokens: int = 0,
+    kv_connector_tokens: int = 0, kv_connector_async: bool = False,
 ) -> Request:
     """A new WAITING request, after vLLM's front-end checks
     (v1/engine/input_processor.py:476-602).  With prefix caching the prompt's
@@ -70,5 +70,5 @@ def make_request(
         # A grammar to compile first: the request waits for it (RQ:116-117).
         status=RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if structured_output else RequestStatus.WAITING,
         grammar=COMPILING if structured_output else "",
-        kv_connector_tokens=kv_connector_tokens,
+        kv_connector_tokens=kv_connector_tokens, kv_connector_async=kv_connector_async,
     )

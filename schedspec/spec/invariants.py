@@ -17,6 +17,7 @@ from typing import Callable
 
 from .config import FCFS, PRIORITY
 from .properties import HOLDS, Verdict, get_block_span, violated
+from .kv_connector import holds_loaded_blocks
 from .request import RequestStatus
 from .state import SchedulerState
 
@@ -50,14 +51,15 @@ def queues_partition_requests(s: SchedulerState) -> Verdict:
 @invariant
 def statuses_match_queues(s: SchedulerState) -> Verdict:
     """Running requests are RUNNING; waiting ones are WAITING or PREEMPTED, or waiting
-    for a grammar they have (structured_output.py)."""
+    for a grammar they have (structured_output.py) or for their KV load (kv_connector.py)."""
     for rid in s.running:
         if rid in s.requests and s.requests[rid].status != RequestStatus.RUNNING:
             return violated("a running request is not RUNNING", request=rid, status=s.requests[rid].status.name)
     for rid in s.waiting:
         r = s.requests.get(rid)
         if r is not None and r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED) and not (
-                r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and r.grammar):
+                r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and r.grammar) \
+                and not (r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and r.kv_connector_async):
             return violated("a waiting request is neither WAITING nor PREEMPTED", request=rid,
                             status=s.requests[rid].status.name)
     return HOLDS
@@ -94,10 +96,10 @@ def computed_tokens_below_num_tokens(s: SchedulerState) -> Verdict:
 @invariant
 def waiting_requests_hold_nothing(s: SchedulerState) -> Verdict:
     """A waiting request has no computed tokens and no blocks (no prefix caching: a
-    preemption resets both, S:1799-1843)."""
+    preemption resets both, S:1799-1843), unless it holds those of its KV load."""
     for rid in s.waiting:
         r = s.requests.get(rid)
-        if r is not None and (r.num_computed_tokens != 0 or s.num_blocks(rid) != 0):
+        if r is not None and (r.num_computed_tokens != 0 or s.num_blocks(rid) != 0) and not holds_loaded_blocks(r):
             return violated("a waiting request holds progress or blocks", request=rid,
                             num_computed_tokens=r.num_computed_tokens, blocks=s.num_blocks(rid))
     return HOLDS
@@ -141,16 +143,21 @@ def running_within_limit(s: SchedulerState) -> Verdict:
 
 @invariant
 def waiting_queue_ordered(s: SchedulerState) -> Verdict:
-    """PRIORITY: the waiting queue is in queue_key order; FCFS: the requests that never
-    ran (WAITING, or waiting for a grammar) come after all others, the PREEMPTED ones
-    (those are prepended, S:1842, and admission pops the front)."""
+    """The requests holding blocks of a KV load come first, in a queue of their own
+    (S:1062-1067); then, and within those: PRIORITY: in queue_key order; FCFS: the
+    requests that never ran (WAITING, or waiting for a grammar) come after all
+    others, the PREEMPTED ones (those are prepended, S:1842, and admission pops the front)."""
+    holding = [w for w in s.waiting if w in s.requests and holds_loaded_blocks(s.requests[w])]
+    if list(s.waiting[:len(holding)]) != holding:
+        return violated("a request holding KV blocks waits behind one that holds none", waiting=list(s.waiting))
     if s.config.policy == PRIORITY:
-        keys = [s.requests[w].queue_key for w in s.waiting if w in s.requests]
-        if keys != sorted(keys):
-            return violated("the priority waiting queue is out of queue_key order", waiting=list(s.waiting))
+        for part in (s.waiting[:len(holding)], s.waiting[len(holding):]):
+            keys = [s.requests[w].queue_key for w in part if w in s.requests]
+            if keys != sorted(keys):
+                return violated("the priority waiting queue is out of queue_key order", waiting=list(s.waiting))
     elif s.config.policy == FCFS:
         seen_waiting = False
-        for w in s.waiting:
+        for w in s.waiting[len(holding):]:  # the holders wait in the order their loads started
             r = s.requests.get(w)
             if r is None:
                 continue

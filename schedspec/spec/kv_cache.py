@@ -27,14 +27,15 @@ def get_num_blocks_to_allocate(block_size: int, num_blocks_held: int, num_tokens
 def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: int, num_blocks_held: int,
                    num_free_blocks: int, *, full_sequence_must_fit: bool = False, has_scheduled_reqs: bool = True,
                    num_hit_blocks: int = 0, num_evictable_hit_blocks: int = 0,
-                   num_external_computed_tokens: int = 0) -> int | None:
+                   num_external_computed_tokens: int = 0, reserved_blocks: int = 0,
+                   num_lookahead_tokens: int | None = None) -> int | None:
     """How many new blocks `request` takes from the free queue to compute
     `num_new_tokens` more tokens, or None when the pool cannot hold them (K:380-627).
 
     None is the only failure: there is no partial allocation.  With prefix caching,
     an admission brings `num_hit_blocks` cached blocks; the ones nobody holds
     (`num_evictable_hit_blocks`) leave the free queue too, so they count against it
-    (T:238-266), but they are not new blocks.
+    (T:238-266), but they are not new blocks.  `reserved_blocks` stay free (S:1420-1430).
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: 0.0 <= config.watermark < 1.0 and 0 <= request.num_computed_tokens <= request.num_tokens and config.num_lookahead_tokens >= 0
@@ -44,8 +45,8 @@ def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: in
     post: __return__ is None or (num_blocks_held + __return__) * config.block_size >= min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len) and (__return__ == 0 or (num_blocks_held + __return__ - 1) * config.block_size < min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len))
     post: __return__ is not None or full_sequence_must_fit or config.watermark_blocks > 0 or (num_blocks_held + num_free_blocks) * config.block_size < min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len)
     """
-    if num_new_tokens <= 0:
-        raise ValueError("num_new_tokens must be greater than 0")  # K:483-491
+    if num_new_tokens <= 0 and not (num_new_tokens == 0 and (num_external_computed_tokens or num_hit_blocks)):
+        raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")  # K:483-491
     L = config.max_model_len
     # The watermark applies only to admissions, and not to the first one (K:518-525).
     admission = has_scheduled_reqs and (request.status == WAITING or request.status == PREEMPTED)
@@ -59,9 +60,10 @@ def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: in
     total_computed_tokens = min(request.num_computed_tokens + num_hit_blocks * config.block_size
                                 + num_external_computed_tokens, L)  # external tokens: new blocks (K:559-566)
     # Speculative decoding: the drafter writes KV past the scheduled tokens (K:550-553).
-    num_tokens_need_slot = min(total_computed_tokens + num_new_tokens + config.num_lookahead_tokens, L)
+    lookahead = config.num_lookahead_tokens if num_lookahead_tokens is None else num_lookahead_tokens
+    num_tokens_need_slot = min(total_computed_tokens + num_new_tokens + lookahead, L)
     new_blocks = get_num_blocks_to_allocate(config.block_size, held, num_tokens_need_slot)
-    if new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks:  # K:584-588
+    if new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks - reserved_blocks:  # K:582-588
         return None
     return new_blocks
 

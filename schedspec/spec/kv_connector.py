@@ -2,20 +2,31 @@
 
 The spec has no connector.  What one could load for a request is part of the
 request: `kv_connector_tokens`, the leading tokens of its sequence a remote store
-holds, or None while the connector cannot tell yet.  At an admission from zero
-computed tokens vLLM asks the connector for the tokens beyond the local prefix
-hit (S:1130-1144).  An answer of None skips the request for this step, kept in
-its place (S:1146-1151); tokens are counted computed and loaded within the step, a
-synchronous load (S:1178-1218, 1550-1552).  Their blocks are new blocks (K:559-566),
-cached as they fill like computed ones (K:617-625).
+holds, or None while the connector cannot tell yet, and `kv_connector_async`,
+whether it loads them asynchronously.  At an admission from zero computed tokens
+vLLM asks the connector for the tokens beyond the local prefix hit (S:1130-1144).
+An answer of None skips the request for this step, kept in its place
+(S:1146-1151).  Tokens are counted computed; their blocks are new blocks
+(K:559-566).  A synchronous load fills them within the step, cached as they fill
+like computed ones (S:1178-1218, 1550-1552; K:617-625).  An asynchronous one takes
+the blocks and no tokens: the request waits in WAITING_FOR_REMOTE_KVS, holding
+them, until the worker reports the load finished (`kv_load_finished`); at the
+head of the waiting loop it is then promoted and admitted from its loaded tokens
+(S:1286-1288, 1420-1451, 1514-1545, 3467-3531).
 
-Not modelled (the monitor names them, monitor/scope.py): asynchronous loads
-(WAITING_FOR_REMOTE_KVS), delayed and deferred frees, failed loads.
+Not modelled (the monitor names them, monitor/scope.py): delayed and deferred
+frees (a request finished while its load is in flight or its blocks are sent),
+failed loads and invalid blocks, deferred load starts.
 """
 
 from __future__ import annotations
 
-from .request import Request
+from collections import deque
+
+from .kv_cache import cdiv
+from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus
+
+WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 # vLLM asks only at an admission from zero computed tokens (S:1110); in the spec's scope
@@ -36,3 +47,111 @@ def external_tokens(r: Request, num_local_computed_tokens: int) -> int:
     if r.skip_reading_prefix_cache or not r.kv_connector_tokens:
         return 0
     return max(0, r.kv_connector_tokens - num_local_computed_tokens)
+
+
+def loads_async(r: Request, external: int) -> bool:
+    """The connector loads `external` tokens of `r` asynchronously (S:1138, 1286)."""
+    return external > 0 and r.kv_connector_async
+
+
+def loading(r: Request) -> bool:
+    return r.status == WAITING_FOR_REMOTE_KVS
+
+
+def holds_kv_blocks(r: Request) -> bool:
+    """A waiting request holding blocks: one loading, or loaded and promoted
+    (S:2697-2707).  vLLM keeps them in their own queue, drained before the others
+    (S:1062-1067); the spec's `waiting` lists them first (state.py)."""
+    return r.num_computed_tokens > 0 or r.status == WAITING_FOR_REMOTE_KVS
+
+
+def holds_loaded_blocks(r: Request) -> bool:
+    """holds_kv_blocks, for a request whose connector loads asynchronously: in a state
+    reached by the calls, the only waiting requests holding blocks; the properties and
+    invariants judge the holders' queue by it, and a state that has others is judged
+    as before (a waiting request with progress breaks their claims there)."""
+    return r.kv_connector_async and holds_kv_blocks(r)
+
+
+def num_holding(waiting, requests) -> int:
+    """How many requests at the front of `waiting` hold KV blocks: vLLM's queue of them."""
+    n = 0
+    while n < len(waiting) and holds_kv_blocks(requests[waiting[n]]):
+        n += 1
+    return n
+
+
+def holders(waiting, requests) -> frozenset:
+    """The requests holding KV blocks in `waiting`, read before a step."""
+    return frozenset(waiting[i] for i in range(num_holding(waiting, requests)))
+
+
+def start_load(s, rid: str, hits, external: int, num_new_blocks: int) -> bool:
+    """An asynchronous load (S:1514-1545): the request takes the blocks of its hit and
+    the loaded tokens, left uncached until the load finishes (K:607-612), counts them
+    computed, and leaves the waiting loop for this step (`s.loads`, requeue_holders)."""
+    s.kv.allocate(rid, hits, num_new_blocks)
+    r = s.request(rid)
+    r.status = WAITING_FOR_REMOTE_KVS
+    r.num_computed_tokens += len(hits) * s.config.block_size + external
+    s.loads.append(s.waiting.popleft())
+    return True
+
+
+def requeue_holders(s) -> None:
+    """After the waiting loop (its skipped requests back in place): the requests
+    whose load started join the holders' queue, at its end (the loop reached them
+    after every holder, S:1054-1060, 1606-1610); under PRIORITY a heap of its own."""
+    holders = [x for x in s.waiting if holds_kv_blocks(s.requests[x])] + s.loads
+    if s.config.policy == "priority":
+        holders.sort(key=lambda x: s.requests[x].queue_key)
+    s.waiting = deque(holders + [x for x in s.waiting if not holds_kv_blocks(s.requests[x])])
+
+
+def loads_finished(w, request_ids) -> None:
+    """The worker reports these requests' loads finished (S:2581, 3566-3571), which
+    promotes them at their next turn in the waiting loop (promote)."""
+    for rid in request_ids:
+        if rid not in w.requests or not loading(w.requests[rid]):
+            # The end of a finished request's load, which frees its blocks, is not modelled.
+            raise ValueError(f"finished_recving: request {rid!r} is not waiting for remote KVs")
+        w.request(rid).kv_load_finished = True
+
+
+def promote(s, rid: str) -> bool:
+    """A request loading KV at the head of the waiting loop: False while its load
+    is in flight (skipped, S:3522-3526); once finished, its loaded blocks are cached,
+    a load of the whole sequence gives back its last token to compute, and it waits
+    as it did before the load (S:3467-3517, 3527-3531)."""
+    if not s.requests[rid].kv_load_finished:
+        return False
+    r = s.request(rid)
+    if r.block_hashes:
+        s.kv.cache_blocks(rid, r.block_hashes, r.num_computed_tokens, s.config.block_size)
+    if r.num_computed_tokens == r.num_tokens:
+        r.num_computed_tokens -= 1
+    r.kv_load_finished = False
+    r.status = PREEMPTED if r.num_preemptions else WAITING
+    return True
+
+
+def reserved_blocks(s) -> int:
+    """The blocks an asynchronous load must leave free (S:1420-1430): what every
+    in-flight prefill still needs for its whole sequence (S:3404-3436), and one
+    speculative step's blocks.  In flight: a request loading or loaded and not yet
+    admitted (S:1542), still when admitted in this step (`s.holders`); one admitted in
+    this step with prefill left after its chunk (S:1592-1593); a running one
+    mid-prefill (kept until a step ends its prefill, S:1869-1871)."""
+    c = s.config
+    spec = 1 + c.num_speculative_tokens + c.num_lookahead_tokens if c.num_speculative_tokens else 0
+    admitted = set(s.new) | set(s.resumed)
+    total = cdiv(spec, c.block_size)
+    for rid, r in s.requests.items():
+        if r.status == RUNNING:
+            in_flight = (rid in s.holders or r.num_computed_tokens + s.scheduled[rid] < r.num_tokens) \
+                if rid in admitted else r.is_prefill_chunk
+        else:
+            in_flight = holds_kv_blocks(r)
+        if in_flight:
+            total += max(cdiv(min(r.num_tokens, c.max_model_len) + spec, c.block_size) - s.kv.num_blocks(rid), 0)
+    return total

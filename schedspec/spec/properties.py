@@ -87,10 +87,11 @@ def get_need(r: Request) -> int:
 def get_block_span(state: SchedulerState, r: Request) -> tuple[int, int]:
     """The blocks a request may hold between steps: exactly those its computed tokens
     fill, or, with drafts or a lookahead, up to the slots of its drafts and lookahead
-    too: rejected drafts return no block (S:2371-2380, K:550-553)."""
+    too: rejected drafts return no block (S:2371-2380, K:550-553).  Async: two batches'
+    rejections can follow the last allocation (a step that did not schedule it)."""
     c = state.config
     lo = cdiv(min(r.num_computed_tokens, c.max_model_len), c.block_size)
-    extra = c.num_speculative_tokens + c.num_lookahead_tokens
+    extra = c.num_speculative_tokens * (2 if c.async_scheduling else 1) + c.num_lookahead_tokens
     return lo, cdiv(min(r.num_computed_tokens + extra, c.max_model_len), c.block_size) if extra else lo
 
 
@@ -210,7 +211,7 @@ def preemption_only_on_allocation_failure(before, output, after):
 
 @prop
 def starvation_condition(before, output, after):
-    """With D running requests each needing exactly one token and D >= the token budget B, waiting requests receive no tokens; with D < B, chunked prefill on, a free run slot and enough blocks, the head of waiting receives min(need, B - D) > 0."""
+    """With D running requests each needing exactly one token and D >= the token budget B, waiting requests receive no tokens; with D < B, chunked prefill on, a free run slot and enough blocks, the head of waiting receives min(need, B - D) > 0 (with a drafter's rows s per request, what the input budget keeps after D(1 + s) and s of its own, S:1295)."""
     if not before.waiting:
         return NOT_APPLICABLE
     c = before.config
@@ -238,6 +239,9 @@ def starvation_condition(before, output, after):
         return NOT_APPLICABLE  # structured output: skipped until its grammar compiles (structured_output.py)
     if kv_connector.undecided(r):
         return NOT_APPLICABLE  # skipped until its KV connector can tell its hit (kv_connector.py)
+    if r.kv_connector_async and (kv_connector.loading(r) and not r.kv_load_finished
+                                 or r.kv_connector_tokens and r.num_computed_tokens == 0 and head not in granted):
+        return NOT_APPLICABLE  # loading: no tokens, and a load starts only beside every prefill in flight
     # What admission computes: its hit and loaded tokens when admitted; else at least what
     # its KV connector holds (a local hit is visible only on admission).
     start = max(output.computed_on_admission(head, r.num_computed_tokens), kv_connector.external_tokens(r, 0))
@@ -258,6 +262,9 @@ def starvation_condition(before, output, after):
     if 0 < threshold < need:
         need = threshold
     expected = min(need, B - D)
+    s = c.max_num_new_slots_for_drafting
+    if s and has(c, INPUT_BUDGET):
+        expected = max(0, min(expected, c.max_num_batched_tokens - D * (1 + s) - s))
     if granted.get(head, 0) != expected:
         return violated("the head of waiting did not get min(need, B - D)", D=D, B=B, head=head,
                         expected=expected, granted=granted.get(head, 0))
@@ -334,14 +341,18 @@ def computed_tokens_advance_by_grant(before, output, after):
 
 @prop
 def waiting_order_preserved(before, output, after):
-    """FCFS: the waiting queue keeps its order, preempted requests go to its front; PRIORITY: it is in (priority, arrival_time, id) order."""
+    """FCFS: the waiting queue keeps its order, preempted requests go to its front; PRIORITY: it is in (priority, arrival_time, id) order.  Requests holding blocks of a KV load wait before all others, in a queue of their own (those whose load started in the step at its end)."""
+    held = {w for w in after.waiting if kv_connector.holds_loaded_blocks(after.requests[w])}
     if after.config.policy == FCFS:
         admitted = set(output.admitted)
-        expected = [v for v in reversed(output.preempted_req_ids)]
-        expected += [w for w in before.waiting if w not in admitted]
-        expected = [w for w in expected if w in after.requests]
+        rest = [w for w in before.waiting if w not in admitted and w in after.requests]
+        expected = [w for w in rest if kv_connector.holds_loaded_blocks(before.requests[w])]
+        expected += [w for w in rest if w in held and w not in expected]
+        expected += [v for v in reversed(output.preempted_req_ids) if v in after.requests]
+        expected += [w for w in rest if w not in held]
     else:
-        expected = sorted(after.waiting, key=lambda w: after.requests[w].queue_key)
+        key = lambda w: after.requests[w].queue_key  # noqa: E731
+        expected = sorted(held, key=key) + sorted((w for w in after.waiting if w not in held), key=key)
     if list(after.waiting) != expected:
         return violated("the waiting queue is out of order", waiting=list(after.waiting), expected=expected)
     return HOLDS

@@ -73,6 +73,9 @@ class Request:
     lora_int_id: int = 0
     grammar: str = ""  # structured output: "" none, else "compiling", "compiled" or "failed"
     kv_connector_tokens: int | None = 0  # prefix a remote store holds; None: cannot tell yet (kv_connector.py)
+    # It loads that prefix asynchronously; the worker reported such a load finished (S:3568-3571).
+    kv_connector_async: bool = False
+    kv_load_finished: bool = False
     # Stop tokens (U:101-112): the EOS id (None: none, as with ignore_eos) and the others.
     eos_token_id: int | None = EOS_TOKEN_ID
     stop_token_ids: tuple = ()

@@ -28,12 +28,13 @@ from .versions import INPUT_BUDGET, PRIORITY_SELF_PREEMPTION_CONTINUES, has
 
 def enqueue(policy: str, waiting: deque[str], requests: Mapping[str, Request], rid: str, front: bool) -> None:
     """FCFS: a deque, `front` for preempted requests (Q:92-95).  PRIORITY: a heap, where
-    prepending is a plain push (Q:159-164), kept as a sorted deque: its pop order."""
+    prepending is a plain push (Q:159-164), kept as a sorted deque: its pop order; behind KV holders (S:2709-2714)."""
+    lo = kv_connector.num_holding(waiting, requests)
     if policy == PRIORITY:
         key = requests[rid].queue_key
-        waiting.insert(bisect.bisect_left(waiting, key, key=lambda w: requests[w].queue_key), rid)
+        waiting.insert(bisect.bisect_left(waiting, key, lo=lo, key=lambda w: requests[w].queue_key), rid)
     elif front:
-        waiting.appendleft(rid)
+        waiting.insert(lo, rid)
     else:
         waiting.append(rid)
 
@@ -65,6 +66,7 @@ class ScheduleWork(Working):
         c = state.config
         self.token_budget = c.token_budget if self.pause_state != "PAUSED_ALL" else 0  # S:719, 723-725
         self.input_budget = c.max_num_batched_tokens if has(c, INPUT_BUDGET) else self.token_budget  # S:722
+        self.draft_slots = c.max_num_new_slots_for_drafting  # a drafter's rows per request (S:721, 797, 1003)
         self.threshold = long_prefill_threshold(c, len(self.running) + len(self.waiting))  # S:754-772
         self.cursor = 0  # the running loop's position in `running`
         self.scheduled: dict[str, int] = {}  # insertion order is grant order
@@ -73,6 +75,8 @@ class ScheduleWork(Working):
         self.kv_connector_hits: list[tuple[str, int]] = []
         self.drafts_sent: dict[str, tuple[int, ...]] = {}  # the drafts sent to the model, by request
         self.prefill_scheduled = False  # whether the running loop scheduled a prefill chunk (S:1000)
+        self.loads: list[str] = []  # requests whose asynchronous KV load started (kv_connector.py)
+        self.holders = kv_connector.holders(self.waiting, self.requests)  # (S:1542, kv_connector.py)
         self.defer_prefills = prefill_throttle.defers_prefills(self, throttle_prefills)  # S:750-752, 780-791
 
     def output(self) -> SchedulerOutput:
@@ -114,7 +118,7 @@ def schedule(state: SchedulerState, throttle_prefills: bool = False) -> tuple[Sc
 
 def schedule_running(s: ScheduleWork) -> None:
     """The running loop (S:793-1036), in running order while budget is left (S:795-797)."""
-    while s.cursor < len(s.running) and s.token_budget > 0 and s.input_budget > 0:
+    while s.cursor < len(s.running) and s.token_budget > 0 and s.input_budget > s.draft_slots:
         rid = s.running[s.cursor]
         n = num_new_tokens_running(s, s.requests[rid])
         if n == 0:  # nothing to compute this step: skip it, do not stop the scan (S:891-909)
@@ -142,7 +146,7 @@ def num_new_tokens_running(s: ScheduleWork, r: Request) -> int:
     n = r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens  # S:839
     if 0 < s.threshold < n:  # cap 1 (S:844)
         n = s.threshold
-    n = min(n, s.token_budget, s.input_budget)  # cap 2 (S:846)
+    n = min(n, s.token_budget, s.input_budget - s.draft_slots)  # cap 2 (S:846-848)
     # [seams: mamba alignment, encoder budget, MTP prefill lookahead (S:860-889)]
     return min(n, s.config.max_model_len - r.num_computed_tokens - 1)  # cap 3: 1 sampled token (S:852)
 
@@ -183,27 +187,29 @@ def preempt(s: ScheduleWork, victim: str) -> None:
         s.scheduled_running.remove(victim)
         s.drafts_sent.pop(victim, None)
         s.token_budget += refund
-        s.input_budget += refund
+        s.input_budget += refund + s.draft_slots  # S:955
     s.kv.free(victim)
     r = s.request(victim)
     r.status = PREEMPTED
     r.num_computed_tokens = 0
     r.spec_token_ids = ()  # S:1823
     r.num_preemptions += 1
-    stale_output.make_stale(r)
+    stale_output.make_stale(r, s.config.requires_kv_delivery)
     r.num_output_placeholders = 0
     enqueue(s.config.policy, s.waiting, s.requests, victim, front=True)
     s.preempted.append(victim)
 
 
 def blocks_to_allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int] = (), external: int = 0,
-                       full_sequence_must_fit: bool = False, has_scheduled_reqs: bool = True) -> int | None:
+                       full_sequence_must_fit: bool = False, has_scheduled_reqs: bool = True, load_async: bool = False
+                       ) -> int | None:
     """How many new blocks `rid` needs for `n` more tokens after its `hits` and `external`
     tokens, or None when the pool cannot give them (kv_cache.allocate_slots).  Changes nothing."""
     return allocate_slots(s.config, s.requests[rid], n, s.kv.num_blocks(rid), s.kv.num_free_blocks,
                           full_sequence_must_fit=full_sequence_must_fit, has_scheduled_reqs=has_scheduled_reqs,
                           num_hit_blocks=len(hits), num_evictable_hit_blocks=s.kv.num_evictable(hits) if hits else 0,
-                          num_external_computed_tokens=external)
+                          num_external_computed_tokens=external, num_lookahead_tokens=0 if load_async else None,
+                          reserved_blocks=kv_connector.reserved_blocks(s) if load_async else 0)
 
 
 def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blocks: int, external: int = 0) -> None:
@@ -220,43 +226,55 @@ def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blo
 
 def grant(s: ScheduleWork, rid: str, n: int) -> None:
     s.scheduled[rid] = n
-    s.token_budget, s.input_budget = s.token_budget - n, s.input_budget - n
+    s.token_budget, s.input_budget = s.token_budget - n, s.input_budget - n - s.draft_slots
 
 
 def schedule_waiting(s: ScheduleWork) -> None:
     """The waiting loop (S:1050-1614): admit from the head while budget, a run slot
-    (S:1072-1074) and blocks last, unpaused (PAUSED_NEW admits only block holders, none in this
-    scope: S:1064-1067); skipped requests keep their place (S:1606-1610)."""
+    (S:1072-1074) and blocks last; requests holding KV blocks first, and only those
+    under PAUSED_NEW (S:1064-1067); skipped requests keep their place (S:1606-1610)."""
     skipped: list[str] = []
     loras = lora.running_loras(s.requests[x] for x in s.running)
-    while (s.token_budget > 0 and s.input_budget > 0 and s.waiting and s.pause_state == "UNPAUSED"
+    while (s.token_budget > 0 and s.input_budget > s.draft_slots and s.waiting
+           and (s.pause_state == "UNPAUSED" or kv_connector.holds_kv_blocks(s.requests[s.waiting[0]]))
            and len(s.running) < s.config.max_num_active_reqs):
         rid = s.waiting[0]
-        # Skipped: a grammar compiling or failed (S:1079-1082) [seam: remote KVs, streaming
-        # input]; async: output from before its preemption in flight, which resuming could
-        # resample (S:1084); LoRA: one adapter too many (S:1089-1101); KV connector undecided (S:1146).
-        if structured_output.waits_for_grammar(s, rid) or stale_output.pending(s.requests[rid]) \
-                or lora.exceeds_max_loras(s.config, loras, s.requests[rid]) \
-                or kv_connector.undecided(s.requests[rid]):
+        r = s.requests[rid]
+        # Skipped: its KV load in flight (S:1078-1082), a grammar compiling or failed
+        # [seam: streaming input]; async: output from before its preemption in flight,
+        # which resuming could resample (S:1084); LoRA: one adapter too many (S:1089-1101);
+        # KV connector undecided, asked only from zero computed tokens (S:1110, 1146).
+        if (kv_connector.loading(r) and not kv_connector.promote(s, rid)) \
+                or structured_output.waits_for_grammar(s, rid) or stale_output.pending(r) \
+                or lora.exceeds_max_loras(s.config, loras, r) \
+                or (r.num_computed_tokens == 0 and kv_connector.undecided(r)):
             skipped.append(s.waiting.popleft())
             continue
         if not admit(s, rid):
             break
-        loras.update(lora.running_loras((s.requests[rid],)))  # S:1563-1565
+        loras.update(lora.running_loras(s.requests[x] for x in s.running[-1:]))  # S:1563-1565
     s.waiting.extendleft(reversed(skipped))
-    s.cadence = prefill_throttle.after_waiting_loop(s, skipped)
+    if s.loads:
+        kv_connector.requeue_holders(s)
+    s.cadence = prefill_throttle.after_waiting_loop(s, skipped + s.loads)  # a load start skips it (S:1545)
 
 
 def admit(s: ScheduleWork, rid: str) -> bool:
     """Admit the head of waiting, from its prefix hit, if its tokens and blocks fit;
-    False stops admission: it never preempts (S:1102-1461)."""
+    False stops admission: it never preempts (S:1102-1461); an asynchronous KV load starts."""
     c = s.config
     r = s.requests[rid]
-    # S:1110-1127, none for a request that reads no cached prefix (K:251-253); KV connector: S:1130-1218.
+    # From zero computed tokens (S:1110-1127; a KV holder's are loaded, S:1262-1272), not for a request
+    # that reads no cached prefix (K:251-253); KV connector: S:1130-1218, async S:1286-1288, 1403-1451.
+    lookup = r.num_computed_tokens == 0
     hits = s.kv.get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size) \
-        if r.num_computed_tokens == 0 and not r.skip_reading_prefix_cache else []
-    external = kv_connector.external_tokens(r, len(hits) * c.block_size)
+        if lookup and not r.skip_reading_prefix_cache else []
+    external = kv_connector.external_tokens(r, len(hits) * c.block_size) if lookup else 0
     num_computed_tokens = r.num_computed_tokens + len(hits) * c.block_size + external
+    if kv_connector.loads_async(r, external):
+        num_new_blocks = blocks_to_allocate(s, rid, 0, hits, external, c.scheduler_reserve_full_isl, bool(s.running),
+                                            load_async=True)
+        return num_new_blocks is not None and kv_connector.start_load(s, rid, hits, external, num_new_blocks)
     if s.defer_prefills and prefill_throttle.has_prefill_left(num_computed_tokens, r.num_tokens):  # S:1290
         return False
     n = num_new_tokens_waiting(s, r, num_computed_tokens)
@@ -271,7 +289,7 @@ def admit(s: ScheduleWork, rid: str) -> bool:
     s.waiting.popleft()
     s.running.append(rid)
     (s.new if r.status == WAITING else s.resumed).append(rid)
-    if c.enable_prefix_caching:
+    if c.enable_prefix_caching and lookup:
         s.prefix_hits.append((rid, num_computed_tokens - external))
     if external:
         s.kv_connector_hits.append((rid, external))
@@ -290,7 +308,7 @@ def admit(s: ScheduleWork, rid: str) -> bool:
 def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int) -> int | None:
     """The tokens an admission gets (S:1295-1346), or None when chunked prefill is
     off and the whole request does not fit, which stops admission (S:1337-1344)."""
-    budget = min(s.token_budget, s.input_budget)  # S:1295
+    budget = min(s.token_budget, s.input_budget - s.draft_slots)  # S:1295
     # num_tokens, not num_prompt_tokens: a resumed request replays its outputs (S:1306).
     n = r.num_tokens - num_computed_tokens
     if spec_decode.pads_new_decode(s, r, num_computed_tokens):
@@ -321,12 +339,13 @@ def update_after_schedule(s: ScheduleWork) -> None:
             r.spec_token_ids = drafts
 
 
-def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]
+def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]],
+                       finished_recving: Iterable[str] = ()
                        ) -> tuple[tuple[tuple[str, RequestStatus], ...], SchedulerState]:
     """Append sampled tokens, stop requests, free their blocks (S:2259-2551); returns
     the requests finished, in scheduled order.  Async: `output` may be an older batch;
     outputs of requests finished meanwhile are dropped (S:2327-2335), of requests
-    preempted meanwhile stale (`deliver_stale_output`).
+    preempted meanwhile stale (`deliver_stale_output`); KV loads `finished_recving` (kv_connector.py).
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: state.block_pool is None
@@ -335,6 +354,7 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
     post: __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values())
     """
     w = Working(state)
+    kv_connector.loads_finished(w, finished_recving)
     finished: list[tuple[str, RequestStatus]] = []
     drafts = dict(output.scheduled_spec_decode_tokens)
     for rid, n in output.num_scheduled_tokens:

@@ -12,11 +12,12 @@ from __future__ import annotations
 from .request import Request
 
 
-def make_stale(r: Request) -> None:
+def make_stale(r: Request, drop: bool) -> None:
     """At a preemption, working copy `r`'s tokens in flight become stale (S:1835).  A
     drop-mode share not yet drained stays dropped: its positions have been
-    resampled; schedule() itself preempts in delivery mode (S:1832-1834)."""
-    r.drop_stale_output = r.drop_stale_output and r.num_stale_output_tokens > 0
+    resampled; schedule() itself preempts in drop mode only for a KV connector
+    that needs the KV delivered (`drop`, S:972-976, 1832-1834)."""
+    r.drop_stale_output = drop or (r.drop_stale_output and r.num_stale_output_tokens > 0)
     r.num_stale_output_tokens = r.num_in_flight_tokens
 
 
