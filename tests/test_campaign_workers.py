@@ -237,3 +237,20 @@ def test_a_local_ray_cluster_gives_the_same_report_as_local_workers(tmp_path, ra
     assert crash.returncode == 1, crash.stderr[-2000:]
     failures = json.loads((tmp_path / "crash" / "res" / "report.json").read_text())["failures"]
     assert {f["scenario"] for f in failures} == {f"random-s{SEED}-{i}" for i in selected_indices(10)}
+
+
+def test_a_given_file_both_implementations_refuse_is_named_with_the_reason(tmp_path):
+    """diff never counts a given file it could not compare as agreement in silence:
+    each one both implementations refuse is named with the reason, and when nothing
+    at all was compared the exit status is 2 (bad input)."""
+    bad = {"format": "schedspec.scenario/1", "name": "too-small", "requests": [{"id": "a", "prompt_len": 4}],
+           "config": {"max_model_len": 256, "block_size": 4, "num_gpu_blocks": 40}}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    (tmp_path / "good.json").write_text(json.dumps(random_scenario(SEED, 0, FLAGS_ALL).to_json()))
+    why = "rejected by both implementations, nothing compared: config.num_gpu_blocks"
+    for impl in ("tests.campaign_impls:FewerSeqs", "torch"):  # the process pool's merge, torch's batches
+        proc = schedspec(tmp_path, "diff", "--impl", "spec", "--against", impl, "bad.json")
+        assert proc.returncode == 2 and f"scenario 'too-small': {why}" in proc.stdout, (impl, proc.stdout)
+        proc = schedspec(tmp_path, "diff", "--impl", "spec", "--against", impl, "bad.json", "good.json", "--json")
+        report = json.loads(proc.stdout)
+        assert proc.returncode in (0, 1) and report["rejected"][0]["scenario"] == "too-small", proc.stdout

@@ -412,18 +412,46 @@ def test_drop_mode_survives_a_preemption_in_schedule_while_undrained(monitor):
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 
 
-def test_a_lookahead_hasher_with_no_hash_yet_is_outside_scope(monitor):
-    """A block hasher with lookahead tokens hashes a block only once the token after
-    it exists; before its first hash the request already lags the spec's hashing."""
+def lookahead_run(sched) -> list[int]:
+    """Two prompts sharing two blocks, the token after the second not shared, each
+    with a hasher covering one token after each block, run to completion one
+    after the other; then a third sharing the first's prompt and first output.
+    The prefix hit of each."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
     init_none_hash(sha256)
-    s = build_scheduler(prefix_caching=True, block_size=4)
-    r = request("a", tokens=[0, 1, 2, 3], max_tokens=1, block_hasher=get_request_block_hasher(4, sha256, 1))
-    assert r.block_hashes == []
-    assert scope.HASH_LOOKAHEAD in scope.request_features(r, 4)
+    hasher = get_request_block_hasher(4, sha256, 1)
+    hits = []
+    for rid, tokens in (("a", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]), ("b", [0, 1, 2, 3, 4, 5, 6, 7, 9]),
+                        ("c", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 100, 5, 5])):
+        r = request(rid, tokens=tokens, max_tokens=3, block_hasher=hasher)
+        assert len(r.block_hashes) == (len(tokens) - 1) // 4  # a block waits for the token after it
+        sched.add_request(r)
+        out = sched.schedule()
+        hits.append(out.scheduled_new_reqs[0].num_computed_tokens)
+        sched.update_from_output(out, runner_output(out, sampled_for(sched, out)))
+        run_to_completion(sched)
+    return hits
 
+
+def test_a_lookahead_hasher_is_compared(monitor):
+    """vLLM's lookahead hashes (kv_cache_utils.py get_request_block_hasher with
+    num_hash_lookahead_tokens): the lift reads the hasher's lookahead, and every
+    call, prefix hits included, is compared with the spec's lagging hashes."""
+    s = build_scheduler(prefix_caching=True, block_size=4)
+    # b's second block is not a's (the token after it differs), nor c's third.
+    assert lookahead_run(s) == [0, 4, 8]
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+def test_a_spec_hashing_blocks_as_they_fill_diverges_from_a_lookahead_hasher(monitor):
+    """The comparison above can fail: the spec's requests hashed without their lookahead."""
+    s = build_scheduler(prefix_caching=True, block_size=4)
+    with mutated([Mutation("request.Request.append_output_token", "block_size + self.num_hash_lookahead_tokens",
+                           "block_size")], module="request"):
+        lookahead_run(s)
+    assert monitor.summary()["divergences"]
 
 def test_pipeline_parallelism_alone_is_in_scope(monitor):
     """PP changes no scheduling decision in 0.33.0 (the output's token payload
@@ -766,19 +794,28 @@ def _(mon, tmp_path, monkeypatch):
     return watch(mon, calls)
 
 
-@case("HASH_LOOKAHEAD", "request_hasher")
+@case("HASH_LOOKAHEAD", "unreadable_hasher")
 def _(mon, tmp_path, monkeypatch):
-    # A block hasher with one lookahead token hashes a block only once the token
-    # after it exists (kv_cache_utils.py get_request_block_hasher), so the
-    # request's hashes lag its full blocks; the spec hashes a block as it fills.
+    # A block hasher with one lookahead token behind a wrapper: the lift cannot read
+    # its lookahead (vllm_lift.hasher_lookahead), and its hashes lag the blocks.
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 
     s = build_scheduler(prefix_caching=True)
     fn = get_hash_fn_by_name(s.vllm_config.cache_config.prefix_caching_hash_algo)
-    r = request("a", 32, block_hasher=get_request_block_hasher(s.hash_block_size, fn, 1))
+    inner = get_request_block_hasher(s.hash_block_size, fn, 1)
+    r = request("a", 32, block_hasher=lambda req: inner(req))
     assert len(r.block_hashes) == 1  # 2 full blocks, the second waits for token 33
     return watch(mon, add_and_step(s, r))
+
+
+@case("HASH_LOOKAHEAD", "scheduler")
+def _(mon, tmp_path, monkeypatch):
+    # The scheduler's own lookahead (S:342-345): set with an EAGLE-family drafter,
+    # it also re-hashes resumable requests and keeps EAGLE's trailing block.
+    s = build_scheduler(prefix_caching=True)
+    s.num_hash_lookahead_tokens = 1
+    return watch(mon, add_and_step(s, request("a", 20, sched=s)))
 
 
 @case("NO_BLOCK_HASHER")
@@ -809,6 +846,46 @@ def _(mon, tmp_path, monkeypatch):
     s = build_scheduler()
     s.kv_cache_manager.allocate_slots = Mock(return_value=None)
     return watch(mon, add_and_step(s, request("a", 20)))
+
+
+@case("PATCHED_INTERNALS", "scheduler_method_replaced_and_used")
+def _(mon, tmp_path, monkeypatch):
+    # A scheduler method of its own replaced by a stub the step calls: vLLM's
+    # _update_after_schedule (S:1783) made a no-op, so computed tokens never advance.
+    s = build_scheduler()
+    s.add_request(request("a", 20))
+    monkeypatch.setattr(s, "_update_after_schedule", lambda output: None)
+    return watch(mon, lambda: s.schedule())
+
+
+def test_a_replaced_scheduler_method_the_call_never_uses_leaves_it_checked(monitor, monkeypatch):
+    """A stats builder replaced by a Mock that fails if called, as vLLM's
+    test_scheduled_encoder_input_stats_disabled_* do: a step logging no stats
+    never reaches it, so every call is compared (scope.ReplacementWatch), and the
+    Mock itself is back in place after each call."""
+    from unittest.mock import Mock
+
+    s = build_scheduler()
+    s.log_stats = False
+    make_stats = Mock(side_effect=AssertionError("stats should not be computed"))
+    monkeypatch.setattr(s, "_make_scheduled_encoder_input_stats", make_stats)
+    assert scope.own_replacements(s) and not scope.patched(s)
+    stats = watch(monitor, lambda: (s.add_request(request("a", 20)), run_to_completion(s)))
+    make_stats.assert_not_called()
+    assert s.__dict__["_make_scheduled_encoder_input_stats"] is make_stats
+    assert_all_checked(stats, "schedule", "update_from_output", "add_request")
+
+
+def test_a_replaced_scheduler_method_a_watch_never_sees_would_be_a_false_divergence(monitor, monkeypatch):
+    """The case above can fail: with a watch that never records a use, the stub
+    step of scheduler_method_replaced_and_used is compared and reported as vLLM's
+    divergence."""
+    s = build_scheduler()
+    s.add_request(request("a", 20))
+    monkeypatch.setattr(s, "_update_after_schedule", lambda output: None)
+    monkeypatch.setattr(scope.ReplacementWatch, "features", lambda self: ())
+    stats = watch(monitor, lambda: s.schedule())
+    assert stats["divergences"], stats
 
 
 def refuse_once(obj, name: str) -> list:
@@ -1299,3 +1376,29 @@ def test_shadow_classes_classify_as_installed_ones(shadow_monitor, monkeypatch):
     assert stats["calls"]["add_request"]["checked"] == 2  # "plain" twice; "unwatched" not seen
     assert stats["calls"]["add_request"]["outside_scope"] == 2
     assert_clean(stats)
+
+
+def holder_added(s) -> None:
+    a, b, c = request("a", 4), request("b", 4), request("c", 4)
+    b.status = RequestStatus.WAITING_FOR_REMOTE_KVS  # as vLLM's test_fcfs_mixed_blocked_types_* set it
+    for r in (a, b, c):
+        s.add_request(r)
+
+
+def test_a_new_request_holding_kv_blocks_joins_the_holders_queue(monitor):
+    """vLLM's add_request queues a request that holds KV blocks in kv_holding_waiting
+    (S:2709-2714), ahead of those added before it; the spec among the holders at the
+    front of `waiting` (kv_connector.queue_span).  Compared call by call."""
+    s = build_scheduler()
+    stats = watch(monitor, lambda: holder_added(s))
+    assert [r.request_id for r in s.kv_holding_waiting] == ["b"] and len(s.waiting) == 2
+    assert_all_checked(stats, "add_request")
+
+
+def test_a_spec_queueing_a_holder_behind_the_others_diverges(monitor):
+    s = build_scheduler()
+    with mutated([Mutation("kv_connector.queue_span",
+                           "(0, n) if holds_kv_blocks(requests[rid]) else (n, len(waiting))",
+                           "(n, len(waiting))")], module="kv_connector"):
+        stats = watch(monitor, lambda: holder_added(s))
+    assert stats["divergences"], stats

@@ -25,7 +25,11 @@ MAX_FUNCTION_LINES = 60
 # 254 lines of vLLM 0.33.0 they model (S:1062-1067, 1286-1288, 1403-1451, 1514-1545,
 # 2697-2714, 3404-3436, 3467-3531, 3556-3577; K:607-612; S:721, 797, 847, 955, 1003, 1068,
 # 1295, 1571; S:972-976, 1832-1834), within 10 %.
-MAX_CORE_LINES = 1002
+# 1003 since lookahead block hashes and a new request holding KV blocks: their rules are in
+# kv_cache_utils.py and kv_connector.py (queue_span); the core gained 1 line (a request
+# field) for the about 28 lines of vLLM 0.33.0 they model (KU:974-1016, E:226-230,
+# S:2709-2715), within 10 %.
+MAX_CORE_LINES = 1003
 
 
 def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:

@@ -126,7 +126,8 @@ def test_machine_reaches_prefix_caching_and_async_events():
     # (A stale output applied to a waiting request is rarer here; tests/test_rules_wave2.py
     # pins it down on a fixed scenario.)
     for event in ("prefix hits", "shared blocks", "evictions", "preemptions", "in-flight preemptions",
-                  "drafts sent", "adapters held back", "grammar waits", "grammar errors", "steps holding prefill"):
+                  "drafts sent", "adapters held back", "grammar waits", "grammar errors", "steps holding prefill",
+                  "KV loads within the step", "async KV loads", "async KV loads admitted"):
         assert COVERAGE[event] > 0, (event, dict(COVERAGE))
     for caching in (False, True):
         for async_ in (False, True):
@@ -137,9 +138,31 @@ def test_every_property_has_a_mutant():
     assert set(MUTANTS) == set(PROPERTIES)
 
 
-@pytest.mark.parametrize("prop", sorted(MUTANTS))
-def test_machine_catches_broken_rule(prop):
-    with mutated(MUTANTS[prop]), pytest.raises(PropertyViolation, match=prop):
+# The properties' rules for a KV connector's asynchronous loads (the holders' queue, a
+# head still loading, the blocks a load takes): each with a mutant of its own, since a
+# property that exempts those requests could exempt too much.
+LOAD_MUTANTS = {
+    # Requests whose load started queued behind the others, not at the end of the holders'.
+    "waiting_order_preserved": [
+        M("kv_connector.requeue_holders", "holders + [x for x in s.waiting if not holds_kv_blocks(s.requests[x])]",
+          "[x for x in s.waiting if not holds_kv_blocks(s.requests[x])] + holders")],
+    # A finished load never promoted: the head waits for ever though nothing stops it.
+    "starvation_condition": [
+        M("kv_connector.promote", "not s.requests[rid].kv_load_finished", "True")],
+    # A load that takes one block more than its tokens fill.
+    "kv_blocks_conserved": [
+        M("kv_connector.start_load", "s.kv.allocate(rid, hits, num_new_blocks)",
+          "s.kv.allocate(rid, hits, num_new_blocks + 1)")],
+}
+
+
+CASES = {prop: (prop, MUTANTS[prop]) for prop in sorted(MUTANTS)} | \
+    {f"{prop}-load": (prop, LOAD_MUTANTS[prop]) for prop in sorted(LOAD_MUTANTS)}
+
+
+@pytest.mark.parametrize("prop, mutations", CASES.values(), ids=CASES.keys())
+def test_machine_catches_broken_rule(prop, mutations):
+    with mutated(mutations), pytest.raises(PropertyViolation, match=prop):
         machine = make_machine(watch=prop)
         run_state_machine_as_test(machine, settings=settings(
             max_examples=3000, stateful_step_count=60, deadline=None, database=None, derandomize=True,

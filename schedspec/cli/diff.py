@@ -7,7 +7,8 @@
 On a divergence the scenario is written to `-o DIR` (default ./divergences,
 never overwriting a file); a random scenario is also shrunk to a small one that
 still diverges, whose `description` is the command that reproduces it.
-Exit status: 0 all agree, 1 some divergence, 2 user error.
+Exit status: 0 all agree, 1 some divergence, 2 user error (every scenario file
+given refused by both implementations included: each is named with the reason).
 """
 
 from __future__ import annotations
@@ -185,6 +186,8 @@ def cmd_diff(args) -> int:
             report.update(res)
             if res["divergences"] or res.get("failures"):
                 status = 1
+            elif scenarios and not options.num_scenarios and len(res.get("rejected", ())) == len(scenarios):
+                status = 2  # every file given was refused by both: nothing compared, a bad input
     except KeyboardInterrupt:
         if store is not None:
             store.close()

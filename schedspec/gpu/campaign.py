@@ -150,6 +150,7 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
     progress = Progress("diff", total, min_total=20)
     divergences: list[dict[str, Any]] = []
     coverage: dict[str, int] = {}
+    rejected: list[dict[str, str]] = []  # given files both implementations refused
     steps = 0
     torch_seconds = spec_seconds = compare_seconds = 0.0
     parsed_traces = 0  # torch traces parsed into dicts (a side's text differed, or an error or crash trace)
@@ -183,6 +184,12 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
                 # coverage reads the second trace; torch's (parsed) only when it differs from the spec's
                 add_coverage(scenario, st if torch_is_a or d is None else tt.to_dict(), coverage)
                 done += 1
+                if d is None and not is_random and "error" in st:  # a given file both refused: say why
+                    progress.close()
+                    rejected.append({"scenario": scenario.name, "error": st["error"]})
+                    if not options.quiet:
+                        print(f"scenario {scenario.name!r}: rejected by both implementations, nothing compared: "
+                              f"{st['error']}", file=out)
                 if d is not None:
                     progress.close()
                     a_impl, b_impl = impls_for_shrinking()
@@ -208,6 +215,7 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
         "compare_seconds": round(compare_seconds, 2),
         "torch_traces_parsed": parsed_traces,
         "coverage": dict(sorted(coverage.items())),
+        **({"rejected": rejected} if rejected else {}),
     }
     if not options.quiet:
         fmt = lambda x: f"{x:.4f} ms" if x is not None else "-"  # noqa: E731

@@ -74,6 +74,9 @@ def limit_violation(config, max_steps: int) -> str | None:
     if config.requires_kv_delivery:
         return ("config.requires_kv_delivery: = true: the torch implementation does not model KV connectors; "
                 "use --impl spec or vllm")
+    if config.num_hash_lookahead_tokens:
+        return (f"config.num_hash_lookahead_tokens: = {config.num_hash_lookahead_tokens}: the torch implementation "
+                "does not model lookahead block hashes; use --impl spec or vllm")
     if config.long_prefill_token_threshold_adaptive:
         return ("config.long_prefill_token_threshold_adaptive: = true: the torch implementation does not model "
                 "the adaptive long-prefill threshold; use --impl spec or vllm")

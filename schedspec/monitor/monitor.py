@@ -23,6 +23,7 @@ import logging
 import threading
 import traceback
 from collections import Counter, defaultdict
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -157,23 +158,22 @@ class Monitor:
             self.monitor_error(call, number, e)
             return original()
         watch = scope.connector_watch(sched) if not outside else None
+        replaced = scope.replacement_watch(sched) if not outside else None
         try:
-            if watch is None:
+            with watch or nullcontext(), replaced or nullcontext():
                 result = original()
-            else:
-                with watch:
-                    result = original()
         except BaseException:
             sched.__dict__.pop(POST_ATTR, None)
             self.count(call, "vllm_raised")
             self.unrebuildable(sched, f"{call} #{number} raised in vLLM")
             raise
-        if watch is not None:
-            # A KV connector is judged by what it answered in this call (scope.ConnectorWatch).
-            outside = watch.features(result)
+        if watch is not None or replaced is not None:
+            # A connector is judged by what it answered in this call (scope.ConnectorWatch),
+            # a replaced scheduler method by whether the call used it (scope.ReplacementWatch).
+            outside = (watch.features(result) if watch else ()) + (replaced.features() if replaced else ())
             if outside:
                 sched.__dict__.pop(POST_ATTR, None)
-            elif watch.answered:
+            elif watch is not None and watch.answered:
                 prepared.external = dict(watch.external)
                 self.unrebuildable(sched, f"{call} #{number}: a KV connector's answers are no scenario event")
         if outside:

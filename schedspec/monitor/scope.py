@@ -442,9 +442,59 @@ def is_spy(obj: Any, name: str, replacement: Any) -> bool:
 
 
 def patched(sched: Any) -> bool:
-    """A scheduler method replaced by something other than a spy (scope.is_spy):
-    vLLM's code no longer decides that step."""
-    return any(not is_spy(*m) for m in replaced_methods(sched))
+    """A method of the scheduler's KV cache manager, coordinator or block pool
+    replaced by something other than a spy (scope.is_spy): vLLM's code no longer
+    decides that step (the monitor calls some of those itself, prefix_hit, so a
+    use by vLLM could not be told apart).  The scheduler's own replaced methods are
+    judged by whether the call uses them (ReplacementWatch)."""
+    return any(obj is not sched and not is_spy(obj, name, v) for obj, name, v in replaced_methods(sched))
+
+
+def own_replacements(sched: Any) -> list[tuple[str, Any]]:
+    """(name, replacement) for each method replaced on the scheduler object itself
+    by something other than a spy."""
+    return [(name, v) for obj, name, v in replaced_methods(sched) if obj is sched and not is_spy(obj, name, v)]
+
+
+class ReplacementWatch:
+    """Whether a call used a scheduler method a test replaced on the object (a
+    Mock, a stub, a fault injector).  One the call never reaches decides nothing,
+    so the call is still vLLM's (e.g. a stats builder that raises if called, in a
+    step that logs no stats); one it reaches is named PATCHED_INTERNALS.  Each is
+    wrapped on the object for the call only, and calls through.  A call through a
+    reference taken before the wrapping (a bound method some field kept) would go
+    unseen: vLLM 0.33.0's scheduler looks its methods up on `self` at each use."""
+
+    def __init__(self, sched: Any, replacements: list[tuple[str, Any]]):
+        self.sched, self.replacements, self.used = sched, replacements, False
+
+    def __enter__(self) -> "ReplacementWatch":
+        d = self.sched.__dict__
+        for name, inner in self.replacements:
+            d[name] = self.wrap(inner)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        d = self.sched.__dict__
+        for name, inner in self.replacements:
+            if getattr(d.get(name), "schedspec_recorder", False) is True:  # else the call replaced it again
+                d[name] = inner
+
+    def wrap(self, inner: Any) -> Any:
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            self.used = True
+            return inner(*args, **kwargs)
+        watched.schedspec_recorder = True
+        return watched
+
+    def features(self) -> tuple[str, ...]:
+        return (PATCHED_INTERNALS,) if self.used else ()
+
+
+def replacement_watch(sched: Any) -> ReplacementWatch | None:
+    """A ReplacementWatch for a call on `sched`, or None when no method of its own is replaced."""
+    found = own_replacements(sched)
+    return ReplacementWatch(sched, found) if found else None
 
 
 def spied(sched: Any) -> tuple[str, ...]:
@@ -488,15 +538,15 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
     prefix_caching = hash_block_size > 0
     static = r.__dict__.get(_STATIC)
     if static is None or static[0] != prefix_caching:
-        static = (prefix_caching, static_request_features(r, prefix_caching))
+        static = (prefix_caching, static_request_features(r, prefix_caching), vllm_lift.hasher_lookahead(r))
         r.__dict__[_STATIC] = static
     status = r.status
-    # The spec hashes every full block as soon as it fills (RQ:285-288); a hasher
-    # with lookahead tokens lags (kv_cache_utils.py get_request_block_hasher).
-    # A request with a hasher but no hash yet lags too (a lookahead hasher waits for
-    # the token after its first block); one without a hasher is never hashed.
+    # The spec hashes every full block once the lookahead tokens its hasher covers
+    # exist (RQ:285-288, KU:953-1030): a request whose hashes lag behind that, or
+    # whose hasher the lift cannot read, is outside scope.  One without a hasher
+    # is never hashed.
     lagging = prefix_caching and (r.block_hashes or getattr(r, "_block_hasher", None) is not None) and \
-        len(r.block_hashes) != len(r.all_token_ids) // hash_block_size
+        (static[2] is None or len(r.block_hashes) != max(len(r.all_token_ids) - static[2], 0) // hash_block_size)
     # Drafts follow 0.33.0's rules (spec/spec_decode.py) with or without a drafter
     # configured; the scheduler's own features say when its drafter is outside scope.
     drafts = r.spec_token_ids and not newest_rules()
@@ -557,5 +607,6 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
 
 __all__ = ["BLOCKED_STATUSES", "CONNECTOR_ATTRS", "ConnectorWatch", "connector_answer_changes_step",
            "connector_output_acts", "connector_watch", "connector_watchable", "decode_stagger", "features",
+           "ReplacementWatch", "replacement_watch",
            "hash_block_size", "init_fields", "prefix_hit", "release", "request_features", "scheduler_features",
            "static_request_features"]

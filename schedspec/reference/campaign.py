@@ -12,7 +12,6 @@ report divergences through `report_divergence`.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -26,7 +25,7 @@ from schedspec.spec.config import ConfigError, SchedulerConfig, config_from_dict
 from .compare import Divergence
 from .engine import run_scenario
 from .example_files import resolve_scenario_path
-from .impl import DraftTaking, GrammarTaking
+from .impl import DraftTaking, GrammarTaking, takes_finished_recving
 from .scenario import Scenario, ScenarioError, load_scenario
 from .shrink import shrink
 
@@ -80,7 +79,7 @@ class TimedImpl:
             self.update_draft_token_ids = lambda drafts: self._timed(impl.update_draft_token_ids, drafts)
         if isinstance(impl, GrammarTaking):
             self.grammar_compiled = lambda ids, failed=False: self._timed(impl.grammar_compiled, ids, failed)
-        if "finished_recving" in inspect.signature(impl.update_from_output).parameters:  # async KV loads
+        if takes_finished_recving(impl):  # async KV loads
             self.update_from_output = lambda output, sampled, finished_recving=(): self._timed(
                 impl.update_from_output, output, sampled, finished_recving)
         if hasattr(impl, "models_kv_connector_hits"):
@@ -395,7 +394,8 @@ def run_campaign(options: CampaignOptions, files: list[tuple[Scenario, bool]], o
 
 WORKER_SETUP = "schedspec.reference.campaign_worker:setup_pair"
 WORKER_RUN = "schedspec.reference.campaign_worker:run_item"
-DETERMINISTIC_KEYS = ("implementations", "scenarios", "steps_compared", "divergences", "failures", "coverage")
+DETERMINISTIC_KEYS = ("implementations", "scenarios", "steps_compared", "divergences", "failures", "coverage",
+                      "rejected")
 
 
 def deterministic_report(res: dict[str, Any]) -> dict[str, Any]:
@@ -419,6 +419,7 @@ class Merge:
         self.calls = [0, 0]
         self.divergences: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
+        self.rejected: list[dict[str, str]] = []  # given files both implementations refused
 
     def scenario(self, index: int) -> Scenario:
         if self.files:
@@ -438,6 +439,14 @@ class Merge:
             self.failures.append(write_failure(self.options, self.scenario(rec["index"]), rec["failure"], self.out,
                                                self.resumed))
             return
+        if "rejected" in rec and self.files:
+            # A file the user gave that neither implementation runs: say why, once, not just count it.
+            name = self.scenario(rec["index"]).name
+            self.rejected.append({"scenario": name, "error": rec["rejected"]})
+            if not self.options.quiet:
+                self.before_print()
+                print(f"scenario {name!r}: rejected by both implementations, nothing compared: {rec['rejected']}",
+                      file=self.out)
         self.steps += rec["steps"]
         for k, v in rec["coverage"].items():
             self.coverage[k] = self.coverage.get(k, 0) + v
@@ -458,7 +467,8 @@ class Merge:
     def report(self, total: int) -> dict[str, Any]:
         return {"implementations": [self.options.impl, self.options.against], "scenarios": total,
                 "steps_compared": self.steps, "divergences": self.divergences, "failures": self.failures,
-                "coverage": dict(sorted(self.coverage.items()))}
+                "coverage": dict(sorted(self.coverage.items())),
+                **({"rejected": self.rejected} if self.rejected else {})}
 
 
 def scenario_text(scenario: Scenario) -> str:

@@ -103,6 +103,8 @@ def run_item(ctx: PairContext, item: tuple, heartbeat) -> dict[str, Any]:
         "seconds": [a.seconds - before[0], b.seconds - before[2]],
         "calls": [a.steps - before[1], b.steps - before[3]],
     }
+    if d is None and "error" in ta and "error" in tb:  # both refused it: nothing was compared
+        result["rejected"] = tb["error"]
     if d is not None:
         found: dict[str, Any] = {"divergence": dataclasses.asdict(d)}
         if is_random and options.shrink and d.kind != "crash":

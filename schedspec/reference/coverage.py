@@ -57,6 +57,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with KV connector hits")
     if scenario.config.get("requires_kv_delivery"):
         bump("scenarios with a KV connector requiring delivery")
+    if scenario.config.get("num_hash_lookahead_tokens"):
+        bump("scenarios with lookahead block hashes")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -208,6 +210,8 @@ class StepCoverage:
             if hit > 0:
                 _bump(cov, "prefix hits on resumption" if rid in resumed else "prefix hits")
                 _bump(cov, "prefix tokens saved", hit)
+                if c.num_hash_lookahead_tokens:
+                    _bump(cov, "prefix hits on lookahead block hashes")
         # Stale outputs: pending before the step, or made stale by this step's preemptions.
         stale = {rid: r.num_stale_output_tokens for rid, r in before.requests.items()
                  if r.num_stale_output_tokens > 0}

@@ -13,7 +13,6 @@ per-request patterns (formats.md, "Speculative decoding").
 from __future__ import annotations
 
 import bisect
-import inspect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -23,7 +22,7 @@ from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
 from schedspec.spec.input_processor import make_request
 from schedspec.spec.scheduler import append_output_tokens
 from schedspec.spec.state import SchedulerOutput, SchedulerState
-from .impl import DraftTaking, GrammarTaking, SchedulerImpl
+from .impl import DraftTaking, GrammarTaking, SchedulerImpl, takes_finished_recving
 from .prompts import NON_EOS_TOKEN_ID, prompt_token_ids
 from .scenario import Scenario
 
@@ -368,7 +367,7 @@ def run_scenario(
     if held and getattr(impl, "models_kv_connector_hits", True) is False:
         return rejected(f"requests[{held[0]}].kv_connector_tokens: {name} does not model KV connector hits")
     load_steps = {r.id: r.kv_connector_load_steps for r in scenario.requests if r.kv_connector_load_steps}
-    if load_steps and "finished_recving" not in inspect.signature(impl.update_from_output).parameters:
+    if load_steps and not takes_finished_recving(impl):
         i = next(i for i, r in enumerate(scenario.requests) if r.kv_connector_load_steps)
         return rejected(f"requests[{i}].kv_connector_load_steps: {name} does not model asynchronous KV loads "
                         "(its update_from_output takes no finished_recving)")

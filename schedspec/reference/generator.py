@@ -69,7 +69,7 @@ With "adaptive_threshold" in `features`, after throttling and only for 0.33.0, o
 scenario in two that has a `long_prefill_token_threshold` gets
 `long_prefill_token_threshold_adaptive`.
 
-With "kv_connector" in `features`, last and only for 0.33.0, one scenario in four gives
+With "kv_connector" in `features`, after adaptive thresholds and only for 0.33.0, one scenario in four gives
 about half its requests `kv_connector_tokens`: a remote store holding a block-aligned,
 mid-block or whole-prompt-but-one prefix, loaded beyond the local hit at admission
 (spec/kv_connector.py), which a shared prefix may already cover.  In half of those
@@ -77,6 +77,10 @@ scenarios, about 60 % of the held prefixes load asynchronously
 (`kv_connector_load_steps` 1 to 6), and those requests are never aborted; one
 scenario in three has a connector requiring KV delivery (`requires_kv_delivery`:
 preemptions drop output in flight).
+
+With "hash_lookahead" in `features`, after the parallel drafter and only for 0.33.0,
+one scenario in four with prefix caching gets `num_hash_lookahead_tokens` 1..3: a
+block is hashed, so cached and found, only once that many tokens follow it.
 
 `FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
 model neither flag, and the scenario streams pinned by their tests stay as they
@@ -230,7 +234,7 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
 
 # Scheduler features beyond the two flags, and the implementations that lack one.
 FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle", "adaptive_threshold",
-                      "kv_connector"})
+                      "kv_connector", "hash_lookahead"})
 IMPL_LACKS: dict[str, frozenset[str]] = {"torch": FEATURES}
 
 
@@ -321,6 +325,10 @@ def generate_scenario(rng: random.Random, index: int,
     if config.get("num_speculative_tokens", 0) >= 2 and rng.random() < 1 / 4:
         # A parallel drafter: K - 1 rows of its own per scheduled request (speculative.py:2085-2092).
         config = {**config, "max_num_new_slots_for_drafting": config["num_speculative_tokens"] - 1}
+    if "hash_lookahead" in features and release == DEFAULT_RELEASE and config.get("enable_prefix_caching") \
+            and rng.random() < 1 / 4:
+        # Block hashes covering the tokens after the block (an EAGLE-family drafter's, config/vllm.py:677-692).
+        config = {**config, "num_hash_lookahead_tokens": rng.choice([1, 1, 2, 3])}
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 

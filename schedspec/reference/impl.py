@@ -16,6 +16,7 @@ implementation without it is told so in one line.
 
 from __future__ import annotations
 
+import inspect
 from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from schedspec.spec import scheduler as spec_scheduler
@@ -73,6 +74,11 @@ class GrammarTaking(Protocol):
 # Asynchronous loads (kv_connector_load_steps) need update_from_output to take a third
 # argument, `finished_recving`: the requests whose load the worker reports finished
 # (vLLM's kv_connector_output.finished_recving); one without it is refused such scenarios.
+
+
+def takes_finished_recving(impl: object) -> bool:
+    """Whether `impl`'s update_from_output takes `finished_recving` (asynchronous KV loads)."""
+    return "finished_recving" in inspect.signature(impl.update_from_output).parameters
 
 
 @runtime_checkable

@@ -202,10 +202,11 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
     # So are speculative decoding's fields: vectors written before it have none (0, off).
     # And prefill_schedule_interval (1, never held) and long_prefill_token_threshold_adaptive
     # (false), from before prefill throttling and the adaptive threshold.
-    # And requires_kv_delivery (false), from before KV connectors; max_num_new_slots_for_drafting (0).
+    # And requires_kv_delivery (false), from before KV connectors; max_num_new_slots_for_drafting
+    # and num_hash_lookahead_tokens (0).
     optional = ("vllm_version", "num_speculative_tokens", "num_lookahead_tokens", "max_loras",
                 "prefill_schedule_interval", "long_prefill_token_threshold_adaptive", "requires_kv_delivery",
-                "max_num_new_slots_for_drafting")
+                "max_num_new_slots_for_drafting", "num_hash_lookahead_tokens")
     raw = read_object(obj, where, tuple(f for f in CONFIG_FIELDS if f not in optional), CONFIG_FIELDS)
     values: dict[str, Any] = {}
     for name in CONFIG_FIELDS:
@@ -245,7 +246,7 @@ REQUEST_FIELDS = tuple(f.name for f in fields(Request))
 # the scope before it read and write as they always did.
 OPTIONAL_REQUEST_FIELDS = ("spec_token_ids", "lora_int_id", "grammar", "drop_stale_output",
                            "skip_reading_prefix_cache", "kv_connector_tokens", "kv_connector_async",
-                           "kv_load_finished")
+                           "kv_load_finished", "num_hash_lookahead_tokens")
 GRAMMARS = ("compiling", "compiled", "failed")  # Request.grammar, when it has one (spec/structured_output.py)
 # name -> minimum, for the integer fields (None: any integer).
 _REQUEST_INTS: dict[str, int | None] = {
@@ -276,7 +277,7 @@ def request_to_json(r: Request) -> dict[str, Any]:
         elif name == "block_hashes":
             v = [hash_to_json(h) for h in v]
         elif name in ("lora_int_id", "grammar", "drop_stale_output", "skip_reading_prefix_cache",
-                      "kv_connector_async", "kv_load_finished"):
+                      "kv_connector_async", "kv_load_finished", "num_hash_lookahead_tokens"):
             if not v:
                 continue
         elif name == "kv_connector_tokens":  # written unless 0; null: the connector cannot tell yet
@@ -315,7 +316,7 @@ def request_from_json(obj: Any, where: str = "request") -> Request:
             values[name] = read_bool(v, path)
         elif name == "eos_token_id":
             values[name] = read_int(v, path, 0, nullable=True)
-        elif name == "lora_int_id":
+        elif name in ("lora_int_id", "num_hash_lookahead_tokens"):
             values[name] = read_int(v, path, 0)
         elif name == "kv_connector_tokens":
             values[name] = read_int(v, path, 0, nullable=True)

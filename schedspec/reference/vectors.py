@@ -45,7 +45,7 @@ from schedspec.spec.state import SchedulerState
 
 from .campaign import safe_stem
 from .engine import run_scenario
-from .impl import SpecScheduler, StateLoadable
+from .impl import SpecScheduler, StateLoadable, takes_finished_recving
 from .scenario import Scenario
 from .state_json import (STATUS_NAMES, StateJsonError, index_path, output_from_json, output_to_json, read_bool,
                          read_list, read_object, read_str, read_str_list, request_from_json, request_to_json,
@@ -482,7 +482,7 @@ def invoke(impl: Any, call: Call) -> Any:
     # The call's output is the one to apply: an implementation that schedules
     # differently still gets the spec's batch.
     if call.finished_recving:
-        if "finished_recving" not in inspect.signature(impl.update_from_output).parameters:
+        if not takes_finished_recving(impl):
             raise VectorError(f"call.finished_recving: implementation {implementation_name(impl)}'s "
                               "update_from_output() takes no finished_recving argument")
         return impl.update_from_output(call.output, call.sampled_token_ids, finished_recving=call.finished_recving)
@@ -598,7 +598,7 @@ class Recorder:
         self.is_spec = type(impl) is SpecScheduler  # a subclass may answer differently
         self.step = 0  # the engine step the next call belongs to (set through `at_step`)
         self.calls = 0
-        if "finished_recving" in inspect.signature(impl.update_from_output).parameters:  # async KV loads
+        if takes_finished_recving(impl):  # async KV loads
             self.update_from_output = self._update_with_loads
         self.written: list[Path] = []
 

@@ -163,15 +163,18 @@ def import_check_enough_kv_cache_memory():
     return check_enough_kv_cache_memory
 
 
-def request_block_hasher(v: Mapping[str, Any], vllm_config: Any, block_size: int, hash_fn: Any):
+def request_block_hasher(v: Mapping[str, Any], vllm_config: Any, block_size: int, hash_fn: Any,
+                         lookahead: int = 0):
     """Bridge (block hasher): EngineCore passes `num_hash_lookahead_tokens` from
     0.33.0 (E:226-230); 0.32.0 and earlier have no such config attribute and
     build the hasher from the block size and hash function alone (0.32.0
-    core.py:238-240)."""
-    lookahead = getattr(vllm_config, "num_hash_lookahead_tokens", None)
-    if lookahead is None:
+    core.py:238-240).  `lookahead`: the scenario's, which vLLM derives from an
+    EAGLE-family drafter (config/vllm.py:677-692) the adapter does not build; the
+    hasher is given it as vLLM's own tests give it (test_scheduler.py:456-497)."""
+    if getattr(vllm_config, "num_hash_lookahead_tokens", None) is None:
         return v["get_request_block_hasher"](block_size, hash_fn)
-    return v["get_request_block_hasher"](block_size, hash_fn, lookahead)
+    return v["get_request_block_hasher"](block_size, hash_fn,
+                                         max(lookahead, vllm_config.num_hash_lookahead_tokens))
 
 
 def model_dir(max_model_len: int) -> str:
@@ -478,7 +481,8 @@ class VllmScheduler:
             # As EngineCore does (v1/engine/core.py:219-230).
             hash_fn = v["get_hash_fn_by_name"](vllm_config.cache_config.prefix_caching_hash_algo)
             v["init_none_hash"](hash_fn)
-            self._block_hasher = request_block_hasher(v, vllm_config, block_size, hash_fn)
+            self._block_hasher = request_block_hasher(v, vllm_config, block_size, hash_fn,
+                                                      c.num_hash_lookahead_tokens)
 
         # vLLM keeps the ids preempted in a step in a set; record the order of
         # `_preempt_request` calls instead (S:1799).

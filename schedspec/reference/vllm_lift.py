@@ -93,8 +93,28 @@ def lift_config(sched: Any) -> SchedulerConfig:
         long_prefill_token_threshold_adaptive=bool(getattr(sched, "adaptive_long_prefill_threshold", False)),
         # Bridge: 0.33.0 (S:172-203); earlier releases do not have it.
         requires_kv_delivery=bool(getattr(sched, "requires_kv_delivery", False)),
+        # The engine's hasher's lookahead (E:226-230); each request's own hasher is lifted with it.
+        num_hash_lookahead_tokens=getattr(sched, "num_hash_lookahead_tokens", 0)
+        if sched.kv_cache_manager.enable_caching else 0,
         vllm_version=vllm.__version__,
     )
+
+
+def hasher_lookahead(r: Any) -> int | None:
+    """The tokens after each block that request `r`'s block hasher covers: the
+    `num_hash_lookahead_tokens` that vLLM's get_request_block_hasher (KU:953-1030)
+    closed over; 0 for none or a hasher without it (before 0.33.0); None for a
+    hasher of another kind, which the lift cannot read."""
+    hasher = r.__dict__.get("_block_hasher")
+    if hasher is None:
+        return 0
+    code = getattr(hasher, "__code__", None)
+    if code is None or getattr(hasher, "__qualname__", "") != "get_request_block_hasher.<locals>.request_block_hasher":
+        return None
+    if "num_hash_lookahead_tokens" not in code.co_freevars:
+        return 0
+    value = hasher.__closure__[code.co_freevars.index("num_hash_lookahead_tokens")].cell_contents
+    return value if type(value) is int and value >= 0 else None
 
 
 def lift_status(status: Any) -> RequestStatus:
@@ -111,7 +131,7 @@ _STATUS = {s.name: s for s in RequestStatus}
 REQUEST_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Request))
 LIFTED_OTHERWISE = ("request_id", "status", "eos_token_id", "stop_token_ids", "prompt_token_ids", "block_hashes",
                     "partial_block_token_ids", "spec_token_ids", "lora_int_id", "grammar", "kv_connector_tokens",
-                    "kv_connector_async", "kv_load_finished")
+                    "kv_connector_async", "kv_load_finished", "num_hash_lookahead_tokens")
 # A field added to the spec's Request must be lifted too: fail at import, not lift it silently wrong.
 if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE):
     raise ImportError("vllm_lift: the spec's Request fields changed; lift_request does not cover "
@@ -187,7 +207,8 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, l
                  params.eos_token_id if params is not None else None,
                  tuple(params.stop_token_ids or ()) if params is not None else (),
                  tuple(r.prompt_token_ids or ()) if config.enable_prefix_caching else (),
-                 r.lora_request.lora_int_id if getattr(r, "lora_request", None) is not None else 0)
+                 r.lora_request.lora_int_id if getattr(r, "lora_request", None) is not None else 0,
+                 (hasher_lookahead(r) or 0) if config.enable_prefix_caching else 0)
         cache = r.__dict__[LIFT_ATTR] = [fixed, None, None]
     fixed = cache[0]
     try:
@@ -212,8 +233,8 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, l
     if like is not None and like.status is status and _shared(like) == shared \
             and (like.block_hashes, like.partial_block_token_ids, like.request_id, like.eos_token_id,
                  like.spec_token_ids, like.lora_int_id, like.grammar, like.kv_connector_tokens,
-                 (like.kv_connector_async, like.kv_load_finished)) == \
-            (hashes, tail, fixed[1], fixed[2], drafts, fixed[5], grammar, external, kv) \
+                 (like.kv_connector_async, like.kv_load_finished), like.num_hash_lookahead_tokens) == \
+            (hashes, tail, fixed[1], fixed[2], drafts, fixed[5], grammar, external, kv, fixed[6]) \
             and _same(like.stop_token_ids, fixed[3]) and _same(like.prompt_token_ids, fixed[4]):
         cache[1], cache[2] = key, like
         return like
@@ -221,7 +242,8 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, l
     values.update(request_id=fixed[1], status=status, eos_token_id=fixed[2],
                   stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
                   partial_block_token_ids=tail, spec_token_ids=drafts, lora_int_id=fixed[5], grammar=grammar,
-                  kv_connector_tokens=external, kv_connector_async=kv[0], kv_load_finished=kv[1])
+                  kv_connector_tokens=external, kv_connector_async=kv[0], kv_load_finished=kv[1],
+                  num_hash_lookahead_tokens=fixed[6])
     lifted = Request.__new__(Request)
     lifted.__dict__ = values  # every field, by name: what Request(...) would hold
     cache[1], cache[2] = key, lifted

@@ -61,6 +61,11 @@ class SchedulerConfig:
     # (SpeculativeConfig.max_num_new_slots_for_drafting, speculative.py:2058-2098: K - 1
     # for a parallel drafter reusing the query, 0 for n-gram), charged to the input budget.
     max_num_new_slots_for_drafting: int = 0
+    # Prefix caching: tokens after each block its hash also covers (vLLM 0.33.0's
+    # VllmConfig.num_hash_lookahead_tokens, config/vllm.py:677-692, which an
+    # EAGLE-family drafter sets; given here as it is): a block is cached only once
+    # they exist.  0: hashes of the block alone.
+    num_hash_lookahead_tokens: int = 0
     # LoRA (off by default, as in vLLM): the most distinct adapters running at once
     # (LoRAConfig.max_loras, config/lora.py); None: no LoRA config, no adapters.
     max_loras: int | None = None
@@ -128,6 +133,7 @@ INT_FIELDS = {
     "num_speculative_tokens": (0, False),
     "num_lookahead_tokens": (0, False),
     "max_num_new_slots_for_drafting": (0, False),
+    "num_hash_lookahead_tokens": (0, False),
     "max_loras": (1, True),
     "prefill_schedule_interval": (1, False),
 }
@@ -291,6 +297,15 @@ def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
                           f"= {c.max_num_new_slots_for_drafting} > num_speculative_tokens "
                           f"{c.num_speculative_tokens}: a drafter adds at most one row per draft token "
                           "(vLLM speculative.py:2058-2098); lower it")
+    if c.num_hash_lookahead_tokens > 0 and c.vllm_version != DEFAULT_RELEASE:
+        raise ConfigError(f"{where}.num_hash_lookahead_tokens",
+                          f"= {c.num_hash_lookahead_tokens}: schedspec models lookahead block hashes for vLLM "
+                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; set it to 0 or use vllm_version "
+                          f"{DEFAULT_RELEASE}")
+    if c.num_hash_lookahead_tokens > 0 and not c.enable_prefix_caching:
+        raise ConfigError(f"{where}.num_hash_lookahead_tokens",
+                          f"= {c.num_hash_lookahead_tokens} without prefix caching: only prefix caching hashes "
+                          "blocks (vLLM config/vllm.py:677-692); set it to 0 or turn enable_prefix_caching on")
     if c.requires_kv_delivery and c.vllm_version != DEFAULT_RELEASE:
         raise ConfigError(f"{where}.requires_kv_delivery",
                           f"= true: schedspec models KV connectors for vLLM {DEFAULT_RELEASE} only, not "

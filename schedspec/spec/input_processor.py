@@ -56,17 +56,13 @@ def make_request(
             raise ConfigError("prompt_token_ids", "prefix caching needs the prompt's "
                               f"{num_prompt_tokens} token ids")
         tokens = tuple(prompt_token_ids)
-        hashes = extend_block_hashes((), tokens, config.block_size, lora_int_id)
+        # The engine's hasher covers num_hash_lookahead_tokens after each block (E:226-230).
+        hashes = extend_block_hashes((), tokens, config.block_size, lora_int_id, config.num_hash_lookahead_tokens)
     return Request(
-        request_id=request_id,
-        num_prompt_tokens=num_prompt_tokens,
-        max_tokens=max_tokens,
-        priority=priority,
-        arrival_time=arrival_time,
-        prompt_token_ids=tokens,
-        block_hashes=hashes,
+        request_id=request_id, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens,
+        priority=priority, arrival_time=arrival_time, prompt_token_ids=tokens, block_hashes=hashes,
         partial_block_token_ids=tokens[len(hashes) * config.block_size:],
-        lora_int_id=lora_int_id,
+        num_hash_lookahead_tokens=config.num_hash_lookahead_tokens, lora_int_id=lora_int_id,
         # A grammar to compile first: the request waits for it (RQ:116-117).
         status=RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if structured_output else RequestStatus.WAITING,
         grammar=COMPILING if structured_output else "",

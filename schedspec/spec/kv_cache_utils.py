@@ -31,11 +31,14 @@ def lora_root(lora_int_id: int) -> BlockHash | None:
     return hashlib.blake2b(f"lora:{lora_int_id}".encode(), digest_size=16).digest()
 
 
-def extend_block_hashes(hashes: tuple, token_ids: Sequence[int], block_size: int, lora_int_id: int = 0) -> tuple:
-    """`hashes` extended over every full block of `token_ids` (RQ:285-288)."""
+def extend_block_hashes(hashes: tuple, token_ids: Sequence[int], block_size: int, lora_int_id: int = 0,
+                        lookahead: int = 0) -> tuple:
+    """`hashes` extended over every full block of `token_ids` (RQ:285-288).  With
+    `lookahead` L > 0 a block's hash also covers the L tokens after it, so it exists
+    only once they do (KU get_request_block_hasher, num_hash_lookahead_tokens)."""
     out = list(hashes)
     parent = out[-1] if out else lora_root(lora_int_id)
-    for i in range(len(out), len(token_ids) // block_size):
-        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])
+    for i in range(len(out), (len(token_ids) - lookahead) // block_size):
+        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size + lookahead])
         out.append(parent)
     return tuple(out)

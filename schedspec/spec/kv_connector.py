@@ -81,6 +81,14 @@ def num_holding(waiting, requests) -> int:
     return n
 
 
+def queue_span(waiting, requests, rid: str) -> tuple[int, int]:
+    """The part of `waiting` that request `rid` joins (S:2709-2714): the holders' queue at
+    its front if it holds KV blocks itself (a preempted request never does: its computed
+    tokens are reset first), else the queue behind it."""
+    n = num_holding(waiting, requests)
+    return (0, n) if holds_kv_blocks(requests[rid]) else (n, len(waiting))
+
+
 def holders(waiting, requests) -> frozenset:
     """The requests holding KV blocks in `waiting`, read before a step."""
     return frozenset(waiting[i] for i in range(num_holding(waiting, requests)))

@@ -91,8 +91,8 @@ def has_prefill_left(num_computed_tokens: int, num_tokens: int) -> bool:
     return num_computed_tokens < num_tokens - 1
 
 
-# vLLM's blocked waiting statuses (S:2689-2694) in this scope: a grammar compiling.
-BLOCKED = (RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,)
+# vLLM's blocked waiting statuses (S:2689-2694) in this scope: a grammar compiling, a KV load.
+BLOCKED = (RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, RequestStatus.WAITING_FOR_REMOTE_KVS)
 
 
 def modelled(config: Any) -> bool:

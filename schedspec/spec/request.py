@@ -54,9 +54,11 @@ class Request:
     # Only the prefix cache needs token ids and block hashes; else empty (RQ:285-288).
     prompt_token_ids: tuple = ()
     block_hashes: tuple = ()
-    # The ids after the last full block, all that hashing the next one needs: vLLM
+    # The ids after the last hashed block, all that hashing the next one needs: vLLM
     # keeps every output id, which would cost a copy of them per token here.
     partial_block_token_ids: tuple = ()
+    # Tokens after each block its hash covers (its hasher's, KU:974-1016), hashed once they exist.
+    num_hash_lookahead_tokens: int = 0
     # Async (RQ:162-173): outputs scheduled, not yet returned; tokens in batches in
     # flight; in-flight tokens a preemption made stale.  0 between synchronous steps.
     num_output_placeholders: int = 0
@@ -120,11 +122,11 @@ class Request:
         self.num_output_tokens += 1
         if not prefix_caching:
             return
-        self.partial_block_token_ids += (token_id,)
-        if len(self.partial_block_token_ids) == block_size:
+        partial = self.partial_block_token_ids = self.partial_block_token_ids + (token_id,)
+        if len(partial) == block_size + self.num_hash_lookahead_tokens:
             parent = self.block_hashes[-1] if self.block_hashes else lora_root(self.lora_int_id)
-            self.block_hashes += (hash_block(parent, self.partial_block_token_ids),)
-            self.partial_block_token_ids = ()
+            self.block_hashes += (hash_block(parent, partial),)
+            self.partial_block_token_ids = partial[block_size:]
 
 
 _FIELDS = frozenset(f.name for f in fields(Request))

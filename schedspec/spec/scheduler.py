@@ -28,15 +28,14 @@ from .versions import INPUT_BUDGET, PRIORITY_SELF_PREEMPTION_CONTINUES, has
 
 def enqueue(policy: str, waiting: deque[str], requests: Mapping[str, Request], rid: str, front: bool) -> None:
     """FCFS: a deque, `front` for preempted requests (Q:92-95).  PRIORITY: a heap, where
-    prepending is a plain push (Q:159-164), kept as a sorted deque: its pop order; behind KV holders (S:2709-2714)."""
-    lo = kv_connector.num_holding(waiting, requests)
+    prepending is a plain push (Q:159-164), kept as a sorted deque: its pop order.  In its
+    queue: the KV holders' or the others' (kv_connector.queue_span)."""
+    lo, hi = kv_connector.queue_span(waiting, requests, rid)
     if policy == PRIORITY:
         key = requests[rid].queue_key
-        waiting.insert(bisect.bisect_left(waiting, key, lo=lo, key=lambda w: requests[w].queue_key), rid)
-    elif front:
-        waiting.insert(lo, rid)
+        waiting.insert(bisect.bisect_left(waiting, key, lo, hi, key=lambda w: requests[w].queue_key), rid)
     else:
-        waiting.append(rid)
+        waiting.insert(lo if front else hi, rid)
 
 
 def add_request(state: SchedulerState, request: Request) -> SchedulerState:
