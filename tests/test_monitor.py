@@ -76,7 +76,7 @@ MUTANTS = {
                             "enqueue(state.config.policy, waiting, requests, request.request_id, front=False)",
                             "enqueue(state.config.policy, waiting, requests, request.request_id, front=True)"),
     # an abort of a waiting request ignored
-    "finish_requests": Mutation("scheduler.finish_requests", "rid in state.requests", "rid in state.running"),
+    "finish_requests": Mutation("scheduler.finish_requests", "x in state.requests", "x in state.running"),
 }
 
 

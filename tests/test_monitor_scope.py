@@ -136,15 +136,35 @@ def _(mon, tmp_path, monkeypatch):
     return watch(mon, lambda: s.update_from_output(out, runner_output(out, {}, failed_recving=["a"])))
 
 
-@case("DELAYED_FREE", "abort_while_loading")
-def _(mon, tmp_path, monkeypatch):
-    # A request aborted while its KV load is in flight keeps its blocks until the
-    # load ends (S:3016-3027): not modelled.
-    s = connector_scheduler(tmp_path, "OneBlockAsyncConnector")
+def abort_mid_load(s) -> None:
+    """"a" and "b" load a block each; "a" is aborted mid-load, "b" after its load was
+    reported: vLLM keeps "a", finished, and its blocks until its load ends
+    (S:3016-3027, 3572-3577), and frees "b" at once."""
     s.add_request(request("a", 40, sched=s))
-    s.schedule()
-    assert s.requests["a"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
-    return watch(mon, lambda: s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED))
+    s.add_request(request("b", 40, sched=s))
+    out = s.schedule()
+    assert {s.requests[x].status for x in "ab"} == {RequestStatus.WAITING_FOR_REMOTE_KVS}
+    s.update_from_output(out, runner_output(out, {}, finished_recving=["b"]))
+    s.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    assert s.requests["a"].is_finished() and "b" not in s.requests
+    out = s.schedule()  # nothing to schedule; "a" still held
+    s.update_from_output(out, runner_output(out, {}, finished_recving=["a"]))
+    assert "a" not in s.requests
+
+
+def test_an_abort_mid_load_is_compared(monitor, tmp_path):
+    s = connector_scheduler(tmp_path, "OneBlockAsyncConnector")
+    stats = watch(monitor, lambda: abort_mid_load(s))
+    assert_all_checked(stats, "schedule", "update_from_output", "add_request", "finish_requests")
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == s.kv_cache_manager.block_pool.num_gpu_blocks - 1
+
+
+def test_a_spec_freeing_at_once_diverges_from_an_abort_mid_load(monitor, tmp_path):
+    s = connector_scheduler(tmp_path, "OneBlockAsyncConnector")
+    with mutated([Mutation("kv_connector.hold_loading", "loading(w.requests[rid]) and not w.requests[rid].kv_load_finished",
+                           "False")], module="kv_connector"):
+        stats = watch(monitor, lambda: abort_mid_load(s))
+    assert stats["divergences"], stats
 
 
 @case("KV_CONNECTOR", "request_kv_transfer_params")
@@ -1050,8 +1070,8 @@ def test_a_preempted_request_waits_behind_the_requests_holding_blocks(monitor, t
         outs = async_load_run(s, {"a": 40, "b": 40, "c": 20}, max_tokens=30, finish_after={"a": 1, "b": 1, "c": 40},
                               policy_priority={"a": 0, "b": 1, "c": 2} if policy == "priority" else None)
         preempted_while_loading.extend(rid for out in outs[2:40] for rid in out.preempted_req_ids)
-    mutation = Mutation("scheduler.enqueue", "kv_connector.num_holding(waiting, requests)", "0")
-    with mutated([] if holders_first else [mutation]):
+    mutation = Mutation("kv_connector.queue_span", "num_holding(waiting, requests)", "0")
+    with mutated([] if holders_first else [mutation], module="kv_connector"):
         stats = watch(monitor, calls)
     assert preempted_while_loading
     if holders_first:

@@ -28,7 +28,9 @@ MAX_FUNCTION_LINES = 60
 # 1003 since lookahead block hashes and a new request holding KV blocks: their rules are in
 # kv_cache_utils.py and kv_connector.py (queue_span); the core gained 1 line (a request
 # field) for the about 28 lines of vLLM 0.33.0 they model (KU:974-1016, E:226-230,
-# S:2709-2715), within 10 %.
+# S:2709-2715), within 10 %.  A request finished mid-load (kv_connector.py hold_loading,
+# free_held; about 25 lines of vLLM 0.33.0: S:2996-3000, 3016-3027, 3038, 3572-3577) left
+# the core at 1003.
 MAX_CORE_LINES = 1003
 
 

@@ -224,3 +224,40 @@ def test_starvation_counts_what_the_connector_holds_for_a_head_not_admitted():
                    "output.computed_on_admission(head, r.num_computed_tokens)")
     with mutated([old], module="properties"):
         assert any(not v.holds for v in verdicts())
+
+
+# -- a request finished mid-load (docs/rules.md §19.7) --------------------------------------------
+
+ABORT_MID_LOAD = scenario_from_json({
+    "format": "schedspec.scenario/1", "name": "abort-mid-load",
+    "config": {"max_num_batched_tokens": 32, "max_num_seqs": 4, "max_model_len": 64, "block_size": 4,
+               "num_gpu_blocks": 40},
+    # "a" loads 12 tokens over 5 steps and is aborted at step 2; "b" loads its 8 in one step.
+    "requests": [{"id": "a", "prompt_len": 20, "max_tokens": 4, "kv_connector_tokens": 12,
+                  "kv_connector_load_steps": 5},
+                 {"id": "b", "prompt_len": 10, "max_tokens": 4, "kv_connector_tokens": 8,
+                  "kv_connector_load_steps": 1}],
+    "aborts": [{"id": "a", "step": 2}]})
+
+
+def test_a_request_aborted_mid_load_keeps_its_blocks_until_the_load_ends():
+    trace = run_scenario(ABORT_MID_LOAD, SpecScheduler())
+    steps = {st["step"]: st for st in trace["steps"]}
+    assert ["a", "aborted"] in steps[2]["finished"] and "a" not in steps[2]["waiting"]
+    free = 39
+    assert steps[2]["num_free_blocks"] < free - 3  # "a"'s 3 loaded blocks still held
+    assert "a" in steps[2]["num_computed_tokens"]  # held, finished
+    # Its load is reported at step 4 (5 steps after step 0): its blocks are freed there.
+    assert "a" in steps[3]["num_computed_tokens"] and "a" not in steps[4]["num_computed_tokens"]
+    assert trace["summary"]["requests"]["a"]["finish_step"] == 2
+
+
+def test_vllm_agrees_on_an_abort_mid_load_and_catches_an_immediate_free(vllm):
+    assert compare_traces(run_scenario(ABORT_MID_LOAD, vllm), run_scenario(ABORT_MID_LOAD, SpecScheduler())) is None
+    from schedspec.reference.campaign import run_guarded
+    from schedspec.reference.compare import compare_runs
+
+    with mutated([Mutation("kv_connector.hold_loading",
+                           "loading(w.requests[rid]) and not w.requests[rid].kv_load_finished", "False")]):
+        # Freed at once, its blocks are back two steps early (or the load's report finds no request).
+        assert compare_runs(run_guarded(ABORT_MID_LOAD, vllm), run_guarded(ABORT_MID_LOAD, SpecScheduler()))

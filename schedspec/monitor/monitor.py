@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from schedspec.reference.campaign import safe_stem
 from schedspec.reference.vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, LiftError, waiting_status, lift_config, lift_output, lift_request, \
+    loads_in_flight, mark_held, \
     lift_state, lift_status, sampled_tokens
 from schedspec.spec import scheduler as spec
 from schedspec.spec.kv_connector import holds_kv_blocks
@@ -479,12 +480,17 @@ def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], requ
         ids = order()
         found = scope.features(sched, [sched.requests[rid] for rid in ids if rid in sched.requests])
         # A request finished while its KV load is in flight keeps its blocks until
-        # the load ends (S:3016-3027): not modelled (spec/kv_connector.py).
-        loaded = getattr(sched, "finished_recving_kv_req_ids", None) or ()
-        if any(rid in sched.requests and sched.requests[rid].status.name == "WAITING_FOR_REMOTE_KVS"
-               and rid not in loaded for rid in ids):
+        # the load ends (S:3016-3027): modelled for 0.33.0 only (spec/kv_connector.py).
+        if not scope.newest_rules() and loads_in_flight(sched, ids):
             found = tuple(dict.fromkeys(found + (scope.DELAYED_FREE,)))
         return found
+
+    def call():
+        # Those vLLM keeps for their load in flight: the lift holds them from now on.
+        loading = loads_in_flight(sched, order())
+        result = original()
+        mark_held(sched, loading)
+        return result
 
     def prepare():
         return Prepared(monitor.pre_state(sched), "finish_requests", request_ids=order(),
@@ -497,7 +503,7 @@ def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], requ
         return compare_finished(spec_done, done, "result.finished") or \
             compare_states(p.pre, spec_post, p.observed_post)
 
-    return monitor.run("finish_requests", sched, original, prepare, judge, features)
+    return monitor.run("finish_requests", sched, call, prepare, judge, features)
 
 
 def totals_by_call(stats: dict[str, Any]) -> dict[str, int]:

@@ -302,9 +302,10 @@ def prefix_hit(sched: Any, request: Any, max_cache_hit_length: int) -> int:
 def connector_output_acts(output: Any, sched: Any = None) -> bool:
     """A model runner's KV connector output that update_from_output acts on beyond
     the spec (S:2292-2302, 2581-2582, 3556-3582): finished sends, failed loads,
-    invalid blocks, or a finished load of a request no longer waiting for it (a
-    delayed free).  A finished load of a request waiting for remote KVs is
-    modelled for 0.33.0 (spec/kv_connector.py); statistics and events change no
+    invalid blocks, or a finished load of a request no longer waiting for it but
+    for one finished mid-load, which the lift holds (vllm_lift.mark_held).  A
+    finished load of a request waiting for remote KVs, or of one finished mid-load,
+    is modelled for 0.33.0 (spec/kv_connector.py); statistics and events change no
     scheduling state."""
     if output is None:
         return False
@@ -314,6 +315,7 @@ def connector_output_acts(output: Any, sched: Any = None) -> bool:
         return True
     requests = getattr(sched, "requests", {})
     return any(rid not in requests or requests[rid].status.name != "WAITING_FOR_REMOTE_KVS"
+               and not requests[rid].__dict__.get(vllm_lift.HELD_LOAD_ATTR)
                for rid in getattr(output, "finished_recving", None) or ())
 
 
@@ -555,7 +557,9 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
     out = list(static[1])
     if status.name in BLOCKED_STATUSES and not (status.name in MODELLED_BLOCKED_STATUSES and newest_rules()):
         out.append(BLOCKED_STATUSES[status.name])
-    elif r.is_finished():  # finished (RQ:392) but still held: a delayed free
+    elif r.is_finished() and not (r.__dict__.get(vllm_lift.HELD_LOAD_ATTR) and newest_rules()):
+        # Finished (RQ:392) but still held: a delayed free, but for a request finished
+        # mid-load, which the spec holds too for 0.33.0 (spec/kv_connector.py).
         out.append(DELAYED_FREE)
     if drafts:
         out.append(SPECULATIVE_DECODING)

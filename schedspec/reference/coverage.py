@@ -198,6 +198,9 @@ class StepCoverage:
         for rid in out.admitted:
             if before.requests[rid].status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 _bump(cov, "KV connector async loads admitted")
+        for rid, r in before.requests.items():  # finished mid-load, its blocks held until the load ends
+            if r.status.is_finished and rid not in after.requests:
+                _bump(cov, "KV connector loads ended after their request finished")
         if any(before.requests[w].status == RequestStatus.WAITING_FOR_REMOTE_KVS for w in before.waiting) \
                 and out.num_scheduled_tokens:
             _bump(cov, "steps scheduling past a request loading KV")

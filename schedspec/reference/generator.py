@@ -74,7 +74,8 @@ about half its requests `kv_connector_tokens`: a remote store holding a block-al
 mid-block or whole-prompt-but-one prefix, loaded beyond the local hit at admission
 (spec/kv_connector.py), which a shared prefix may already cover.  In half of those
 scenarios, about 60 % of the held prefixes load asynchronously
-(`kv_connector_load_steps` 1 to 6), and those requests are never aborted; one
+(`kv_connector_load_steps` 1 to 6), aborted as any other (one aborted mid-load keeps
+its blocks until the load ends); one
 scenario in three has a connector requiring KV delivery (`requires_kv_delivery`:
 preemptions drop output in flight).
 
@@ -317,9 +318,6 @@ def generate_scenario(rng: random.Random, index: int,
         config = {**config, "long_prefill_token_threshold_adaptive": True}
     if "kv_connector" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
         requests = _kv_connector(rng, config.get("block_size", 16), requests)
-        # A request aborted mid-load keeps its blocks until the load ends: not modelled (docs/rules.md §19).
-        loading = {r.id for r in requests if r.kv_connector_load_steps is not None}
-        aborts = [a for a in aborts if a.id not in loading]
         if rng.random() < 1 / 3:  # a connector handing KV on (a producer): preemptions drop output in flight
             config = {**config, "requires_kv_delivery": True}
     if config.get("num_speculative_tokens", 0) >= 2 and rng.random() < 1 / 4:

@@ -502,11 +502,6 @@ def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
         where = f"aborts[{i}]"
         if a.id not in by_id:
             raise ScenarioError(f"{where}.id: = {excerpt(a.id)} is not a request of this scenario")
-        if by_id[a.id].kv_connector_load_steps is not None:
-            # vLLM keeps the blocks of a request aborted mid-load until the load ends
-            # (S:3016-3027), which schedspec does not model (docs/rules.md §19).
-            raise ScenarioError(f"{where}.id: = {excerpt(a.id)} loads its KV asynchronously "
-                                "(kv_connector_load_steps); such a request cannot be aborted in a scenario")
         if a.step <= by_id[a.id].arrival_step:
             raise ScenarioError(
                 f"{where}.step: = {a.step} must be greater than the request's arrival_step "

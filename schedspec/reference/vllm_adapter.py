@@ -54,7 +54,8 @@ from schedspec.spec.state import SchedulerOutput, SchedulerState
 from schedspec.spec.versions import DEFAULT_RELEASE, FIELDS_SINCE, RELEASES, release_key
 
 from .vllm_lift import SCHEDULER_CONFIG_FIELDS as LIFTED_SCHEDULER_CONFIG_FIELDS
-from .vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, LiftError, lift_output, lift_state, waiting_status
+from .vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, LiftError, lift_output, lift_state, loads_in_flight, \
+    mark_held, waiting_status
 
 MODEL_CONFIG = Path(__file__).parent / "vllm_model" / "config.json"
 VLLM_VERSION = "0.33.0"
@@ -599,7 +600,9 @@ class VllmScheduler:
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[str]:
         ids = list(request_ids)
+        loading = loads_in_flight(self.sched, ids)
         done = self.sched.finish_requests(ids, self._v["RequestStatus"][status.name])
+        mark_held(self.sched, loading)
         finished = finished_ids(done)
         out = [rid for rid in dict.fromkeys(ids) if rid in finished]
         self._finish_order.extend(out)

@@ -155,6 +155,27 @@ LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last
 # (spec/kv_connector.py); the monitor's watch of the connector records it (monitor/scope.py).
 KV_CONNECTOR_ATTR = "schedspec_kv_connector_tokens"
 KV_ASYNC_ATTR = "schedspec_kv_connector_async"  # and whether it answered an asynchronous load
+# A request finished while its asynchronous load was in flight, which vLLM keeps, with its
+# blocks, until the load ends (S:3016-3027): the spec's request finished mid-load (spec/kv_connector.py).
+HELD_LOAD_ATTR = "schedspec_held_for_load"
+
+
+def loads_in_flight(sched: Any, request_ids: Iterable[str]) -> list:
+    """The vLLM requests among `request_ids` waiting for an asynchronous KV load the
+    worker has not reported: finish_requests keeps those (S:3016-3027).  Read before
+    the call; `mark_held` after it."""
+    loaded = getattr(sched, "finished_recving_kv_req_ids", None) or ()
+    requests = getattr(sched, "requests", {})
+    return [r for rid in request_ids if (r := requests.get(rid)) is not None
+            and r.status.name == "WAITING_FOR_REMOTE_KVS" and rid not in loaded]
+
+
+def mark_held(sched: Any, requests: Iterable[Any]) -> None:
+    """Of `loads_in_flight`'s requests, tag those finish_requests finished and kept:
+    the lift then holds them, finished, as the spec does."""
+    for r in requests:
+        if sched.requests.get(r.request_id) is r and r.is_finished():
+            r.__dict__[HELD_LOAD_ATTR] = True
 _STATUS_OF: dict[Any, tuple[Any, RequestStatus]] = {}  # vLLM status member -> (it, lift_status(it))
 
 
@@ -467,8 +488,9 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
     config = config or lift_config(sched)
     alike = like.requests if like is not None else {}
     loaded = getattr(sched, "finished_recving_kv_req_ids", None) or ()
+    # Finished requests vLLM still holds: those finished mid-load (mark_held) are the spec's too.
     requests = {rid: lift_request(r, config, alike.get(rid), rid in loaded) for rid, r in sched.requests.items()
-                if not r.is_finished()}
+                if not r.is_finished() or r.__dict__.get(HELD_LOAD_ATTR)}
     pool = like.block_pool if like is not None else None
     vset = sched.finished_req_ids
     finished = [rid for rid in dict.fromkeys(finish_order) if rid in vset]
@@ -580,6 +602,6 @@ def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str
     return out
 
 
-__all__ = ["LiftError", "SHARED_REQUEST_FIELDS", "is_async", "lift_block_counts", "lift_block_pool",
+__all__ = ["HELD_LOAD_ATTR", "LiftError", "SHARED_REQUEST_FIELDS", "is_async", "lift_block_counts", "lift_block_pool",
            "lift_config", "lift_output", "lift_request", "lift_state", "lift_status", "sampled_tokens",
-           "waiting_order", "waiting_status"]
+           "loads_in_flight", "mark_held", "waiting_order", "waiting_status"]

@@ -14,9 +14,11 @@ them, until the worker reports the load finished (`kv_load_finished`); at the
 head of the waiting loop it is then promoted and admitted from its loaded tokens
 (S:1286-1288, 1420-1451, 1514-1545, 3467-3531).
 
-Not modelled (the monitor names them, monitor/scope.py): delayed and deferred
-frees (a request finished while its load is in flight or its blocks are sent),
-failed loads and invalid blocks, deferred load starts.
+A request finished while its load is in flight keeps its blocks, finished but
+held, until the worker reports the load (S:3016-3027, 3572-3577).  Not modelled
+(the monitor names them, monitor/scope.py): deferred frees and the frees of a
+request whose blocks are sent, failed loads and invalid blocks, deferred load
+starts.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections import deque
 
 from .kv_cache import cdiv
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus
+from .state import Working
 
 WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 
@@ -118,12 +121,39 @@ def requeue_holders(s) -> None:
 
 def loads_finished(w, request_ids) -> None:
     """The worker reports these requests' loads finished (S:2581, 3566-3571), which
-    promotes them at their next turn in the waiting loop (promote)."""
+    promotes them at their next turn in the waiting loop (promote); those of requests
+    finished meanwhile free their blocks (free_held)."""
     for rid in request_ids:
-        if rid not in w.requests or not loading(w.requests[rid]):
-            # The end of a finished request's load, which frees its blocks, is not modelled.
+        r = w.requests.get(rid)
+        if r is not None and r.status.is_finished:
+            continue
+        if r is None or not loading(r) or r.kv_load_finished:
             raise ValueError(f"finished_recving: request {rid!r} is not waiting for remote KVs")
         w.request(rid).kv_load_finished = True
+
+
+def hold_loading(w, request_ids, status: RequestStatus) -> frozenset:
+    """Of requests finished from outside (`finish_requests`), those whose asynchronous
+    load is in flight (S:3016-3027): finished and out of their queue, but holding
+    their blocks, and kept, until the worker reports the load (free_held).  One whose
+    load was reported is freed at once."""
+    held = frozenset(rid for rid in request_ids if loading(w.requests[rid]) and not w.requests[rid].kv_load_finished)
+    for rid in held:
+        w.request(rid).status = status
+    return held
+
+
+def free_held(state, request_ids):
+    """The worker reports the loads of requests finished mid-load: their blocks are
+    freed, and they go, after the step's own frees (S:2581, 3572-3577)."""
+    gone = [rid for rid in request_ids if rid in state.requests and state.requests[rid].status.is_finished]
+    if not gone:
+        return state
+    w = Working(state)
+    for rid in gone:
+        w.kv.free(rid)
+        del w.requests[rid]
+    return w.freeze()
 
 
 def promote(s, rid: str) -> bool:
@@ -158,8 +188,8 @@ def reserved_blocks(s) -> int:
         if r.status == RUNNING:
             in_flight = (rid in s.holders or r.num_computed_tokens + s.scheduled[rid] < r.num_tokens) \
                 if rid in admitted else r.is_prefill_chunk
-        else:
-            in_flight = holds_kv_blocks(r)
+        else:  # not one finished mid-load, which _free_request drops from them (S:3038)
+            in_flight = holds_kv_blocks(r) and not r.status.is_finished
         if in_flight:
             total += max(cdiv(min(r.num_tokens, c.max_model_len) + spec, c.block_size) - s.kv.num_blocks(rid), 0)
     return total

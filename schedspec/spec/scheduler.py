@@ -349,7 +349,7 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: state.block_pool is None
     post: {rid for rid, _ in __return__[0]} <= {rid for rid, _ in output.num_scheduled_tokens} and all(st.is_finished for _, st in __return__[0])
-    post: set(__return__[1].requests) == set(state.requests) - {rid for rid, _ in __return__[0]}
+    post: set(__return__[1].requests) == set(state.requests) - {rid for rid, _ in __return__[0]} - (set(finished_recving) & {k for k, r in state.requests.items() if r.status.is_finished})
     post: __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values())
     """
     w = Working(state)
@@ -368,8 +368,8 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
             finished.append((rid, status))
     # Then those whose grammar failed, with an error (S:2552-2574; from a set, in no set order).
     finished += [(rid, RequestStatus.FINISHED_ERROR) for rid in structured_output.take_grammar_errors(w)]
-    # Stopped requests leave their queue once, at the end (S:2541-2551).
-    return tuple(finished), remove_finished(w, [rid for rid, _ in finished])
+    # Stopped requests leave their queue once, at the end (S:2541-2551), then any held (S:2581).
+    return tuple(finished), kv_connector.free_held(remove_finished(w, [x for x, _ in finished]), finished_recving)
 
 
 def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int], num_drafts: int = 0
@@ -427,12 +427,12 @@ def check_stop(request: Request, last_token_id: int, max_model_len: int) -> Requ
     return None
 
 
-def remove_finished(w: Working, done: Sequence[str]) -> SchedulerState:
-    """The state without the finished requests `done`, whose blocks go back to the
-    pool in that order (S:3031-3061), and with their ids noted as finished."""
+def remove_finished(w: Working, done: Sequence[str], held: frozenset = frozenset()) -> SchedulerState:
+    """The state without the finished requests `done`, whose blocks go back to the pool in
+    that order (S:3031-3061), but those `held`, and with their ids noted as finished."""
     if not done:
         return w.freeze()
-    for rid in done:
+    for rid in (x for x in done if x not in held):
         w.kv.free(rid)
         del w.requests[rid]
     w.cadence = prefill_throttle.forget(w.cadence, done)
@@ -445,15 +445,15 @@ def remove_finished(w: Working, done: Sequence[str]) -> SchedulerState:
 
 def finish_requests(state: SchedulerState, request_ids: Iterable[str], finished_status: RequestStatus
                     ) -> tuple[tuple[str, ...], SchedulerState]:
-    """Finish requests from outside, e.g. an abort, from running or waiting
-    (S:2964-3029).  Unknown and already-finished ids are ignored.
+    """Finish requests from outside, e.g. an abort, from running or waiting (S:2964-3029),
+    one mid-load held (kv_connector.hold_loading).  Unknown and finished ids are ignored.
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: finished_status.is_finished and state.block_pool is None
-    post: set(__return__[0]) == set(request_ids) & set(state.requests) and len(set(__return__[0])) == len(__return__[0])
-    post: set(__return__[1].requests) == set(state.requests) - set(request_ids) and __return__[1].running == tuple(k for k in state.running if k not in __return__[0]) and __return__[1].waiting == tuple(k for k in state.waiting if k not in __return__[0])
-    post: __return__[1].num_free_blocks == state.num_free_blocks + sum(state.req_to_num_blocks.get(k, 0) for k in __return__[0])
+    post: set(__return__[0]) == set(request_ids) & {k for k, r in state.requests.items() if not r.status.is_finished} and len(set(__return__[0])) == len(__return__[0])
+    post: set(state.requests) - set(request_ids) <= set(__return__[1].requests) <= set(state.requests) and __return__[1].running == tuple(k for k in state.running if k not in __return__[0]) and __return__[1].waiting == tuple(k for k in state.waiting if k not in __return__[0])
+    post: __return__[1].num_free_blocks == state.num_free_blocks + sum(state.req_to_num_blocks.get(k, 0) for k in __return__[0] if k not in __return__[1].requests)
     """
     assert finished_status.is_finished
-    done = tuple(dict.fromkeys(rid for rid in request_ids if rid in state.requests))
-    return done, remove_finished(Working(state), done)
+    done = tuple(dict.fromkeys(x for x in request_ids if x in state.requests and not state.requests[x].status.is_finished))
+    return done, remove_finished(w := Working(state), done, kv_connector.hold_loading(w, done, finished_status))
