@@ -33,8 +33,9 @@ def campaign(seed: int, count: int, run=run_batch):
 
 
 def test_campaign_agrees():
-    # seed 1, so that it is not the mutant test's campaign (seed 0) again
-    bad = campaign(1, 500)
+    # seed 1, so that it is not the mutant test's campaign (seed 0, 500 scenarios:
+    # test_torch_mutants.py's test_unmutated_code_agrees) again; 256 more, two batches
+    bad = campaign(1, 256)
     assert not bad, "\n".join(f"{sc.name}: {d.describe()}" for sc, d in bad[:5])
 
 

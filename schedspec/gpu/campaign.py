@@ -32,6 +32,7 @@ from schedspec.reference.campaign import (
     campaign_source,
     close_impl,
     crash_trace,
+    note_rejected,
     print_campaign_report,
     report_divergence,
     run_guarded,
@@ -186,10 +187,7 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
                 done += 1
                 if d is None and not is_random and "error" in st:  # a given file both refused: say why
                     progress.close()
-                    rejected.append({"scenario": scenario.name, "error": st["error"]})
-                    if not options.quiet:
-                        print(f"scenario {scenario.name!r}: rejected by both implementations, nothing compared: "
-                              f"{st['error']}", file=out)
+                    rejected.append(note_rejected(scenario.name, st["error"], None if options.quiet else out))
                 if d is not None:
                     progress.close()
                     a_impl, b_impl = impls_for_shrinking()

@@ -109,6 +109,19 @@ def recheck(build: Callable[[], Any], timeout_ms: int) -> tuple[str, Any]:
     return "unknown", solver
 
 
+def first_try(constraints: list, timeout_s: float) -> str:
+    """'unsat' / 'sat' / 'unknown' from the first try of a call alone: the
+    elim-term-ite pipeline, then z3's default strategy, each with the first try's
+    limit (timeout_s * RETRY_FACTORS[0])."""
+    limit = timeout_s * RETRY_FACTORS[0]
+    for s in (make_solver(limit), _limited(z3.Solver(), limit, 0)):
+        s.add(*constraints)
+        r = s.check()
+        if r != z3.unknown:
+            return str(r)
+    return "unknown"
+
+
 def conjuncts(goal) -> list:
     """A conjunction as its conjuncts, flattened: each is checked alone (the same
     claim, and z3 decides the parts faster than the whole)."""
@@ -124,7 +137,15 @@ def prove_parts(parts, timeout_s: float, check_call=None) -> tuple[str, str]:
     `check_call(constraints, timeout_s)` gives the status (default: `check`)."""
     run = check_call or (lambda cons, t: check(cons, t)[0])
     for label, premises, goal in parts:
-        for part in conjuncts(goal):
+        split = conjuncts(goal)
+        # The whole goal first, in one short try: most parts z3 proves whole faster
+        # than conjunct by conjunct (the loop claims: 1.9 s against 4.8 s for
+        # token_budget_respected's 945 conjuncts over its block sizes).  Its unsat
+        # proves every conjunct; sat or unknown falls back to the conjuncts, which
+        # then give the verdict and where it fails.
+        if len(split) > 1 and first_try(premises + [z3.Not(goal)], timeout_s) == "unsat":
+            continue
+        for part in split:
             r = run(premises + [z3.Not(part)], timeout_s)
             if r == "sat":
                 return "refuted", f"{label}: {part}"[:300]

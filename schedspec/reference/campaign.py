@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from schedspec.base.errors import UsageError, shown
 from schedspec.base.progress import Progress
@@ -441,12 +441,10 @@ class Merge:
             return
         if "rejected" in rec and self.files:
             # A file the user gave that neither implementation runs: say why, once, not just count it.
-            name = self.scenario(rec["index"]).name
-            self.rejected.append({"scenario": name, "error": rec["rejected"]})
             if not self.options.quiet:
                 self.before_print()
-                print(f"scenario {name!r}: rejected by both implementations, nothing compared: {rec['rejected']}",
-                      file=self.out)
+            self.rejected.append(note_rejected(self.scenario(rec["index"]).name, rec["rejected"],
+                                               None if self.options.quiet else self.out))
         self.steps += rec["steps"]
         for k, v in rec["coverage"].items():
             self.coverage[k] = self.coverage.get(k, 0) + v
@@ -469,6 +467,14 @@ class Merge:
                 "steps_compared": self.steps, "divergences": self.divergences, "failures": self.failures,
                 "coverage": dict(sorted(self.coverage.items())),
                 **({"rejected": self.rejected} if self.rejected else {})}
+
+
+def note_rejected(name: str, error: str, out: IO[str] | None) -> dict[str, str]:
+    """A given file that both implementations refused: its entry in the report's
+    `rejected`, and one line naming it and why on `out` (None: quiet)."""
+    if out is not None:
+        print(f"scenario {name!r}: rejected by both implementations, nothing compared: {error}", file=out)
+    return {"scenario": name, "error": error}
 
 
 def scenario_text(scenario: Scenario) -> str:
