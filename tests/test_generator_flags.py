@@ -142,7 +142,8 @@ def test_torch_campaigns_draw_every_flag_combination_and_no_feature_it_lacks():
     assert flags_for("vllm", "spec") == FLAGS_ALL and flags_for("mymod:Sched", "spec") == FLAGS_ALL
     assert features_for("torch", "spec") == frozenset() and features_for("spec", "torch") == frozenset()
     assert features_for("vllm", "spec") == FEATURES == {"spec_decode", "lora", "structured_output", "prefill_throttle",
-                                                        "adaptive_threshold", "kv_connector", "hash_lookahead"}
+                                                        "adaptive_threshold", "kv_connector", "hash_lookahead",
+                                                        "eagle_block_drop"}
     plain = list(random_scenarios(80, SEED))  # no `flags`: none drawn
     assert all(_flags(s) == (False, False) for s, _ in plain)
     flagged = list(random_scenarios(80, SEED, FLAGS_ALL))

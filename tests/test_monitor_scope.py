@@ -473,6 +473,62 @@ def test_a_spec_hashing_blocks_as_they_fill_diverges_from_a_lookahead_hasher(mon
         lookahead_run(s)
     assert monitor.summary()["divergences"]
 
+def eagle_scheduler(drop: bool):
+    """A scheduler with an EAGLE-3 drafter of 2 tokens and prefix caching, block size
+    4: with `drop`, without lookahead block hashes, so a prefix hit gives back its
+    last block (S:330-345); else with vLLM's default one-token lookahead hashes and
+    no drop.  Built from an n-gram config switched in place, as vLLM's own
+    test_block_drafters_cap_requests_instead_of_draft_slots does (no draft model)."""
+    from vllm.config import SpeculativeConfig
+
+    vc = vllm_config(prefix_caching=True, block_size=4, speculative_config=SpeculativeConfig(
+        method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1))
+    object.__setattr__(vc.speculative_config, "method", "eagle3")
+    object.__setattr__(vc.speculative_config, "disable_lookahead_block_hashes", drop)
+    s = build_scheduler(vc)
+    assert s.use_eagle_block_drop is drop and s.num_hash_lookahead_tokens == (0 if drop else 1)
+    assert s.num_prefill_lookahead == 1 and scope.features(s) == ()
+    return s
+
+
+def eagle_run(s) -> list[int]:
+    """Two prompts sharing three blocks and the token after them, one after the
+    other, each run to completion with drafts handed over after every step: the
+    prefix hit of each."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    hits = []
+    for rid, tail in (("a", [50, 51]), ("b", [50, 61, 62])):
+        s.add_request(request(rid, tokens=list(range(10, 22)) + tail, max_tokens=4, sched=s))
+        out = s.schedule()
+        hits.append(out.scheduled_new_reqs[0].num_computed_tokens)
+        s.update_from_output(out, runner_output(out, sampled_for(s, out)))
+        while s.has_requests():
+            ids = list(s.requests)
+            s.update_draft_token_ids(DraftTokenIds(req_ids=ids, draft_token_ids=[[7, 8]] * len(ids)))
+            step(s)
+    return hits
+
+
+@pytest.mark.parametrize("drop", [True, False], ids=["block_drop", "lookahead_hashes"])
+def test_an_eagle_drafter_is_in_scope(monitor, drop):
+    """An EAGLE-family drafter (prefill lookahead 1, a no-op; KV lookahead; with
+    prefix caching either the block drop or lookahead hashes) is what the spec
+    models: every call, prefix hits included, is compared."""
+    # b shares a's three prompt blocks and the token after them: the drop gives back
+    # the third; lookahead hashes find all three.
+    assert eagle_run(eagle_scheduler(drop)) == [0, 8 if drop else 12]
+    assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
+
+
+def test_a_spec_without_the_eagle_block_drop_diverges(monitor):
+    with mutated([Mutation("spec_decode.eagle_block_drop",
+                           "hits[:-1] if config.use_eagle_block_drop and hits else hits", "hits")],
+                 module="spec_decode"):
+        eagle_run(eagle_scheduler(True))
+    assert monitor.summary()["divergences"]
+
+
 def test_pipeline_parallelism_alone_is_in_scope(monitor):
     """PP changes no scheduling decision in 0.33.0 (the output's token payload
     only, S:1945): a PP scheduler's calls are checked."""
@@ -827,15 +883,6 @@ def _(mon, tmp_path, monkeypatch):
     r = request("a", 32, block_hasher=lambda req: inner(req))
     assert len(r.block_hashes) == 1  # 2 full blocks, the second waits for token 33
     return watch(mon, add_and_step(s, r))
-
-
-@case("HASH_LOOKAHEAD", "scheduler")
-def _(mon, tmp_path, monkeypatch):
-    # The scheduler's own lookahead (S:342-345): set with an EAGLE-family drafter,
-    # it also re-hashes resumable requests and keeps EAGLE's trailing block.
-    s = build_scheduler(prefix_caching=True)
-    s.num_hash_lookahead_tokens = 1
-    return watch(mon, add_and_step(s, request("a", 20, sched=s)))
 
 
 @case("NO_BLOCK_HASHER")

@@ -30,7 +30,8 @@ MAX_FUNCTION_LINES = 60
 # field) for the about 28 lines of vLLM 0.33.0 they model (KU:974-1016, E:226-230,
 # S:2709-2715), within 10 %.  A request finished mid-load (kv_connector.py hold_loading,
 # free_held; about 25 lines of vLLM 0.33.0: S:2996-3000, 3016-3027, 3038, 3572-3577) left
-# the core at 1003.
+# the core at 1003.  The EAGLE block drop (spec_decode.py eagle_block_drop, T:829-837) is
+# called on the line that looks the prefix up: no core line.
 MAX_CORE_LINES = 1003
 
 

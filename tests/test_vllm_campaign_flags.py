@@ -29,9 +29,10 @@ FEATURES = (
     # asynchronous loads, KV delivery (generator.py draws kv_connector_load_steps, requires_kv_delivery)
     "KV connector async loads", "KV connector async loads admitted", "steps scheduling past a request loading KV",
     "scenarios with a KV connector requiring delivery", "in-flight outputs dropped for KV delivery",
-    # requests aborted mid-load, held until the load ends; lookahead block hashes
+    # requests aborted mid-load, held until the load ends; lookahead block hashes; the EAGLE block drop
     "KV connector loads ended after their request finished",
     "scenarios with lookahead block hashes", "prefix hits on lookahead block hashes",
+    "scenarios with the EAGLE block drop", "prefix hits with the EAGLE block dropped",
 )
 COMBINATIONS = ("sync", "sync + prefix caching", "async", "async + prefix caching")
 

@@ -80,8 +80,9 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     if (vc.speculative_config is not None or sched.num_spec_tokens or sched.num_lookahead_tokens
             or getattr(sched, "num_prefill_lookahead", 0)) and not spec_decode_in_scope(sched):
         out.append(SPECULATIVE_DECODING)
-    if getattr(sched, "num_hash_lookahead_tokens", 0):
-        out.append(HASH_LOOKAHEAD)
+    # The scheduler's own num_hash_lookahead_tokens decides nothing here: the block pool
+    # puts it in KV events only (P:325-370), and the scheduler re-hashes streaming requests
+    # with it (S:1111-1114), outside scope anyway; each request's hasher is judged per call.
     # A connector the watch can judge call by call is named only where it acts (ConnectorWatch).
     for attr, feature in CONNECTOR_ATTRS:
         conn = getattr(sched, attr, None)
@@ -335,14 +336,16 @@ def newest_rules() -> bool:
 
 def spec_decode_in_scope(sched: Any) -> bool:
     """Speculative decoding as the spec models it (spec/spec_decode.py): vLLM 0.33.0,
-    a fixed number of drafts per step, no prefill lookahead or EAGLE block drop
-    (S:294-345); any KV lookahead, and any rows of the drafter's own in the target
-    batch (max_num_new_slots_for_drafting, speculative.py:2058-2098)."""
+    a fixed number of drafts per step, a prefill lookahead of at most one token (an
+    EAGLE-family drafter's: the chunk rule of S:694-697 cannot act at 1, and the KV
+    manager re-prefills lookahead - 1 = 0 tokens, kv_cache_coordinator.py:118); the
+    EAGLE block drop or not (S:330-345); any KV lookahead, and any rows of the
+    drafter's own in the target batch (max_num_new_slots_for_drafting,
+    speculative.py:2058-2098)."""
     spec = sched.vllm_config.speculative_config
     return (newest_rules() and spec is not None and sched.num_spec_tokens > 0
-            and not getattr(sched, "num_prefill_lookahead", 0)
-            and getattr(sched, "dynamic_sd_lookup", None) is None
-            and not getattr(sched, "use_eagle_block_drop", False))
+            and getattr(sched, "num_prefill_lookahead", 0) <= 1
+            and getattr(sched, "dynamic_sd_lookup", None) is None)
 
 
 # Fields Scheduler.__init__ always sets, first to last (S:98-500).

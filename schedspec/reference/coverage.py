@@ -59,6 +59,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with a KV connector requiring delivery")
     if scenario.config.get("num_hash_lookahead_tokens"):
         bump("scenarios with lookahead block hashes")
+    if scenario.config.get("use_eagle_block_drop"):
+        bump("scenarios with the EAGLE block drop")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -215,6 +217,8 @@ class StepCoverage:
                 _bump(cov, "prefix tokens saved", hit)
                 if c.num_hash_lookahead_tokens:
                     _bump(cov, "prefix hits on lookahead block hashes")
+                if c.use_eagle_block_drop:
+                    _bump(cov, "prefix hits with the EAGLE block dropped")
         # Stale outputs: pending before the step, or made stale by this step's preemptions.
         stale = {rid: r.num_stale_output_tokens for rid, r in before.requests.items()
                  if r.num_stale_output_tokens > 0}

@@ -96,6 +96,9 @@ def lift_config(sched: Any) -> SchedulerConfig:
         # The engine's hasher's lookahead (E:226-230); each request's own hasher is lifted with it.
         num_hash_lookahead_tokens=getattr(sched, "num_hash_lookahead_tokens", 0)
         if sched.kv_cache_manager.enable_caching else 0,
+        # An EAGLE-family drafter's drop of a prefix hit's last block (S:330-345): the
+        # KV cache manager was built with it (S:356).  Bridge: 0.33.0 names it so.
+        use_eagle_block_drop=bool(getattr(sched, "use_eagle_block_drop", False)),
         vllm_version=vllm.__version__,
     )
 

@@ -53,8 +53,8 @@ class SchedulerConfig:
     # Speculative decoding (off by default, as in vLLM): the draft tokens a request may
     # carry per step, and the KV slots the drafter writes past the scheduled tokens
     # (VllmConfig.num_speculative_tokens and num_lookahead_tokens, config/vllm.py:612-653).
-    # The drafter is one with no rows of its own in the target batch and no prefill
-    # lookahead, as n-gram is (speculative.py:2058-2081); its drafts come from the scenario.
+    # The drafter is n-gram, a parallel one, or of the EAGLE family with a one-token
+    # prefill lookahead, which changes no step (S:679-697); its drafts come from the scenario.
     num_speculative_tokens: int = 0
     num_lookahead_tokens: int = 0
     # Rows the drafter adds to the target batch for each scheduled request
@@ -66,6 +66,11 @@ class SchedulerConfig:
     # EAGLE-family drafter sets; given here as it is): a block is cached only once
     # they exist.  0: hashes of the block alone.
     num_hash_lookahead_tokens: int = 0
+    # Prefix caching with an EAGLE-family drafter (EAGLE, EAGLE-3, MTP) whose draft KV
+    # at a position depends on the next token: a prefix hit gives back its last block,
+    # to be recomputed (SpeculativeConfig.use_eagle_block_drop, speculative.py:2122-2149;
+    # T:829-837).  vLLM clears it when block hashes cover the lookahead token (S:342-345).
+    use_eagle_block_drop: bool = False
     # LoRA (off by default, as in vLLM): the most distinct adapters running at once
     # (LoRAConfig.max_loras, config/lora.py); None: no LoRA config, no adapters.
     max_loras: int | None = None
@@ -139,7 +144,8 @@ INT_FIELDS = {
 }
 # The true/false fields.
 BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching",
-               "async_scheduling", "long_prefill_token_threshold_adaptive", "requires_kv_delivery")
+               "async_scheduling", "long_prefill_token_threshold_adaptive", "requires_kv_delivery",
+               "use_eagle_block_drop")
 
 
 def _is_int(v: Any) -> bool:
@@ -306,6 +312,15 @@ def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
         raise ConfigError(f"{where}.num_hash_lookahead_tokens",
                           f"= {c.num_hash_lookahead_tokens} without prefix caching: only prefix caching hashes "
                           "blocks (vLLM config/vllm.py:677-692); set it to 0 or turn enable_prefix_caching on")
+    if c.use_eagle_block_drop and c.num_speculative_tokens == 0:
+        raise ConfigError(f"{where}.use_eagle_block_drop",
+                          "= true without speculative decoding: only an EAGLE-family drafter drops a hit's last "
+                          "block (vLLM speculative.py:2122-2149); set num_speculative_tokens or set it to false")
+    if c.use_eagle_block_drop and c.num_hash_lookahead_tokens > 0:
+        raise ConfigError(f"{where}.use_eagle_block_drop",
+                          f"= true with num_hash_lookahead_tokens {c.num_hash_lookahead_tokens}: vLLM clears the "
+                          "drop when block hashes cover the lookahead tokens (scheduler.py:342-345); set one of "
+                          "them off")
     if c.requires_kv_delivery and c.vllm_version != DEFAULT_RELEASE:
         raise ConfigError(f"{where}.requires_kv_delivery",
                           f"= true: schedspec models KV connectors for vLLM {DEFAULT_RELEASE} only, not "

@@ -266,7 +266,7 @@ def admit(s: ScheduleWork, rid: str) -> bool:
     # From zero computed tokens (S:1110-1127; a KV holder's are loaded, S:1262-1272), not for a request
     # that reads no cached prefix (K:251-253); KV connector: S:1130-1218, async S:1286-1288, 1403-1451.
     lookup = r.num_computed_tokens == 0
-    hits = s.kv.get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size) \
+    hits = spec_decode.eagle_block_drop(c, s.kv.get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size)) \
         if lookup and not r.skip_reading_prefix_cache else []
     external = kv_connector.external_tokens(r, len(hits) * c.block_size) if lookup else 0
     num_computed_tokens = r.num_computed_tokens + len(hits) * c.block_size + external

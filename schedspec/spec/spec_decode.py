@@ -2,9 +2,12 @@
 step, the padding of a new decode, rejected drafts rolled back, and the drafter's
 proposals after a step (S = vllm/v1/core/sched/scheduler.py, 0.33.0).
 
-The drafter is one with no rows of its own in the target batch and no prefill
-lookahead, as n-gram is (config/speculative.py:2058-2081); `num_lookahead_tokens`
-KV slots past the scheduled tokens are reserved by kv_cache.allocate_slots.
+The drafter is n-gram or one of the EAGLE family reading one prefill token ahead
+(EAGLE, EAGLE-3, single-module MTP; the prefill-lookahead rule of S:679-697 is void
+there), with `max_num_new_slots_for_drafting` rows of its own in the target batch
+(scheduler.py charges them); `num_lookahead_tokens` KV slots past the scheduled
+tokens are reserved by kv_cache.allocate_slots, and an EAGLE-family drafter may
+drop a prefix hit's last block (eagle_block_drop).
 Each function here is called at one site of scheduler.py.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from .config import SchedulerConfig
 from .request import Request
 from .state import SchedulerState, Working
 
@@ -41,6 +45,13 @@ def pads_new_decode(s: ScheduleWork, r: Request, num_computed_tokens: int) -> bo
     return (k > 0 and r.num_tokens - num_computed_tokens == 1 and not s.prefill_scheduled
             and bool(s.scheduled_running or num_computed_tokens > 0)
             and num_computed_tokens + 1 + k + 1 <= s.config.max_model_len)
+
+
+def eagle_block_drop(config: SchedulerConfig, hits: list[int]) -> list[int]:
+    """An EAGLE-family drafter builds a position's draft KV from the token after it,
+    which a cached block's hash does not cover: a prefix hit gives back its last
+    block, to be recomputed (T:829-837; the flag, S:330-345)."""
+    return hits[:-1] if config.use_eagle_block_drop and hits else hits
 
 
 def reject_drafts(r: Request, num_rejected: int) -> None:
