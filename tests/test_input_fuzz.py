@@ -165,10 +165,11 @@ def _sized(schema: dict, friendly: bool) -> dict:
         # A failing grammar needs grammar_compile_steps (a rule the schema does not say).
         req["grammar_error"] = {"const": False}
         req["grammar_compile_steps"].update(minimum=0, maximum=3)
-        # Fields whose rules tie them to others (drafts, a drafter's rows and its block drop to num_speculative_tokens,
+        # Fields whose rules tie them to others (drafts, a drafter's rows, lookahead, block drop to num_speculative_tokens,
         # a load to held tokens), left out: each new optional field made valid draws rarer.
         cfg["max_num_new_slots_for_drafting"] = {"const": 0}
         cfg["use_eagle_block_drop"] = {"const": False}
+        cfg["num_prefill_lookahead_tokens"] = {"const": 0}
         req["kv_connector_load_steps"] = req["num_draft_tokens"] = req["num_accepted_tokens"] = False
         cfg["enable_chunked_prefill"] = {"const": True}
         props["aborts"]["maxItems"] = 0

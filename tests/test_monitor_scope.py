@@ -473,32 +473,39 @@ def test_a_spec_hashing_blocks_as_they_fill_diverges_from_a_lookahead_hasher(mon
         lookahead_run(s)
     assert monitor.summary()["divergences"]
 
-def eagle_scheduler(drop: bool):
-    """A scheduler with an EAGLE-3 drafter of 2 tokens and prefix caching, block size
-    4: with `drop`, without lookahead block hashes, so a prefix hit gives back its
-    last block (S:330-345); else with vLLM's default one-token lookahead hashes and
-    no drop.  Built from an n-gram config switched in place, as vLLM's own
+def eagle_scheduler(drop: bool, mtp: bool = False):
+    """A scheduler with an EAGLE-3 drafter of 2 tokens (or, `mtp`, a multi-module MTP
+    one, reading 2 prompt tokens ahead) and prefix caching, block size 4: with `drop`,
+    without lookahead block hashes, so a prefix hit gives back its last block
+    (S:330-345); else with vLLM's default lookahead hashes and no drop.  Built from an
+    n-gram config switched in place, as vLLM's own
     test_block_drafters_cap_requests_instead_of_draft_slots does (no draft model)."""
+    from types import SimpleNamespace
+
     from vllm.config import SpeculativeConfig
 
     vc = vllm_config(prefix_caching=True, block_size=4, speculative_config=SpeculativeConfig(
         method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1))
-    object.__setattr__(vc.speculative_config, "method", "eagle3")
+    object.__setattr__(vc.speculative_config, "method", "mtp" if mtp else "eagle3")
+    if mtp:
+        object.__setattr__(vc.speculative_config, "draft_model_config",
+                           SimpleNamespace(hf_config=SimpleNamespace(num_nextn_predict_layers=2)))
     object.__setattr__(vc.speculative_config, "disable_lookahead_block_hashes", drop)
     s = build_scheduler(vc)
-    assert s.use_eagle_block_drop is drop and s.num_hash_lookahead_tokens == (0 if drop else 1)
-    assert s.num_prefill_lookahead == 1 and scope.features(s) == ()
+    lookahead = 2 if mtp else 1
+    assert s.use_eagle_block_drop is drop and s.num_hash_lookahead_tokens == (0 if drop else lookahead)
+    assert s.num_prefill_lookahead == lookahead and scope.features(s) == ()
     return s
 
 
 def eagle_run(s) -> list[int]:
-    """Two prompts sharing three blocks and the token after them, one after the
-    other, each run to completion with drafts handed over after every step: the
+    """Two prompts, the first 14 tokens long and a prefix of the second, one after
+    the other, each run to completion with drafts handed over after every step: the
     prefix hit of each."""
     from vllm.v1.outputs import DraftTokenIds
 
     hits = []
-    for rid, tail in (("a", [50, 51]), ("b", [50, 61, 62])):
+    for rid, tail in (("a", [50, 51]), ("b", [50, 51, 62])):
         s.add_request(request(rid, tokens=list(range(10, 22)) + tail, max_tokens=4, sched=s))
         out = s.schedule()
         hits.append(out.scheduled_new_reqs[0].num_computed_tokens)
@@ -511,13 +518,16 @@ def eagle_run(s) -> list[int]:
 
 
 @pytest.mark.parametrize("drop", [True, False], ids=["block_drop", "lookahead_hashes"])
-def test_an_eagle_drafter_is_in_scope(monitor, drop):
-    """An EAGLE-family drafter (prefill lookahead 1, a no-op; KV lookahead; with
-    prefix caching either the block drop or lookahead hashes) is what the spec
-    models: every call, prefix hits included, is compared."""
-    # b shares a's three prompt blocks and the token after them: the drop gives back
-    # the third; lookahead hashes find all three.
-    assert eagle_run(eagle_scheduler(drop)) == [0, 8 if drop else 12]
+@pytest.mark.parametrize("mtp", [False, True], ids=["eagle3", "mtp"])
+def test_an_eagle_family_drafter_is_in_scope(monitor, drop, mtp):
+    """An EAGLE-family drafter (a prefill lookahead, KV lookahead; with prefix
+    caching either the block drop or lookahead hashes) is what the spec models:
+    every call, prefix hits included, is compared."""
+    # b starts with a's prompt: its three full blocks and the two tokens after them
+    # (what lookahead hashes of 1 or 2 cover) are a's.  The drop gives back the third.
+    # Under MTP a's last computed token is not cached: a difference the lift sees in
+    # the calls where a has just filled a block.
+    assert eagle_run(eagle_scheduler(drop, mtp)) == [0, 8 if drop else 12]
     assert_all_checked(monitor.summary(), "add_request", "schedule", "update_from_output")
 
 

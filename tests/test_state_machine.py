@@ -11,7 +11,9 @@ from hypothesis.stateful import run_state_machine_as_test
 from machine import COVERAGE, PROPERTIES, PropertyViolation, SpecMachine, make_machine
 from mutants import Mutation, mutated
 
-MACHINE_SETTINGS = settings(max_examples=250, stateful_step_count=60, deadline=None,
+# Random runs, different in each CI run; test_machine_reaches_prefix_caching_and_async_events
+# walks 250 more, derandomized, whose coverage it checks.
+MACHINE_SETTINGS = settings(max_examples=150, stateful_step_count=60, deadline=None,
                             suppress_health_check=[HealthCheck.too_slow])
 
 TestSpecMachine = SpecMachine.TestCase
@@ -121,8 +123,9 @@ def test_machine_reaches_prefix_caching_and_async_events():
     """The machine's steps really exercise the wave-2 features: hits, shared blocks,
     evictions, preemptions with a batch in flight and their stale outputs."""
     COVERAGE.clear()
+    # 250 runs: each event at least 16 times (measured: 46 in-flight preemptions, 19 aborts mid-load).
     run_state_machine_as_test(SpecMachine, settings=settings(
-        max_examples=400, stateful_step_count=60, deadline=None, database=None, derandomize=True,
+        max_examples=250, stateful_step_count=60, deadline=None, database=None, derandomize=True,
         phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
     # (A stale output applied to a waiting request is rarer here; tests/test_rules_wave2.py
     # pins it down on a fixed scenario.)

@@ -33,6 +33,7 @@ FEATURES = (
     "KV connector loads ended after their request finished",
     "scenarios with lookahead block hashes", "prefix hits on lookahead block hashes",
     "scenarios with the EAGLE block drop", "prefix hits with the EAGLE block dropped",
+    "scenarios with a multi-module MTP drafter", "steps with a prefill chunk under an MTP drafter's lookahead",
 )
 COMBINATIONS = ("sync", "sync + prefix caching", "async", "async + prefix caching")
 

@@ -336,15 +336,13 @@ def newest_rules() -> bool:
 
 def spec_decode_in_scope(sched: Any) -> bool:
     """Speculative decoding as the spec models it (spec/spec_decode.py): vLLM 0.33.0,
-    a fixed number of drafts per step, a prefill lookahead of at most one token (an
-    EAGLE-family drafter's: the chunk rule of S:694-697 cannot act at 1, and the KV
-    manager re-prefills lookahead - 1 = 0 tokens, kv_cache_coordinator.py:118); the
-    EAGLE block drop or not (S:330-345); any KV lookahead, and any rows of the
+    a fixed number of drafts per step; any prefill lookahead (S:678-697, and the
+    tokens the KV manager does not cache for it, kv_cache_coordinator.py:118), the
+    EAGLE block drop or not (S:330-345), any KV lookahead, and any rows of the
     drafter's own in the target batch (max_num_new_slots_for_drafting,
     speculative.py:2058-2098)."""
     spec = sched.vllm_config.speculative_config
     return (newest_rules() and spec is not None and sched.num_spec_tokens > 0
-            and getattr(sched, "num_prefill_lookahead", 0) <= 1
             and getattr(sched, "dynamic_sd_lookup", None) is None)
 
 

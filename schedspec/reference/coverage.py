@@ -61,6 +61,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with lookahead block hashes")
     if scenario.config.get("use_eagle_block_drop"):
         bump("scenarios with the EAGLE block drop")
+    if scenario.config.get("num_prefill_lookahead_tokens", 0) > 1:
+        bump("scenarios with a multi-module MTP drafter")
     for st in trace["steps"]:
         for rid, reason in st["finished"]:
             if reason == "aborted":
@@ -175,6 +177,10 @@ class StepCoverage:
                 _bump(cov, "empty async batches")
         if c.num_speculative_tokens:
             spec_decode_coverage(t, cov)
+        if c.num_prefill_lookahead_tokens > 1 and any(
+                rid in before.requests and before.requests[rid].num_computed_tokens + n < before.requests[rid].num_tokens
+                for rid, n in out.num_scheduled_tokens):
+            _bump(cov, "steps with a prefill chunk under an MTP drafter's lookahead")
         if c.max_loras is not None:
             running = {after.requests[x].lora_int_id for x in after.running} - {0}
             if len(running) == c.max_loras:

@@ -82,8 +82,10 @@ preemptions drop output in flight).
 With "hash_lookahead" in `features`, after the parallel drafter and only for 0.33.0,
 one scenario in four with prefix caching gets `num_hash_lookahead_tokens` 1..3: a
 block is hashed, so cached and found, only once that many tokens follow it.  With
-"eagle_block_drop", one scenario in two of the others with speculative decoding and
-prefix caching gets `use_eagle_block_drop`: a prefix hit gives back its last block.
+"eagle", one scenario in two with speculative decoding has an EAGLE-family drafter:
+`num_prefill_lookahead_tokens` 1 (EAGLE-3) or `num_speculative_tokens` (multi-module
+MTP, at most the block size with prefix caching); with prefix caching and no
+lookahead hashes, two in three of those get `use_eagle_block_drop`.
 
 `FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
 model neither flag, and the scenario streams pinned by their tests stay as they
@@ -237,7 +239,7 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
 
 # Scheduler features beyond the two flags, and the implementations that lack one.
 FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle", "adaptive_threshold",
-                      "kv_connector", "hash_lookahead", "eagle_block_drop"})
+                      "kv_connector", "hash_lookahead", "eagle"})
 IMPL_LACKS: dict[str, frozenset[str]] = {"torch": FEATURES}
 
 
@@ -329,10 +331,17 @@ def generate_scenario(rng: random.Random, index: int,
             and rng.random() < 1 / 4:
         # Block hashes covering the tokens after the block (an EAGLE-family drafter's, config/vllm.py:677-692).
         config = {**config, "num_hash_lookahead_tokens": rng.choice([1, 1, 2, 3])}
-    elif "eagle_block_drop" in features and config.get("num_speculative_tokens") \
-            and config.get("enable_prefix_caching") and rng.random() < 1 / 2:
-        # An EAGLE-family drafter with the legacy hashes: a prefix hit gives back its last block (T:829-837).
-        config = {**config, "use_eagle_block_drop": True}
+    if "eagle" in features and config.get("num_speculative_tokens") and rng.random() < 1 / 2:
+        # An EAGLE-family drafter: EAGLE-3 reads one prompt token past a chunk, multi-module
+        # MTP num_speculative_tokens (config/vllm.py:654-675), at most a block with prefix caching.
+        lookahead = rng.choice([1, config["num_speculative_tokens"]])
+        if config.get("enable_prefix_caching") and lookahead > config.get("block_size", 16):
+            lookahead = 1
+        config = {**config, "num_prefill_lookahead_tokens": lookahead}
+        if config.get("enable_prefix_caching") and not config.get("num_hash_lookahead_tokens") \
+                and rng.random() < 2 / 3:
+            # With the legacy hashes: a prefix hit gives back its last block (T:829-837).
+            config = {**config, "use_eagle_block_drop": True}
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 

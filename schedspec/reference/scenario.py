@@ -82,6 +82,7 @@ CONFIG_BOUNDS: dict[str, tuple[int | None, int]] = {
     "num_gpu_blocks": (None, 2**22),
     "num_speculative_tokens": (None, 1024),
     "num_lookahead_tokens": (None, 1024),
+    "num_prefill_lookahead_tokens": (None, 1024),
     "max_num_new_slots_for_drafting": (None, 1024),
     "num_hash_lookahead_tokens": (None, 1024),
     "max_loras": (None, 2**16),

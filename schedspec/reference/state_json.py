@@ -203,10 +203,11 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
     # And prefill_schedule_interval (1, never held) and long_prefill_token_threshold_adaptive
     # (false), from before prefill throttling and the adaptive threshold.
     # And requires_kv_delivery (false), from before KV connectors; max_num_new_slots_for_drafting
-    # and num_hash_lookahead_tokens (0); use_eagle_block_drop (false).
+    # and num_hash_lookahead_tokens (0); use_eagle_block_drop (false), num_prefill_lookahead_tokens (0).
     optional = ("vllm_version", "num_speculative_tokens", "num_lookahead_tokens", "max_loras",
                 "prefill_schedule_interval", "long_prefill_token_threshold_adaptive", "requires_kv_delivery",
-                "max_num_new_slots_for_drafting", "num_hash_lookahead_tokens", "use_eagle_block_drop")
+                "max_num_new_slots_for_drafting", "num_hash_lookahead_tokens", "use_eagle_block_drop",
+                "num_prefill_lookahead_tokens")
     raw = read_object(obj, where, tuple(f for f in CONFIG_FIELDS if f not in optional), CONFIG_FIELDS)
     values: dict[str, Any] = {}
     for name in CONFIG_FIELDS:

@@ -46,6 +46,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
 
 from schedspec.spec.config import SchedulerConfig
@@ -409,15 +410,26 @@ class VllmScheduler:
                     # LoRA: the scheduler reads max_loras only; no adapter weights are loaded.
                     lora_config=v["LoRAConfig"](max_loras=c.max_loras) if c.max_loras is not None else None,
                 )
-            if c.use_eagle_block_drop:
-                # An EAGLE-family drafter (EAGLE-3 here) without lookahead block hashes:
-                # the scheduler and its KV cache manager drop a prefix hit's last block
-                # (S:330-345, T:829-837).  Building one needs a draft model, so the n-gram
-                # config is switched in place before the scheduler reads it, as vLLM's own
-                # test_block_drafters_cap_requests_instead_of_draft_slots does.
+            if c.num_prefill_lookahead_tokens:
+                # An EAGLE-family drafter: EAGLE-3 reads one prompt token past a chunk, a
+                # multi-module MTP drafter num_speculative_tokens (config/vllm.py:654-675).
+                # Building one needs a draft model, so the n-gram config is switched in place
+                # before the scheduler reads it, as vLLM's own
+                # test_block_drafters_cap_requests_instead_of_draft_slots does.  The request
+                # hashers take the scenario's lookahead (below), so the scheduler's own is
+                # off, and its block drop follows the scenario (S:330-345, T:829-837).
+                lookahead, k = c.num_prefill_lookahead_tokens, c.num_speculative_tokens
+                if lookahead not in (1, k):
+                    raise ValueError(f"config.num_prefill_lookahead_tokens: = {lookahead}: the vLLM adapter builds "
+                                     f"an EAGLE-3 drafter, reading 1, or a multi-module MTP one, reading "
+                                     f"num_speculative_tokens = {k}; use one of those")
                 spec = vllm_config.speculative_config
-                object.__setattr__(spec, "method", "eagle3")
+                object.__setattr__(spec, "method", "eagle3" if lookahead == 1 else "mtp")
+                if lookahead > 1:
+                    object.__setattr__(spec, "draft_model_config", SimpleNamespace(
+                        hf_config=SimpleNamespace(num_nextn_predict_layers=k)))
                 object.__setattr__(spec, "disable_lookahead_block_hashes", True)
+                object.__setattr__(spec, "disable_eagle_block_drop", not c.use_eagle_block_drop)
             # The engine core resolves the physical KV layout before sizing the
             # pool (v1/attention/backends/utils.py:293); a pre-set value is
             # honoured as is.  One block is one page whatever the layout.
@@ -475,15 +487,17 @@ class VllmScheduler:
             hash_block_size=block_size,
             log_stats=True,
         )
-        if c.use_eagle_block_drop and not getattr(sched, "use_eagle_block_drop", False):
-            raise RuntimeError("vLLM adapter: an EAGLE-3 speculative config did not give a scheduler that "
-                               "drops a prefix hit's last block (Scheduler.use_eagle_block_drop)")
-        if c.num_lookahead_tokens or c.use_eagle_block_drop:
+        built = (getattr(sched, "num_prefill_lookahead", 0), bool(getattr(sched, "use_eagle_block_drop", False)))
+        if built != (c.num_prefill_lookahead_tokens, c.use_eagle_block_drop):
+            raise RuntimeError(f"vLLM adapter: the drafter built reads {built[0]} prompt tokens ahead and "
+                               f"{'drops' if built[1] else 'keeps'} a prefix hit's last block; the scenario asks "
+                               f"{c.num_prefill_lookahead_tokens} and use_eagle_block_drop={c.use_eagle_block_drop}")
+        if c.num_lookahead_tokens or c.num_prefill_lookahead_tokens:
             # A drafter with its own forward pass (EAGLE, a draft model) reserves
             # lookahead KV slots (config/vllm.py:626-653); building one needs its
             # weights' config, so the adapter sets the one value the scheduler reads
             # from it, once, at construction (S:298), as such a drafter would.  (The
-            # EAGLE-3 switch above made it num_speculative_tokens: the scenario's replaces it.)
+            # EAGLE-family switch above made it num_speculative_tokens: the scenario's replaces it.)
             sched.num_lookahead_tokens = c.num_lookahead_tokens
             if hasattr(sched, "_spec_decode_step_blocks"):
                 # 0.33.0 sizes one speculative step's blocks from it at construction (S:372-381),

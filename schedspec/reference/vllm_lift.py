@@ -82,6 +82,8 @@ def lift_config(sched: Any) -> SchedulerConfig:
         # Speculative decoding: the drafts per step and the drafter's KV lookahead (S:297-298).
         num_speculative_tokens=getattr(sched, "num_spec_tokens", 0),
         num_lookahead_tokens=getattr(sched, "num_lookahead_tokens", 0),
+        # The prompt tokens past a chunk the drafter reads (S:315); bridge: 0.33.0 has it.
+        num_prefill_lookahead_tokens=getattr(sched, "num_prefill_lookahead", 0) or 0,
         # The drafter's rows per request, read by schedule() from the config (S:720-721).
         max_num_new_slots_for_drafting=getattr(sched.vllm_config.speculative_config,
                                                "max_num_new_slots_for_drafting", 0) or 0,

@@ -53,10 +53,16 @@ class SchedulerConfig:
     # Speculative decoding (off by default, as in vLLM): the draft tokens a request may
     # carry per step, and the KV slots the drafter writes past the scheduled tokens
     # (VllmConfig.num_speculative_tokens and num_lookahead_tokens, config/vllm.py:612-653).
-    # The drafter is n-gram, a parallel one, or of the EAGLE family with a one-token
-    # prefill lookahead, which changes no step (S:679-697); its drafts come from the scenario.
+    # The drafter is n-gram, a parallel one, or of the EAGLE family; its drafts come from
+    # the scenario.
     num_speculative_tokens: int = 0
     num_lookahead_tokens: int = 0
+    # Prompt tokens past a prefill chunk the drafter reads (VllmConfig.
+    # num_prefill_lookahead_tokens, config/vllm.py:654-675): 0 for n-gram, 1 for the EAGLE
+    # family (which changes no step), num_speculative_tokens for multi-module MTP, whose
+    # chunks never end within it of the prefill's end (S:678-697) and whose last
+    # lookahead - 1 computed tokens are not cached (kv_cache_coordinator.py:118, 350-356).
+    num_prefill_lookahead_tokens: int = 0
     # Rows the drafter adds to the target batch for each scheduled request
     # (SpeculativeConfig.max_num_new_slots_for_drafting, speculative.py:2058-2098: K - 1
     # for a parallel drafter reusing the query, 0 for n-gram), charged to the input budget.
@@ -137,6 +143,7 @@ INT_FIELDS = {
     "num_gpu_blocks": (1, False),
     "num_speculative_tokens": (0, False),
     "num_lookahead_tokens": (0, False),
+    "num_prefill_lookahead_tokens": (0, False),
     "max_num_new_slots_for_drafting": (0, False),
     "num_hash_lookahead_tokens": (0, False),
     "max_loras": (1, True),
@@ -265,6 +272,7 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
              f"= {c.long_prefill_token_threshold} cannot be greater than max_model_len "
              f"({c.max_model_len}) (vLLM config/scheduler.py:355); lower it (0 disables the cap)")
     validate_spec_decode(c, where)
+    validate_drafter(c, where)
     # Engine start-up: the pool, less the null block, must hold one full sequence
     # (v1/core/kv_cache_planning.py:151-185).
     need = math.ceil(c.max_model_len / c.block_size)
@@ -312,15 +320,6 @@ def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
         raise ConfigError(f"{where}.num_hash_lookahead_tokens",
                           f"= {c.num_hash_lookahead_tokens} without prefix caching: only prefix caching hashes "
                           "blocks (vLLM config/vllm.py:677-692); set it to 0 or turn enable_prefix_caching on")
-    if c.use_eagle_block_drop and c.num_speculative_tokens == 0:
-        raise ConfigError(f"{where}.use_eagle_block_drop",
-                          "= true without speculative decoding: only an EAGLE-family drafter drops a hit's last "
-                          "block (vLLM speculative.py:2122-2149); set num_speculative_tokens or set it to false")
-    if c.use_eagle_block_drop and c.num_hash_lookahead_tokens > 0:
-        raise ConfigError(f"{where}.use_eagle_block_drop",
-                          f"= true with num_hash_lookahead_tokens {c.num_hash_lookahead_tokens}: vLLM clears the "
-                          "drop when block hashes cover the lookahead tokens (scheduler.py:342-345); set one of "
-                          "them off")
     if c.requires_kv_delivery and c.vllm_version != DEFAULT_RELEASE:
         raise ConfigError(f"{where}.requires_kv_delivery",
                           f"= true: schedspec models KV connectors for vLLM {DEFAULT_RELEASE} only, not "
@@ -330,3 +329,25 @@ def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
                           f"= {c.num_lookahead_tokens} without speculative decoding: only a drafter reserves "
                           "lookahead slots (vLLM config/vllm.py:626-653); set num_speculative_tokens or "
                           "leave it 0")
+
+
+def validate_drafter(c: SchedulerConfig, where: str = "config") -> None:
+    """An EAGLE-family drafter's fields: its prefill lookahead, and its block drop."""
+    if c.num_prefill_lookahead_tokens > 0 and c.num_speculative_tokens == 0:
+        raise ConfigError(f"{where}.num_prefill_lookahead_tokens",
+                          f"= {c.num_prefill_lookahead_tokens} without speculative decoding: only a drafter reads "
+                          "prompt tokens ahead (vLLM config/vllm.py:654-675); set num_speculative_tokens or leave it 0")
+    if c.num_prefill_lookahead_tokens > c.block_size and c.enable_prefix_caching:
+        raise ConfigError(f"{where}.num_prefill_lookahead_tokens",
+                          f"= {c.num_prefill_lookahead_tokens} > block_size {c.block_size} with prefix caching: vLLM "
+                          "refuses it at start-up (kv_cache_coordinator.py:150-159); lower it or raise block_size")
+    if c.use_eagle_block_drop and c.num_prefill_lookahead_tokens == 0:
+        raise ConfigError(f"{where}.use_eagle_block_drop",
+                          "= true without num_prefill_lookahead_tokens: only an EAGLE-family drafter, which reads "
+                          "ahead, drops a hit's last block (vLLM speculative.py:2122-2149, config/vllm.py:654-675); "
+                          "set num_prefill_lookahead_tokens (1 for EAGLE) or set it to false")
+    if c.use_eagle_block_drop and c.num_hash_lookahead_tokens > 0:
+        raise ConfigError(f"{where}.use_eagle_block_drop",
+                          f"= true with num_hash_lookahead_tokens {c.num_hash_lookahead_tokens}: vLLM clears the "
+                          "drop when block hashes cover the lookahead tokens (scheduler.py:342-345); set one of "
+                          "them off")

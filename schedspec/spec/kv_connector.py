@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from . import spec_decode
 from .kv_cache import cdiv
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus
 from .state import Working
@@ -165,7 +166,8 @@ def promote(s, rid: str) -> bool:
         return False
     r = s.request(rid)
     if r.block_hashes:
-        s.kv.cache_blocks(rid, r.block_hashes, r.num_computed_tokens, s.config.block_size)
+        s.kv.cache_blocks(rid, r.block_hashes, spec_decode.cacheable_tokens(s.config, r.num_computed_tokens),
+                          s.config.block_size)
     if r.num_computed_tokens == r.num_tokens:
         r.num_computed_tokens -= 1
     r.kv_load_finished = False

@@ -105,6 +105,14 @@ def get_capped_need(state: SchedulerState, r: Request) -> int:
     return max(min(n, state.config.max_model_len - r.num_computed_tokens - 1), 0)
 
 
+def cut_by_prefill_lookahead(c, r: Request, granted: int) -> bool:
+    """Grant `granted` is what a multi-module MTP drafter's prefill lookahead L left
+    of a prefill chunk (S:678-697): it ends exactly L tokens before the prefill's end,
+    or it is nothing because no chunk the budget allows ends outside them."""
+    left, lookahead = r.num_tokens - r.num_computed_tokens, c.num_prefill_lookahead_tokens
+    return lookahead > 1 and (left - granted == lookahead if granted else 0 < left <= lookahead)
+
+
 def get_step_budget(state: SchedulerState) -> int:
     """Tokens one step may grant in all: the token budget and the input budget (the
     token budget alone before 0.28.0, versions.INPUT_BUDGET).  token_budget_respected
@@ -166,7 +174,7 @@ def grants_positive(before, output, after):
 
 @prop
 def running_before_waiting(before, output, after):
-    """A waiting request receives tokens only if every running request eligible this step received its full capped need, and only from the budget they left; a step that holds prefill (docs/rules.md §18) skips the running prefill chunks on purpose."""
+    """A waiting request receives tokens only if every running request eligible this step received its full capped need, and only from the budget they left; a step that holds prefill (docs/rules.md §18) skips the running prefill chunks on purpose, and a multi-module MTP drafter's prefill lookahead (§15.9) may cut a chunk the budget cut, leaving budget to admissions."""
     if not output.admitted:
         return NOT_APPLICABLE
     granted = output.scheduled
@@ -175,7 +183,8 @@ def running_before_waiting(before, output, after):
         need = get_capped_need(before, before.requests[rid])
         if held and before.requests[rid].is_prefill_chunk:
             continue
-        if need > 0 and granted.get(rid, 0) != need:
+        if need > 0 and granted.get(rid, 0) != need and \
+                not cut_by_prefill_lookahead(before.config, before.requests[rid], granted.get(rid, 0)):
             return violated("a waiting request was admitted while a running one was short",
                             admitted=list(output.admitted), running_request=rid,
                             capped_need=need, granted=granted.get(rid, 0))

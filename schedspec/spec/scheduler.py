@@ -146,8 +146,8 @@ def num_new_tokens_running(s: ScheduleWork, r: Request) -> int:
     if 0 < s.threshold < n:  # cap 1 (S:844)
         n = s.threshold
     n = min(n, s.token_budget, s.input_budget - s.draft_slots)  # cap 2 (S:846-848)
-    # [seams: mamba alignment, encoder budget, MTP prefill lookahead (S:860-889)]
-    return min(n, s.config.max_model_len - r.num_computed_tokens - 1)  # cap 3: 1 sampled token (S:852)
+    n = min(n, s.config.max_model_len - r.num_computed_tokens - 1)  # cap 3: 1 sampled token (S:852)
+    return spec_decode.reserve_prefill_lookahead(s.config, r, r.num_computed_tokens, n)  # [seams: S:860-884]
 
 
 def allocate_or_preempt(s: ScheduleWork, rid: str, n: int) -> bool:
@@ -219,8 +219,8 @@ def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blo
     if hits or num_new_blocks:  # else it holds the blocks already: most decode steps
         s.kv.allocate(rid, hits, num_new_blocks)
     if r.block_hashes:  # only full blocks are cached, and only prefix caching hashes them
-        num_computed_tokens = r.num_computed_tokens + len(hits) * s.config.block_size + external
-        s.kv.cache_blocks(rid, r.block_hashes, min(num_computed_tokens + n, r.num_tokens), s.config.block_size)
+        done = min(r.num_computed_tokens + len(hits) * s.config.block_size + external + n, r.num_tokens)  # K:622
+        s.kv.cache_blocks(rid, r.block_hashes, spec_decode.cacheable_tokens(s.config, done), s.config.block_size)
 
 
 def grant(s: ScheduleWork, rid: str, n: int) -> None:
@@ -249,7 +249,9 @@ def schedule_waiting(s: ScheduleWork) -> None:
                 or (r.num_computed_tokens == 0 and kv_connector.undecided(r)):
             skipped.append(s.waiting.popleft())
             continue
-        if not admit(s, rid):
+        if (admitted := admit(s, rid)) is None:  # skipped, admitting nothing: loras stay (S:1394-1398)
+            skipped.append(s.waiting.popleft())
+        elif not admitted:
             break
         loras.update(lora.running_loras(s.requests[x] for x in s.running[-1:]))  # S:1563-1565
     s.waiting.extendleft(reversed(skipped))
@@ -258,9 +260,9 @@ def schedule_waiting(s: ScheduleWork) -> None:
     s.cadence = prefill_throttle.after_waiting_loop(s, skipped + s.loads)  # a load start skips it (S:1545)
 
 
-def admit(s: ScheduleWork, rid: str) -> bool:
+def admit(s: ScheduleWork, rid: str) -> bool | None:
     """Admit the head of waiting, from its prefix hit, if its tokens and blocks fit;
-    False stops admission: it never preempts (S:1102-1461); an asynchronous KV load starts."""
+    False stops admission: it never preempts (S:1102-1461); None skips it; a KV load starts."""
     c = s.config
     r = s.requests[rid]
     # From zero computed tokens (S:1110-1127; a KV holder's are loaded, S:1262-1272), not for a request
@@ -277,8 +279,8 @@ def admit(s: ScheduleWork, rid: str) -> bool:
     if s.defer_prefills and prefill_throttle.has_prefill_left(num_computed_tokens, r.num_tokens):  # S:1290
         return False
     n = num_new_tokens_waiting(s, r, num_computed_tokens)
-    if n is None:
-        return False
+    if not n:  # None stops admission; 0 (no chunk outside an MTP drafter's lookahead) skips it
+        return None if n == 0 else False
     padded = spec_decode.pads_new_decode(s, r, num_computed_tokens)
     num_new_blocks = blocks_to_allocate(s, rid, n, hits, external, full_sequence_must_fit=c.scheduler_reserve_full_isl,
                                         has_scheduled_reqs=bool(s.running))  # S:1449-1451
@@ -305,8 +307,9 @@ def admit(s: ScheduleWork, rid: str) -> bool:
 
 
 def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int) -> int | None:
-    """The tokens an admission gets (S:1295-1346), or None when chunked prefill is
-    off and the whole request does not fit, which stops admission (S:1337-1344)."""
+    """The tokens an admission gets (S:1295-1392), or None when chunked prefill is
+    off and the whole request does not fit, which stops admission (S:1337-1344);
+    0 when no chunk ends outside a multi-module MTP drafter's lookahead."""
     budget = min(s.token_budget, s.input_budget - s.draft_slots)  # S:1295
     # num_tokens, not num_prompt_tokens: a resumed request replays its outputs (S:1306).
     n = r.num_tokens - num_computed_tokens
@@ -318,8 +321,7 @@ def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int
         n = s.threshold
     if not s.config.enable_chunked_prefill and n > budget:
         return None
-    # > 0 (asserted at S:1347), so the waiting loop's `n == 0` skip (S:1394-1398) never acts here.
-    return min(n, budget)  # S:1346
+    return spec_decode.reserve_prefill_lookahead(s.config, r, num_computed_tokens, min(n, budget))  # S:1346-1392
 
 
 def update_after_schedule(s: ScheduleWork) -> None:
@@ -390,8 +392,8 @@ def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int], num_draf
         if had_placeholders:
             r.num_output_placeholders -= len(tokens)
         if was_running and (had_placeholders or w.config.num_speculative_tokens > 0):
-            w.kv.cache_blocks(rid, r.block_hashes, r.num_computed_tokens - r.num_in_flight_tokens,
-                              w.config.block_size)
+            w.kv.cache_blocks(rid, r.block_hashes, spec_decode.cacheable_tokens(
+                w.config, r.num_computed_tokens - r.num_in_flight_tokens), w.config.block_size)
     return status
 
 

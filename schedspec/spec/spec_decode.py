@@ -2,12 +2,12 @@
 step, the padding of a new decode, rejected drafts rolled back, and the drafter's
 proposals after a step (S = vllm/v1/core/sched/scheduler.py, 0.33.0).
 
-The drafter is n-gram or one of the EAGLE family reading one prefill token ahead
-(EAGLE, EAGLE-3, single-module MTP; the prefill-lookahead rule of S:679-697 is void
-there), with `max_num_new_slots_for_drafting` rows of its own in the target batch
-(scheduler.py charges them); `num_lookahead_tokens` KV slots past the scheduled
-tokens are reserved by kv_cache.allocate_slots, and an EAGLE-family drafter may
-drop a prefix hit's last block (eagle_block_drop).
+The drafter is n-gram or one of the EAGLE family, with
+`max_num_new_slots_for_drafting` rows of its own in the target batch (scheduler.py
+charges them); `num_lookahead_tokens` KV slots past the scheduled tokens are
+reserved by kv_cache.allocate_slots.  An EAGLE-family drafter reads prompt tokens
+past a chunk (one; multi-module MTP num_speculative_tokens: reserve_prefill_lookahead,
+cacheable_tokens) and may drop a prefix hit's last block (eagle_block_drop).
 Each function here is called at one site of scheduler.py.
 """
 
@@ -45,6 +45,23 @@ def pads_new_decode(s: ScheduleWork, r: Request, num_computed_tokens: int) -> bo
     return (k > 0 and r.num_tokens - num_computed_tokens == 1 and not s.prefill_scheduled
             and bool(s.scheduled_running or num_computed_tokens > 0)
             and num_computed_tokens + 1 + k + 1 <= s.config.max_model_len)
+
+
+def reserve_prefill_lookahead(config: SchedulerConfig, r: Request, num_computed_tokens: int, n: int) -> int:
+    """A multi-module MTP drafter reads the num_prefill_lookahead_tokens prompt tokens
+    after a prefill chunk: a chunk ends at the prefill's end or at least that far
+    before it, else it is cut, down to 0 (S:678-697).  Void at a lookahead of 1."""
+    remaining = r.num_tokens - num_computed_tokens - n
+    if 0 < remaining < config.num_prefill_lookahead_tokens:
+        n -= config.num_prefill_lookahead_tokens - remaining
+    return max(n, 0)
+
+
+def cacheable_tokens(config: SchedulerConfig, num_tokens: int) -> int:
+    """Of `num_tokens` computed, those whose KV is final, which alone are cached: a
+    multi-module MTP drafter may re-prefill the last num_prefill_lookahead_tokens - 1
+    (kv_cache_coordinator.py:118, 350-356)."""
+    return max(0, num_tokens - max(0, config.num_prefill_lookahead_tokens - 1))
 
 
 def eagle_block_drop(config: SchedulerConfig, hits: list[int]) -> list[int]:
