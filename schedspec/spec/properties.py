@@ -174,7 +174,7 @@ def grants_positive(before, output, after):
 
 @prop
 def running_before_waiting(before, output, after):
-    """A waiting request receives tokens only if every running request eligible this step received its full capped need, and only from the budget they left; a step that holds prefill (docs/rules.md §18) skips the running prefill chunks on purpose, and a multi-module MTP drafter's prefill lookahead (§15.9) may cut a chunk the budget cut, leaving budget to admissions."""
+    """A waiting request receives tokens only if every running request eligible this step received its full capped need, and only from the budget they left; a step that holds prefill (docs/rules.md §18) skips the running prefill chunks on purpose, and a multi-module MTP drafter's prefill lookahead (docs/rules.md §15.9) may cut a chunk the budget cut, leaving budget to admissions."""
     if not output.admitted:
         return NOT_APPLICABLE
     granted = output.scheduled

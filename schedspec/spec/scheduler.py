@@ -343,13 +343,13 @@ def update_after_schedule(s: ScheduleWork) -> None:
 def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]],
                        finished_recving: Iterable[str] = ()
                        ) -> tuple[tuple[tuple[str, RequestStatus], ...], SchedulerState]:
-    """Append sampled tokens, stop requests, free their blocks (S:2259-2551); returns
-    the requests finished, in scheduled order.  Async: `output` may be an older batch;
-    outputs of requests finished meanwhile are dropped (S:2327-2335), of requests
-    preempted meanwhile stale (`deliver_stale_output`); KV loads `finished_recving` (kv_connector.py).
+    """Append sampled tokens, stop requests, free their blocks (S:2259-2551); returns the requests
+    finished, in scheduled order.  Async: `output` may be an older batch; outputs of requests finished
+    meanwhile are dropped (S:2327-2335), of those preempted meanwhile stale (`deliver_stale_output`).
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: state.block_pool is None
+    pre: all(rid in state.requests and (kv_connector.loading(state.requests[rid]) or state.requests[rid].status.is_finished) for rid in finished_recving)
     post: {rid for rid, _ in __return__[0]} <= {rid for rid, _ in output.num_scheduled_tokens} and all(st.is_finished for _, st in __return__[0])
     post: set(__return__[1].requests) == set(state.requests) - {rid for rid, _ in __return__[0]} - (set(finished_recving) & {k for k, r in state.requests.items() if r.status.is_finished})
     post: __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values())
