@@ -16,6 +16,8 @@ has no case for.
 
 from __future__ import annotations
 
+import json
+
 import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -712,6 +714,43 @@ def test_an_aux_output_connector_that_caps_nothing_leaves_its_calls_checked(moni
     assert outs[0].num_scheduled_tokens == {"b": 8}  # a hit of 32
     assert_all_checked(stats, "schedule", "add_request", "finish_requests")
     assert not set(scope.ConnectorWatch.AUX) & s.aux_output_connector.__dict__.keys()
+
+
+def test_a_mock_aux_output_connector_is_judged_by_its_answers(monitor):
+    """Any aux output connector is judged call by call, a test's Mock included (as
+    vLLM's test_finish_request sets one): the scheduler reads only its caps, so
+    add_request and finish_requests are compared, and so is a schedule() whose caps
+    come from vLLM's own connector behind a Mock (test_scheduler_reset_prefix_cache);
+    a plain Mock's cap, not a number, puts its schedule() outside scope."""
+    from unittest.mock import Mock
+
+    from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
+
+    s = build_scheduler()
+    s.aux_output_connector = Mock()
+
+    def add_and_finish():
+        for rid in ("a", "b"):
+            s.add_request(request(rid, 20))
+        s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    assert_all_checked(watch(monitor, add_and_finish), "add_request", "finish_requests")
+    stats = watch(monitor, lambda: s.schedule())
+    assert stats["outside_scope"] and not stats["divergences"], stats
+    assert "aux output connector" in json.dumps(stats), stats
+
+    s = build_scheduler(prefix_caching=True)
+    s.aux_output_connector = Mock(wraps=AuxOutputSchedulerConnector(s.kv_cache_manager))
+    outs: list = []
+    tokens = list(range(1, 41))
+
+    def calls():
+        s.add_request(request("a", tokens=tokens, sched=s))
+        s.schedule()
+        s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+        s.add_request(request("b", tokens=tokens, sched=s))
+        outs.append(s.schedule())
+    assert_all_checked(watch(monitor, calls), "schedule", "add_request", "finish_requests")
+    assert s.aux_output_connector.max_cache_hit.called
 
 
 @case("PREFIX_REPLAY", companions=("KV_CACHE_GROUPS",))

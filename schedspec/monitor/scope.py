@@ -147,14 +147,17 @@ def connector_watchable(conn: Any, feature: str) -> bool:
     """A connector whose calls can be judged one by one (ConnectorWatch): on vLLM
     0.33.0, whose code paths with each connector were read, and an object the
     watch can wrap methods on.  A KV connector also without divergent hybrid hits
-    (S:667-671; its paths: S:925-927, 1130-1214, 1467-1500, 3349-3401); an aux output
-    connector of vLLM's own class (a test's Mock in its place is not judged)."""
+    (S:667-671; its paths: S:925-927, 1130-1214, 1467-1500, 3349-3401).  An aux output
+    connector of any class, a test's Mock included: the scheduler reads only its answers
+    to max_cache_hit and cap_external_hit (S:1117-1121, 1189-1197), which the watch
+    judges (a Mock's answer, not an int, is named); every other call's result is
+    ignored (request_loading S:1538-1541, request_finished S:1815-1816 and 3036-3037,
+    reset S:3224-3225) or goes to the output alone (take_output, S:2449-2452;
+    build_connector_meta, S:1760-1765)."""
     if not (newest_rules() and hasattr(conn, "__dict__")):
         return False
     if feature == KV_CONNECTOR:
         return getattr(conn, "supports_divergent_local_hybrid_hits", True) is False
-    if feature == AUX_OUTPUT_CONNECTOR:
-        return type(conn).__name__ == "AuxOutputSchedulerConnector"
     return True
 
 
