@@ -419,10 +419,10 @@ class Both:
         self.pending[id(a)] = b
         return a
 
-    def update_from_output(self, output, sampled, finished_recving=()):
+    def update_from_output(self, output, sampled, finished_recving=(), finished_sending=()):
         b = self.pending.pop(id(output))
-        x = self.spec.update_from_output(output, sampled, finished_recving)
-        y = self.vllm.update_from_output(b, sampled, finished_recving)
+        x = self.spec.update_from_output(output, sampled, finished_recving, finished_sending)
+        y = self.vllm.update_from_output(b, sampled, finished_recving, finished_sending)
         assert list(x) == list(y)
         self.agree("update_from_output")
         return x

@@ -31,6 +31,9 @@ FEATURES = (
     "scenarios with a KV connector requiring delivery", "in-flight outputs dropped for KV delivery",
     # requests aborted mid-load, held until the load ends; lookahead block hashes; the EAGLE block drop
     "KV connector loads ended after their request finished",
+    # a KV producer's sends: finished requests held until the send is reported
+    "scenarios with KV connector sends", "KV connector sends ended after their request finished",
+    "steps scheduling past blocks held for a KV send",
     "scenarios with lookahead block hashes", "prefix hits on lookahead block hashes",
     "scenarios with the EAGLE block drop", "prefix hits with the EAGLE block dropped",
     "scenarios with a multi-module MTP drafter", "steps with a prefill chunk under an MTP drafter's lookahead",

@@ -202,6 +202,9 @@ def prepare(scenario: Scenario) -> _Prepared | str:
         if r.kv_connector_tokens:
             return (f"requests[{i}].kv_connector_tokens: = {r.kv_connector_tokens}: the torch implementation "
                     "does not model KV connector hits; use --impl spec or vllm")
+        if r.kv_connector_send_steps is not None:
+            return (f"requests[{i}].kv_connector_send_steps: = {r.kv_connector_send_steps}: the torch "
+                    "implementation does not model KV connector sends; use --impl spec or vllm")
     requests = []
     checked = _front_end_config(config)
     for i, r in enumerate(scenario.requests):

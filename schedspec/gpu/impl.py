@@ -79,6 +79,9 @@ class TorchScheduler:
         if request.kv_connector_tokens:  # refused, never ignored
             raise ValueError(f"request {request.request_id}: kv_connector_tokens: the torch implementation does not "
                              "model KV connector hits; use --impl spec or vllm")
+        if request.kv_connector_sends:  # refused, never ignored
+            raise ValueError(f"request {request.request_id}: kv_connector_sends: the torch implementation does not "
+                             "model KV connector sends; use --impl spec or vllm")
         if request.request_id in self.slot:
             raise ConfigError("id", f"duplicate request id {request.request_id!r}")
         j = len(self.requests)

@@ -25,7 +25,7 @@ from schedspec.spec.config import ConfigError, SchedulerConfig, config_from_dict
 from .compare import Divergence
 from .engine import run_scenario
 from .example_files import resolve_scenario_path
-from .impl import DraftTaking, GrammarTaking, takes_finished_recving
+from .impl import DraftTaking, GrammarTaking, takes_finished_recving, takes_finished_sending
 from .scenario import Scenario, ScenarioError, load_scenario
 from .shrink import shrink
 
@@ -79,7 +79,10 @@ class TimedImpl:
             self.update_draft_token_ids = lambda drafts: self._timed(impl.update_draft_token_ids, drafts)
         if isinstance(impl, GrammarTaking):
             self.grammar_compiled = lambda ids, failed=False: self._timed(impl.grammar_compiled, ids, failed)
-        if takes_finished_recving(impl):  # async KV loads
+        if takes_finished_recving(impl) and takes_finished_sending(impl):  # async KV loads, KV sends
+            self.update_from_output = lambda output, sampled, finished_recving=(), finished_sending=(): self._timed(
+                impl.update_from_output, output, sampled, finished_recving, finished_sending)
+        elif takes_finished_recving(impl):  # async KV loads
             self.update_from_output = lambda output, sampled, finished_recving=(): self._timed(
                 impl.update_from_output, output, sampled, finished_recving)
         if hasattr(impl, "models_kv_connector_hits"):

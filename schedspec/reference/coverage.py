@@ -55,6 +55,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with the adaptive long-prefill threshold")
     if any(r.kv_connector_tokens for r in scenario.requests):
         bump("scenarios with KV connector hits")
+    if any(r.kv_connector_send_steps is not None for r in scenario.requests):
+        bump("scenarios with KV connector sends")
     if scenario.config.get("requires_kv_delivery"):
         bump("scenarios with a KV connector requiring delivery")
     if scenario.config.get("num_hash_lookahead_tokens"):
@@ -206,9 +208,13 @@ class StepCoverage:
         for rid in out.admitted:
             if before.requests[rid].status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 _bump(cov, "KV connector async loads admitted")
-        for rid, r in before.requests.items():  # finished mid-load, its blocks held until the load ends
+        for rid, r in before.requests.items():  # finished, its blocks held until a load or a send ends
             if r.status.is_finished and rid not in after.requests:
-                _bump(cov, "KV connector loads ended after their request finished")
+                _bump(cov, "KV connector sends ended after their request finished" if r.kv_connector_sends
+                      else "KV connector loads ended after their request finished")
+        if out.num_scheduled_tokens and any(r.status.is_finished and r.kv_connector_sends
+                                            for r in before.requests.values()):
+            _bump(cov, "steps scheduling past blocks held for a KV send")
         if any(before.requests[w].status == RequestStatus.WAITING_FOR_REMOTE_KVS for w in before.waiting) \
                 and out.num_scheduled_tokens:
             _bump(cov, "steps scheduling past a request loading KV")

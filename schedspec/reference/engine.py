@@ -15,14 +15,14 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from schedspec.spec.config import ConfigError
 from schedspec.spec.request import EOS_TOKEN_ID, Request, RequestStatus
 from schedspec.spec.input_processor import make_request
 from schedspec.spec.scheduler import append_output_tokens
 from schedspec.spec.state import SchedulerOutput, SchedulerState
-from .impl import DraftTaking, GrammarTaking, SchedulerImpl, takes_finished_recving
+from .impl import DraftTaking, GrammarTaking, SchedulerImpl, takes_finished_recving, takes_finished_sending
 from .prompts import NON_EOS_TOKEN_ID, prompt_token_ids
 from .scenario import Scenario
 
@@ -178,15 +178,45 @@ class KVLoads:
         return done
 
 
+class KVSends:
+    """KV sends in flight (formats.md, kv_connector_send_steps): a request whose KV the
+    connector sends, finished in engine step t, holds its blocks until the worker
+    reports the send to the update_from_output of step t + kv_connector_send_steps, or
+    to the first one after it, as finished_sending (S:2581, 3579-3582).  Not one
+    finished mid-load: the load's report frees it (S:3572-3577), and vLLM asserts
+    that a report names a request it holds (S:3566, 3580)."""
+
+    def __init__(self, send_steps: Mapping[str, int]):
+        self.send_steps = send_steps
+        self.finished_at: dict[str, int] = {}
+
+    def finished(self, step: int, request_ids: Sequence[str]) -> None:
+        for rid in request_ids:
+            if rid in self.send_steps:
+                self.finished_at.setdefault(rid, step)
+
+    def due(self, step: int, state: SchedulerState, loading: Collection[str] = ()) -> list[str]:
+        """The sends reported at `step`, given the state before the update and the
+        requests whose load is in flight or reported with it."""
+        done = [rid for rid, at in self.finished_at.items() if step - at >= self.send_steps[rid]]
+        for rid in done:
+            del self.finished_at[rid]
+        return [rid for rid in done if rid in state.requests and state.requests[rid].status.is_finished
+                and rid not in loading]
+
+
 def _update(impl: SchedulerImpl, output: SchedulerOutput, sampled: Mapping[str, list[int]],
-            loads: KVLoads | None, step: int):
-    finished_recving = loads.due(step) if loads is not None else ()
-    if finished_recving:
-        return impl.update_from_output(output, sampled, finished_recving=finished_recving)
-    return impl.update_from_output(output, sampled)
+            loads: KVLoads | None, step: int, sends: KVSends | None = None, state: SchedulerState | None = None):
+    reports = {}
+    if loads is not None and (finished_recving := loads.due(step)):
+        reports["finished_recving"] = finished_recving
+    loading = set(reports.get("finished_recving", ())) | set(loads.started if loads is not None else ())
+    if sends is not None and (finished_sending := sends.due(step, state, loading)):
+        reports["finished_sending"] = finished_sending
+    return impl.update_from_output(output, sampled, **reports)
 
 
-def _sync_step(impl: SchedulerImpl, model: FakeModel, step: int, loads: KVLoads | None):
+def _sync_step(impl: SchedulerImpl, model: FakeModel, step: int, loads: KVLoads | None, sends: KVSends | None):
     """formats.md steps 3-5: schedule, the fake model, update_from_output, and with
     speculative decoding the drafter (EngineCore.step, v1/engine/core.py:690-707)."""
     before = impl.observe()
@@ -195,13 +225,14 @@ def _sync_step(impl: SchedulerImpl, model: FakeModel, step: int, loads: KVLoads 
     if loads is not None:
         loads.seen(step, mid)
     sampled = fake_model(model, output, mid)
-    stopped = _update(impl, output, sampled, loads, step)
+    stopped = _update(impl, output, sampled, loads, step, sends, mid)
     if mid.config.num_speculative_tokens:
         impl.update_draft_token_ids(model.propose([rid for rid, _ in output.num_scheduled_tokens], impl.observe()))
     return before, output, mid, impl.observe(), sampled, stopped
 
 
-def _async_step(impl: SchedulerImpl, step: int, model: FakeModel, in_flight: deque, loads: KVLoads | None):
+def _async_step(impl: SchedulerImpl, step: int, model: FakeModel, in_flight: deque, loads: KVLoads | None,
+                sends: KVSends | None):
     """formats.md's async engine step, as vLLM's EngineCore.step_with_batch_queue
     runs it with two batches in flight (v1/engine/core.py:708-822)."""
     before = impl.observe()
@@ -226,7 +257,7 @@ def _async_step(impl: SchedulerImpl, step: int, model: FakeModel, in_flight: deq
         r = mid.requests.get(rid)
         if r is not None:  # finished or aborted meanwhile: vLLM drops its output (S:2327-2335)
             sampled[rid] = model.sample(rid, r, drafts.get(rid, 0), rid in admitted, async_drafts=True)
-    stopped = _update(impl, batch, sampled, loads, step)
+    stopped = _update(impl, batch, sampled, loads, step, sends, mid)
     return before, output, mid, impl.observe(), sampled, stopped, called, applied
 
 
@@ -246,15 +277,15 @@ class EngineStep:
 
 
 def engine_step(impl: SchedulerImpl, step: int, model: "FakeModel | Mapping[str, int | None]",
-                in_flight: deque | None, loads: KVLoads | None = None) -> EngineStep:
+                in_flight: deque | None, loads: KVLoads | None = None, sends: KVSends | None = None) -> EngineStep:
     """One engine step of formats.md on `impl`: synchronous when `in_flight` is None,
-    else with two batches in flight; `loads`, the asynchronous KV loads in flight.
+    else with two batches in flight; `loads` and `sends`, the KV loads and sends in flight.
     The engine loop and the hypothesis state machine (tests/machine.py) both step
     through here."""
     model = FakeModel.of(model)
     if in_flight is None:
-        return EngineStep(*_sync_step(impl, model, step, loads), True, step)
-    return EngineStep(*_async_step(impl, step, model, in_flight, loads))
+        return EngineStep(*_sync_step(impl, model, step, loads, sends), True, step)
+    return EngineStep(*_async_step(impl, step, model, in_flight, loads, sends))
 
 
 def step_record(step: int, output: SchedulerOutput, mid: SchedulerState, after: SchedulerState,
@@ -356,7 +387,8 @@ def run_scenario(
         try:
             requests[r.id] = make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time,
                                           tokens.get(r.id), r.lora_int_id, r.grammar_compile_steps is not None,
-                                          r.kv_connector_tokens, r.kv_connector_load_steps is not None)
+                                          r.kv_connector_tokens, r.kv_connector_load_steps is not None,
+                                          r.kv_connector_send_steps is not None)
         except ConfigError as e:
             return rejected(f"requests[{i}].{e}")
 
@@ -366,12 +398,18 @@ def run_scenario(
     held = [i for i, r in enumerate(scenario.requests) if r.kv_connector_tokens]
     if held and getattr(impl, "models_kv_connector_hits", True) is False:
         return rejected(f"requests[{held[0]}].kv_connector_tokens: {name} does not model KV connector hits")
-    load_steps = {r.id: r.kv_connector_load_steps for r in scenario.requests if r.kv_connector_load_steps}
-    if load_steps and not takes_finished_recving(impl):
-        i = next(i for i, r in enumerate(scenario.requests) if r.kv_connector_load_steps)
-        return rejected(f"requests[{i}].kv_connector_load_steps: {name} does not model asynchronous KV loads "
-                        "(its update_from_output takes no finished_recving)")
-    loads = KVLoads(load_steps) if load_steps else None
+    # The worker's reports: each needs its update_from_output argument.
+    steps_of = {}
+    for field, takes, what, argument in (
+            ("kv_connector_load_steps", takes_finished_recving, "asynchronous KV loads", "finished_recving"),
+            ("kv_connector_send_steps", takes_finished_sending, "KV connector sends", "finished_sending")):
+        steps_of[field] = {r.id: getattr(r, field) for r in scenario.requests if getattr(r, field)}
+        if steps_of[field] and not takes(impl):
+            i = next(i for i, r in enumerate(scenario.requests) if getattr(r, field))
+            return rejected(f"requests[{i}].{field}: {name} does not model {what} "
+                            f"(its update_from_output takes no {argument})")
+    loads = KVLoads(steps_of["kv_connector_load_steps"]) if steps_of["kv_connector_load_steps"] else None
+    sends = KVSends(steps_of["kv_connector_send_steps"]) if steps_of["kv_connector_send_steps"] else None
     if grammars and not isinstance(impl, GrammarTaking):
         return rejected(f"requests[].grammar_compile_steps: {name} does not model structured output "
                         "(it has no grammar_compiled)")
@@ -412,7 +450,7 @@ def run_scenario(
             ids = [rid for rid, f in grammars.get(step, ()) if f == failed]
             if ids:
                 impl.grammar_compiled(ids, failed)
-        e = engine_step(impl, step, model, in_flight, loads)
+        e = engine_step(impl, step, model, in_flight, loads, sends)
         before, output, mid, after, sampled, stopped = e.before, e.output, e.mid, e.after, e.sampled, e.stopped
         called, applied = e.called, e.applied
         # Requests finished with an error come last, in id order: vLLM finishes them from a set.
@@ -420,6 +458,8 @@ def run_scenario(
                      if status != RequestStatus.FINISHED_ERROR]
         finished += sorted([rid, FINISH_REASON[status]] for rid, status in stopped
                            if status == RequestStatus.FINISHED_ERROR)
+        if sends is not None:
+            sends.finished(step, [rid for rid, _ in finished])
         holds_requests = bool(after.requests or after.running or after.waiting or in_flight
                               or after.finished_req_ids and in_flight is not None)
 

@@ -75,7 +75,9 @@ mid-block or whole-prompt-but-one prefix, loaded beyond the local hit at admissi
 (spec/kv_connector.py), which a shared prefix may already cover.  In half of those
 scenarios, about 60 % of the held prefixes load asynchronously
 (`kv_connector_load_steps` 1 to 6), aborted as any other (one aborted mid-load keeps
-its blocks until the load ends); one
+its blocks until the load ends).  In one in three, about 40 % of the requests have
+their KV sent once they finish (`kv_connector_send_steps` 1 to 6: their blocks held
+until the send is reported).  One
 scenario in three has a connector requiring KV delivery (`requires_kv_delivery`:
 preemptions drop output in flight).
 
@@ -469,6 +471,14 @@ def _kv_connector(rng: random.Random, block_size: Any, requests: list[RequestSpe
     if rng.random() < 1 / 2:  # asynchronous loads, finishing 1 to 6 steps after they start
         out = [dataclasses.replace(r, kv_connector_load_steps=rng.choice([1, 1, 2, 3, 6]))
                if r.kv_connector_tokens and rng.random() < 0.6 else r for r in out]
+    # A KV producer's sends, reported 1 to 6 steps after the finish: drawn from a generator
+    # of their own, seeded from `rng`'s state without advancing it, so that a seed's
+    # scenarios stay those drawn before sends were modelled, with sends added.
+    # (A str seed, hashed by `random` itself: hash() of the state varies between processes.)
+    sends = random.Random(repr(rng.getstate()[1]))
+    if sends.random() < 1 / 3:
+        out = [dataclasses.replace(r, kv_connector_send_steps=sends.choice([1, 1, 2, 3, 6]))
+               if sends.random() < 0.4 else r for r in out]
     return out
 
 

@@ -74,11 +74,18 @@ class GrammarTaking(Protocol):
 # Asynchronous loads (kv_connector_load_steps) need update_from_output to take a third
 # argument, `finished_recving`: the requests whose load the worker reports finished
 # (vLLM's kv_connector_output.finished_recving); one without it is refused such scenarios.
+# Likewise sends (kv_connector_send_steps) need `finished_sending`, the requests whose KV
+# the worker reports sent (kv_connector_output.finished_sending).
 
 
 def takes_finished_recving(impl: object) -> bool:
     """Whether `impl`'s update_from_output takes `finished_recving` (asynchronous KV loads)."""
     return "finished_recving" in inspect.signature(impl.update_from_output).parameters
+
+
+def takes_finished_sending(impl: object) -> bool:
+    """Whether `impl`'s update_from_output takes `finished_sending` (KV connector sends)."""
+    return "finished_sending" in inspect.signature(impl.update_from_output).parameters
 
 
 @runtime_checkable
@@ -113,9 +120,9 @@ class SpecScheduler:
         output, self.state = spec_scheduler.schedule(self.state, throttle_prefills)
         return output
 
-    def update_from_output(self, output, sampled_token_ids, finished_recving=()):
+    def update_from_output(self, output, sampled_token_ids, finished_recving=(), finished_sending=()):
         finished, self.state = spec_scheduler.update_from_output(self.state, output, sampled_token_ids,
-                                                                 finished_recving)
+                                                                 finished_recving, finished_sending)
         return finished
 
     def update_draft_token_ids(self, draft_token_ids):

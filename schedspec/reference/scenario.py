@@ -99,6 +99,7 @@ REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
     "grammar_compile_steps": (0, INT32_MAX),
     "kv_connector_tokens": (0, 2**30 - 1),
     "kv_connector_load_steps": (1, INT32_MAX),
+    "kv_connector_send_steps": (1, INT32_MAX),
 }
 ARRIVAL_TIME_BOUND = 2**53  # |arrival_time|; every integer up to it is exact in a float
 TOKEN_ID_BOUNDS = (0, INT32_MAX)
@@ -145,6 +146,9 @@ class RequestSpec:
     # and, for an asynchronous load, the engine steps until the worker reports it finished.
     kv_connector_tokens: int = 0
     kv_connector_load_steps: int | None = None
+    # and, for a request whose KV the connector sends once it finishes (a KV producer's),
+    # the engine steps from its finish until the worker reports the send.
+    kv_connector_send_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,8 @@ class Scenario:
                 d["kv_connector_tokens"] = r.kv_connector_tokens
             if r.kv_connector_load_steps is not None:
                 d["kv_connector_load_steps"] = r.kv_connector_load_steps
+            if r.kv_connector_send_steps is not None:
+                d["kv_connector_send_steps"] = r.kv_connector_send_steps
             reqs.append(d)
         out["requests"] = reqs
         out["aborts"] = [asdict(a) for a in self.aborts]
@@ -419,7 +425,8 @@ def check_bounds(scenario: Scenario) -> None:
         where = f"requests[{i}]"
         for name, bounds in REQUEST_BOUNDS.items():
             _check_int(f"{where}.{name}", getattr(r, name), bounds,
-                       nullable=name in ("max_tokens", "output_len", "grammar_compile_steps", "kv_connector_load_steps"))
+                       nullable=name in ("max_tokens", "output_len", "grammar_compile_steps", "kv_connector_load_steps",
+                                                 "kv_connector_send_steps"))
         t = r.arrival_time
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not abs(t) <= ARRIVAL_TIME_BOUND:
             raise ScenarioError(f"{where}.arrival_time: = {excerpt(t)}, must be a number in "
@@ -577,6 +584,7 @@ def _from_checked_json(data: Any) -> Scenario:
             grammar_error=r.get("grammar_error", False),
             kv_connector_tokens=r.get("kv_connector_tokens", 0),
             kv_connector_load_steps=r.get("kv_connector_load_steps"),
+            kv_connector_send_steps=r.get("kv_connector_send_steps"),
         ))
     scenario = Scenario(
         name=data["name"],
@@ -620,7 +628,7 @@ def validate_scenario(scenario: Scenario) -> SchedulerConfig:
         try:
             make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time, tokens.get(r.id),
                          r.lora_int_id, r.grammar_compile_steps is not None, r.kv_connector_tokens,
-                         r.kv_connector_load_steps is not None)
+                         r.kv_connector_load_steps is not None, r.kv_connector_send_steps is not None)
         except ConfigError as e:
             raise ConfigError(f"requests[{i}].{e.field}", str(e).split(": ", 1)[1]) from None
     return config

@@ -247,7 +247,7 @@ REQUEST_FIELDS = tuple(f.name for f in fields(Request))
 # the scope before it read and write as they always did.
 OPTIONAL_REQUEST_FIELDS = ("spec_token_ids", "lora_int_id", "grammar", "drop_stale_output",
                            "skip_reading_prefix_cache", "kv_connector_tokens", "kv_connector_async",
-                           "kv_load_finished", "num_hash_lookahead_tokens")
+                           "kv_load_finished", "kv_connector_sends", "num_hash_lookahead_tokens")
 GRAMMARS = ("compiling", "compiled", "failed")  # Request.grammar, when it has one (spec/structured_output.py)
 # name -> minimum, for the integer fields (None: any integer).
 _REQUEST_INTS: dict[str, int | None] = {
@@ -278,7 +278,7 @@ def request_to_json(r: Request) -> dict[str, Any]:
         elif name == "block_hashes":
             v = [hash_to_json(h) for h in v]
         elif name in ("lora_int_id", "grammar", "drop_stale_output", "skip_reading_prefix_cache",
-                      "kv_connector_async", "kv_load_finished", "num_hash_lookahead_tokens"):
+                      "kv_connector_async", "kv_load_finished", "kv_connector_sends", "num_hash_lookahead_tokens"):
             if not v:
                 continue
         elif name == "kv_connector_tokens":  # written unless 0; null: the connector cannot tell yet
@@ -313,7 +313,7 @@ def request_from_json(obj: Any, where: str = "request") -> Request:
         elif name in _TOKEN_LISTS:
             values[name] = read_int_list(v, path, 0)
         elif name in ("is_prefill_chunk", "drop_stale_output", "skip_reading_prefix_cache", "kv_connector_async",
-                      "kv_load_finished"):
+                      "kv_load_finished", "kv_connector_sends"):
             values[name] = read_bool(v, path)
         elif name == "eos_token_id":
             values[name] = read_int(v, path, 0, nullable=True)

@@ -45,7 +45,7 @@ from schedspec.spec.state import SchedulerState
 
 from .campaign import safe_stem
 from .engine import run_scenario
-from .impl import SpecScheduler, StateLoadable, takes_finished_recving
+from .impl import SpecScheduler, StateLoadable, takes_finished_recving, takes_finished_sending
 from .scenario import Scenario
 from .state_json import (STATUS_NAMES, StateJsonError, index_path, output_from_json, output_to_json, read_bool,
                          read_list, read_object, read_str, read_str_list, request_from_json, request_to_json,
@@ -84,6 +84,7 @@ class Call:
     output: SchedulerOutput | None = None  # update_from_output
     sampled_token_ids: Mapping[str, list[int]] | None = None  # update_from_output
     finished_recving: tuple[str, ...] = ()  # update_from_output: KV loads the worker reports finished
+    finished_sending: tuple[str, ...] = ()  # update_from_output: KV sends the worker reports finished
     throttle_prefills: bool = False  # schedule: a data-parallel engine's off-cadence step
 
 
@@ -101,20 +102,24 @@ def finish_requests_call(request_ids: Iterable[str], status: RequestStatus) -> d
 
 
 def update_from_output_call(output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]],
-                            finished_recving: Iterable[str] = ()) -> dict[str, Any]:
-    """`finished_recving` is written only when some load finished: vectors from before it read alike."""
+                            finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()
+                            ) -> dict[str, Any]:
+    """`finished_recving` and `finished_sending` are written only when some load or send
+    finished: vectors from before them read alike."""
     return {"name": "update_from_output", "output": output_to_json(output),
             "sampled_token_ids": sampled_to_json(sampled_token_ids),
-            **({"finished_recving": list(finished_recving)} if finished_recving else {})}
+            **({"finished_recving": list(finished_recving)} if finished_recving else {}),
+            **({"finished_sending": list(finished_sending)} if finished_sending else {})}
 
 
 _CALL_FIELDS = {
     "schedule": ("name", "throttle_prefills"),
     "add_request": ("name", "request"),
     "finish_requests": ("name", "request_ids", "status"),
-    "update_from_output": ("name", "output", "sampled_token_ids", "finished_recving"),
+    "update_from_output": ("name", "output", "sampled_token_ids", "finished_recving", "finished_sending"),
 }
-_OPTIONAL_CALL_FIELDS = {"schedule": ("throttle_prefills",), "update_from_output": ("finished_recving",)}
+_OPTIONAL_CALL_FIELDS = {"schedule": ("throttle_prefills",),
+                         "update_from_output": ("finished_recving", "finished_sending")}
 
 
 def call_from_json(obj: Any, where: str = "call") -> Call:
@@ -136,7 +141,8 @@ def call_from_json(obj: Any, where: str = "call") -> Call:
     if name == "update_from_output":
         return Call(name, output=output_from_json(raw["output"], f("output")),
                     sampled_token_ids=sampled_from_json(raw["sampled_token_ids"], f("sampled_token_ids")),
-                    finished_recving=read_str_list(raw.get("finished_recving", []), f("finished_recving")))
+                    finished_recving=read_str_list(raw.get("finished_recving", []), f("finished_recving")),
+                    finished_sending=read_str_list(raw.get("finished_sending", []), f("finished_sending")))
     return Call(name, throttle_prefills=read_bool(raw.get("throttle_prefills", False), f("throttle_prefills")))
 
 
@@ -146,7 +152,8 @@ def call_to_json(call: Call) -> dict[str, Any]:
     if call.name == "finish_requests":
         return finish_requests_call(call.request_ids, call.status)
     if call.name == "update_from_output":
-        return update_from_output_call(call.output, call.sampled_token_ids, call.finished_recving)
+        return update_from_output_call(call.output, call.sampled_token_ids, call.finished_recving,
+                                       call.finished_sending)
     return schedule_call(call.throttle_prefills)
 
 
@@ -194,7 +201,8 @@ def run_spec(state: SchedulerState, call: Call) -> tuple[Any, SchedulerState]:
         return None, spec_scheduler.add_request(state, call.request)
     if call.name == "finish_requests":
         return spec_scheduler.finish_requests(state, call.request_ids, call.status)
-    return spec_scheduler.update_from_output(state, call.output, call.sampled_token_ids, call.finished_recving)
+    return spec_scheduler.update_from_output(state, call.output, call.sampled_token_ids, call.finished_recving,
+                                             call.finished_sending)
 
 
 def apply_call(state: SchedulerState, call: Mapping[str, Any]) -> tuple[dict[str, Any], SchedulerState]:
@@ -481,12 +489,14 @@ def invoke(impl: Any, call: Call) -> Any:
         return impl.finish_requests(list(call.request_ids), call.status)
     # The call's output is the one to apply: an implementation that schedules
     # differently still gets the spec's batch.
-    if call.finished_recving:
-        if not takes_finished_recving(impl):
-            raise VectorError(f"call.finished_recving: implementation {implementation_name(impl)}'s "
-                              "update_from_output() takes no finished_recving argument")
-        return impl.update_from_output(call.output, call.sampled_token_ids, finished_recving=call.finished_recving)
-    return impl.update_from_output(call.output, call.sampled_token_ids)
+    reports = {}
+    for field, takes in (("finished_recving", takes_finished_recving), ("finished_sending", takes_finished_sending)):
+        if getattr(call, field):
+            if not takes(impl):
+                raise VectorError(f"call.{field}: implementation {implementation_name(impl)}'s "
+                                  f"update_from_output() takes no {field} argument")
+            reports[field] = getattr(call, field)
+    return impl.update_from_output(call.output, call.sampled_token_ids, **reports)
 
 
 def diff_json(expected: Any, got: Any, path: str = "") -> list[str]:
@@ -598,7 +608,9 @@ class Recorder:
         self.is_spec = type(impl) is SpecScheduler  # a subclass may answer differently
         self.step = 0  # the engine step the next call belongs to (set through `at_step`)
         self.calls = 0
-        if takes_finished_recving(impl):  # async KV loads
+        if takes_finished_recving(impl) and takes_finished_sending(impl):  # async KV loads, KV sends
+            self.update_from_output = self._update_with_reports
+        elif takes_finished_recving(impl):  # async KV loads
             self.update_from_output = self._update_with_loads
         self.written: list[Path] = []
 
@@ -654,6 +666,12 @@ class Recorder:
         return self._record(update_from_output_call(output, sampled_token_ids, finished_recving),
                             lambda: self.impl.update_from_output(output, sampled_token_ids,
                                                                  finished_recving=finished_recving))
+
+    def _update_with_reports(self, output, sampled_token_ids, finished_recving=(), finished_sending=()):
+        return self._record(update_from_output_call(output, sampled_token_ids, finished_recving, finished_sending),
+                            lambda: self.impl.update_from_output(output, sampled_token_ids,
+                                                                 finished_recving=finished_recving,
+                                                                 finished_sending=finished_sending))
 
     def update_draft_token_ids(self, draft_token_ids):
         """Passed on, not written: the state vector format has no call for the drafter

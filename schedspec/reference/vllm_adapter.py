@@ -55,8 +55,8 @@ from schedspec.spec.state import SchedulerOutput, SchedulerState
 from schedspec.spec.versions import DEFAULT_RELEASE, FIELDS_SINCE, RELEASES, release_key
 
 from .vllm_lift import SCHEDULER_CONFIG_FIELDS as LIFTED_SCHEDULER_CONFIG_FIELDS
-from .vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, LiftError, lift_output, lift_state, loads_in_flight, \
-    mark_held, waiting_status
+from .vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, KV_SENDS_ATTR, LiftError, lift_output, lift_state, \
+    loads_in_flight, mark_held, waiting_status
 
 MODEL_CONFIG = Path(__file__).parent / "vllm_model" / "config.json"
 VLLM_VERSION = "0.33.0"
@@ -335,6 +335,20 @@ def AcceptingGrammar():  # noqa: N802 - builds an instance, as a class would
     return _accepting_grammar[0]()
 
 
+class ReportedSet(set):
+    """The worker's finished_recving or finished_sending: a set, as vLLM types it, that
+    vLLM iterates (S:3566, 3579) in the order given.  A plain set of strings iterates
+    in an order that changes with the process's hash seed, and several frees in one
+    update then reach the free queue, and later evictions, in that order."""
+
+    def __init__(self, items=()):
+        self.order = list(dict.fromkeys(items))
+        super().__init__(self.order)
+
+    def __iter__(self):
+        return iter(self.order)
+
+
 class VllmScheduler:
     """vLLM 0.33.0's `Scheduler` (or `AsyncScheduler`) behind the implementation
     protocol (reference/impl.py)."""
@@ -577,11 +591,14 @@ class VllmScheduler:
         )
         if request.grammar:
             self._await_grammar(req, request.grammar)
-        if request.kv_connector_tokens:
-            if self._kv_store is None:
-                from .vllm_connector import attach_scenario_connector
+        if (request.kv_connector_tokens or request.kv_connector_sends) and self._kv_store is None:
+            from .vllm_connector import attach_scenario_connector
 
-                self._kv_store = attach_scenario_connector(self.sched, self._vllm_config, self._kv_cache_config)
+            self._kv_store = attach_scenario_connector(self.sched, self._vllm_config, self._kv_cache_config)
+        if request.kv_connector_sends:
+            self._kv_store.sends.add(request.request_id)
+            req.__dict__[KV_SENDS_ATTR] = True  # what the lift reads (observe)
+        if request.kv_connector_tokens:
             self._kv_store.holds[request.request_id] = request.kv_connector_tokens
             if request.kv_connector_async:
                 self._kv_store.async_loads.add(request.request_id)
@@ -661,7 +678,7 @@ class VllmScheduler:
 
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]],
-        finished_recving: Sequence[str] = (),
+        finished_recving: Sequence[str] = (), finished_sending: Sequence[str] = (),
     ) -> list[tuple[str, RequestStatus]]:
         entry = self._in_flight.pop(id(output), None)
         if entry is None or entry[0] is not output:
@@ -680,9 +697,11 @@ class VllmScheduler:
             logprobs=None,
             prompt_logprobs_dict={},
             pooler_output=None,
-            # The KV loads the worker reports finished (S:2581, 3566-3571).
-            kv_connector_output=self._v["KVConnectorOutput"](finished_recving=set(finished_recving))
-            if finished_recving else None,
+            # The KV loads and sends the worker reports finished (S:2581, 3566-3582), each
+            # set iterated in the engine's order, which the spec frees them in.
+            kv_connector_output=self._v["KVConnectorOutput"](finished_recving=ReportedSet(finished_recving),
+                                                              finished_sending=ReportedSet(finished_sending))
+            if finished_recving or finished_sending else None,
         )
         # Releases before 0.28.0 have no grammar_compile_error_reqs (structured output
         # is modelled on 0.33.0 only, and never drawn for an older release).

@@ -136,7 +136,7 @@ _STATUS = {s.name: s for s in RequestStatus}
 REQUEST_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Request))
 LIFTED_OTHERWISE = ("request_id", "status", "eos_token_id", "stop_token_ids", "prompt_token_ids", "block_hashes",
                     "partial_block_token_ids", "spec_token_ids", "lora_int_id", "grammar", "kv_connector_tokens",
-                    "kv_connector_async", "kv_load_finished", "num_hash_lookahead_tokens")
+                    "kv_connector_async", "kv_load_finished", "kv_connector_sends", "num_hash_lookahead_tokens")
 # A field added to the spec's Request must be lifted too: fail at import, not lift it silently wrong.
 if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE):
     raise ImportError("vllm_lift: the spec's Request fields changed; lift_request does not cover "
@@ -163,6 +163,9 @@ KV_ASYNC_ATTR = "schedspec_kv_connector_async"  # and whether it answered an asy
 # A request finished while its asynchronous load was in flight, which vLLM keeps, with its
 # blocks, until the load ends (S:3016-3027): the spec's request finished mid-load (spec/kv_connector.py).
 HELD_LOAD_ATTR = "schedspec_held_for_load"
+# Whether its KV connector answers delay_free when it finishes (S:3040-3060): the spec's
+# kv_connector_sends, set where the connector's answer is known (the vLLM adapter's store).
+KV_SENDS_ATTR = "schedspec_kv_connector_sends"
 
 
 def loads_in_flight(sched: Any, request_ids: Iterable[str]) -> list:
@@ -251,7 +254,7 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, l
     drafts = tuple(r.spec_token_ids) if r.spec_token_ids else ()
     grammar = lift_grammar(r) if getattr(r, "structured_output_request", None) is not None else ""
     external = r.__dict__.get(KV_CONNECTOR_ATTR, 0)
-    kv = (r.__dict__.get(KV_ASYNC_ATTR, False), load_finished)
+    kv = (r.__dict__.get(KV_ASYNC_ATTR, False), load_finished, r.__dict__.get(KV_SENDS_ATTR, False))
     key = (shared, r.status, hashes, tail, drafts, grammar, external, kv)
     if key == cache[1]:
         return cache[2]
@@ -259,7 +262,8 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, l
     if like is not None and like.status is status and _shared(like) == shared \
             and (like.block_hashes, like.partial_block_token_ids, like.request_id, like.eos_token_id,
                  like.spec_token_ids, like.lora_int_id, like.grammar, like.kv_connector_tokens,
-                 (like.kv_connector_async, like.kv_load_finished), like.num_hash_lookahead_tokens) == \
+                 (like.kv_connector_async, like.kv_load_finished, like.kv_connector_sends),
+                 like.num_hash_lookahead_tokens) == \
             (hashes, tail, fixed[1], fixed[2], drafts, fixed[5], grammar, external, kv, fixed[6]) \
             and _same(like.stop_token_ids, fixed[3]) and _same(like.prompt_token_ids, fixed[4]):
         cache[1], cache[2] = key, like
@@ -268,7 +272,7 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, l
     values.update(request_id=fixed[1], status=status, eos_token_id=fixed[2],
                   stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
                   partial_block_token_ids=tail, spec_token_ids=drafts, lora_int_id=fixed[5], grammar=grammar,
-                  kv_connector_tokens=external, kv_connector_async=kv[0], kv_load_finished=kv[1],
+                  kv_connector_tokens=external, kv_connector_async=kv[0], kv_load_finished=kv[1], kv_connector_sends=kv[2],
                   num_hash_lookahead_tokens=fixed[6])
     lifted = Request.__new__(Request)
     lifted.__dict__ = values  # every field, by name: what Request(...) would hold
@@ -493,9 +497,10 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
     config = config or lift_config(sched)
     alike = like.requests if like is not None else {}
     loaded = getattr(sched, "finished_recving_kv_req_ids", None) or ()
-    # Finished requests vLLM still holds: those finished mid-load (mark_held) are the spec's too.
+    # Finished requests vLLM still holds: those finished mid-load (mark_held) or whose KV is
+    # sent (KV_SENDS_ATTR) are the spec's too.
     requests = {rid: lift_request(r, config, alike.get(rid), rid in loaded) for rid, r in sched.requests.items()
-                if not r.is_finished() or r.__dict__.get(HELD_LOAD_ATTR)}
+                if not r.is_finished() or r.__dict__.get(HELD_LOAD_ATTR) or r.__dict__.get(KV_SENDS_ATTR)}
     pool = like.block_pool if like is not None else None
     vset = sched.finished_req_ids
     finished = [rid for rid in dict.fromkeys(finish_order) if rid in vset]
@@ -607,6 +612,6 @@ def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str
     return out
 
 
-__all__ = ["HELD_LOAD_ATTR", "LiftError", "SHARED_REQUEST_FIELDS", "is_async", "lift_block_counts", "lift_block_pool",
+__all__ = ["HELD_LOAD_ATTR", "KV_SENDS_ATTR", "LiftError", "SHARED_REQUEST_FIELDS", "is_async", "lift_block_counts", "lift_block_pool",
            "lift_config", "lift_output", "lift_request", "lift_state", "lift_status", "sampled_tokens",
            "loads_in_flight", "mark_held", "waiting_order", "waiting_status"]

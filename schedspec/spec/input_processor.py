@@ -22,7 +22,7 @@ def make_request(
     prompt_token_ids: Sequence[int] | None = None,
     lora_int_id: int = 0,
     structured_output: bool = False,
-    kv_connector_tokens: int = 0, kv_connector_async: bool = False,
+    kv_connector_tokens: int = 0, kv_connector_async: bool = False, kv_connector_sends: bool = False,
 ) -> Request:
     """A new WAITING request, after vLLM's front-end checks
     (v1/engine/input_processor.py:476-602).  With prefix caching the prompt's
@@ -43,7 +43,8 @@ def make_request(
         # vLLM's front end refuses an adapter when LoRA is not enabled (input_processor.py).
         raise ConfigError("lora_int_id", f"= {lora_int_id}, but LoRA is off; set config.max_loras")
     for field, used, feature in (("grammar_compile_steps", structured_output, "structured output"),
-                                 ("kv_connector_tokens", kv_connector_tokens, "KV connector hits")):
+                                 ("kv_connector_tokens", kv_connector_tokens, "KV connector hits"),
+                                 ("kv_connector_send_steps", kv_connector_sends, "KV connector sends")):
         if used and config.vllm_version != DEFAULT_RELEASE:
             raise ConfigError(field, f"schedspec models {feature} for vLLM {DEFAULT_RELEASE} only, not {config.vllm_version}")
     if kv_connector_tokens >= num_prompt_tokens:  # vLLM asserts a token is left to compute (S:1219, 1347)
@@ -67,4 +68,5 @@ def make_request(
         status=RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if structured_output else RequestStatus.WAITING,
         grammar=COMPILING if structured_output else "",
         kv_connector_tokens=kv_connector_tokens, kv_connector_async=kv_connector_async,
+        kv_connector_sends=kv_connector_sends,
     )

@@ -15,10 +15,12 @@ head of the waiting loop it is then promoted and admitted from its loaded tokens
 (S:1286-1288, 1420-1451, 1514-1545, 3467-3531).
 
 A request finished while its load is in flight keeps its blocks, finished but
-held, until the worker reports the load (S:3016-3027, 3572-3577).  Not modelled
-(the monitor names them, monitor/scope.py): deferred frees and the frees of a
-request whose blocks are sent, failed loads and invalid blocks, deferred load
-starts.
+held, until the worker reports the load (S:3016-3027, 3572-3577).  So does one
+whose KV the connector sends once it finishes (`kv_connector_sends`, a KV
+producer's request_finished answering delay_free, S:3040-3060, 3383-3402), until
+the worker reports the send (finished_sending, S:3579-3582).  Not modelled (the
+monitor names them, monitor/scope.py): deferred frees, failed loads and invalid
+blocks, deferred load starts.
 """
 
 from __future__ import annotations
@@ -133,15 +135,56 @@ def loads_finished(w, request_ids) -> None:
         w.request(rid).kv_load_finished = True
 
 
-def hold_loading(w, request_ids, status: RequestStatus) -> frozenset:
-    """Of requests finished from outside (`finish_requests`), those whose asynchronous
-    load is in flight (S:3016-3027): finished and out of their queue, but holding
-    their blocks, and kept, until the worker reports the load (free_held).  One whose
-    load was reported is freed at once."""
-    held = frozenset(rid for rid in request_ids if loading(w.requests[rid]) and not w.requests[rid].kv_load_finished)
-    for rid in held:
-        w.request(rid).status = status
+def hold(w, finished) -> frozenset:
+    """Of requests finishing, (id, finished status) pairs, those that keep their blocks,
+    finished and out of their queue: a load in flight (hold_loading) or a send to come
+    (hold_sending); each gets its finished status."""
+    return hold_loading(w, finished) | hold_sending(w, finished)
+
+
+def hold_loading(w, finished) -> frozenset:
+    """Of requests finishing (finish_requests, S:3016-3027; vLLM's grammar errors go
+    through it too, S:2564-2567), those whose asynchronous load is in flight: kept until
+    the worker reports the load (free_held).  One whose load was reported is freed at once."""
+    held = frozenset(rid for rid, _ in finished if loading(w.requests[rid]) and not w.requests[rid].kv_load_finished)
+    for rid, status in finished:
+        if rid in held:
+            w.request(rid).status = status
     return held
+
+
+def hold_sending(w, finished) -> frozenset:
+    """Of requests finishing, (id, finished status) pairs, those whose KV the connector
+    sends (S:3040-3060): finished and out of their queue, but holding their blocks,
+    until the worker reports the send (free_sent)."""
+    held = frozenset(rid for rid, _ in finished if w.requests[rid].kv_connector_sends)
+    for rid, status in finished:
+        if rid in held:
+            w.request(rid).status = status
+    return held
+
+
+def dropped_output(w, rid: str, n: int) -> bool:
+    """Whether a returning batch's output for `rid` is dropped because the request
+    finished meanwhile and is held (for a send): its `n` tokens then leave flight and
+    the stale count (S:2316-2335)."""
+    if not w.requests[rid].status.is_finished:
+        return False
+    r = w.request(rid)
+    r.num_in_flight_tokens -= n
+    if r.num_stale_output_tokens > 0:
+        r.num_stale_output_tokens -= n
+    return True
+
+
+def free_sent(state, request_ids):
+    """The worker reports these requests' KV sent: their blocks are freed, and they go,
+    after the loads reported with them (S:3579-3582)."""
+    for rid in request_ids:
+        r = state.requests.get(rid)
+        if r is None or not (r.status.is_finished and r.kv_connector_sends):  # vLLM asserts it holds it (S:3581)
+            raise ValueError(f"finished_sending: request {rid!r} is not finished with its KV being sent")
+    return free_held(state, dict.fromkeys(request_ids))
 
 
 def free_held(state, request_ids):

@@ -95,6 +95,13 @@ def get_block_span(state: SchedulerState, r: Request) -> tuple[int, int]:
     return lo, cdiv(min(r.num_computed_tokens + extra, c.max_model_len), c.block_size) if extra else lo
 
 
+def is_live(state: SchedulerState, rid: str) -> bool:
+    """`rid` is a request of `state` not finished: not one finished and kept, holding its
+    blocks for a KV connector's load or send (spec/kv_connector.py)."""
+    r = state.requests.get(rid)
+    return r is not None and not r.status.is_finished
+
+
 def get_capped_need(state: SchedulerState, r: Request) -> int:
     """A running request's need after the threshold and model-length caps, before
     the budget cap (S:839-856)."""
@@ -261,8 +268,9 @@ def starvation_condition(before, output, after):
     if prefill_throttle.holds_prefill(before) and \
             prefill_throttle.has_prefill_left(start, r.num_tokens):
         return NOT_APPLICABLE  # a step holding prefill admits no prefill (prefill_throttle.py)
+    # The head's whole sequence, with a drafter's lookahead slots (K:550-553).
     blocks_needed = (sum(get_block_demand(before, d, 1) for d in before.running)
-                     + cdiv(r.num_tokens, c.block_size) + c.watermark_blocks)
+                     + get_block_demand(before, head, r.num_tokens - r.num_computed_tokens) + c.watermark_blocks)
     if blocks_needed > before.num_free_blocks:
         return NOT_APPLICABLE
     # A prefix hit is computed already: the head needs what the cache lacks.
@@ -326,7 +334,7 @@ def scheduled_requests_run(before, output, after):
     for rid, _ in output.num_scheduled_tokens:
         if rid not in allowed:
             return violated("a request was scheduled without running or being admitted", request=rid)
-        if rid in after.requests and rid not in after.running:
+        if is_live(after, rid) and rid not in after.running:
             return violated("a scheduled request is not running after the step", request=rid,
                             status=after.requests[rid].status.name)
     return HOLDS
@@ -338,7 +346,7 @@ def computed_tokens_advance_by_grant(before, output, after):
     drafts = dict(output.scheduled_spec_decode_tokens)
     c = after.config
     for rid, n in output.num_scheduled_tokens:
-        if rid not in after.requests:
+        if not is_live(after, rid):
             continue
         start = output.computed_on_admission(rid, before.requests[rid].num_computed_tokens)
         rejectable = c.num_speculative_tokens if c.async_scheduling else len(drafts.get(rid, ()))
@@ -354,10 +362,10 @@ def waiting_order_preserved(before, output, after):
     held = {w for w in after.waiting if kv_connector.holds_loaded_blocks(after.requests[w])}
     if after.config.policy == FCFS:
         admitted = set(output.admitted)
-        rest = [w for w in before.waiting if w not in admitted and w in after.requests]
+        rest = [w for w in before.waiting if w not in admitted and is_live(after, w)]
         expected = [w for w in rest if kv_connector.holds_loaded_blocks(before.requests[w])]
         expected += [w for w in rest if w in held and w not in expected]
-        expected += [v for v in reversed(output.preempted_req_ids) if v in after.requests]
+        expected += [v for v in reversed(output.preempted_req_ids) if is_live(after, v)]
         expected += [w for w in rest if w not in held]
     else:
         key = lambda w: after.requests[w].queue_key  # noqa: E731
@@ -374,8 +382,8 @@ def preempted_restart_from_zero(before, output, after):
         return NOT_APPLICABLE
     for rid in output.preempted_req_ids:
         r = after.requests.get(rid)
-        if r is None and after.config.async_scheduling:
-            continue  # async: its in-flight token finished it while it waited
+        if not is_live(after, rid) and after.config.async_scheduling:
+            continue  # async: its in-flight token finished it while it waited (held, if its KV is sent)
         if r is None or rid not in after.waiting:
             return violated("a preempted request is not waiting", request=rid)
         if (r.num_computed_tokens != 0 or after.num_blocks(rid) != 0 or r.status != RequestStatus.PREEMPTED

@@ -78,6 +78,7 @@ class Request:
     # It loads that prefix asynchronously; the worker reported such a load finished (S:3568-3571).
     kv_connector_async: bool = False
     kv_load_finished: bool = False
+    kv_connector_sends: bool = False  # its KV is sent when it finishes, its blocks kept till then (S:3040-3060)
     # Stop tokens (U:101-112): the EOS id (None: none, as with ignore_eos) and the others.
     eos_token_id: int | None = EOS_TOKEN_ID
     stop_token_ids: tuple = ()

@@ -341,7 +341,7 @@ def update_after_schedule(s: ScheduleWork) -> None:
 
 
 def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]],
-                       finished_recving: Iterable[str] = ()
+                       finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()
                        ) -> tuple[tuple[tuple[str, RequestStatus], ...], SchedulerState]:
     """Append sampled tokens, stop requests, free their blocks (S:2259-2551); returns the requests
     finished, in scheduled order.  Async: `output` may be an older batch; outputs of requests finished
@@ -350,8 +350,9 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: state.block_pool is None
     pre: all(rid in state.requests and (kv_connector.loading(state.requests[rid]) or state.requests[rid].status.is_finished) for rid in finished_recving)
+    pre: all(rid in state.requests and state.requests[rid].status.is_finished and state.requests[rid].kv_connector_sends for rid in finished_sending)
     post: {rid for rid, _ in __return__[0]} <= {rid for rid, _ in output.num_scheduled_tokens} and all(st.is_finished for _, st in __return__[0])
-    post: set(__return__[1].requests) == set(state.requests) - {rid for rid, _ in __return__[0]} - (set(finished_recving) & {k for k, r in state.requests.items() if r.status.is_finished})
+    post: set(__return__[1].requests) == set(state.requests) - {rid for rid, _ in __return__[0] if not state.requests[rid].kv_connector_sends} - (set(finished_recving) & {k for k, r in state.requests.items() if r.status.is_finished}) - set(finished_sending)
     post: __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values())
     """
     w = Working(state)
@@ -359,7 +360,7 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
     finished: list[tuple[str, RequestStatus]] = []
     drafts = dict(output.scheduled_spec_decode_tokens)
     for rid, n in output.num_scheduled_tokens:
-        if rid not in w.requests:
+        if rid not in w.requests or kv_connector.dropped_output(w, rid, n):  # finished meanwhile
             continue
         tokens = sampled_token_ids.get(rid, ())  # a non-final prefill chunk samples none
         if w.requests[rid].num_stale_output_tokens > 0:
@@ -371,7 +372,8 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
     # Then those whose grammar failed, with an error (S:2552-2574; from a set, in no set order).
     finished += [(rid, RequestStatus.FINISHED_ERROR) for rid in structured_output.take_grammar_errors(w)]
     # Stopped requests leave their queue once, at the end (S:2541-2551), then any held (S:2581).
-    return tuple(finished), kv_connector.free_held(remove_finished(w, [x for x, _ in finished]), finished_recving)
+    done = remove_finished(w, [x for x, _ in finished], kv_connector.hold(w, finished))
+    return tuple(finished), kv_connector.free_sent(kv_connector.free_held(done, finished_recving), finished_sending)
 
 
 def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int], num_drafts: int = 0
@@ -448,7 +450,7 @@ def remove_finished(w: Working, done: Sequence[str], held: frozenset = frozenset
 def finish_requests(state: SchedulerState, request_ids: Iterable[str], finished_status: RequestStatus
                     ) -> tuple[tuple[str, ...], SchedulerState]:
     """Finish requests from outside, e.g. an abort, from running or waiting (S:2964-3029),
-    one mid-load held (kv_connector.hold_loading).  Unknown and finished ids are ignored.
+    one mid-load or whose KV is sent held (kv_connector.hold).  Unknown and finished ids are ignored.
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: finished_status.is_finished and state.block_pool is None
@@ -458,4 +460,4 @@ def finish_requests(state: SchedulerState, request_ids: Iterable[str], finished_
     """
     assert finished_status.is_finished
     done = tuple(dict.fromkeys(x for x in request_ids if x in state.requests and not state.requests[x].status.is_finished))
-    return done, remove_finished(w := Working(state), done, kv_connector.hold_loading(w, done, finished_status))
+    return done, remove_finished(w := Working(state), done, kv_connector.hold(w, [(x, finished_status) for x in done]))

@@ -83,11 +83,11 @@ def reject_drafts(r: Request, num_rejected: int) -> None:
 def update_draft_token_ids(state: SchedulerState, draft_token_ids: Mapping[str, Sequence[int]]) -> SchedulerState:
     """Synchronous engine: the drafter's proposals after a step
     become the drafts each request verifies next (S:2863-2883).  Finished requests
-    are gone; a request mid-prefill drops its drafts."""
+    are skipped, gone or held for a KV send (S:2868); a request mid-prefill drops its drafts."""
     w = Working(state)
     for rid, ids in draft_token_ids.items():
         r = w.requests.get(rid)
-        if r is None:
+        if r is None or r.status.is_finished:
             continue
         if r.is_prefill_chunk:
             if r.spec_token_ids:

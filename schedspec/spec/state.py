@@ -47,7 +47,8 @@ class SchedulerState:
             object.__setattr__(self, "kv_cache", empty)
 
     def has_requests(self) -> bool:
-        return bool(self.running or self.waiting or self.finished_req_ids)
+        """Requests live, finished ids to hand on, or finished requests holding blocks (S:3147-3165)."""
+        return bool(self.requests or self.finished_req_ids)
 
     def num_blocks(self, request_id: str) -> int:
         return self.kv_cache.num_blocks(request_id)
