@@ -50,7 +50,7 @@ def broken_posts(scheduler, scenarios, first_only: bool = False) -> dict[str, in
             ret = scheduler.update_from_output(mid, output, sampled)
             for cond in posts["update_from_output"]:
                 names = {"state": mid, "output": output, "sampled_token_ids": sampled, "finished_recving": (),
-                         "__return__": ret}
+                         "finished_sending": (), "__return__": ret}
                 if not eval(cond, env, names):  # noqa: S307
                     bad[f"update_from_output: {cond}"] = bad.get(f"update_from_output: {cond}", 0) + 1
         return check
@@ -81,8 +81,9 @@ MUTANTS = {
                                   "self.num_free_blocks += self.req_to_num_blocks.pop(request_id, 0)",
                                   "self.req_to_num_blocks.pop(request_id, 0)")],
     "admission after preemption": [M("scheduler.schedule", "not s.preempted", "True")],
-    "finished request kept": [M("scheduler.update_from_output", "remove_finished(w, [x for x, _ in finished])",
-                                "remove_finished(w, [])")],
+    "finished request kept": [M("scheduler.update_from_output",
+                                "remove_finished(w, [x for x, _ in finished], kv_connector.hold(w, finished))",
+                                "remove_finished(w, [], kv_connector.hold(w, finished))")],
 }
 
 

@@ -70,11 +70,13 @@ def statuses_match_queues(s: SchedulerState) -> Verdict:
 @invariant
 def request_lengths_valid(s: SchedulerState) -> Verdict:
     """1 <= prompt < max_model_len, num_tokens < max_model_len and num_output_tokens < max_tokens:
-    a request reaching either limit has finished (U:98-140)."""
+    a request reaching either limit has finished (U:98-140), and is gone or, held for a
+    KV connector (kv_connector.py), may stand at the limit it reached."""
     L = s.config.max_model_len
     for rid, r in s.requests.items():
-        if not (1 <= r.num_prompt_tokens < L and r.num_tokens < L
-                and 0 <= r.num_output_tokens < r.max_tokens and r.num_preemptions >= 0):
+        done = r.status.is_finished
+        if not (1 <= r.num_prompt_tokens < L and r.num_tokens <= L - (not done)
+                and 0 <= r.num_output_tokens <= r.max_tokens - (not done) and r.num_preemptions >= 0):
             return violated("a request's lengths are out of range", request=rid,
                             num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=r.num_output_tokens,
                             max_tokens=r.max_tokens, max_model_len=L)

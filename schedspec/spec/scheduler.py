@@ -352,7 +352,7 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
     pre: all(rid in state.requests and (kv_connector.loading(state.requests[rid]) or state.requests[rid].status.is_finished) for rid in finished_recving)
     pre: all(rid in state.requests and state.requests[rid].status.is_finished and state.requests[rid].kv_connector_sends for rid in finished_sending)
     post: {rid for rid, _ in __return__[0]} <= {rid for rid, _ in output.num_scheduled_tokens} and all(st.is_finished for _, st in __return__[0])
-    post: set(__return__[1].requests) == set(state.requests) - {rid for rid, _ in __return__[0] if not state.requests[rid].kv_connector_sends} - (set(finished_recving) & {k for k, r in state.requests.items() if r.status.is_finished}) - set(finished_sending)
+    post: set(__return__[1].requests) == set(state.requests) - ({rid for rid, _ in __return__[0]} - {k for k, r in state.requests.items() if r.kv_connector_sends}) - (set(finished_recving) & {k for k, r in state.requests.items() if r.status.is_finished}) - set(finished_sending)
     post: __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values())
     """
     w = Working(state)
