@@ -407,8 +407,10 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
                   if rid in sched.requests and rid not in held}
         kv_out = getattr(model_runner_output, "kv_connector_output", None)
         return Prepared(pre, "update_from_output", output=output, held=held, errors=errors,
-                        sampled=read["sampled"], finished_recving=tuple(
-                            sorted(getattr(kv_out, "finished_recving", None) or ())))
+                        # In the order vLLM iterates the set (S:3566): several loads freed in
+                        # one update reach the free queue in that order.
+                        sampled=read["sampled"],
+                        finished_recving=tuple(getattr(kv_out, "finished_recving", None) or ()))
 
     def judge(p: Prepared, _result):
         finished = [(rid, lift_status(r.status)) for rid, r in p.args["held"].items() if r.is_finished()]
