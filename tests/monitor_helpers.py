@@ -226,14 +226,15 @@ def sampled_for(sched, scheduler_output, token: int = 100, stop: Mapping[str, in
 
 
 def runner_output(scheduler_output, sampled: Mapping[str, Iterable[int]], finished_recving: Iterable[str] = (),
-                  failed_recving: Iterable[str] = ()):
+                  failed_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()):
     """A ModelRunnerOutput (v1/outputs.py) for every request of the batch; with
-    the KV loads the worker reports finished or failed."""
+    the KV loads the worker reports finished or failed, and the sends it reports."""
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
     ids = list(scheduler_output.num_scheduled_tokens)
-    kv = KVConnectorOutput(finished_recving=set(finished_recving) or None, failed_recving=set(failed_recving)) \
-        if finished_recving or failed_recving else None
+    kv = KVConnectorOutput(finished_recving=set(finished_recving) or None, failed_recving=set(failed_recving),
+                           finished_sending=set(finished_sending) or None) \
+        if finished_recving or failed_recving or finished_sending else None
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
                              sampled_token_ids=[list(sampled.get(rid, ())) for rid in ids], kv_connector_output=kv)
 
@@ -288,11 +289,13 @@ def _delay_free_connector():
         """vLLM's ExampleConnector that, like a connector still sending a
         finished request's KV, takes over freeing its blocks (base.py:631)."""
 
+        # Kept as a truthy number, not True: an answer of another shape than the spec's
+        # (delay_free, params), which the monitor still names (a bool one is modelled).
         def request_finished(self, request, block_ids):
-            return True, None
+            return 1, None
 
         def request_finished_all_groups(self, request, block_ids):
-            return True, None
+            return 1, None
 
     return DelayFreeConnector
 
@@ -322,7 +325,15 @@ CONNECTORS = {
         lambda request, num_computed_tokens, block_size: (request.num_tokens - num_computed_tokens, True)),
     # Cannot tell yet: the request is skipped this step (S:1146-1151).
     "UndecidedConnector": lambda: _matching_connector(lambda bs: (None, False)),
+    # A KV producer: loads nothing, sends every finished request's KV (S:3040-3060, 3383-3402).
+    "SendingConnector": lambda: _sending_connector(),
 }
+
+
+def _sending_connector():
+    from schedspec.reference.vllm_connector import answering_connector
+
+    return answering_connector(lambda request, num_computed_tokens, block_size: (0, False), sends=lambda r: True)
 
 
 def __getattr__(name: str):

@@ -716,6 +716,38 @@ def test_an_aux_output_connector_that_caps_nothing_leaves_its_calls_checked(moni
     assert not set(scope.ConnectorWatch.AUX) & s.aux_output_connector.__dict__.keys()
 
 
+def sends_run(s) -> None:
+    """"a" stops, "b" is aborted with "a" held: a KV producer keeps both, finished, until
+    the worker reports their sends (S:3040-3060, 3579-3582); "c" runs beside them."""
+    for rid in "abc":
+        s.add_request(request(rid, 20, sched=s, max_tokens=2))
+    out = s.schedule()
+    s.update_from_output(out, runner_output(out, {rid: [7] for rid in "abc"}))
+    s.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
+    out = s.schedule()
+    s.update_from_output(out, runner_output(out, {rid: [7] for rid in "ac"}))
+    assert {rid for rid in "abc" if s.requests[rid].is_finished()} == set("abc")  # all held
+    out = s.schedule()
+    s.update_from_output(out, runner_output(out, {}, finished_sending=["b", "a"]))
+    assert set(s.requests) == {"c"}
+
+
+def test_a_kv_producer_s_sends_are_compared(monitor, tmp_path):
+    """A connector that keeps finished requests' blocks to send them, answering
+    (True, params): its answers are the spec's kv_connector_sends, and every call,
+    the report of the sends included, is compared."""
+    s = connector_scheduler(tmp_path, "SendingConnector", role="kv_producer")
+    assert_all_checked(watch(monitor, lambda: sends_run(s)), "schedule", "update_from_output", "finish_requests")
+
+
+def test_a_spec_that_frees_at_the_finish_diverges_from_a_kv_producer(monitor, tmp_path):
+    s = connector_scheduler(tmp_path, "SendingConnector", role="kv_producer")
+    with mutated([Mutation("kv_connector.hold_sending", "w.requests[rid].kv_connector_sends", "False")],
+                 module="kv_connector"):
+        stats = watch(monitor, lambda: sends_run(s))
+    assert stats["divergences"], stats
+
+
 def test_a_mock_aux_output_connector_is_judged_by_its_answers(monitor):
     """Any aux output connector is judged call by call, a test's Mock included (as
     vLLM's test_finish_request sets one): the scheduler reads only its caps, so

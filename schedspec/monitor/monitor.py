@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from schedspec.reference.campaign import safe_stem
-from schedspec.reference.vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, LiftError, waiting_status, lift_config, lift_output, lift_request, \
+from schedspec.reference.vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, KV_SENDS_ATTR, LiftError, waiting_status, lift_config, lift_output, lift_request, \
     loads_in_flight, mark_held, \
     lift_state, lift_status, sampled_tokens
 from schedspec.spec import scheduler as spec
@@ -296,7 +296,7 @@ class Prepared:
         if self.call == "schedule":
             return schedule_call(a["throttle_prefills"])
         if self.call == "update_from_output":
-            return update_from_output_call(a["output"], a["sampled"], a["finished_recving"])
+            return update_from_output_call(a["output"], a["sampled"], a["finished_recving"], a["finished_sending"])
         if self.call == "add_request":
             return {"name": "add_request", "request": request_to_json(a["request"])}
         return {"name": "finish_requests", "request_ids": list(a["request_ids"]), "status": a["status"].name}
@@ -354,8 +354,9 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
 
 
 def with_connector_answers(pre, sched: Any):
-    """`pre` with each request's kv_connector_tokens and kv_connector_async as its
-    connector last answered, in the call just made (the pre-state was lifted before it asked)."""
+    """`pre` with each request's kv_connector_tokens, kv_connector_async and
+    kv_connector_sends as its connector last answered, in the call just made (the
+    pre-state was lifted before it asked; a request it finished may be gone from vLLM)."""
     if getattr(sched, "connector", None) is None:  # no answers: nothing asked (the common case, for free)
         return pre
     changed = {}
@@ -363,9 +364,11 @@ def with_connector_answers(pre, sched: Any):
         v = sched.requests.get(rid)
         if v is None:
             continue
-        answer = (v.__dict__.get(KV_CONNECTOR_ATTR, 0), v.__dict__.get(KV_ASYNC_ATTR, False))
-        if answer != (r.kv_connector_tokens, r.kv_connector_async):
-            changed[rid] = r.evolve(kv_connector_tokens=answer[0], kv_connector_async=answer[1])
+        answer = (v.__dict__.get(KV_CONNECTOR_ATTR, 0), v.__dict__.get(KV_ASYNC_ATTR, False),
+                  v.__dict__.get(KV_SENDS_ATTR, False))
+        if answer != (r.kv_connector_tokens, r.kv_connector_async, r.kv_connector_sends):
+            changed[rid] = r.evolve(kv_connector_tokens=answer[0], kv_connector_async=answer[1],
+                                    kv_connector_sends=answer[2])
     return replace(pre, requests={**pre.requests, **changed}) if changed else pre
 
 
@@ -410,15 +413,18 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
                         # In the order vLLM iterates the set (S:3566): several loads freed in
                         # one update reach the free queue in that order.
                         sampled=read["sampled"],
-                        finished_recving=tuple(getattr(kv_out, "finished_recving", None) or ()))
+                        finished_recving=tuple(getattr(kv_out, "finished_recving", None) or ()),
+                        finished_sending=tuple(getattr(kv_out, "finished_sending", None) or ()))
 
     def judge(p: Prepared, _result):
         finished = [(rid, lift_status(r.status)) for rid, r in p.args["held"].items() if r.is_finished()]
         # Then those finished for a failed grammar: vLLM takes them from a set, so
         # they are listed in the spec's order (S:2552-2574).
         finished += [(rid, lift_status(r.status)) for rid, r in p.args["errors"].items() if r.is_finished()]
+        # The connector's answers at the finishes of this call are the spec's kv_connector_sends.
+        p.pre = with_connector_answers(p.pre, sched)
         spec_finished, spec_post = spec.update_from_output(p.pre, p.args["output"], p.args["sampled"],
-                                                           p.args["finished_recving"])
+                                                           p.args["finished_recving"], p.args["finished_sending"])
         p.observed_result, p.observed_post = {"finished": finished}, lift_state(sched, p.pre.config, like=spec_post)
         return compare_finished(spec_finished, finished, "result.finished") or \
             compare_states(p.pre, spec_post, p.observed_post, finished_hashes(p, spec_finished))
@@ -500,6 +506,7 @@ def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], requ
 
     def judge(p: Prepared, result):
         done = [r.request_id for r in (result or ())]
+        p.pre = with_connector_answers(p.pre, sched)  # its answers at these finishes: kv_connector_sends
         spec_done, spec_post = spec.finish_requests(p.pre, p.args["request_ids"], p.args["status"])
         p.observed_result, p.observed_post = {"finished": done}, lift_state(sched, p.pre.config, like=spec_post)
         return compare_finished(spec_done, done, "result.finished") or \

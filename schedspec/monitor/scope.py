@@ -178,8 +178,10 @@ class ConnectorWatch:
     2190, 2681-2688), themselves outside scope, and otherwise only through what
     it reports.  So such a call is compared, and the watch names a connector only when one
     of its answers did something the spec does not model:
-      - KV: `has_pending_block_frees()` true (no preemption, S:925-927); a finished
-        request whose blocks it keeps (S:3383-3401).  Its `requires_kv_delivery`
+      - KV: `has_pending_block_frees()` true (no preemption, S:925-927); an answer at a
+        finish that is not a (bool, params) pair (a bool one is the spec's
+        kv_connector_sends, recorded on the request as vllm_lift.KV_SENDS_ATTR), or a
+        partial tail it keeps (S:3383-3401).  Its `requires_kv_delivery`
         (preemptions drop output in flight, S:972-976) is the config's (lift_config);
       - aux output: a cap below the request's prefix hit, or an external hit cut;
       - encoder cache: requests whose encoder input it can no longer obtain,
@@ -226,7 +228,11 @@ class ConnectorWatch:
     def wrap(self, name: str, inner: Any, feature: str) -> Any:
         def watched(*args: Any, **kwargs: Any) -> Any:
             result = inner(*args, **kwargs)
-            if connector_answer_changes_step(self.sched, name, result, args):
+            if feature == KV_CONNECTOR and name in SEND_ANSWERS and sends_answer(result) is not None:
+                # Modelled: the request's blocks are kept for the send, or freed (kv_connector.py);
+                # the spec reads the answer as its kv_connector_sends (monitor.with_connector_answers).
+                args[0].__dict__[vllm_lift.KV_SENDS_ATTR] = sends_answer(result)
+            elif connector_answer_changes_step(self.sched, name, result, args):
                 self.acted[feature] = None
             elif name == "get_num_new_matched_tokens":
                 self.record(args, result)
@@ -265,6 +271,18 @@ def connector_watch(sched: Any) -> ConnectorWatch | None:
     if all(d.get(attr) is None for attr, _ in CONNECTOR_ATTRS):
         return None
     return ConnectorWatch(sched)
+
+
+# A KV connector's answers at a request's finish: (delay_free, kv_transfer_params).
+SEND_ANSWERS = ("request_finished", "request_finished_all_groups")
+
+
+def sends_answer(result: Any) -> bool | None:
+    """A KV connector's answer at a finish as the spec reads it (kv_connector_sends, S:3040-3060,
+    3383-3402): whether it keeps the blocks to send them; None for an answer of another shape."""
+    if isinstance(result, tuple) and len(result) == 2 and type(result[0]) is bool:
+        return result[0]
+    return None
 
 
 def connector_answer_changes_step(sched: Any, name: str, result: Any, call_args: tuple) -> bool:
@@ -315,9 +333,14 @@ def connector_output_acts(output: Any, sched: Any = None) -> bool:
         return False
     if not newest_rules():
         return True
-    if any(getattr(output, f, None) for f in ("finished_sending", "failed_recving", "invalid_block_ids")):
+    if any(getattr(output, f, None) for f in ("failed_recving", "invalid_block_ids")):
         return True
     requests = getattr(sched, "requests", {})
+    # Sends of requests held for them are modelled (spec/kv_connector.py free_sent).
+    if any(rid not in requests or not requests[rid].is_finished()
+           or not requests[rid].__dict__.get(vllm_lift.KV_SENDS_ATTR)
+           for rid in getattr(output, "finished_sending", None) or ()):
+        return True
     return any(rid not in requests or requests[rid].status.name != "WAITING_FOR_REMOTE_KVS"
                and not requests[rid].__dict__.get(vllm_lift.HELD_LOAD_ATTR)
                for rid in getattr(output, "finished_recving", None) or ())
@@ -561,9 +584,11 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
     out = list(static[1])
     if status.name in BLOCKED_STATUSES and not (status.name in MODELLED_BLOCKED_STATUSES and newest_rules()):
         out.append(BLOCKED_STATUSES[status.name])
-    elif r.is_finished() and not (r.__dict__.get(vllm_lift.HELD_LOAD_ATTR) and newest_rules()):
+    elif r.is_finished() and not ((r.__dict__.get(vllm_lift.HELD_LOAD_ATTR) or r.__dict__.get(vllm_lift.KV_SENDS_ATTR))
+                                  and newest_rules()):
         # Finished (RQ:392) but still held: a delayed free, but for a request finished
-        # mid-load, which the spec holds too for 0.33.0 (spec/kv_connector.py).
+        # mid-load or held for its KV's send, which the spec holds too for 0.33.0
+        # (spec/kv_connector.py).
         out.append(DELAYED_FREE)
     if drafts:
         out.append(SPECULATIVE_DECODING)
