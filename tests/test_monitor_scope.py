@@ -692,6 +692,17 @@ def test_a_watch_blind_to_the_aux_cap_lets_it_diverge(monitor, tmp_path, monkeyp
     assert stats["divergences"] and not stats["outside_scope"], stats
 
 
+def hit_after_abort(s):
+    """"a" is scheduled and aborted, leaving its blocks cached; "b", with the same 40
+    tokens, is admitted from a prefix hit of them: the output of "b"'s schedule()."""
+    tokens = list(range(1, 41))
+    s.add_request(request("a", tokens=tokens, sched=s))
+    s.schedule()
+    s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    s.add_request(request("b", tokens=tokens, sched=s))
+    return s.schedule()
+
+
 def test_an_aux_output_connector_that_caps_nothing_leaves_its_calls_checked(monitor, monkeypatch):
     """vLLM's aux output connector only caps prefix hits (S:1117-1121): with no
     cap below a hit, every call is compared (scope.ConnectorWatch), a prefix hit
@@ -701,16 +712,8 @@ def test_an_aux_output_connector_that_caps_nothing_leaves_its_calls_checked(moni
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     s = build_scheduler(hf_config=MIXTRAL, prefix_caching=True,
                         aux_output_config=AuxOutputConfig(enable_return_routed_experts=True))
-    tokens = list(range(1, 41))
     outs: list = []
-
-    def calls():
-        s.add_request(request("a", tokens=tokens, sched=s))
-        s.schedule()
-        s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
-        s.add_request(request("b", tokens=tokens, sched=s))
-        outs.append(s.schedule())
-    stats = watch(monitor, calls)
+    stats = watch(monitor, lambda: outs.append(hit_after_abort(s)))
     assert outs[0].num_scheduled_tokens == {"b": 8}  # a hit of 32
     assert_all_checked(stats, "schedule", "add_request", "finish_requests")
     assert not set(scope.ConnectorWatch.AUX) & s.aux_output_connector.__dict__.keys()
@@ -772,16 +775,7 @@ def test_a_mock_aux_output_connector_is_judged_by_its_answers(monitor):
 
     s = build_scheduler(prefix_caching=True)
     s.aux_output_connector = Mock(wraps=AuxOutputSchedulerConnector(s.kv_cache_manager))
-    outs: list = []
-    tokens = list(range(1, 41))
-
-    def calls():
-        s.add_request(request("a", tokens=tokens, sched=s))
-        s.schedule()
-        s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
-        s.add_request(request("b", tokens=tokens, sched=s))
-        outs.append(s.schedule())
-    assert_all_checked(watch(monitor, calls), "schedule", "add_request", "finish_requests")
+    assert_all_checked(watch(monitor, lambda: hit_after_abort(s)), "schedule", "add_request", "finish_requests")
     assert s.aux_output_connector.max_cache_hit.called
 
 

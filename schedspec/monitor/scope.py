@@ -323,11 +323,11 @@ def prefix_hit(sched: Any, request: Any, max_cache_hit_length: int) -> int:
 
 def connector_output_acts(output: Any, sched: Any = None) -> bool:
     """A model runner's KV connector output that update_from_output acts on beyond
-    the spec (S:2292-2302, 2581-2582, 3556-3582): finished sends, failed loads,
-    invalid blocks, or a finished load of a request no longer waiting for it but
-    for one finished mid-load, which the lift holds (vllm_lift.mark_held).  A
-    finished load of a request waiting for remote KVs, or of one finished mid-load,
-    is modelled for 0.33.0 (spec/kv_connector.py); statistics and events change no
+    the spec (S:2292-2302, 2581-2582, 3556-3582): failed loads, invalid blocks, a
+    finished load of a request no longer waiting for it but for one finished
+    mid-load, which the lift holds (vllm_lift.mark_held), or a finished send of a
+    request not held for one (vllm_lift.KV_SENDS_ATTR).  Those loads and sends are
+    modelled for 0.33.0 (spec/kv_connector.py); statistics and events change no
     scheduling state."""
     if output is None:
         return False
