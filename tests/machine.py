@@ -63,7 +63,12 @@ def configs(draw, wave2: bool = True) -> SchedulerConfig:
                     max_loras=draw(st.sampled_from([None, None, 1, 2])),
                     # Prefill throttling: a held step skips prefill on purpose, which the
                     # properties must allow for (spec/prefill_throttle.py).
-                    prefill_schedule_interval=draw(st.sampled_from([1, 1, 1, 2, 3])))
+                    prefill_schedule_interval=draw(st.sampled_from([1, 1, 1, 2, 3])),
+                    # Encoder inputs: small budgets and caches, so chunks are cut at items and
+                    # entries evicted (spec/encoder_inputs.py).
+                    max_num_encoder_input_tokens=draw(st.sampled_from([None, 3, 6, 10])),
+                    encoder_cache_size=draw(st.sampled_from([None, 6, 10, 16])),
+                    disable_chunked_mm_input=draw(st.sampled_from([False, False, True])))
     validate_config(c)
     return c
 
@@ -99,6 +104,12 @@ def count_coverage(before: SchedulerState, output, after: SchedulerState) -> Non
         COVERAGE["steps holding prefill"] += bool(before.waiting) or any(
             before.requests[x].is_prefill_chunk for x in before.running)
     COVERAGE["KV loads within the step"] += len(output.kv_connector_hits)
+    COVERAGE["encoder inputs encoded"] += sum(len(ids) for _, ids in output.scheduled_encoder_inputs)
+    COVERAGE["encoder cache evictions"] += len(output.free_encoder_mm_hashes)
+    encoded = dict(output.scheduled_encoder_inputs)
+    COVERAGE["encoder cache hits"] += sum(  # references taken this step to items not encoded in it
+        1 for rid, ids in after.encoder_cache.refs.items() for i in ids
+        if i not in before.encoder_cache.refs.get(rid, {}) and i not in encoded.get(rid, ()))
     COVERAGE["async KV loads"] += sum(1 for rid, r in after.requests.items() if loading(r)
                                       and (rid not in before.requests or not loading(before.requests[rid])))
     COVERAGE["async KV loads admitted"] += sum(
@@ -136,6 +147,7 @@ def make_machine(watch: str | None = None):
             # KV connector: each asynchronous load is reported finished after its drawn steps.
             self.load_steps: dict[str, int] = {}
             self.loads = KVLoads(self.load_steps)
+            self.mm_lengths: dict[str, int] = {}  # encoder inputs: each identifier's length
 
         @property
         def state(self) -> SchedulerState:
@@ -148,9 +160,10 @@ def make_machine(watch: str | None = None):
               accepted=st.lists(st.integers(0, 3), min_size=1, max_size=3), adapter=st.integers(0, 3),
               grammar=st.sampled_from([False, False, False, True]),
               kv=st.sampled_from(["none", "none", "none", "sync", "async"]), kv_tokens=st.integers(1, 47),
-              load_steps=st.integers(1, 4))
+              load_steps=st.integers(1, 4),
+              items=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 10), st.integers(0, 4)), max_size=3))
         def add_request(self, prompt_len, max_tokens, output_len, priority, arrival_tie, family, shared,
-                        drafts, accepted, adapter, grammar, kv, kv_tokens, load_steps):
+                        drafts, accepted, adapter, grammar, kv, kv_tokens, load_steps, items):
             c = self.state.config
             k = c.num_speculative_tokens
             prompt_len = min(prompt_len, c.max_model_len - 1)
@@ -170,7 +183,22 @@ def make_machine(watch: str | None = None):
                 self.load_steps[rid] = load_steps
             self.impl.add_request(make_request(
                 c, rid, prompt_len, max_tokens, priority, arrival, tokens[:prompt_len] if c.enable_prefix_caching else None,
-                adapter if c.max_loras is not None else 0, grammar, kv_tokens, kv == "async" and kv_tokens > 0))
+                adapter if c.max_loras is not None else 0, grammar, kv_tokens, kv == "async" and kv_tokens > 0,
+                mm_features=self.mm_features(c, prompt_len, items)))
+
+        def mm_features(self, c, prompt_len, items):
+            """Encoder inputs: (gap, length, identifier) placed in order in the prompt; an
+            identifier keeps the length it was first drawn with (one identifier, one item)."""
+            longest = min(c.encoder_compute_budget, c.encoder_cache_capacity)
+            out, pos = [], 0
+            for gap, n, ident in items:
+                name = f"img{ident}"
+                n = self.mm_lengths.setdefault(name, min(n, longest))
+                if pos + gap + n > prompt_len:
+                    break
+                out.append((pos + gap, n, name))
+                pos += gap + n
+            return out
 
         @precondition(lambda self: any(r.grammar == "compiling" for r in self.state.requests.values()))
         @rule(data=st.data(), failed=st.sampled_from([False, False, False, True]))

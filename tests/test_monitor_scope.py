@@ -794,14 +794,79 @@ def _(mon, tmp_path, monkeypatch):
 # Request features: fixed when the request is made, or its state.
 
 
-@case("ENCODER_INPUTS")
-def _(mon, tmp_path, monkeypatch):
+def image(identifier: str, offset: int, length: int, is_embed=None):
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 
-    image = MultiModalFeatureSpec(data=None, modality="image", identifier="image-0",
-                                  mm_position=PlaceholderRange(offset=4, length=8))
+    return MultiModalFeatureSpec(data=None, modality="image", identifier=identifier,
+                                 mm_position=PlaceholderRange(offset=offset, length=length, is_embed=is_embed))
+
+
+def encoder_scheduler(budget: int = 12, cache: int = 20, **kw):
+    """A scheduler with an encoder budget and cache, set as vLLM's own tests set them
+    (the model directory is text-only: vLLM sizes neither)."""
+    from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+
+    s = build_scheduler(**kw)
+    s.max_num_encoder_input_tokens = budget
+    s.encoder_cache_manager = EncoderCacheManager(cache_size=cache)
+    return s
+
+
+@case("ENCODER_INPUTS", "is_embed")
+def _(mon, tmp_path, monkeypatch):
+    # Placeholder tokens that are not all embeddings (an is_embed mask): not modelled.
+    s = encoder_scheduler()
+    mask = torch.tensor([True, False] * 4)
+    return watch(mon, add_and_schedule(s, request("a", 20, mm_features=[image("x", 4, 8, mask)])))
+
+
+@case("ENCODER_INPUTS", "identifier_sizes")
+def _(mon, tmp_path, monkeypatch):
+    # One identifier with two sizes: vLLM's schedule() finishes the second request with an
+    # error (S:1981-2002).  Adding them is harmless, and checked.
+    s = encoder_scheduler()
+    s.add_request(request("a", 20, mm_features=[image("x", 4, 8)]))
+    s.add_request(request("b", 20, mm_features=[image("x", 2, 6)]))
+    return watch(mon, s.schedule)
+
+
+@case("ENCODER_INPUTS", "older_release")
+def _(mon, tmp_path, monkeypatch):
+    monkeypatch.setattr(scope, "newest_rules", lambda: False)
+    s = encoder_scheduler()
+    return watch(mon, add_and_schedule(s, request("a", 20, mm_features=[image("x", 4, 8)])))
+
+
+@case("MAMBA_ALIGNED_SPLIT", "attribute")
+def _(mon, tmp_path, monkeypatch):
+    # Chunks cut to Mamba blocks (S:859-863): a hybrid model's; vLLM's own test sets the flag.
     s = build_scheduler()
-    return watch(mon, add_and_schedule(s, request("a", 20, mm_features=[image])))
+    s.need_mamba_block_aligned_split = True
+    return watch(mon, add_and_schedule(s, request("a", 20)))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_encoder_inputs_are_compared(monitor, async_scheduling, prefix_caching):
+    """Items shared by identifier, a chunk cut before an item the budget cannot take,
+    an eviction, an abort holding a reference: every call checked, none diverging."""
+    s = encoder_scheduler(budget=10, cache=14, async_scheduling=async_scheduling, prefix_caching=prefix_caching,
+                          max_num_batched_tokens=16)
+    reqs = [request("a", 30, sched=s, mm_features=[image("x", 2, 8), image("y", 14, 6)]),
+            request("b", 24, sched=s, mm_features=[image("x", 0, 8)]),
+            request("c", 20, sched=s, mm_features=[image("z", 4, 10)])]
+
+    def calls():
+        for r in reqs:
+            s.add_request(r)
+        step(s)
+        s.finish_requests(["c"], RequestStatus.FINISHED_ABORTED)
+        s.add_request(request("d", 12, sched=s, mm_features=[image("w", 0, 9)]))
+        run_to_completion(s)
+
+    stats = watch(monitor, calls)
+    assert_all_checked(stats, "schedule", "update_from_output", "add_request", "finish_requests")
+    assert_clean(stats)
 
 
 @case("LORA")

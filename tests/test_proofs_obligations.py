@@ -37,23 +37,27 @@ def test_every_property_has_an_obligation_and_formula(monkeypatch):
     # encoding (both flags off), and only those; the loop encoding (async on or off)
     # covers async's placeholders_never_negative, structured output's grammar_wait_respected,
     # LoRA's max_loras_respected and speculative decoding's drafts_sent_are_known, the
-    # pool encoding prefix caching's three: none is left not encoded.
+    # pool encoding prefix caching's three, the encoder encoding encoder inputs' three: none
+    # is left not encoded.
+    encoder_only = {"encoder_budget_respected", "encoder_cache_within_capacity", "encoder_inputs_available"}
     assert set(OUTSIDE_BOUNDED) == {"placeholders_never_negative", "block_ref_counts_match_holders",
                                     "kv_pool_partitioned", "prefix_hit_within_shared_prefix",
-                                    "drafts_sent_are_known", "max_loras_respected", "grammar_wait_respected"}
+                                    "drafts_sent_are_known", "max_loras_respected", "grammar_wait_respected"} | encoder_only
     loop_only = {"placeholders_never_negative", "grammar_wait_respected", "max_loras_respected",
                  "drafts_sent_are_known"}
     pool_only = {"block_ref_counts_match_holders", "kv_pool_partitioned", "prefix_hit_within_shared_prefix"}
-    assert set(OUTSIDE_ENCODING) == set(outside_encoding()) == set(OUTSIDE_BOUNDED) - loop_only - pool_only == set()
-    assert {f"loop:{name}" for name in loop_only} | {f"pool:{name}" for name in pool_only} <= \
-        {o.name for o in obligations}
+    assert set(OUTSIDE_ENCODING) == set(outside_encoding()) == \
+        set(OUTSIDE_BOUNDED) - loop_only - pool_only - encoder_only == set()
+    assert {f"loop:{name}" for name in loop_only} | {f"pool:{name}" for name in pool_only} | \
+        {f"encoder:{name}" for name in encoder_only} <= {o.name for o in obligations}
     # A release for which schedspec models neither LoRA, structured output nor
     # speculative decoding has no claim of any, and says so.
     release.set_release("0.25.0")
     try:
         names = {o.name for o in build_obligations()}
-        features = {"max_loras_respected", "grammar_wait_respected", "drafts_sent_are_known"}
-        assert not {f"loop:{name}" for name in features} & names
+        features = {"max_loras_respected", "grammar_wait_respected", "drafts_sent_are_known",
+                    "encoder_budget_respected", "encoder_cache_within_capacity", "encoder_inputs_available"}
+        assert not ({f"loop:{name}" for name in features} | {f"encoder:{name}" for name in features}) & names
         assert set(outside_encoding()) == set(OUTSIDE_ENCODING) | features
     finally:
         release.set_release(DEFAULT_RELEASE)

@@ -39,7 +39,14 @@ MAX_FUNCTION_LINES = 60
 # free_sent): +4 lines (a request field, update_from_output's precondition on the reports,
 # its holding line, has_requests' docstring) for the about 60 lines of vLLM 0.33.0 they
 # model (S:2316-2335, 2868, 3040-3060, 3157-3165, 3383-3402, 3579-3582), within 10 %.
-MAX_CORE_LINES = 1009
+# 1038 since encoder inputs (encoder_inputs.py, encoder_cache.py; kv_cache_utils.py
+# mm_block_keys): +29 lines (the budget, plan and items of ScheduleWork, the output's two
+# fields, the calls at each site and their guards (a request without items skips them),
+# a request field, the state's cache, the output-block hash keys) for the 406 code lines
+# of vLLM 0.33.0 they model (S:265-293, 865-884, 957-968, 1028-1036, 1372-1386,
+# 1456-1461, 1595-1604, 1739, 1818, 2004-2209, 2387-2389, 2828-2858, 3051;
+# encoder_cache_manager.py:19-331; KU:522-585; multimodal/utils.py:122-142), within 10 %.
+MAX_CORE_LINES = 1038
 
 
 def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:

@@ -108,6 +108,19 @@ MUTANTS = {
         M("block_pool.PoolWork.free", "(last if b in self.block_hash else first).append(b)",
           "(last if b in self.block_hash else []).append(b)"),
     ],
+    # An item over the encoder budget left must not be encoded (ECM:164-165).
+    "encoder_budget_respected": [
+        M("encoder_cache.EncoderCacheWork.can_allocate", "num_embeds > encoder_compute_budget", "False"),
+    ],
+    # The items a request plans in one step count against the cache together (ECM:167).
+    "encoder_cache_within_capacity": [
+        M("encoder_cache.EncoderCacheWork.can_allocate", "num_embeds + num_embeds_to_schedule", "num_embeds"),
+    ],
+    # A chunk starting inside an item it cannot encode must schedule nothing (S:2171-2176).
+    "encoder_inputs_available": [
+        M("encoder_inputs.plan", "min(n, f.offset - num_computed_tokens) if num_computed_tokens < f.offset else 0",
+          "min(n, f.offset - num_computed_tokens) if num_computed_tokens < f.offset else n"),
+    ],
     # A full-prompt hit must leave a token to compute (K:295-302): without the cap, a
     # block-aligned prompt is "all cached" and only a forced token is scheduled.
     "prefix_hit_within_shared_prefix": [
@@ -131,7 +144,8 @@ def test_machine_reaches_prefix_caching_and_async_events():
     # pins it down on a fixed scenario.)
     for event in ("prefix hits", "shared blocks", "evictions", "preemptions", "in-flight preemptions",
                   "drafts sent", "adapters held back", "grammar waits", "grammar errors", "steps holding prefill",
-                  "KV loads within the step", "async KV loads", "async KV loads admitted", "aborts mid-load"):
+                  "KV loads within the step", "async KV loads", "async KV loads admitted", "aborts mid-load",
+                  "encoder inputs encoded", "encoder cache evictions", "encoder cache hits"):
         assert COVERAGE[event] > 0, (event, dict(COVERAGE))
     for caching in (False, True):
         for async_ in (False, True):

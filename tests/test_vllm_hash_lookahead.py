@@ -122,15 +122,15 @@ def test_lift_equals_the_spec_after_every_call(vllm):
 # block's tokens alone.
 MUTANTS = {
     "hash_as_it_fills": [
-        Mutation("input_processor.make_request",
-                 "extend_block_hashes((), tokens, config.block_size, lora_int_id, config.num_hash_lookahead_tokens)",
-                 "extend_block_hashes((), tokens, config.block_size, lora_int_id)"),
+        Mutation("input_processor.prompt_hashes",
+                 "extend_block_hashes((), tokens, config.block_size, lora_int_id, config.num_hash_lookahead_tokens, "
+                 "mm_features)", "extend_block_hashes((), tokens, config.block_size, lora_int_id, 0, mm_features)"),
         Mutation("request.Request.append_output_token", "block_size + self.num_hash_lookahead_tokens", "block_size"),
-        Mutation("request.Request.append_output_token", "hash_block(parent, partial)",
-                 "hash_block(parent, partial[:block_size])")],
+        Mutation("request.Request.append_output_token", "hash_block(parent, partial, keys)",
+                 "hash_block(parent, partial[:block_size], keys)")],
     "block_alone": [
-        Mutation("request.Request.append_output_token", "hash_block(parent, partial)",
-                 "hash_block(parent, partial[:block_size])"),
+        Mutation("request.Request.append_output_token", "hash_block(parent, partial, keys)",
+                 "hash_block(parent, partial[:block_size], keys)"),
         Mutation("kv_cache_utils.extend_block_hashes", "token_ids[i * block_size:(i + 1) * block_size + lookahead]",
                  "token_ids[i * block_size:(i + 1) * block_size]")],
 }

@@ -219,7 +219,7 @@ def test_starvation_counts_what_the_connector_holds_for_a_head_not_admitted():
         return seen
 
     assert all(v.holds for v in verdicts())  # not applicable: a new decode may not fit (spec_decode.py)
-    old = Mutation("properties.starvation_condition",
+    old = Mutation("properties.get_head_start",
                    "max(output.computed_on_admission(head, r.num_computed_tokens), kv_connector.external_tokens(r, 0))",
                    "output.computed_on_admission(head, r.num_computed_tokens)")
     with mutated([old], module="properties"):

@@ -205,6 +205,9 @@ def prepare(scenario: Scenario) -> _Prepared | str:
         if r.kv_connector_send_steps is not None:
             return (f"requests[{i}].kv_connector_send_steps: = {r.kv_connector_send_steps}: the torch "
                     "implementation does not model KV connector sends; use --impl spec or vllm")
+        if r.mm_features:
+            return (f"requests[{i}].mm_features: {len(r.mm_features)} item(s): the torch implementation does not "
+                    "model encoder inputs; use --impl spec or vllm")
     requests = []
     checked = _front_end_config(config)
     for i, r in enumerate(scenario.requests):

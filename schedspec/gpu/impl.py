@@ -34,6 +34,7 @@ from .step import abort, arrive, deliver, finish, schedule, update, waiting_key
 class TorchScheduler:
     name = "torch"
     models_kv_connector_hits = False  # scenarios with kv_connector_tokens are refused (reference/engine.py)
+    models_encoder_inputs = False  # and those with mm_features
 
     def __init__(self, device: str | None = None) -> None:
         self.device = resolve_device(device)
@@ -82,6 +83,9 @@ class TorchScheduler:
         if request.kv_connector_sends:  # refused, never ignored
             raise ValueError(f"request {request.request_id}: kv_connector_sends: the torch implementation does not "
                              "model KV connector sends; use --impl spec or vllm")
+        if request.mm_features:  # refused, never ignored
+            raise ValueError(f"request {request.request_id}: mm_features: the torch implementation does not "
+                             "model encoder inputs; use --impl spec or vllm")
         if request.request_id in self.slot:
             raise ConfigError("id", f"duplicate request id {request.request_id!r}")
         j = len(self.requests)

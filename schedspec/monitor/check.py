@@ -179,7 +179,17 @@ def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerSta
         a, b = kv_view(spec), kv_view(vllm)
         if a != b:
             return first_difference("post_state.kv_cache", a, b)
+    if spec.encoder_cache != vllm.encoder_cache:
+        return first_difference("post_state.encoder_cache", encoder_view(spec), encoder_view(vllm))
     return None
+
+
+def encoder_view(state: SchedulerState) -> dict[str, Any]:
+    """The encoder cache as comparable parts: entries, who references each, each request's
+    references, and the freeable entries in eviction order (spec/encoder_cache.py)."""
+    e = state.encoder_cache
+    return {"cached": {h: sorted(ids) for h, ids in e.cached.items()}, "num_embeds": dict(e.num_embeds),
+            "refs": {rid: dict(ids) for rid, ids in e.refs.items()}, "freeable": list(e.freeable)}
 
 
 def same_requests(a: Mapping[str, Request], b: Mapping[str, Request]) -> bool:
@@ -221,5 +231,5 @@ def _same(a: Any, b: Any) -> bool:
     return a is b or a == b
 
 
-__all__ = ["Difference", "compare_finished", "compare_outputs", "compare_states", "first_difference",
+__all__ = ["Difference", "compare_finished", "compare_outputs", "compare_states", "encoder_view", "first_difference",
            "hash_renaming", "jsonable", "kv_view", "renamed"]

@@ -55,6 +55,7 @@ PATCHED_INTERNALS = "scheduler method replaced on the object"
 SPY_CHANGED_STEP = "a spy on a scheduler method changed the step"
 KV_BLOCK_SIZE = "KV group block size != scheduler block size"
 PREFIX_REPLAY = "prefix replay window"
+MAMBA_ALIGNED_SPLIT = "Mamba block-aligned chunks"
 
 # Statuses the spec has no rule for (RQ:370-386).
 BLOCKED_STATUSES = {
@@ -96,6 +97,8 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(KV_CONNECTOR)
     if getattr(sched, "is_encoder_decoder", False):
         out.append(ENCODER_DECODER)
+    if not encoder_cache_modelled(sched):
+        out.append(ENCODER_INPUTS)
     groups = sched.kv_cache_config.kv_cache_groups
     if len(groups) != 1 or type(groups[0].kv_cache_spec) is not full_attention_spec():
         out.append(KV_CACHE_GROUPS)
@@ -108,6 +111,8 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(MM_ENCODER_ONLY)
     if getattr(sched, "prefix_replay_tokens", 0):
         out.append(PREFIX_REPLAY)
+    if getattr(sched, "need_mamba_block_aligned_split", False):  # chunks cut to Mamba blocks (S:859-863, 1349-1370)
+        out.append(MAMBA_ALIGNED_SPLIT)
     if hash_block_size(sched) != sched.block_size:
         out.append(HASH_BLOCK_SIZE)
     if sched.dcp_world_size > 1 or sched.pcp_world_size > 1:
@@ -532,10 +537,43 @@ def spied(sched: Any) -> tuple[str, ...]:
                         if is_spy(obj, name, v)))
 
 
+def encoder_cache_modelled(sched: Any) -> bool:
+    """Whether the spec can judge the encoder cache (spec/encoder_cache.py, 0.33.0): vLLM's
+    own manager, no encoder-cache connector, no request refused for an item whose size
+    disagrees with its cached entry (S:1981-2002), and one size per identifier among the
+    entries and the items of the requests (one identifier, one item); trivially so when
+    no request has items."""
+    requests = getattr(sched, "requests", {})
+    if not any(getattr(r, "mm_features", None) for r in requests.values()):
+        return True
+    m = getattr(sched, "encoder_cache_manager", None)
+    if not newest_rules() or type(m).__name__ != "EncoderCacheManager" or type(m).__module__ != \
+            "vllm.v1.core.encoder_cache_manager" or getattr(sched, "encoder_cache_mismatch_reqs", None) \
+            or getattr(sched, "ec_connector", None) is not None:  # it loads and saves items (S:2190-2196)
+        return False
+    sizes = dict(m.num_embeds_by_hash)
+    return all(sizes.setdefault(f.identifier, f.mm_position.length) == f.mm_position.length
+               for r in requests.values() for f in (r.mm_features or ()))
+
+
+def mm_features_modelled(r: Any) -> bool:
+    """A request's items as the spec models them (docs/rules.md §20.1): every placeholder
+    token an embedding, sorted and apart in the prompt, at most 8, not hashed with
+    lookahead tokens."""
+    features = r.mm_features
+    end = 0
+    for f in features:
+        p = f.mm_position
+        if getattr(p, "is_embed", None) is not None or p.offset < end or p.length < 1 or f.identifier is None:
+            return False
+        end = p.offset + p.length
+    return len(features) <= 8 and end <= r.num_prompt_tokens and not vllm_lift.hasher_lookahead(r)
+
+
 def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
     """Features fixed when the request is made (RQ:61-241)."""
     out = []
-    if r.mm_features:
+    if r.mm_features and not (newest_rules() and mm_features_modelled(r)):
         out.append(ENCODER_INPUTS)
     if r.lora_request is not None and not newest_rules():  # LoRA: 0.33.0's rules (spec/lora.py)
         out.append(LORA)
@@ -641,5 +679,6 @@ def features(sched: Any, requests: Iterable[Any] | None = None, throttle_prefill
 __all__ = ["BLOCKED_STATUSES", "CONNECTOR_ATTRS", "ConnectorWatch", "connector_answer_changes_step",
            "connector_output_acts", "connector_watch", "connector_watchable", "decode_stagger", "features",
            "ReplacementWatch", "replacement_watch",
-           "hash_block_size", "init_fields", "prefix_hit", "release", "request_features", "scheduler_features",
+           "encoder_cache_modelled", "hash_block_size", "init_fields", "mm_features_modelled", "prefix_hit", "release",
+           "request_features", "scheduler_features",
            "static_request_features"]

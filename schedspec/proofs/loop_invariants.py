@@ -48,7 +48,9 @@ request of least rank, is the one of rank `P`, which the iteration assumes of
 `v` (the agreement test checks on concrete runs that the spec's own
 `choose_victim` returns exactly it).
 
-**Scope.** Prefix caching off; prefill throttling off (`prefill_schedule_interval`
+**Scope.** No encoder inputs (a request's items can only shorten its chunk, or skip it;
+their own budget and cache are proved in encoder_invariants.py); prefix caching off;
+prefill throttling off (`prefill_schedule_interval`
 1, no `throttle_prefills`: a held step, docs/rules.md §18, skips running prefill chunks
 on purpose, one more exception to `running_never_starved`, and stops admission at the
 first prefill); async scheduling on or off (`LoopConfig.asy`, a

@@ -27,8 +27,10 @@ from typing import Any, Callable, Literal
 #   "theorem"    - a closed-form statement over unbounded integers (e.g. the starvation condition);
 #   "loop"       - a property for any number of requests, by loop invariants (proofs/loop_invariants.py);
 #   "pool"       - a prefix-caching property for any number of blocks and requests, by an
-#                  invariant of the pool operations (proofs/pool_invariants.py).
-Kind = Literal["step", "inductive", "initial", "theorem", "loop", "pool"]
+#                  invariant of the pool operations (proofs/pool_invariants.py);
+#   "encoder"    - an encoder-input property for any number of requests, items and cache
+#                  entries, by invariants of the encoder operations (proofs/encoder_invariants.py).
+Kind = Literal["step", "inductive", "initial", "theorem", "loop", "pool", "encoder"]
 Status = Literal["proved", "refuted", "unknown"]
 
 

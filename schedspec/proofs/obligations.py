@@ -27,6 +27,7 @@ from schedspec.spec.properties import PROPERTIES
 from . import encoding, release
 from .loop_invariants import CLAIMS as LOOP_CLAIMS
 from .pool_invariants import CLAIMS as POOL_CLAIMS
+from .encoder_invariants import CLAIMS as ENCODER_CLAIMS
 from .loop_invariants import FEATURE_ONLY as LOOP_FEATURE_ONLY
 from .obligation import Bound, Obligation, Result
 from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS, block_demand, capped_need, state_invariant
@@ -72,10 +73,11 @@ STEP_BAD_VARIANTS = {
 OUTSIDE_BOUNDED = {name: p.engine_flags for name, p in PROPERTIES.items() if p.engine_flags}
 # Of those, the ones no obligation encodes (the loop encoding has async scheduling,
 # speculative decoding, structured output and LoRA, loop_invariants.ASYNC_ONLY /
-# FEATURE_ONLY; the pool encoding prefix caching's three): `schedspec prove` lists
+# FEATURE_ONLY; the pool encoding prefix caching's three; the encoder encoding encoder
+# inputs' three, 0.33.0 only): `schedspec prove` lists
 # them as not encoded; the state machine, `check` and `diff` judge them.  None today.
 OUTSIDE_ENCODING = {name: flags for name, flags in OUTSIDE_BOUNDED.items()
-                    if name not in LOOP_CLAIMS and name not in POOL_CLAIMS}
+                    if name not in LOOP_CLAIMS and name not in POOL_CLAIMS and name not in ENCODER_CLAIMS}
 
 
 def outside_encoding() -> dict[str, tuple[str, ...]]:
@@ -83,6 +85,8 @@ def outside_encoding() -> dict[str, tuple[str, ...]]:
     claims exist only where schedspec models the feature (loop_invariants.FEATURE_ONLY)."""
     out = dict(OUTSIDE_ENCODING)
     out.update({name: OUTSIDE_BOUNDED[name] for name, modelled in sorted(LOOP_FEATURE_ONLY.items()) if not modelled()})
+    if not release.models_encoder_inputs():
+        out.update({name: OUTSIDE_BOUNDED[name] for name in ENCODER_CLAIMS})
     return out
 
 
@@ -370,6 +374,7 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
     out += theorem_obligations()
     out += loop_obligations(timeout_s)
     out += pool_obligations(timeout_s)
+    out += encoder_obligations(timeout_s)
     return [for_release(o) for o in out]
 
 
@@ -399,6 +404,13 @@ def pool_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
     from . import pool_invariants
 
     return pool_invariants.obligations(timeout_s)
+
+
+def encoder_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+    """proofs/encoder_invariants.py's claims for any number of requests, items and entries."""
+    from . import encoder_invariants
+
+    return encoder_invariants.obligations(timeout_s)
 
 
 def theorem_obligations() -> list[Obligation]:

@@ -63,9 +63,9 @@ import z3
 from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST
 
 from . import release
+from .claim_obligations import Claim, claim_obligations, discharge_parts
 from .obligation import Bound, Obligation, Result
 from .loop_invariants import fixed_witness_description, replay_witness, vacuity_result
-from .solving import prove_parts
 
 DEFAULT_TIMEOUT_S = 20.0
 HELD, FRONT, FRESH, BACK = 0, 1, 2, 3
@@ -336,27 +336,19 @@ def lemma_hit_length(V: PoolVars, R: PoolRules):
     return [bs >= 1, nt >= 1, run >= 0, k == lookup_length(run, nt, bs)], z3.And(k * bs <= nt - 1, k * bs >= 0)
 
 
-@dataclass(frozen=True)
-class PoolClaim:
-    name: str
-    parts: tuple
-    bad_variants: tuple[str, ...]
-    doc: str
-
-
 INV = (("entry: available = cached at the step's start", part_entry),) + tuple(
     (f"{op}: preserved", _preserved(op)) for op in OPERATIONS)
 
-CLAIMS: dict[str, PoolClaim] = {c.name: c for c in (
-    PoolClaim("block_ref_counts_match_holders", INV + (("exit: ref_cnt = holders", exit_ref_counts),),
+CLAIMS: dict[str, Claim] = {c.name: c for c in (
+    Claim("block_ref_counts_match_holders", INV + (("exit: ref_cnt = holders", exit_ref_counts),),
               ("release_keeps_ref_cnt", "hit_stays_in_queue"),
               "prefix caching: every block's ref_cnt is the number of requests holding it; a freed request holds "
               "none"),
-    PoolClaim("kv_pool_partitioned", INV + (("exit: held xor free, queue length, order", exit_partitioned),),
+    Claim("kv_pool_partitioned", INV + (("exit: held xor free, queue length, order", exit_partitioned),),
               ("hit_stays_in_queue", "pop_keeps_hash", "hashed_freed_to_front", "free_not_counted"),
               "prefix caching: held and free blocks partition the pool, num_free_blocks is the queue's length, "
               "cached free blocks behind uncached ones (from 0.21)"),
-    PoolClaim("prefix_hit_within_shared_prefix", INV + (
+    Claim("prefix_hit_within_shared_prefix", INV + (
         ("iteration: a hit's hash was available", iter_hit_available),
         ("lemma: hits are whole blocks leaving a token", lemma_hit_length)),
         ("hit_on_uncached_block", "pop_keeps_hash"),
@@ -365,17 +357,12 @@ CLAIMS: dict[str, PoolClaim] = {c.name: c for c in (
 )}
 
 
-def discharge(claim: PoolClaim, variant: str = "correct", timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
-    """Proved when every part's negation is unsat; refuted at the first part with a
-    counterexample."""
-    rules = POOL_VARIANTS[variant]
-    t0 = time.perf_counter()
-    V = PoolVars()
-    status, where = prove_parts(((name, *build(V, rules)) for name, build in claim.parts), timeout_s)
-    return Result(status, time.perf_counter() - t0, where or f"{len(claim.parts)} parts unsat")
+def discharge(claim: Claim, variant: str = "correct", timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
+    """Every part proved, or the first refuted (claim_obligations.discharge_parts)."""
+    return discharge_parts(claim, PoolVars(), POOL_VARIANTS[variant], timeout_s)
 
 
-def vacuity(claim: PoolClaim, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
+def vacuity(claim: Claim, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
     """Every part's premises are satisfiable, and the operations can do what the
     claims are about: a free hit leaving the queue, a held one shared, a pop
     from each part (from the back evicting a hash), a new hash, a release that
@@ -468,20 +455,8 @@ def witness(name: str) -> tuple[Result, Any]:
 def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
     """`pool:<name>` obligations: each claim for any number of blocks and requests;
     the witness is the vacuity check plus the fixed scenario replayed on the spec."""
-    out = []
-    for name, claim in CLAIMS.items():
-        def wit(claim=claim):
-            v = vacuity(claim, timeout_s)
-            if v.status != "proved":
-                return v, None
-            res, scenario = witness(claim.name)
-            return Result(res.status, v.seconds + res.seconds, f"{v.detail}; {res.detail}", res.model), scenario
-
-        out.append(Obligation(
-            name=f"pool:{name}", property=name, kind="pool",
-            bound=Bound(None, None, 1, "any number of blocks and requests; prefix caching on"
-                        + ("" if order_applies() else "; 0.20.0: no free-queue order")),
-            discharge=lambda variant, claim=claim: discharge(claim, variant, timeout_s),
-            witness=wit, bad_variants=claim.bad_variants, expected="proved", doc=claim.doc,
-            extra={"parts": [p for p, _ in claim.parts]}))
-    return out
+    return claim_obligations(CLAIMS.values(), kind="pool",
+                             bound=Bound(None, None, 1, "any number of blocks and requests; prefix caching on"
+                                         + ("" if order_applies() else "; 0.20.0: no free-queue order")),
+                             discharge=lambda claim, variant: discharge(claim, variant, timeout_s),
+                             vacuity=lambda claim: vacuity(claim, timeout_s), witness=witness)

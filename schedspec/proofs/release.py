@@ -69,6 +69,12 @@ def models_structured_output() -> bool:
     return _release[0] == DEFAULT_RELEASE
 
 
+def models_encoder_inputs() -> bool:
+    """Does schedspec model encoder inputs for the modelled release?  Only for 0.33.0:
+    the spec refuses mm_features for any other (spec/input_processor.py)."""
+    return _release[0] == DEFAULT_RELEASE
+
+
 def models_spec_decode() -> bool:
     """Does schedspec model speculative decoding for the modelled release?  Only for
     0.33.0: the spec refuses num_speculative_tokens for any other (spec/config.py)."""

@@ -85,8 +85,9 @@ class TimedImpl:
         elif takes_finished_recving(impl):  # async KV loads
             self.update_from_output = lambda output, sampled, finished_recving=(): self._timed(
                 impl.update_from_output, output, sampled, finished_recving)
-        if hasattr(impl, "models_kv_connector_hits"):
-            self.models_kv_connector_hits = impl.models_kv_connector_hits
+        for flag in ("models_kv_connector_hits", "models_encoder_inputs"):
+            if hasattr(impl, flag):
+                setattr(self, flag, getattr(impl, flag))
 
     def _timed(self, fn, *args):
         t = time.perf_counter()

@@ -59,6 +59,8 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with KV connector sends")
     if scenario.config.get("requires_kv_delivery"):
         bump("scenarios with a KV connector requiring delivery")
+    if any(r.mm_features for r in scenario.requests):
+        bump("scenarios with encoder inputs")
     if scenario.config.get("num_hash_lookahead_tokens"):
         bump("scenarios with lookahead block hashes")
     if scenario.config.get("use_eagle_block_drop"):
@@ -96,6 +98,26 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
             bump(f"finished: {reason}")
         else:
             bump("unfinished at max_steps")
+
+
+def encoder_coverage(t: Transition, cov: dict[str, int]) -> None:
+    """Encoder inputs: items encoded, entries evicted, entries two requests or more
+    reference, and chunks that end at an item not encoded and not cached (cut there by
+    the encoder budget, the cache or disable_chunked_mm_input), or admissions and running
+    requests that scheduled nothing for it (S:2154-2176)."""
+    out, before, after = t.output, t.before, t.after
+    _bump(cov, "encoder inputs encoded", sum(len(ids) for _, ids in out.scheduled_encoder_inputs))
+    _bump(cov, "encoder cache entries evicted", len(out.free_encoder_mm_hashes))
+    if any(len(ids) > 1 for ids in after.encoder_cache.cached.values()):
+        _bump(cov, "steps with an encoder cache entry shared")
+    encoded = dict(out.scheduled_encoder_inputs)
+    for rid, n in out.num_scheduled_tokens:
+        r = before.requests[rid]
+        end = out.computed_on_admission(rid, r.num_computed_tokens) + n
+        if end < r.num_tokens and any(f.offset == end and i not in encoded.get(rid, ())
+                                      and f.identifier not in after.encoder_cache.cached
+                                      for i, f in enumerate(r.mm_features)):
+            _bump(cov, "chunks cut at an encoder input")
 
 
 def spec_decode_coverage(t: Transition, cov: dict[str, int]) -> None:
@@ -179,6 +201,8 @@ class StepCoverage:
                 _bump(cov, "empty async batches")
         if c.num_speculative_tokens:
             spec_decode_coverage(t, cov)
+        if any(r.mm_features for r in before.requests.values()):
+            encoder_coverage(t, cov)
         if c.num_prefill_lookahead_tokens > 1 and any(
                 rid in before.requests and before.requests[rid].num_computed_tokens + n < before.requests[rid].num_tokens
                 for rid, n in out.num_scheduled_tokens):

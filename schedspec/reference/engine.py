@@ -388,16 +388,20 @@ def run_scenario(
             requests[r.id] = make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time,
                                           tokens.get(r.id), r.lora_int_id, r.grammar_compile_steps is not None,
                                           r.kv_connector_tokens, r.kv_connector_load_steps is not None,
-                                          r.kv_connector_send_steps is not None)
+                                          r.kv_connector_send_steps is not None, r.mm_features)
         except ConfigError as e:
             return rejected(f"requests[{i}].{e}")
 
     arrivals, aborts = scenario.events_by_step()
     event_steps = sorted(set(arrivals) | set(aborts))
     grammars = scenario.grammar_events()
+    has_mm = any(r.mm_features for r in scenario.requests)
     held = [i for i, r in enumerate(scenario.requests) if r.kv_connector_tokens]
     if held and getattr(impl, "models_kv_connector_hits", True) is False:
         return rejected(f"requests[{held[0]}].kv_connector_tokens: {name} does not model KV connector hits")
+    if has_mm and getattr(impl, "models_encoder_inputs", True) is False:
+        i = next(i for i, r in enumerate(scenario.requests) if r.mm_features)
+        return rejected(f"requests[{i}].mm_features: {name} does not model encoder inputs")
     # The worker's reports: each needs its update_from_output argument.
     steps_of = {}
     for field, takes, what, argument in (
@@ -481,6 +485,9 @@ def run_scenario(
             record["prefix_hits"] = dict(output.prefix_hits)
         if output.kv_connector_hits:
             record["kv_connector_hits"] = dict(output.kv_connector_hits)
+        if has_mm:  # on every step, so that a comparison never skips them
+            record["scheduled_encoder_inputs"] = {rid: list(ids) for rid, ids in output.scheduled_encoder_inputs}
+            record["free_encoder_mm_hashes"] = list(output.free_encoder_mm_hashes)
         if config.num_speculative_tokens:
             record["scheduled_spec_decode_tokens"] = {rid: len(ids) for rid, ids in output.scheduled_spec_decode_tokens}
             record["new_tokens"] = kept

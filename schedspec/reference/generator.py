@@ -81,6 +81,13 @@ until the send is reported).  One
 scenario in three has a connector requiring KV delivery (`requires_kv_delivery`:
 preemptions drop output in flight).
 
+With "encoder_inputs" in `features`, last and only for 0.33.0 without lookahead block
+hashes, one scenario in three gets encoder inputs: about 60 % of its requests one to
+three multimodal items from a pool of six identifiers (members of a prefix group mostly
+the group's), a small encoder budget and cache, and one in four
+`disable_chunked_mm_input`; drawn from a generator of its own, so a seed's scenarios
+are those drawn before, with items added.
+
 With "hash_lookahead" in `features`, after the parallel drafter and only for 0.33.0,
 one scenario in four with prefix caching gets `num_hash_lookahead_tokens` 1..3: a
 block is hashed, so cached and found, only once that many tokens follow it.  With
@@ -241,7 +248,7 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
 
 # Scheduler features beyond the two flags, and the implementations that lack one.
 FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle", "adaptive_threshold",
-                      "kv_connector", "hash_lookahead", "eagle"})
+                      "kv_connector", "hash_lookahead", "eagle", "encoder_inputs"})
 IMPL_LACKS: dict[str, frozenset[str]] = {"torch": FEATURES}
 
 
@@ -344,6 +351,8 @@ def generate_scenario(rng: random.Random, index: int,
                 and rng.random() < 2 / 3:
             # With the legacy hashes: a prefix hit gives back its last block (T:829-837).
             config = {**config, "use_eagle_block_drop": True}
+    if "encoder_inputs" in features and release == DEFAULT_RELEASE and not config.get("num_hash_lookahead_tokens"):
+        config, requests = _encoder_inputs(random.Random("encoder:" + repr(rng.getstate()[1])), config, requests)
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 
@@ -480,6 +489,54 @@ def _kv_connector(rng: random.Random, block_size: Any, requests: list[RequestSpe
         out = [dataclasses.replace(r, kv_connector_send_steps=sends.choice([1, 1, 2, 3, 6]))
                if sends.random() < 0.4 else r for r in out]
     return out
+
+
+def _encoder_inputs(enc: random.Random, config: dict[str, Any], requests: list[RequestSpec]
+                    ) -> tuple[dict[str, Any], list[RequestSpec]]:
+    """Encoder inputs on one scenario in three: about 60 % of the requests get one to
+    three multimodal items, named from a small pool so that requests share encoder cache
+    entries, and members of a prefix group mostly the group's items, so that prefix
+    hits cover items (or miss by them).  A small encoder budget and cache, so that
+    chunks are cut at items and entries evicted; a chunk kept out of an item now and
+    then (disable_chunked_mm_input).  `enc` is a generator of its own, seeded from the
+    scenario generator's state without advancing it: a seed's scenarios stay those
+    drawn before encoder inputs were modelled, with them added."""
+    if enc.random() >= 1 / 3:
+        return config, requests
+    batched = config.get("max_num_batched_tokens", 2048)
+    budget = enc.choice([4, 8, 16, 32, 64, None])
+    b = batched if budget is None else budget
+    cache = enc.choice([b, b + 5, 2 * b, 4 * b, None])
+    longest = min(b, batched if cache is None else cache)
+    config = {**config, "max_num_encoder_input_tokens": budget, "encoder_cache_size": cache}
+    if enc.random() < 1 / 4:
+        config["disable_chunked_mm_input"] = True
+    lengths: dict[str, int] = {}  # one identifier, one length (scenario.py)
+    by_group: dict[str, tuple] = {}
+
+    def items(prompt_len: int) -> tuple:
+        out, pos = [], 0
+        for _ in range(enc.randint(1, 3)):
+            offset = pos + enc.randint(0, enc.choice([0, 3, 20]))
+            ident = f"img{enc.randint(0, 5)}"
+            n = lengths.get(ident) or enc.randint(1, max(1, min(longest, enc.choice([2, 8, 24, longest]))))
+            if offset + n > prompt_len or n > longest:
+                break
+            lengths[ident] = n
+            out.append((offset, n, ident))
+            pos = offset + n
+        return tuple(out)
+
+    out = []
+    for r in requests:
+        if enc.random() < 0.6:
+            mine = items(r.prompt_len)
+            if r.prefix_group is not None and enc.random() < 0.7:
+                shared = by_group.setdefault(r.prefix_group, mine)
+                mine = tuple(f for f in shared if f[0] + f[1] <= r.prompt_len)
+            r = dataclasses.replace(r, mm_features=mine)
+        out.append(r)
+    return config, out
 
 
 def _structured_output(rng: random.Random, requests: list[RequestSpec]) -> list[RequestSpec]:

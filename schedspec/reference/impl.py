@@ -76,6 +76,10 @@ class GrammarTaking(Protocol):
 # (vLLM's kv_connector_output.finished_recving); one without it is refused such scenarios.
 # Likewise sends (kv_connector_send_steps) need `finished_sending`, the requests whose KV
 # the worker reports sent (kv_connector_output.finished_sending).
+# Encoder inputs (spec/encoder_inputs.py) need nothing more either: a request carries its
+# `mm_features`, an output its `scheduled_encoder_inputs` and `free_encoder_mm_hashes`.  An
+# implementation without them says so with `models_encoder_inputs = False`, and is refused
+# scenarios with encoder inputs; one that leaves those outputs empty diverges.
 
 
 def takes_finished_recving(impl: object) -> bool:

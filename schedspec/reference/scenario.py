@@ -149,6 +149,8 @@ class RequestSpec:
     # and, for a request whose KV the connector sends once it finishes (a KV producer's),
     # the engine steps from its finish until the worker reports the send.
     kv_connector_send_steps: int | None = None
+    # Encoder inputs (formats.md): the prompt's multimodal items, as (offset, length, identifier).
+    mm_features: tuple[tuple[int, int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -240,6 +242,8 @@ class Scenario:
                 d["kv_connector_load_steps"] = r.kv_connector_load_steps
             if r.kv_connector_send_steps is not None:
                 d["kv_connector_send_steps"] = r.kv_connector_send_steps
+            if r.mm_features:
+                d["mm_features"] = [{"offset": o, "length": n, "identifier": h} for o, n, h in r.mm_features]
             reqs.append(d)
         out["requests"] = reqs
         out["aborts"] = [asdict(a) for a in self.aborts]
@@ -492,6 +496,7 @@ def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
     _check_spec_patterns(scenario)
     _check_loras(scenario)
     _check_grammars(scenario)
+    _check_mm_identifiers(scenario)
     if isinstance(scenario.config, dict) and scenario.config.get("enable_prefix_caching") is True:
         total = 0
         for i, r in enumerate(scenario.requests):
@@ -543,6 +548,17 @@ def _check_grammars(scenario: Scenario) -> None:
                                 "grammar_compile_steps or drop it")
 
 
+def _check_mm_identifiers(scenario: Scenario) -> None:
+    """One identifier, one item: the encoder cache keeps one entry per identifier, and
+    vLLM finishes with an error a request whose item disagrees with it (S:1981-2002)."""
+    lengths: dict[str, int] = {}
+    for i, r in enumerate(scenario.requests):
+        for k, (_, n, h) in enumerate(r.mm_features):
+            if lengths.setdefault(h, n) != n:
+                raise ScenarioError(f"requests[{i}].mm_features[{k}].length: = {n}, but identifier {h!r} has "
+                                    f"length {lengths[h]} elsewhere in the file; one identifier names one item")
+
+
 def _check_loras(scenario: Scenario) -> None:
     """An adapter needs LoRA on (vLLM's front end refuses it otherwise)."""
     on = isinstance(scenario.config, dict) and scenario.config.get("max_loras") is not None
@@ -585,6 +601,7 @@ def _from_checked_json(data: Any) -> Scenario:
             kv_connector_tokens=r.get("kv_connector_tokens", 0),
             kv_connector_load_steps=r.get("kv_connector_load_steps"),
             kv_connector_send_steps=r.get("kv_connector_send_steps"),
+            mm_features=tuple((f["offset"], f["length"], f["identifier"]) for f in r.get("mm_features", ())),
         ))
     scenario = Scenario(
         name=data["name"],
@@ -628,7 +645,8 @@ def validate_scenario(scenario: Scenario) -> SchedulerConfig:
         try:
             make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time, tokens.get(r.id),
                          r.lora_int_id, r.grammar_compile_steps is not None, r.kv_connector_tokens,
-                         r.kv_connector_load_steps is not None, r.kv_connector_send_steps is not None)
+                         r.kv_connector_load_steps is not None, r.kv_connector_send_steps is not None,
+                         r.mm_features)
         except ConfigError as e:
             raise ConfigError(f"requests[{i}].{e.field}", str(e).split(": ", 1)[1]) from None
     return config

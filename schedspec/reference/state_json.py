@@ -33,6 +33,7 @@ from schedspec.spec.block_pool import BlockPool
 from schedspec.spec.config import (BOOL_FIELDS, CONFIG_FIELDS, INT_FIELDS, POLICIES, SchedulerConfig,
                                    excerpt, field_path, validate_config)
 from schedspec.spec.kv_cache import BlockCounts
+from schedspec.spec.encoder_cache import EMPTY_ENCODER_CACHE, EncoderCache, MultiModalFeature
 from schedspec.spec.output import SchedulerOutput
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.prefill_throttle import PrefillCadence
@@ -203,11 +204,13 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
     # And prefill_schedule_interval (1, never held) and long_prefill_token_threshold_adaptive
     # (false), from before prefill throttling and the adaptive threshold.
     # And requires_kv_delivery (false), from before KV connectors; max_num_new_slots_for_drafting
-    # and num_hash_lookahead_tokens (0); use_eagle_block_drop (false), num_prefill_lookahead_tokens (0).
+    # and num_hash_lookahead_tokens (0); use_eagle_block_drop (false), num_prefill_lookahead_tokens (0);
+    # encoder inputs' max_num_encoder_input_tokens and encoder_cache_size (null), disable_chunked_mm_input (false).
     optional = ("vllm_version", "num_speculative_tokens", "num_lookahead_tokens", "max_loras",
                 "prefill_schedule_interval", "long_prefill_token_threshold_adaptive", "requires_kv_delivery",
                 "max_num_new_slots_for_drafting", "num_hash_lookahead_tokens", "use_eagle_block_drop",
-                "num_prefill_lookahead_tokens")
+                "num_prefill_lookahead_tokens", "max_num_encoder_input_tokens", "encoder_cache_size",
+                "disable_chunked_mm_input")
     raw = read_object(obj, where, tuple(f for f in CONFIG_FIELDS if f not in optional), CONFIG_FIELDS)
     values: dict[str, Any] = {}
     for name in CONFIG_FIELDS:
@@ -247,7 +250,8 @@ REQUEST_FIELDS = tuple(f.name for f in fields(Request))
 # the scope before it read and write as they always did.
 OPTIONAL_REQUEST_FIELDS = ("spec_token_ids", "lora_int_id", "grammar", "drop_stale_output",
                            "skip_reading_prefix_cache", "kv_connector_tokens", "kv_connector_async",
-                           "kv_load_finished", "kv_connector_sends", "num_hash_lookahead_tokens")
+                           "kv_load_finished", "kv_connector_sends", "num_hash_lookahead_tokens", "mm_features")
+MM_FEATURE_FIELDS = ("offset", "length", "identifier")  # one encoder input (spec/encoder_cache.py MultiModalFeature)
 GRAMMARS = ("compiling", "compiled", "failed")  # Request.grammar, when it has one (spec/structured_output.py)
 # name -> minimum, for the integer fields (None: any integer).
 _REQUEST_INTS: dict[str, int | None] = {
@@ -277,6 +281,10 @@ def request_to_json(r: Request) -> dict[str, Any]:
             v = status_to_json(v)
         elif name == "block_hashes":
             v = [hash_to_json(h) for h in v]
+        elif name == "mm_features":
+            if not v:
+                continue
+            v = [dict(zip(MM_FEATURE_FIELDS, f)) for f in v]
         elif name in ("lora_int_id", "grammar", "drop_stale_output", "skip_reading_prefix_cache",
                       "kv_connector_async", "kv_load_finished", "kv_connector_sends", "num_hash_lookahead_tokens"):
             if not v:
@@ -327,9 +335,21 @@ def request_from_json(obj: Any, where: str = "request") -> Request:
             values[name] = v
         elif name == "spec_token_ids":  # -1: a padding or async placeholder draft
             values[name] = read_int_list(v, path, -1)
+        elif name == "mm_features":
+            values[name] = tuple(mm_feature_from_json(x, index_path(path, i)) for i, x in enumerate(read_list(v, path)))
         else:  # a field added to Request that this codec does not know yet
             _fail(path, "this reader does not know the field's type")
     return Request(**values)
+
+
+def mm_feature_from_json(obj: Any, where: str) -> MultiModalFeature:
+    """One encoder input: placeholder tokens [offset, offset + length) and its identifier."""
+    raw = read_object(obj, where, MM_FEATURE_FIELDS, MM_FEATURE_FIELDS)
+    identifier = read_str(raw["identifier"], field_path(where, "identifier"))
+    if not identifier:
+        _fail(field_path(where, "identifier"), "must be a non-empty string")
+    return MultiModalFeature(read_int(raw["offset"], field_path(where, "offset"), 0),
+                             read_int(raw["length"], field_path(where, "length"), 1), identifier)
 
 
 # --- the scheduler's output --------------------------------------------------------------
@@ -339,14 +359,16 @@ _OUTPUT_PAIRS = {"num_scheduled_tokens": 1, "prefix_hits": 0, "kv_connector_hits
 
 
 DRAFTS = "scheduled_spec_decode_tokens"  # [[id, [draft ids]], ...], written only when not empty
-OPTIONAL_OUTPUT_FIELDS = (DRAFTS, "kv_connector_hits")  # written only when not empty
+ENCODED = "scheduled_encoder_inputs"  # [[id, [input ids]], ...], written only when not empty
+# Written only when not empty.
+OPTIONAL_OUTPUT_FIELDS = (DRAFTS, "kv_connector_hits", ENCODED, "free_encoder_mm_hashes")
 
 
 def output_to_json(o: SchedulerOutput) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in OUTPUT_FIELDS:
         v = getattr(o, name)
-        if name == DRAFTS:
+        if name in (DRAFTS, ENCODED):
             if v:
                 out[name] = [[rid, list(ids)] for rid, ids in v]
             continue
@@ -361,18 +383,19 @@ def output_from_json(obj: Any, where: str = "output") -> SchedulerOutput:
     values: dict[str, Any] = {}
     for name in OUTPUT_FIELDS:
         path = field_path(where, name)
-        if name == DRAFTS:
-            drafts = []
+        if name in (DRAFTS, ENCODED):
+            what, minimum = ("draft ids", -1) if name == DRAFTS else ("input ids", 0)
+            lists = []
             for i, pair in enumerate(read_list(raw.get(name, []), path)):
                 at = index_path(path, i)
                 if not isinstance(pair, list) or len(pair) != 2:
-                    _fail(at, f"must be [request id, [draft ids]], got {excerpt(pair)}")
-                drafts.append((read_str(pair[0], index_path(at, 0)), read_int_list(pair[1], index_path(at, 1), -1)))
-            values[name] = tuple(drafts)
+                    _fail(at, f"must be [request id, [{what}]], got {excerpt(pair)}")
+                lists.append((read_str(pair[0], index_path(at, 0)), read_int_list(pair[1], index_path(at, 1), minimum)))
+            values[name] = tuple(lists)
         elif name in _OUTPUT_PAIRS:
             values[name] = read_pair_list(raw.get(name, []), path, _OUTPUT_PAIRS[name])
         else:
-            values[name] = read_str_list(raw[name], path)
+            values[name] = read_str_list(raw[name] if name not in OPTIONAL_OUTPUT_FIELDS else raw.get(name, []), path)
     return SchedulerOutput(**values)
 
 
@@ -457,10 +480,51 @@ def kv_from_json(obj: Any, where: str = "kv_cache", unhashed_first: bool = True)
 # --- the state -----------------------------------------------------------------------------
 
 STATE_FIELDS = ("config", "requests", "running", "waiting", "kv_cache", "finished_req_ids",
-                "grammar_compile_error_reqs", "pause_state", "prefill_cadence")
-# Written only when not empty (not UNPAUSED, not the initial cadence): vectors from before these
-# fields read as they did.
-OPTIONAL_STATE_FIELDS = ("grammar_compile_error_reqs", "pause_state", "prefill_cadence")
+                "grammar_compile_error_reqs", "pause_state", "prefill_cadence", "encoder_cache")
+# Written only when not empty (not UNPAUSED, not the initial cadence, no encoder cache entry):
+# vectors from before these fields read as they did.
+OPTIONAL_STATE_FIELDS = ("grammar_compile_error_reqs", "pause_state", "prefill_cadence", "encoder_cache")
+ENCODER_CACHE_FIELDS = ("cached", "num_embeds", "refs", "freeable")
+
+
+def encoder_cache_to_json(e: EncoderCache) -> dict[str, Any]:
+    """The encoder cache (spec/encoder_cache.py): each entry's referencing requests (sorted:
+    a set) and embeddings, each request's references by input id, the freeable entries
+    in eviction order."""
+    return {"cached": {h: sorted(ids) for h, ids in e.cached.items()}, "num_embeds": dict(e.num_embeds),
+            "refs": {rid: {str(i): h for i, h in ids.items()} for rid, ids in e.refs.items()},
+            "freeable": list(e.freeable)}
+
+
+def encoder_cache_from_json(obj: Any, where: str) -> EncoderCache:
+    raw = read_object(obj, where, ENCODER_CACHE_FIELDS, ENCODER_CACHE_FIELDS)
+    f = lambda name: field_path(where, name)  # noqa: E731 - the path of one field
+    num_embeds = {h: read_int(v, field_path(f("num_embeds"), h), 1)
+                  for h, v in read_object(raw["num_embeds"], f("num_embeds")).items()}
+    cached = {}
+    for h, v in read_object(raw["cached"], f("cached")).items():
+        if h not in num_embeds:
+            _fail(field_path(f("cached"), h), "has no num_embeds: every entry holds its embeddings")
+        cached[h] = frozenset(read_str_list(v, field_path(f("cached"), h), unique=True))
+    if set(num_embeds) != set(cached):
+        _fail(f("num_embeds"), "must name the entries of cached, no others")
+    refs = {}
+    for rid, v in read_object(raw["refs"], f("refs")).items():
+        p = field_path(f("refs"), rid)
+        held = {}
+        for k, h in read_object(v, p).items():
+            if not k.isdigit() or str(int(k)) != k:
+                _fail(field_path(p, k), "must be keyed by an input id, a non-negative integer in decimal")
+            h = read_str(h, field_path(p, k))
+            if rid not in cached.get(h, ()):
+                _fail(field_path(p, k), f"= {excerpt(h)}, but {f('cached')} does not list {excerpt(rid)} for it")
+            held[int(k)] = h
+        refs[rid] = held
+    freeable = read_str_list(raw["freeable"], f("freeable"), unique=True)
+    for i, h in enumerate(freeable):
+        if cached.get(h, None) != frozenset():
+            _fail(index_path(f("freeable"), i), f"= {excerpt(h)} must be an entry no request references")
+    return EncoderCache(cached=cached, num_embeds=num_embeds, refs=refs, freeable=freeable)
 CADENCE_FIELDS = ("num_executed_steps", "last_prefill_step", "capacity_bound", "deferred_waiting")
 
 
@@ -506,6 +570,7 @@ def state_to_json(s: SchedulerState) -> dict[str, Any]:
         **({"grammar_compile_error_reqs": list(s.grammar_compile_error_reqs)} if s.grammar_compile_error_reqs else {}),
         **({"pause_state": s.pause_state} if s.pause_state != "UNPAUSED" else {}),
         **({"prefill_cadence": cadence_to_json(s.prefill_cadence)} if s.prefill_cadence != PrefillCadence() else {}),
+        **({"encoder_cache": encoder_cache_to_json(s.encoder_cache)} if s.encoder_cache != EMPTY_ENCODER_CACHE else {}),
     }
 
 
@@ -553,7 +618,9 @@ def state_from_json(obj: Any, where: str = "state", *, validate: bool = False) -
                                                                          f("grammar_compile_error_reqs"))),
                           pause_state=pause,
                           prefill_cadence=cadence_from_json(raw.get("prefill_cadence", {}), f("prefill_cadence"),
-                                                            tuple(queues["waiting"])))
+                                                            tuple(queues["waiting"])),
+                          encoder_cache=encoder_cache_from_json(raw["encoder_cache"], f("encoder_cache"))
+                          if "encoder_cache" in raw else EMPTY_ENCODER_CACHE)
 
 
 def sampled_to_json(sampled: Mapping[str, Any]) -> dict[str, list[int]]:

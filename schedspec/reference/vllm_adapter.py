@@ -64,7 +64,8 @@ MAX_MODEL_LEN = 2**24  # prompts up to 16 M tokens: a 128 MiB token list per req
 
 # The spec's config fields that vLLM's SchedulerConfig takes under the same name:
 # those the lift reads back from it, and two it takes but keeps elsewhere.
-SCHEDULER_CONFIG_FIELDS = ("max_model_len",) + LIFTED_SCHEDULER_CONFIG_FIELDS + ("async_scheduling",)
+SCHEDULER_CONFIG_FIELDS = ("max_model_len",) + LIFTED_SCHEDULER_CONFIG_FIELDS + ("async_scheduling",
+                                                                              "disable_chunked_mm_input")
 
 _vllm: dict[str, Any] | None = None  # the lazily imported vLLM names
 _model_dirs: dict[int, str] = {}  # max_position_embeddings -> model folder
@@ -518,6 +519,15 @@ class VllmScheduler:
                 # which an asynchronous KV load leaves free (S:1427-1430): one full-attention group.
                 step_tokens = 1 + c.num_speculative_tokens + c.num_lookahead_tokens
                 sched._spec_decode_step_blocks = -(-step_tokens // block_size)
+        if v["version"] == DEFAULT_RELEASE:
+            # Encoder inputs: the model directory is a text-only one, for which vLLM sizes
+            # no encoder budget or cache (S:265-293); the adapter gives the scheduler the
+            # scenario's, once, at construction, as vLLM's own scheduler tests do
+            # (tests/v1/core/test_scheduler.py sets both attributes).
+            from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+
+            sched.max_num_encoder_input_tokens = c.encoder_compute_budget
+            sched.encoder_cache_manager = EncoderCacheManager(cache_size=c.encoder_cache_capacity)
         self._block_hasher = None
         if want_caching:
             # As EngineCore does (v1/engine/core.py:219-230).
@@ -580,6 +590,14 @@ class VllmScheduler:
             # The scheduler reads the adapter's id; its name is what prefix caching hashes.
             kwargs["lora_request"] = v["LoRARequest"](f"lora{request.lora_int_id}", request.lora_int_id,
                                                       "/schedspec/no-adapter-weights")
+        if request.mm_features:
+            from vllm.multimodal.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
+
+            # As the input processor hands them on: sorted by offset (multimodal/utils.py:122-131).
+            kwargs["mm_features"] = [
+                MultiModalFeatureSpec(data=MultiModalKwargsItem.dummy(), modality="image", identifier=f.identifier,
+                                      mm_position=PlaceholderRange(offset=f.offset, length=f.length))
+                for f in request.mm_features]
         req = v["Request"](
             request_id=request.request_id,
             prompt_token_ids=prompt,

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from schedspec.spec.block_pool import BlockPool
 from schedspec.spec.config import SchedulerConfig
+from schedspec.spec.encoder_cache import EMPTY_ENCODER_CACHE, EncoderCache, MultiModalFeature
 from schedspec.spec import prefill_throttle
 from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.prefill_throttle import PrefillCadence
@@ -101,6 +102,10 @@ def lift_config(sched: Any) -> SchedulerConfig:
         # An EAGLE-family drafter's drop of a prefix hit's last block (S:330-345): the
         # KV cache manager was built with it (S:356).  Bridge: 0.33.0 names it so.
         use_eagle_block_drop=bool(getattr(sched, "use_eagle_block_drop", False)),
+        # Encoder inputs: the budget and the cache the scheduler was built with (S:280-293).
+        max_num_encoder_input_tokens=getattr(sched, "max_num_encoder_input_tokens", 0),
+        encoder_cache_size=getattr(getattr(sched, "encoder_cache_manager", None), "cache_size", 0),
+        disable_chunked_mm_input=bool(getattr(sc, "disable_chunked_mm_input", False)),
         vllm_version=vllm.__version__,
     )
 
@@ -136,7 +141,8 @@ _STATUS = {s.name: s for s in RequestStatus}
 REQUEST_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Request))
 LIFTED_OTHERWISE = ("request_id", "status", "eos_token_id", "stop_token_ids", "prompt_token_ids", "block_hashes",
                     "partial_block_token_ids", "spec_token_ids", "lora_int_id", "grammar", "kv_connector_tokens",
-                    "kv_connector_async", "kv_load_finished", "kv_connector_sends", "num_hash_lookahead_tokens")
+                    "kv_connector_async", "kv_load_finished", "kv_connector_sends", "num_hash_lookahead_tokens",
+                    "mm_features")
 # A field added to the spec's Request must be lifted too: fail at import, not lift it silently wrong.
 if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE):
     raise ImportError("vllm_lift: the spec's Request fields changed; lift_request does not cover "
@@ -237,7 +243,8 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, l
                  tuple(params.stop_token_ids or ()) if params is not None else (),
                  tuple(r.prompt_token_ids or ()) if config.enable_prefix_caching else (),
                  r.lora_request.lora_int_id if getattr(r, "lora_request", None) is not None else 0,
-                 (hasher_lookahead(r) or 0) if config.enable_prefix_caching else 0)
+                 (hasher_lookahead(r) or 0) if config.enable_prefix_caching else 0,
+                 lift_mm_features(r))
         cache = r.__dict__[LIFT_ATTR] = [fixed, None, None]
     fixed = cache[0]
     try:
@@ -265,7 +272,8 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, l
                  (like.kv_connector_async, like.kv_load_finished, like.kv_connector_sends),
                  like.num_hash_lookahead_tokens) == \
             (hashes, tail, fixed[1], fixed[2], drafts, fixed[5], grammar, external, kv, fixed[6]) \
-            and _same(like.stop_token_ids, fixed[3]) and _same(like.prompt_token_ids, fixed[4]):
+            and _same(like.stop_token_ids, fixed[3]) and _same(like.prompt_token_ids, fixed[4]) \
+            and _same(like.mm_features, fixed[7]):
         cache[1], cache[2] = key, like
         return like
     values = dict(zip(SHARED_REQUEST_FIELDS, shared))
@@ -273,11 +281,33 @@ def lift_request(r: Any, config: SchedulerConfig, like: Request | None = None, l
                   stop_token_ids=fixed[3], prompt_token_ids=fixed[4], block_hashes=hashes,
                   partial_block_token_ids=tail, spec_token_ids=drafts, lora_int_id=fixed[5], grammar=grammar,
                   kv_connector_tokens=external, kv_connector_async=kv[0], kv_load_finished=kv[1], kv_connector_sends=kv[2],
-                  num_hash_lookahead_tokens=fixed[6])
+                  num_hash_lookahead_tokens=fixed[6], mm_features=fixed[7])
     lifted = Request.__new__(Request)
     lifted.__dict__ = values  # every field, by name: what Request(...) would hold
     cache[1], cache[2] = key, lifted
     return lifted
+
+
+def lift_mm_features(r: Any) -> tuple:
+    """A request's encoder inputs (RQ `mm_features`): position and identifier.  Every
+    placeholder token lifts as an embedding; the spec does not model an is_embed mask."""
+    return tuple(MultiModalFeature(f.mm_position.offset, f.mm_position.length, f.identifier)
+                 for f in (getattr(r, "mm_features", None) or ()))
+
+
+def lift_encoder_cache(sched: Any) -> EncoderCache:
+    """The encoder cache manager's bookkeeping (ECM:78-95): entries and who references them,
+    each request's referenced inputs, and the freeable entries in eviction order.
+    Bridge: a release whose manager keeps no `num_embeds_by_hash` lifts it empty;
+    the spec models encoder inputs for 0.33.0 only."""
+    m = getattr(sched, "encoder_cache_manager", None)
+    embeds = getattr(m, "num_embeds_by_hash", None)
+    if not embeds or type(embeds) is not dict:  # none, or a test's stand-in (the monitor's scope says so)
+        return EMPTY_ENCODER_CACHE
+    refs = {rid: {i: sched.requests[rid].mm_features[i].identifier for i in ids}
+            for rid, ids in m.request_cached_ids.items() if ids}
+    return EncoderCache(cached={h: frozenset(ids) for h, ids in m.cached.items()}, num_embeds=dict(embeds),
+                        refs=refs, freeable=tuple(m.freeable))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -515,6 +545,7 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
         grammar_compile_error_reqs=tuple(getattr(sched, "grammar_compile_error_reqs", None) or ()),
         pause_state=lift_pause_state(sched),
         prefill_cadence=lift_prefill_cadence(sched, config),
+        encoder_cache=lift_encoder_cache(sched),
     )
 
 
@@ -597,7 +628,10 @@ def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,
         if prefix_caching else (),
         kv_connector_hits=tuple(loaded.items()),
         scheduled_spec_decode_tokens=tuple((rid, tuple(ids)) for rid, ids in
-                                           (getattr(out, "scheduled_spec_decode_tokens", None) or {}).items()))
+                                           (getattr(out, "scheduled_spec_decode_tokens", None) or {}).items()),
+        scheduled_encoder_inputs=tuple((rid, tuple(ids)) for rid, ids in
+                                       (getattr(out, "scheduled_encoder_inputs", None) or {}).items()),
+        free_encoder_mm_hashes=tuple(getattr(out, "free_encoder_mm_hashes", None) or ()))
 
 
 def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str, list[int]]:

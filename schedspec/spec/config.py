@@ -84,6 +84,12 @@ class SchedulerConfig:
     # steps (C:203-209), applied by the scheduler on an engine without data
     # parallelism (S:404-408), as this one is; 1 (vLLM's default) never holds prefill.
     prefill_schedule_interval: int = 1
+    # Encoder inputs (S:265-293; vLLM's SchedulerConfig, C:146-167): the embeddings one step
+    # may encode and the encoder cache's capacity, both max_num_batched_tokens when
+    # None; and whether a chunk may end inside an item (disable_chunked_mm_input).
+    max_num_encoder_input_tokens: int | None = None
+    encoder_cache_size: int | None = None
+    disable_chunked_mm_input: bool = False
     # A KV connector that needs a preempted request's KV delivered (vLLM 0.33.0's
     # KVConnectorBase_V1.requires_kv_delivery, base.py:198-207): schedule()'s preemptions
     # then drop the request's output in flight (S:972-976).  Off: none, or a best-effort one.
@@ -97,6 +103,17 @@ class SchedulerConfig:
         if self.max_num_scheduled_tokens is None:
             return self.max_num_batched_tokens
         return self.max_num_scheduled_tokens
+
+    @property
+    def encoder_compute_budget(self) -> int:
+        """The embeddings each `schedule()` may encode (S:280-282)."""
+        return self.max_num_batched_tokens if self.max_num_encoder_input_tokens is None \
+            else self.max_num_encoder_input_tokens
+
+    @property
+    def encoder_cache_capacity(self) -> int:
+        """The encoder cache's size in embeddings (S:283, 291-293)."""
+        return self.max_num_batched_tokens if self.encoder_cache_size is None else self.encoder_cache_size
 
     @property
     def max_num_active_reqs(self) -> int:
@@ -148,11 +165,13 @@ INT_FIELDS = {
     "num_hash_lookahead_tokens": (0, False),
     "max_loras": (1, True),
     "prefill_schedule_interval": (1, False),
+    "max_num_encoder_input_tokens": (1, True),
+    "encoder_cache_size": (1, True),
 }
 # The true/false fields.
 BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching",
                "async_scheduling", "long_prefill_token_threshold_adaptive", "requires_kv_delivery",
-               "use_eagle_block_drop")
+               "use_eagle_block_drop", "disable_chunked_mm_input")
 
 
 def _is_int(v: Any) -> bool:

@@ -7,6 +7,7 @@ from typing import Sequence
 
 from .kv_cache_utils import extend_block_hashes
 from .config import ConfigError, SchedulerConfig
+from .encoder_cache import MultiModalFeature
 from .request import Request, RequestStatus
 from .structured_output import COMPILING
 from .versions import DEFAULT_RELEASE
@@ -23,6 +24,7 @@ def make_request(
     lora_int_id: int = 0,
     structured_output: bool = False,
     kv_connector_tokens: int = 0, kv_connector_async: bool = False, kv_connector_sends: bool = False,
+    mm_features: Sequence[MultiModalFeature] = (),
 ) -> Request:
     """A new WAITING request, after vLLM's front-end checks
     (v1/engine/input_processor.py:476-602).  With prefix caching the prompt's
@@ -44,21 +46,15 @@ def make_request(
         raise ConfigError("lora_int_id", f"= {lora_int_id}, but LoRA is off; set config.max_loras")
     for field, used, feature in (("grammar_compile_steps", structured_output, "structured output"),
                                  ("kv_connector_tokens", kv_connector_tokens, "KV connector hits"),
-                                 ("kv_connector_send_steps", kv_connector_sends, "KV connector sends")):
+                                 ("kv_connector_send_steps", kv_connector_sends, "KV connector sends"),
+                                 ("mm_features", mm_features, "encoder inputs")):
         if used and config.vllm_version != DEFAULT_RELEASE:
             raise ConfigError(field, f"schedspec models {feature} for vLLM {DEFAULT_RELEASE} only, not {config.vllm_version}")
     if kv_connector_tokens >= num_prompt_tokens:  # vLLM asserts a token is left to compute (S:1219, 1347)
         raise ConfigError("kv_connector_tokens", f"= {kv_connector_tokens}, must be < prompt_len "
                           f"({num_prompt_tokens}): the last prompt token is always computed")
-    tokens: tuple = ()
-    hashes: tuple = ()
-    if config.enable_prefix_caching:
-        if prompt_token_ids is None or len(prompt_token_ids) != num_prompt_tokens:
-            raise ConfigError("prompt_token_ids", "prefix caching needs the prompt's "
-                              f"{num_prompt_tokens} token ids")
-        tokens = tuple(prompt_token_ids)
-        # The engine's hasher covers num_hash_lookahead_tokens after each block (E:226-230).
-        hashes = extend_block_hashes((), tokens, config.block_size, lora_int_id, config.num_hash_lookahead_tokens)
+    mm_features = check_mm_features(config, num_prompt_tokens, mm_features)
+    tokens, hashes = prompt_hashes(config, num_prompt_tokens, prompt_token_ids, lora_int_id, mm_features)
     return Request(
         request_id=request_id, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens,
         priority=priority, arrival_time=arrival_time, prompt_token_ids=tokens, block_hashes=hashes,
@@ -68,5 +64,53 @@ def make_request(
         status=RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if structured_output else RequestStatus.WAITING,
         grammar=COMPILING if structured_output else "",
         kv_connector_tokens=kv_connector_tokens, kv_connector_async=kv_connector_async,
-        kv_connector_sends=kv_connector_sends,
+        kv_connector_sends=kv_connector_sends, mm_features=mm_features,
     )
+
+
+MAX_MM_FEATURES = 8
+
+
+def prompt_hashes(config: SchedulerConfig, num_prompt_tokens: int, prompt_token_ids: Sequence[int] | None,
+                  lora_int_id: int, mm_features: tuple) -> tuple[tuple, tuple]:
+    """The prompt's token ids and block hashes, kept only for prefix caching, which
+    needs them: they decide which blocks it shares."""
+    if not config.enable_prefix_caching:
+        return (), ()
+    if prompt_token_ids is None or len(prompt_token_ids) != num_prompt_tokens:
+        raise ConfigError("prompt_token_ids", f"prefix caching needs the prompt's {num_prompt_tokens} token ids")
+    tokens = tuple(prompt_token_ids)
+    # The engine's hasher covers num_hash_lookahead_tokens after each block (E:226-230).
+    return tokens, extend_block_hashes((), tokens, config.block_size, lora_int_id, config.num_hash_lookahead_tokens,
+                                       mm_features)
+
+
+def check_mm_features(config: SchedulerConfig, num_prompt_tokens: int, mm_features: Sequence) -> tuple:
+    """Encoder inputs as vLLM's input processor hands them on: in the prompt, by offset,
+    apart (multimodal/utils.py:122-131 assumes it); and each within one step's encoder
+    budget and the cache, which vLLM's MultiModalBudget sizes to the largest item
+    (multimodal/encoder_budget.py), so that every item can be encoded."""
+    mm_features = tuple(MultiModalFeature(*f) for f in mm_features)
+    if len(mm_features) > MAX_MM_FEATURES:
+        # vLLM frees a request's cached inputs walking a set of their ids (ECM:256-258, 301-311;
+        # S:2828-2840): in ascending order only while every id is below a set's smallest
+        # table (8); the spec frees in that order, exact up to 8 items.
+        raise ConfigError("mm_features", f"{len(mm_features)} items; schedspec models at most {MAX_MM_FEATURES} "
+                          "per request")
+    end = 0
+    for k, f in enumerate(mm_features):
+        where = f"mm_features[{k}]"
+        if not (isinstance(f.identifier, str) and f.identifier):
+            raise ConfigError(f"{where}.identifier", "must be a non-empty string")
+        if f.length < 1 or f.offset < end or f.offset + f.length > num_prompt_tokens:
+            raise ConfigError(where, f"= [{f.offset}, {f.offset + f.length}): an item must have length >= 1, lie "
+                              f"in the prompt [0, {num_prompt_tokens}) and start at or after the previous one's end {end}")
+        if f.length > min(config.encoder_compute_budget, config.encoder_cache_capacity):
+            raise ConfigError(f"{where}.length", f"= {f.length} > max_num_encoder_input_tokens "
+                              f"({config.encoder_compute_budget}) or encoder_cache_size ({config.encoder_cache_capacity}): "
+                              "the item could never be encoded; raise them")
+        end = f.offset + f.length
+    if mm_features and config.num_hash_lookahead_tokens:
+        raise ConfigError("mm_features", "schedspec does not model encoder inputs with num_hash_lookahead_tokens "
+                          "(vLLM's lookahead block hashes key items differently, kv_cache_utils.py:1003-1013)")
+    return mm_features

@@ -26,6 +26,10 @@ class SchedulerOutput:
     # KV connector: for each admission that loads external tokens, in admission
     # order, how many (kv_connector.py); its num_computed_tokens counts them too.
     kv_connector_hits: tuple[tuple[str, int], ...] = ()
+    # Encoder inputs: (request_id, the input ids it encodes) in grant order (O `scheduled_encoder_inputs`),
+    # and the encoder cache entries evicted this step (O `free_encoder_mm_hashes`, E:313-327).
+    scheduled_encoder_inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    free_encoder_mm_hashes: tuple[str, ...] = ()
 
     @property
     def total_num_scheduled_tokens(self) -> int:

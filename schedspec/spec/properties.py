@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from . import kv_connector, prefill_throttle
+from . import kv_connector, prefill_throttle, spec_decode
 from .config import FCFS, PRIORITY, long_prefill_threshold
 from .kv_cache import cdiv, get_num_blocks_to_allocate
 from .lora import exceeds_max_loras, running_loras
@@ -112,12 +112,24 @@ def get_capped_need(state: SchedulerState, r: Request) -> int:
     return max(min(n, state.config.max_model_len - r.num_computed_tokens - 1), 0)
 
 
-def cut_by_prefill_lookahead(c, r: Request, granted: int) -> bool:
-    """Grant `granted` is what a multi-module MTP drafter's prefill lookahead L left
-    of a prefill chunk (S:678-697): it ends exactly L tokens before the prefill's end,
-    or it is nothing because no chunk the budget allows ends outside them."""
-    left, lookahead = r.num_tokens - r.num_computed_tokens, c.num_prefill_lookahead_tokens
+def cut_by_prefill_lookahead(c, r: Request, granted: int, start: int | None = None) -> bool:
+    """Grant `granted` (from `start`, else its computed tokens) is what a multi-module MTP
+    drafter's prefill lookahead L left of a prefill chunk (S:678-697): it ends exactly L
+    tokens before the prefill's end, or it is nothing because no chunk the budget allows
+    ends outside them."""
+    left = r.num_tokens - (r.num_computed_tokens if start is None else start)
+    lookahead = c.num_prefill_lookahead_tokens
     return lookahead > 1 and (left - granted == lookahead if granted else 0 < left <= lookahead)
+
+
+def cut_by_encoder_input(c, r: Request, start: int, granted: int) -> bool:
+    """Grant `granted` from `start` is what an encoder input left of the chunk: it ends
+    where an item starts (less a multi-module MTP drafter's read-ahead) that the
+    encoder budget or cache could not take or that may not be split, or it is nothing
+    because the chunk would start in or at such an item (S:2093-2107, 2154-2176)."""
+    shift = c.num_prefill_lookahead_tokens
+    return any(f.offset - shift <= start + granted <= f.offset or (granted == 0 and start < f.offset + f.length)
+               for f in r.mm_features)
 
 
 def get_step_budget(state: SchedulerState) -> int:
@@ -181,7 +193,7 @@ def grants_positive(before, output, after):
 
 @prop
 def running_before_waiting(before, output, after):
-    """A waiting request receives tokens only if every running request eligible this step received its full capped need, and only from the budget they left; a step that holds prefill (docs/rules.md §18) skips the running prefill chunks on purpose, and a multi-module MTP drafter's prefill lookahead (docs/rules.md §15.9) may cut a chunk the budget cut, leaving budget to admissions."""
+    """A waiting request receives tokens only if every running request eligible this step received its full capped need, and only from the budget they left; a step that holds prefill (docs/rules.md §18) skips the running prefill chunks on purpose, and a multi-module MTP drafter's prefill lookahead (docs/rules.md §15.9) or an encoder input (docs/rules.md §20) may cut a chunk the budget cut, leaving budget to admissions."""
     if not output.admitted:
         return NOT_APPLICABLE
     granted = output.scheduled
@@ -190,8 +202,10 @@ def running_before_waiting(before, output, after):
         need = get_capped_need(before, before.requests[rid])
         if held and before.requests[rid].is_prefill_chunk:
             continue
+        r = before.requests[rid]
         if need > 0 and granted.get(rid, 0) != need and \
-                not cut_by_prefill_lookahead(before.config, before.requests[rid], granted.get(rid, 0)):
+                not cut_by_prefill_lookahead(before.config, r, granted.get(rid, 0)) and \
+                not cut_by_encoder_input(before.config, r, r.num_computed_tokens, granted.get(rid, 0)):
             return violated("a waiting request was admitted while a running one was short",
                             admitted=list(output.admitted), running_request=rid,
                             capped_need=need, granted=granted.get(rid, 0))
@@ -225,6 +239,36 @@ def preemption_only_on_allocation_failure(before, output, after):
     return HOLDS
 
 
+def get_head_start(before: SchedulerState, output: SchedulerOutput, head: str) -> int | None:
+    """Where the head of waiting's chunk starts (its hit and loaded tokens), or None
+    when a rule skips it on purpose or may pad it (starvation_condition's exceptions)."""
+    c, r, granted = before.config, before.requests[head], output.scheduled
+    if r.num_stale_output_tokens > 0:
+        return None  # async: skipped until its in-flight output returns
+    if r.grammar in ("compiling", "failed"):
+        return None  # structured output: skipped until its grammar compiles (structured_output.py)
+    if kv_connector.undecided(r):
+        return None  # skipped until its KV connector can tell its hit (kv_connector.py)
+    if r.kv_connector_async and (kv_connector.loading(r) and not r.kv_load_finished
+                                 or r.kv_connector_tokens and r.num_computed_tokens == 0 and head not in granted):
+        return None  # loading: no tokens, and a load starts only beside every prefill in flight
+    # What admission computes: its hit and loaded tokens when admitted; else at least what
+    # its KV connector holds (a local hit is visible only on admission).
+    start = max(output.computed_on_admission(head, r.num_computed_tokens), kv_connector.external_tokens(r, 0))
+    if c.num_speculative_tokens and c.enable_prefix_caching and head not in granted and r.num_computed_tokens == 0 \
+            and not r.skip_reading_prefix_cache:
+        # Not admitted, its hit is not in the output: look it up as admission would (S:1110-1127).
+        hits = before.kv_cache.work().get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size)
+        start = max(start, len(spec_decode.eagle_block_drop(c, hits)) * c.block_size)
+    if c.num_speculative_tokens and r.num_tokens - start == 1:
+        return None  # a new decode may be padded, or not admitted (spec_decode.pads_new_decode)
+    if exceeds_max_loras(c, running_loras(before.requests[x] for x in before.running), r):
+        return None  # LoRA: it would bring one adapter too many and is skipped (lora.py)
+    if prefill_throttle.holds_prefill(before) and prefill_throttle.has_prefill_left(start, r.num_tokens):
+        return None  # a step holding prefill admits no prefill (prefill_throttle.py)
+    return start
+
+
 @prop
 def starvation_condition(before, output, after):
     """With D running requests each needing exactly one token and D >= the token budget B, waiting requests receive no tokens; with D < B, chunked prefill on, a free run slot and enough blocks, the head of waiting receives min(need, B - D) > 0 (with a drafter's rows s per request, what the input budget keeps after D(1 + s) and s of its own, S:1295)."""
@@ -249,25 +293,9 @@ def starvation_condition(before, output, after):
         return NOT_APPLICABLE
     head = before.waiting[0]
     r = before.requests[head]
-    if r.num_stale_output_tokens > 0:
-        return NOT_APPLICABLE  # async: skipped until its in-flight output returns
-    if r.grammar in ("compiling", "failed"):
-        return NOT_APPLICABLE  # structured output: skipped until its grammar compiles (structured_output.py)
-    if kv_connector.undecided(r):
-        return NOT_APPLICABLE  # skipped until its KV connector can tell its hit (kv_connector.py)
-    if r.kv_connector_async and (kv_connector.loading(r) and not r.kv_load_finished
-                                 or r.kv_connector_tokens and r.num_computed_tokens == 0 and head not in granted):
-        return NOT_APPLICABLE  # loading: no tokens, and a load starts only beside every prefill in flight
-    # What admission computes: its hit and loaded tokens when admitted; else at least what
-    # its KV connector holds (a local hit is visible only on admission).
-    start = max(output.computed_on_admission(head, r.num_computed_tokens), kv_connector.external_tokens(r, 0))
-    if c.num_speculative_tokens and r.num_tokens - start == 1:
-        return NOT_APPLICABLE  # a new decode may be padded, or not admitted (spec_decode.pads_new_decode)
-    if exceeds_max_loras(c, running_loras(before.requests[x] for x in before.running), r):
-        return NOT_APPLICABLE  # LoRA: it would bring one adapter too many and is skipped (lora.py)
-    if prefill_throttle.holds_prefill(before) and \
-            prefill_throttle.has_prefill_left(start, r.num_tokens):
-        return NOT_APPLICABLE  # a step holding prefill admits no prefill (prefill_throttle.py)
+    start = get_head_start(before, output, head)
+    if start is None:
+        return NOT_APPLICABLE
     # The head's whole sequence, with a drafter's lookahead slots (K:550-553).
     blocks_needed = (sum(get_block_demand(before, d, 1) for d in before.running)
                      + get_block_demand(before, head, r.num_tokens - r.num_computed_tokens) + c.watermark_blocks)
@@ -282,6 +310,9 @@ def starvation_condition(before, output, after):
     s = c.max_num_new_slots_for_drafting
     if s and has(c, INPUT_BUDGET):
         expected = max(0, min(expected, c.max_num_batched_tokens - D * (1 + s) - s))
+    if granted.get(head, 0) != expected and (cut_by_encoder_input(c, r, start, granted.get(head, 0))
+                                             or cut_by_prefill_lookahead(c, r, granted.get(head, 0), start)):
+        return NOT_APPLICABLE  # an encoder input or an MTP drafter's lookahead cut its chunk
     if granted.get(head, 0) != expected:
         return violated("the head of waiting did not get min(need, B - D)", D=D, B=B, head=head,
                         expected=expected, granted=granted.get(head, 0))
@@ -531,6 +562,50 @@ def prefix_hit_within_shared_prefix(before, output, after):
         start = output.computed_on_admission(rid, r.num_computed_tokens)
         available.update(r.block_hashes[:min(start + n, r.num_tokens) // b])
     return HOLDS
+
+
+@prop(engine_flags=("mm_features",))
+def encoder_budget_respected(before, output, after):
+    """Encoder inputs: the items one step encodes hold at most max_num_encoder_input_tokens embeddings (S:2154-2161, ECM:149-175)."""
+    if not output.scheduled_encoder_inputs:
+        return NOT_APPLICABLE
+    total = sum(before.requests[rid].mm_features[i].length for rid, ids in output.scheduled_encoder_inputs for i in ids)
+    if total > before.config.encoder_compute_budget:
+        return violated("a step encodes more embeddings than the encoder budget", total=total,
+                        max_num_encoder_input_tokens=before.config.encoder_compute_budget)
+    return HOLDS
+
+
+@prop(engine_flags=("mm_features",))
+def encoder_cache_within_capacity(before, output, after):
+    """Encoder inputs: the encoder cache's entries, referenced or freeable, hold at most encoder_cache_size embeddings (ECM:149-244)."""
+    used = after.encoder_cache.num_used_slots()
+    if not used:
+        return NOT_APPLICABLE
+    if used > after.config.encoder_cache_capacity:
+        return violated("the encoder cache holds more embeddings than its size", used=used,
+                        encoder_cache_size=after.config.encoder_cache_capacity)
+    return HOLDS
+
+
+@prop(engine_flags=("mm_features",))
+def encoder_inputs_available(before, output, after):
+    """Encoder inputs: every item a step's chunk reaches is encoded in that step or found in the encoder cache (and not evicted in it), never computed without its embeddings (S:2018-2209)."""
+    encoded = {before.requests[rid].mm_features[i].identifier for rid, ids in output.scheduled_encoder_inputs
+               for i in ids}
+    available = encoded | (set(before.encoder_cache.cached) - set(output.free_encoder_mm_hashes))
+    judged = False
+    for rid, n in output.num_scheduled_tokens:
+        r = before.requests[rid]
+        if not r.mm_features:
+            continue
+        judged = True
+        start = output.computed_on_admission(rid, r.num_computed_tokens)
+        for i, f in enumerate(r.mm_features):
+            if f.offset < start + n and f.offset + f.length > start and f.identifier not in available:
+                return violated("a chunk reaches an item neither encoded nor cached", request=rid, item=i,
+                                chunk=[start, start + n], item_tokens=[f.offset, f.offset + f.length])
+    return HOLDS if judged else NOT_APPLICABLE
 
 
 def check_step(before: SchedulerState, output: SchedulerOutput, after: SchedulerState) -> dict[str, Verdict]:

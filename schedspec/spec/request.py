@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from .kv_cache_utils import hash_block, lora_root
+
+from .kv_cache_utils import hash_block, lora_root, mm_block_keys
 
 
 class RequestStatus(enum.IntEnum):
@@ -78,6 +79,7 @@ class Request:
     # It loads that prefix asynchronously; the worker reported such a load finished (S:3568-3571).
     kv_connector_async: bool = False
     kv_load_finished: bool = False
+    mm_features: tuple = ()  # its encoder inputs (encoder_cache.py MultiModalFeature), by offset
     kv_connector_sends: bool = False  # its KV is sent when it finishes, its blocks kept till then (S:3040-3060)
     # Stop tokens (U:101-112): the EOS id (None: none, as with ignore_eos) and the others.
     eos_token_id: int | None = EOS_TOKEN_ID
@@ -126,7 +128,9 @@ class Request:
         partial = self.partial_block_token_ids = self.partial_block_token_ids + (token_id,)
         if len(partial) == block_size + self.num_hash_lookahead_tokens:
             parent = self.block_hashes[-1] if self.block_hashes else lora_root(self.lora_int_id)
-            self.block_hashes += (hash_block(parent, partial),)
+            keys = mm_block_keys(self.mm_features, len(self.block_hashes) * block_size, block_size) \
+                if self.mm_features else ()  # an item at the prompt's end shares a block with outputs
+            self.block_hashes += (hash_block(parent, partial, keys),)
             self.partial_block_token_ids = partial[block_size:]
 
 

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping, Sequence
 from .config import PRIORITY, ConfigError, SchedulerConfig, long_prefill_threshold
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
-from . import kv_connector, lora, prefill_throttle, spec_decode, stale_output, structured_output
+from . import encoder_inputs, kv_connector, lora, prefill_throttle, spec_decode, stale_output, structured_output
 from .spec_decode import update_draft_token_ids  # noqa: F401 - a public call of the spec, as the others
 from .structured_output import grammar_compiled  # noqa: F401 - the environment's event, beside the calls
 from .state import SchedulerOutput, SchedulerState, Working
@@ -77,6 +77,9 @@ class ScheduleWork(Working):
         self.loads: list[str] = []  # requests whose asynchronous KV load started (kv_connector.py)
         self.holders = kv_connector.holders(self.waiting, self.requests)  # (S:1542, kv_connector.py)
         self.defer_prefills = prefill_throttle.defers_prefills(self, throttle_prefills)  # S:750-752, 780-791
+        self.encoder_budget = c.encoder_compute_budget  # S:729
+        self.encoder_inputs: dict[str, tuple[int, ...]] = {}  # the items each request encodes (S:728)
+        self.encoder_plan: tuple = ((), 0, ())  # encoder_inputs.plan's, for the request being scheduled
 
     def output(self) -> SchedulerOutput:
         return SchedulerOutput(
@@ -84,7 +87,9 @@ class ScheduleWork(Working):
             scheduled_resumed_reqs=tuple(self.resumed), scheduled_running_reqs=tuple(self.scheduled_running),
             preempted_req_ids=tuple(self.preempted), prefix_hits=tuple(self.prefix_hits),
             scheduled_spec_decode_tokens=tuple(self.drafts_sent.items()),
-            kv_connector_hits=tuple(self.kv_connector_hits))
+            kv_connector_hits=tuple(self.kv_connector_hits),
+            scheduled_encoder_inputs=tuple(self.encoder_inputs.items()),
+            free_encoder_mm_hashes=self.encoder.freed_mm_hashes())
 
 
 def schedule(state: SchedulerState, throttle_prefills: bool = False) -> tuple[SchedulerOutput, SchedulerState]:
@@ -133,6 +138,8 @@ def schedule_running(s: ScheduleWork) -> None:
         s.scheduled_running.append(rid)
         s.prefill_scheduled |= s.requests[rid].is_prefill_chunk
         spec_decode.schedule_drafts(s, rid, n)
+        if s.requests[rid].mm_features:  # its plan is the last one made (num_new_tokens_running)
+            encoder_inputs.commit(s, rid)
         s.cursor += 1
 
 
@@ -147,7 +154,9 @@ def num_new_tokens_running(s: ScheduleWork, r: Request) -> int:
         n = s.threshold
     n = min(n, s.token_budget, s.input_budget - s.draft_slots)  # cap 2 (S:846-848)
     n = min(n, s.config.max_model_len - r.num_computed_tokens - 1)  # cap 3: 1 sampled token (S:852)
-    return spec_decode.reserve_prefill_lookahead(s.config, r, r.num_computed_tokens, n)  # [seams: S:860-884]
+    if r.mm_features:  # [seam: Mamba alignment (S:859-863)]
+        n = encoder_inputs.plan(s, r, r.num_computed_tokens, n)
+    return spec_decode.reserve_prefill_lookahead(s.config, r, r.num_computed_tokens, n)  # S:886-889
 
 
 def allocate_or_preempt(s: ScheduleWork, rid: str, n: int) -> bool:
@@ -188,6 +197,7 @@ def preempt(s: ScheduleWork, victim: str) -> None:
         s.token_budget += refund
         s.input_budget += refund + s.draft_slots  # S:955
     s.kv.free(victim)
+    encoder_inputs.release(s, victim)
     r = s.request(victim)
     r.status = PREEMPTED
     r.num_computed_tokens = 0
@@ -285,6 +295,7 @@ def admit(s: ScheduleWork, rid: str) -> bool | None:
     num_new_blocks = blocks_to_allocate(s, rid, n, hits, external, full_sequence_must_fit=c.scheduler_reserve_full_isl,
                                         has_scheduled_reqs=bool(s.running))  # S:1449-1451
     if num_new_blocks is None:
+        s.encoder.free(rid)  # the references its plan took (S:1456-1461)
         return False
     allocate(s, rid, n, hits, num_new_blocks, external)
     s.waiting.popleft()
@@ -300,6 +311,8 @@ def admit(s: ScheduleWork, rid: str) -> bool | None:
         # breaks it, and the scheduler raises (docs/rules.md, speculative decoding).
         assert n == 1 + c.num_speculative_tokens, "S:1579: a padded new decode was cut by the long-prefill cap"
         s.drafts_sent[rid] = (-1,) * c.num_speculative_tokens
+    if r.mm_features:
+        encoder_inputs.commit(s, rid)  # S:1595-1604
     r = s.request(rid)
     r.status = RUNNING
     r.num_computed_tokens = num_computed_tokens
@@ -321,7 +334,9 @@ def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int
         n = s.threshold
     if not s.config.enable_chunked_prefill and n > budget:
         return None
-    return spec_decode.reserve_prefill_lookahead(s.config, r, num_computed_tokens, min(n, budget))  # S:1346-1392
+    n = min(n, budget)
+    n = encoder_inputs.plan(s, r, num_computed_tokens, n) if r.mm_features else n  # S:1372-1386
+    return spec_decode.reserve_prefill_lookahead(s.config, r, num_computed_tokens, n)  # S:1388-1392
 
 
 def update_after_schedule(s: ScheduleWork) -> None:
@@ -386,6 +401,8 @@ def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int], num_draf
     r.num_in_flight_tokens -= n
     if num_drafts and tokens:
         spec_decode.reject_drafts(r, num_drafts - (len(tokens) - 1))
+    if r.mm_features:
+        encoder_inputs.free_computed(w, r)
     was_running, had_placeholders = r.status == RUNNING, r.num_output_placeholders > 0
     status, discarded = append_output_tokens(r, tokens, w.config)
     if discarded:
@@ -404,6 +421,8 @@ def deliver_stale_output(w: Working, rid: str, n: int, tokens: Sequence[int]) ->
     r = w.request(rid)
     if not stale_output.drain(r, n):
         return None
+    if r.mm_features:
+        encoder_inputs.free_computed(w, r)
     status, _ = append_output_tokens(r, tokens, w.config)
     return status
 
@@ -436,6 +455,8 @@ def remove_finished(w: Working, done: Sequence[str], held: frozenset = frozenset
     that order (S:3031-3061), but those `held`, and with their ids noted as finished."""
     if not done:
         return w.freeze()
+    for rid in done if w.encoder.refs else ():
+        w.encoder.free(rid)  # held ones too (S:3051)
     for rid in (x for x in done if x not in held):
         w.kv.free(rid)
         del w.requests[rid]

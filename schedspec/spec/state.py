@@ -9,6 +9,7 @@ from typing import Mapping
 
 from .block_pool import BlockPool
 from .config import SchedulerConfig
+from .encoder_cache import EMPTY_ENCODER_CACHE, EncoderCache
 from .kv_cache import BlockCounts
 from .output import SchedulerOutput  # noqa: F401 - the step's decision, beside the state
 from .prefill_throttle import PrefillCadence
@@ -38,6 +39,7 @@ class SchedulerState:
     # set_pause_state (S:3073), from outside: PAUSED_NEW admits nothing, PAUSED_ALL schedules nothing.
     pause_state: str = "UNPAUSED"
     prefill_cadence: PrefillCadence = PrefillCadence()  # prefill throttling (prefill_throttle.py)
+    encoder_cache: EncoderCache = EMPTY_ENCODER_CACHE  # encoder outputs of multimodal items (encoder_cache.py)
 
     def __post_init__(self):
         if self.kv_cache is None:
@@ -77,6 +79,7 @@ class Working:
         self.running: list[str] = list(state.running)
         self.waiting: deque[str] = deque(state.waiting)
         self.kv = state.kv_cache.work()
+        self.encoder = state.encoder_cache.work()
         self.finished_req_ids = state.finished_req_ids
         self.grammar_compile_error_reqs = state.grammar_compile_error_reqs
         self.pause_state, self.cadence = state.pause_state, state.prefill_cadence
@@ -95,4 +98,5 @@ class Working:
                               waiting=tuple(self.waiting), kv_cache=self.kv.freeze(),
                               finished_req_ids=self.finished_req_ids,
                               grammar_compile_error_reqs=self.grammar_compile_error_reqs,
-                              pause_state=self.pause_state, prefill_cadence=self.cadence)
+                              pause_state=self.pause_state, prefill_cadence=self.cadence,
+                              encoder_cache=self.encoder.freeze())
