@@ -112,3 +112,25 @@ def test_recheck_checks_each_solver_once(factors):
     factors(1, 1, 1)
     status, last = solving.recheck(build, 1)
     assert status == "unknown" and len(built) == 3 and len({id(s) for s in built}) == 3 and last is built[-1]
+
+
+def test_an_injected_check_call_decides_every_try_of_prove_parts():
+    """prove_parts tries a many-conjunct goal whole first; an injected check_call must
+    decide that try too, so a caller that answers "unknown" is never bypassed by a
+    proof made without it."""
+    import z3
+
+    from schedspec.proofs.solving import prove_parts
+
+    x = z3.Int("x")
+    parts = [("a part", [x >= 1], z3.And(x >= 0, x >= 1))]  # provable, and not one conjunct
+    calls = []
+
+    def unknown(constraints, timeout_s):
+        calls.append(len(constraints))
+        return "unknown"
+
+    status, where = prove_parts(parts, 1.0, check_call=unknown)
+    assert status == "unknown" and "a part" in where
+    assert calls, "check_call was never asked"
+    assert prove_parts(parts, 1.0) == ("proved", "")
