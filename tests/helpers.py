@@ -64,6 +64,25 @@ def assert_one_line_error(rc, err, *words):
         assert w in err, err
 
 
+def assert_vector_file_error(vector: dict, tmp_path, message: str) -> None:
+    """Written to a file, `vector` is refused by `read_vector` in one line that starts
+    with the file's path and then matches the regex `message` (searched)."""
+    import json
+    import re
+
+    import pytest
+
+    from schedspec.reference.vectors import VectorError, read_vector
+
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(vector))
+    with pytest.raises(VectorError) as e:
+        read_vector(p)
+    text = str(e.value)
+    assert "\n" not in text and text.startswith(f"{p}: "), text
+    assert re.search(message, text.removeprefix(f"{p}: ")), text
+
+
 def python_of(release: str):
     """The interpreter that has vLLM `release` (this one, or its install-vllm
     environment); skips the test when the release is not installed."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 from pathlib import Path
 
 import jsonschema
@@ -15,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_one_line_error, cli
+from helpers import assert_one_line_error, assert_vector_file_error, cli
 from mutants import Mutation, mutated
 from schedspec.reference.campaign import random_scenarios
 from schedspec.reference.engine import run_scenario
@@ -405,13 +404,7 @@ def one_vector(exported, call_name: str) -> dict:
 def test_bad_vector_is_a_one_line_error_naming_the_field(exported, tmp_path, call_name, change, message):
     v = one_vector(exported, call_name)
     change(v)
-    p = tmp_path / "bad.json"
-    p.write_text(json.dumps(v))
-    with pytest.raises(VectorError) as e:
-        read_vector(p)
-    text = str(e.value)
-    assert "\n" not in text and text.startswith(f"{p}: "), text
-    assert re.search(message, text.removeprefix(f"{p}: ")), text
+    assert_vector_file_error(v, tmp_path, message)
 
 
 @pytest.mark.parametrize("text, message", [

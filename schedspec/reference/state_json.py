@@ -496,7 +496,10 @@ def encoder_cache_to_json(e: EncoderCache) -> dict[str, Any]:
             "freeable": list(e.freeable)}
 
 
-def encoder_cache_from_json(obj: Any, where: str) -> EncoderCache:
+def encoder_cache_from_json(obj: Any, where: str, requests: Mapping[str, Request] | None = None) -> EncoderCache:
+    """With the state's `requests`, a request's references must name its own items:
+    the spec looks each one up in its mm_features once a step ran
+    (spec/encoder_inputs.py `free_computed`)."""
     raw = read_object(obj, where, ENCODER_CACHE_FIELDS, ENCODER_CACHE_FIELDS)
     f = lambda name: field_path(where, name)  # noqa: E731 - the path of one field
     num_embeds = {h: read_int(v, field_path(f("num_embeds"), h), 1)
@@ -513,11 +516,15 @@ def encoder_cache_from_json(obj: Any, where: str) -> EncoderCache:
         p = field_path(f("refs"), rid)
         held = {}
         for k, h in read_object(v, p).items():
-            if not k.isdigit() or str(int(k)) != k:
-                _fail(field_path(p, k), "must be keyed by an input id, a non-negative integer in decimal")
+            if not _DECIMAL.fullmatch(k):  # not str.isdigit: "²" is a digit int() refuses
+                _fail(field_path(p, k), "must be keyed by an input id, a non-negative integer in decimal "
+                                        "without leading zeros")
             h = read_str(h, field_path(p, k))
             if rid not in cached.get(h, ()):
                 _fail(field_path(p, k), f"= {excerpt(h)}, but {f('cached')} does not list {excerpt(rid)} for it")
+            if requests is not None and rid in requests and int(k) >= len(requests[rid].mm_features):
+                _fail(field_path(p, k), f"is not an input id of request {excerpt(rid)}: it has "
+                                        f"{len(requests[rid].mm_features)} items (mm_features)")
             held[int(k)] = h
         refs[rid] = held
     freeable = read_str_list(raw["freeable"], f("freeable"), unique=True)
@@ -525,6 +532,8 @@ def encoder_cache_from_json(obj: Any, where: str) -> EncoderCache:
         if cached.get(h, None) != frozenset():
             _fail(index_path(f("freeable"), i), f"= {excerpt(h)} must be an entry no request references")
     return EncoderCache(cached=cached, num_embeds=num_embeds, refs=refs, freeable=freeable)
+
+
 CADENCE_FIELDS = ("num_executed_steps", "last_prefill_step", "capacity_bound", "deferred_waiting")
 
 
@@ -619,7 +628,7 @@ def state_from_json(obj: Any, where: str = "state", *, validate: bool = False) -
                           pause_state=pause,
                           prefill_cadence=cadence_from_json(raw.get("prefill_cadence", {}), f("prefill_cadence"),
                                                             tuple(queues["waiting"])),
-                          encoder_cache=encoder_cache_from_json(raw["encoder_cache"], f("encoder_cache"))
+                          encoder_cache=encoder_cache_from_json(raw["encoder_cache"], f("encoder_cache"), requests)
                           if "encoder_cache" in raw else EMPTY_ENCODER_CACHE)
 
 
