@@ -212,7 +212,7 @@ def test_prove_whole_run(bound, tmp_path):
     witness file that replays, and every bad variant refuted.  The suite runs it at
     2 + 2 (about 90 s on 2 idle cores; every bad variant is refuted there already),
     scripts/long-tests.sh at 3 + 3 (about 200 s); the default 4 + 4, 6 + 6 for some,
-    takes about 7 minutes on 2 cores (benchmarks/prove_time.py runs it).  An
+    takes about 105 s on 2 idle cores (benchmarks/prove_time.py runs it).  An
     obligation whose own default is below `bound` (BOUND_OVERRIDES) runs at that
     default.  The loop, pool, starvation and liveness obligations do not depend on
     the bound: both runs prove them whole."""

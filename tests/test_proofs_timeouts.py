@@ -19,6 +19,7 @@ from schedspec.cli.prove import run_obligation
 from schedspec.proofs import obligations as O
 from schedspec.proofs import loop_invariants as LI
 from schedspec.proofs import solving
+from schedspec.proofs.symbolic import BLOCK_SIZES
 
 TINY = 0.001  # seconds: z3 gives up at once
 
@@ -134,3 +135,65 @@ def test_an_injected_check_call_decides_every_try_of_prove_parts():
     assert status == "unknown" and "a part" in where
     assert calls, "check_call was never asked"
     assert prove_parts(parts, 1.0) == ("proved", "")
+
+
+def test_the_whole_claim_try_proves_only_by_unsat_and_adapts(monkeypatch):
+    """A step claim of several conjuncts is first tried whole, once per case; only
+    its unsat proves the case.  Where the whole try misses (unknown here, on every
+    case), the conjuncts decide, and after two misses with nothing proved the claim
+    stops trying it whole.  A bad variant is never tried whole: it needs a model."""
+    calls = []
+    real = O.first_try
+
+    def missing(constraints, timeout_s):
+        calls.append("miss")
+        return "unknown"
+
+    monkeypatch.setattr(O, "first_try", missing)
+    claim = O.step_claim("grants_positive", 2, 2)
+    cases = len(list(claim.cases()))  # (block size, policy)
+    holds = claim.build("correct", (1,))[1].children()[1]  # applicable => And(conjuncts)
+    assert z3.is_and(holds) and holds.num_args() > 2 and cases > 2
+    assert claim.discharge("correct").status == "proved"
+    assert calls == ["miss", "miss"]  # tried whole in the first two cases only
+    assert claim.discharge("zero_grant").status == "refuted" and calls == ["miss", "miss"]
+
+    def proving(constraints, timeout_s):
+        calls.append("whole")
+        return real(constraints, timeout_s)
+
+    monkeypatch.setattr(O, "first_try", proving)
+    calls.clear()
+    claim = O.step_claim("grants_positive", 2, 2)
+    before = solving.RETRIES["calls"]
+    assert claim.discharge("correct").status == "proved"
+    assert calls == ["whole"] * cases and claim.whole_tries == [0, cases]
+    assert solving.RETRIES["calls"] == before
+    # A claim the whole try would wrongly call proved if it read anything but unsat:
+    # sat on the whole goes to the conjuncts, which refute.
+    monkeypatch.setattr(O, "first_try", lambda constraints, timeout_s: "sat")
+    assert O.step_claim("grants_positive", 2, 2, block_sizes=(1,)).discharge("zero_grant").status == "refuted"
+
+
+def test_shared_builds_build_each_encoding_once_and_only_inside(monkeypatch):
+    """Within `shared_builds()` (a whole `schedspec prove` run), the step
+    obligations of one bound share one schedule + update encoding per block size
+    and variant (both policies use it); outside it every build is fresh, so a test
+    that patches the encoding sees its patch."""
+    built = []
+    real = O.encoding.schedule_update
+
+    def counting(*a, **k):
+        built.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(O.encoding, "schedule_update", counting)
+    with O.shared_builds():
+        for prop in ("grants_positive", "max_num_seqs_respected", "kv_blocks_conserved"):
+            assert O.step_claim(prop, 2, 2, block_sizes=(2,)).discharge("correct").status == "proved"
+        assert O.inductive_step_claim(2, 2, block_sizes=(2,)).discharge("correct").status == "proved"
+        assert len(built) == len(BLOCK_SIZES)
+    built.clear()
+    O.step_claim("grants_positive", 2, 2, block_sizes=(2,)).build("correct", (2,))
+    O.step_claim("grants_positive", 2, 2, block_sizes=(2,)).build("correct", (2,))
+    assert len(built) == 2
