@@ -98,15 +98,25 @@ FEATURES = (
     ("async scheduling", ("placeholder", "in_flight", "stale", "async_scheduling", "is_prefill_chunk")),
     ("pause", ("pause_state", "PAUSED")),
     ("structured output, LoRA", ("grammar", "lora", "structured_output")),
+    # Features added after the encodings (docs/rules.md §17-20): no encoding states them.
+    ("KV connector", ("kv_connector", "REMOTE_KVS", "remote_kv", "requires_kv_delivery", "hold_loading",
+                      "loads_finished", "finished_recving", "kv_sends")),
+    ("prefill throttling", ("prefill_throttle", "throttle_prefills", "prefill_cadence", "prefill_schedule_interval",
+                            "_adaptive")),
+    ("encoder inputs", ("encoder", "mm_features", "mm_hash")),
     ("config file parsing", ("config_from_dict",)),
     ("error reporting", ("excerpt", "ConfigError", "field_path", 'where: str = ', "raise ValueError")),
 )
 
 
 def feature(mutant: str, change_text: str) -> str:
-    for name, keys in FEATURES:
-        if any(k in change_text or k in mutant for k in keys):
-            return name
+    """The feature the mutant's changed line names, else the one its function's
+    name names (a line of the stale-output delivery that frees encoder inputs is
+    an encoder-input mutant), else "modelled"."""
+    for where in (change_text, mutant):
+        for name, keys in FEATURES:
+            if any(k in where for k in keys):
+                return name
     return "modelled"
 
 
@@ -115,7 +125,7 @@ def report(roots: list[Path]) -> dict:
     if not metas:
         raise SystemExit(f"mutation_report: no mutmut results under {roots[0] / 'mutants'}; "
                          "run scripts/mutation-score.sh first")
-    files, survivors = {}, []
+    files, survivors, killed_by_feature = {}, [], Counter()
     for meta in metas:
         rel = meta.relative_to(roots[0] / "mutants").with_suffix("")  # .py
         runs = [json.loads(m.read_text())["exit_code_by_key"]
@@ -124,6 +134,8 @@ def report(roots: list[Path]) -> dict:
         counts: Counter = Counter()
         for key in runs[0]:
             status = merged_status([run.get(key) for run in runs])
+            if status in ("killed", "caught by type check", "timeout"):
+                killed_by_feature[feature(key, change(funcs, key))] += 1
             if status not in ("killed", "caught by type check"):
                 text = change(funcs, key)
                 if status == "survived" and is_error_text(text):
@@ -132,7 +144,7 @@ def report(roots: list[Path]) -> dict:
                                   "feature": "error reporting" if status == "error text" else feature(key, text)})
             counts[status] += 1
         files[str(rel)] = dict(counts)
-    return {"files": files, "not_killed": survivors}
+    return {"files": files, "not_killed": survivors, "killed_by_feature": dict(killed_by_feature)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         modelled = by_feature.get(("modelled", "survived"), 0)
         print(f"killed / (killed + survivors in what the encodings model): {killed} / {killed + modelled}"
               f" = {100 * killed / max(1, killed + modelled):.1f} %")
+        # Every mutant left alive or unreached counts against the tie but the error
+        # text and the file parsing, which no encoding states; equivalent mutants
+        # are taken out by hand (proofs/README.md lists them).
+        aside = ("error reporting", "config file parsing")
+        against = sum(n for (name, st), n in by_feature.items() if st in ("survived", "no tests") and name not in aside)
+        tied = sum(n for name, n in rep["killed_by_feature"].items() if name not in aside)
+        print(f"leaving error reporting and file parsing aside, killed / (killed + every survivor and unreached "
+              f"mutant, equivalents included): {tied} / {tied + against} = {100 * tied / max(1, tied + against):.1f} %")
     by_func = defaultdict(list)
     untested: Counter = Counter()
     for s in rep["not_killed"]:

@@ -47,10 +47,10 @@ def x_hit__mutmut_1(r, hits):
 '''
 
 
-def make_run(root: Path, codes: dict[str, int | None]) -> Path:
+def make_run(root: Path, codes: dict[str, int | None], source: str = SOURCE) -> Path:
     mod = root / "mutants" / "pkg"
     mod.mkdir(parents=True)
-    (mod / "m.py").write_text(SOURCE)
+    (mod / "m.py").write_text(source)
     (mod / "m.py.meta").write_text(json.dumps({"exit_code_by_key": codes}))
     return root
 
@@ -87,3 +87,44 @@ def test_no_results_is_one_line_and_a_failure(tmp_path):
     p = subprocess.run([sys.executable, str(SCRIPT), "--root", str(tmp_path)], capture_output=True, text=True)
     assert p.returncode != 0
     assert p.stderr.strip().count("\n") == 0 and "run scripts/mutation-score.sh" in p.stderr
+
+
+STALE = '''
+def x_deliver_stale_output__mutmut_orig(w, r):
+    w.num_stale -= 1
+    encoder_inputs.free_computed(w, r)
+
+
+def x_deliver_stale_output__mutmut_1(w, r):
+    w.num_stale -= 1
+    encoder_inputs.free_computed(None, r)
+
+
+def x_deliver_stale_output__mutmut_2(w, r):
+    w.num_stale += 1
+    encoder_inputs.free_computed(w, r)
+
+
+def x_deliver_stale_output__mutmut_3(w, r):
+    w.num_stale -= 2
+    encoder_inputs.free_computed(w, r)
+'''
+
+
+def test_the_changed_line_names_the_feature_before_the_function_and_the_score_lines(tmp_path):
+    """A mutant's feature is the one its changed line names (the stale-output
+    delivery's encoder-input line is an encoder-input mutant), else its function's.
+    The text report gives the score over modelled code and the one that counts every
+    survivor and unreached mutant outside error reporting and file parsing."""
+    run = make_run(tmp_path / "a", {"pkg.m.x_deliver_stale_output__mutmut_1": 0,
+                                    "pkg.m.x_deliver_stale_output__mutmut_2": 1,
+                                    "pkg.m.x_deliver_stale_output__mutmut_3": 0}, STALE)
+    rep = report(run)
+    by = {s["mutant"]: s["feature"] for s in rep["not_killed"]}
+    assert by == {"pkg.m.x_deliver_stale_output__mutmut_1": "encoder inputs",
+                  "pkg.m.x_deliver_stale_output__mutmut_3": "async scheduling"}
+    assert rep["killed_by_feature"] == {"async scheduling": 1}
+    text = subprocess.run([sys.executable, str(SCRIPT), "--root", str(run)], capture_output=True, text=True,
+                          check=True).stdout
+    assert "killed / (killed + survivors in what the encodings model): 1 / 1 = 100.0 %" in text
+    assert "equivalents included): 1 / 3 = 33.3 %" in text
