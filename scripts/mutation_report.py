@@ -98,7 +98,7 @@ FEATURES = (
     ("async scheduling", ("placeholder", "in_flight", "stale", "async_scheduling", "is_prefill_chunk")),
     ("pause", ("pause_state", "PAUSED")),
     ("structured output, LoRA", ("grammar", "lora", "structured_output")),
-    # Features added after the encodings (docs/rules.md §17-20): no encoding states them.
+    # Features added after the encodings (docs/rules.md §18, §19 and §20): no encoding states them.
     ("KV connector", ("kv_connector", "REMOTE_KVS", "remote_kv", "requires_kv_delivery", "hold_loading",
                       "loads_finished", "finished_recving", "kv_sends")),
     ("prefill throttling", ("prefill_throttle", "throttle_prefills", "prefill_cadence", "prefill_schedule_interval",
