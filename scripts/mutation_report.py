@@ -134,10 +134,10 @@ def report(roots: list[Path]) -> dict:
         counts: Counter = Counter()
         for key in runs[0]:
             status = merged_status([run.get(key) for run in runs])
+            text = change(funcs, key)
             if status in ("killed", "caught by type check", "timeout"):
-                killed_by_feature[feature(key, change(funcs, key))] += 1
+                killed_by_feature[feature(key, text)] += 1
             if status not in ("killed", "caught by type check"):
-                text = change(funcs, key)
                 if status == "survived" and is_error_text(text):
                     status = "error text"
                 survivors.append({"file": str(rel), "mutant": key, "status": status, "change": text,

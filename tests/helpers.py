@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
+
+import pytest
+
+from schedspec.reference.vectors import VectorError, read_vector
 from schedspec.spec import scheduler as S
 from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.kv_cache import cdiv
@@ -67,13 +73,6 @@ def assert_one_line_error(rc, err, *words):
 def assert_vector_file_error(vector: dict, tmp_path, message: str) -> None:
     """Written to a file, `vector` is refused by `read_vector` in one line that starts
     with the file's path and then matches the regex `message` (searched)."""
-    import json
-    import re
-
-    import pytest
-
-    from schedspec.reference.vectors import VectorError, read_vector
-
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(vector))
     with pytest.raises(VectorError) as e:
