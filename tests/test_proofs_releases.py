@@ -108,6 +108,18 @@ def test_bad_variants_that_are_a_releases_own_rule_are_dropped():
     assert "vLLM 0.30.0" in str(obligations["step:token_budget_respected"].bound)
 
 
+def test_spec_decode_variants_only_where_the_release_models_it():
+    """A bad variant that differs from the rules only with speculative decoding on
+    (a drafter's rows) cannot be refuted where the spec has no speculative decoding."""
+    def token_claim_variants():
+        return {o.name: o for o in build_obligations()}["loop:token_budget_respected"].bad_variants
+
+    assert "drafter_rows_not_charged" in token_claim_variants()
+    with modelling("0.32.0"):
+        variants = token_claim_variants()
+    assert "drafter_rows_not_charged" not in variants and "budget_off_by_one" in variants
+
+
 @pytest.mark.parametrize("prop,version,expected", [
     # Before 0.28.0 a step can grant more than max_num_batched_tokens (no input budget).
     ("token_budget_respected", "0.25.0", "refuted"), ("token_budget_respected", "0.28.0", "proved"),

@@ -17,7 +17,10 @@ By induction on the number of iterations the property then holds after any
 number of iterations, so for any number of running and waiting requests.
 
 **Iteration state.**  Aggregates of the whole list (never one variable per
-request): budgets left (`tb`, `ib`, S:719/722), tokens granted (`T`),
+request): budgets left (`tb`, `ib`, S:719/722; `ib` is the input budget a grant
+may still take, the spec's `input_budget` less a drafter's rows `D`, which is
+what both loops test and cap by, S:797, 846-848, 1295), tokens granted (`T`), the
+drafter's rows charged for them (`Dc`, `D` per grant, S:721, 1003),
 preemptions so far (`P`), `len(running)` (`Rn`), the cursor (`cur`), free and
 held blocks (`F`, `H`), the FCFS break flag (`stopped`), blocks allocated
 (`AL`) and the block demand of the requests visited / not yet visited (`DV`,
@@ -72,9 +75,17 @@ release.models_spec_decode): a running request's drafts count in its need
 (num_tokens_with_spec, S:839) and the grant sends those that fit (S:1009-1025);
 allocations reserve the drafter's lookahead slots (K:550-553); a one-token
 admission beside a decode is padded to 1 + num_speculative_tokens (S:1308-1330,
-whether it would be is an input of the iteration).  The claims about schedule()'s
-loops (SPEC_DECODE) are proved with it on or off; the four whose exits model
-update_after_schedule and the delivery are stated with it off.  The block size is a case split over
+whether it would be is an input of the iteration); a drafter that adds rows to
+the batch (`max_num_new_slots_for_drafting`, `D`, a parallel drafter's K - 1)
+has them charged to the input budget with every grant and refunded with a
+victim's grant (S:721, 797, 846-848, 955, 1003, 1295).  A multi-module MTP
+drafter's prefill lookahead (`num_prefill_lookahead_tokens` > 1, which cuts
+chunks short of the prefill's end, S:678-697) is outside: the claims are stated
+for drafters that read at most one token ahead (n-gram, the EAGLE family), and
+the agreement test draws no other.  The claims about schedule()'s
+loops (SPEC_DECODE) are proved with it on or off; the four whose lemmas model
+the delivery of one sampled token are stated with it off (update_after_schedule's
+placeholder per draft sent is in placeholders_after).  The block size is a case split over
 BLOCK_SIZES (each `cdiv` then divides by a numeral); every other value is an
 unbounded integer.
 
@@ -150,6 +161,8 @@ class LoopRules:
     drafts_in_need: int = 1  # S:839: num_tokens_with_spec counts each draft once (2: twice)
     victim_drafts_dropped: bool = True  # S:951-957: a preempted request's drafts leave the step's output
     padded_budget_checked: bool = True  # S:1326-1328: a padded new decode that does not fit stops admission
+    placeholders_per_draft: bool = True  # async_scheduler.py:40-45: a placeholder per draft sent too
+    drafter_rows_charged: bool = True  # S:955, 1003: a grant's drafter rows leave the input budget (and return)
 
 
 LOOP_VARIANTS: dict[str, LoopRules] = {
@@ -192,6 +205,10 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     "drafts_counted_twice": LoopRules(drafts_in_need=2),
     "victim_keeps_drafts": LoopRules(victim_drafts_dropped=False),
     "padded_decode_budget_unchecked": LoopRules(padded_budget_checked=False),
+    "drafter_rows_not_charged": LoopRules(drafter_rows_charged=False),
+    # caught by the update agreement only: the claims that use placeholders_after
+    # are stated with speculative decoding off (SPEC_DECODE)
+    "placeholders_ignore_drafts": LoopRules(placeholders_per_draft=False),
 }
 
 
@@ -215,9 +232,9 @@ class LoopConfig:
     """What the loops read of the config, for one block size.  `th` is the
     long-prefill threshold in force this step (0 with one eligible request,
     S:757-763); `wm` the watermark's blocks; `U` the usable blocks; `ML`
-    max_loras, which binds when `lora` (a LoRA config) is on; `K` and `LA`
-    num_speculative_tokens and num_lookahead_tokens, both 0 unless `sd`
-    (speculative decoding) is on."""
+    max_loras, which binds when `lora` (a LoRA config) is on; `K`, `LA` and `D`
+    num_speculative_tokens, num_lookahead_tokens and max_num_new_slots_for_drafting,
+    all 0 unless `sd` (speculative decoding) is on."""
 
     TB0: Any  # max_num_scheduled_tokens (S:719)
     IB0: Any  # max_num_batched_tokens (S:722)
@@ -229,6 +246,7 @@ class LoopConfig:
     ML: Any
     K: Any
     LA: Any
+    D: Any  # a drafter's rows per scheduled request, charged to the input budget (S:721)
     chunked: Any = _B()
     full_isl: Any = _B()
     prio: Any = _B()
@@ -251,9 +269,10 @@ class LoopConfig:
         # max_loras >= 1 (spec/config.py FIELD_MINIMA); LoRA is modelled for 0.33.0 only.
         lora = z3.Implies(self.lora, self.ML >= 1) if release.models_lora() else z3.Not(self.lora)
         # Speculative decoding (0.33.0 only, spec/config.py validate_spec_decode): a
-        # lookahead only beside drafts.
-        off = z3.And(self.K == 0, self.LA == 0)
-        sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0), off) if release.models_spec_decode() \
+        # lookahead only beside drafts, at most one drafter row per draft.
+        off = z3.And(self.K == 0, self.LA == 0, self.D == 0)
+        sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0, 0 <= self.D, self.D <= self.K), off) \
+            if release.models_spec_decode() \
             else z3.And(z3.Not(self.sd), off)
         return z3.And(lora, sd, self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.U >= self.cdiv(self.L), self.IB0 >= self.M,
@@ -276,7 +295,7 @@ def _fresh_config(prefix: str) -> LoopConfig:
     I, Bo = z3.Int, z3.Bool
     return LoopConfig(I(f"{prefix}.TB0"), I(f"{prefix}.IB0"), I(f"{prefix}.M"), I(f"{prefix}.L"),
                       I(f"{prefix}.th"), I(f"{prefix}.wm"), I(f"{prefix}.U"), I(f"{prefix}.ML"),
-                      I(f"{prefix}.K"), I(f"{prefix}.LA"),
+                      I(f"{prefix}.K"), I(f"{prefix}.LA"), I(f"{prefix}.D"),
                       Bo(f"{prefix}.chunked"), Bo(f"{prefix}.full_isl"), Bo(f"{prefix}.prio"), Bo(f"{prefix}.asy"),
                       Bo(f"{prefix}.lora"), Bo(f"{prefix}.sd"))
 
@@ -380,6 +399,7 @@ class RunState:
     UA: Any
     PA: Any
     pend: Any  # the grant being allocated for the request at the cursor after a failure, else -1
+    Dc: Any  # the drafter's rows charged to the input budget: D per grant
     stopped: Any = _B()
 
 
@@ -406,6 +426,7 @@ class RunSplit:
     H_oth: Any
     D_oth: Any
     UA_oth: Any
+    Dc_oth: Any  # Dc of the granted requests other than the victim
 
 
 def _same(a: RunReq, b: RunReq):
@@ -439,6 +460,7 @@ def run_J(c: LoopConfig, k: RunConsts, s: RunState, r: RunReq):
         # visited and not granted: skipped, its capped need was 0 (S:891-909)
         z3.Implies(z3.And(r.inr, r.pos < s.cur, z3.Not(r.g)), cap == 0),
         # a grant short of the capped need used the last of a budget (no refund since: P == 0)
+        # (with a drafter's rows ib is then -D, S:1003)
         z3.Implies(z3.And(r.g, r.n < cap), z3.Or(s.P > 0, s.tb <= 0, s.ib <= 0)),
         # the grant pending for the request at the cursor is within its capped need
         z3.Implies(z3.And(s.pend >= 1, r.inr, r.pos == s.cur), s.pend <= cap),
@@ -448,7 +470,8 @@ def run_J(c: LoopConfig, k: RunConsts, s: RunState, r: RunReq):
 def run_I(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq):
     """The global invariant of the running loop, with the ghost-relative sums of x."""
     return z3.And(
-        s.tb == c.TB0 - s.T, s.ib == c.IB - s.T, s.tb >= 0, s.ib >= 0, s.T >= 0,
+        s.tb == c.TB0 - s.T, s.ib == c.IB - c.D - s.T - s.Dc, s.tb >= 0, s.ib >= -c.D, s.T >= 0, s.Dc >= 0,
+        z3.Implies(c.D == 0, s.Dc == 0),
         s.P >= 0, s.Rn == k.R0 - s.P, 0 <= s.cur, s.cur <= s.Rn,
         s.F + s.H == k.F0 + k.H0, s.F >= 0, s.H >= 0,
         z3.Implies(s.P == 0, z3.And(s.F == k.F0 - s.AL, s.AL <= s.DV, s.DV + s.Drest == k.D0, s.Drest >= 0)),
@@ -461,17 +484,19 @@ def run_I(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq):
         z3.Implies(z3.And(x.inr, x.pos >= s.cur),
                    z3.And(s.CG + s.UA + s.PA == k.CAx, s.UA >= 0, s.PA >= 0)),
         # x's grant (or the grant pending for it) is at least what the budget left
-        # after the capped needs ahead of it: min(cap, budget - CAx)
-        z3.Implies(x.g, x.n >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB - k.CAx)),
-        z3.Implies(z3.And(s.pend >= 1, x.inr, x.pos == s.cur),
+        # after the capped needs ahead of it: min(cap, budget - CAx); stated without a
+        # drafter's rows (the claims that use it have speculative decoding off)
+        z3.Implies(z3.And(c.D == 0, x.g), x.n >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB - k.CAx)),
+        z3.Implies(z3.And(c.D == 0, s.pend >= 1, x.inr, x.pos == s.cur),
                    s.pend >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB - k.CAx)),
     )
 
 
 def run_entry(c: LoopConfig, k: RunConsts, x: RunReq):
     """(premises, the state and ghost at S:793) from a before-state satisfying the state invariant."""
-    s = RunState(c.TB0, c.IB, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
-                 z3.IntVal(0), k.D0, z3.IntVal(0), k.CAx, z3.IntVal(0), z3.IntVal(-1), z3.BoolVal(False))
+    s = RunState(c.TB0, c.IB - c.D, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
+                 z3.IntVal(0), k.D0, z3.IntVal(0), k.CAx, z3.IntVal(0), z3.IntVal(-1), z3.IntVal(0),
+                 z3.BoolVal(False))
     x0 = replace(x, inr=z3.BoolVal(True), pos=x.pos0, g=z3.BoolVal(False), n=z3.IntVal(0), b=x.b0,
                  seq=z3.IntVal(-1), ds=z3.IntVal(0))
     premises = [c.constraints(), x.static_facts(c, k.R0), k.R0 >= 1, k.R0 <= c.M, k.F0 >= 0, k.H0 >= 0,
@@ -495,8 +520,9 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
         # one request per rank and per position (rank is a bijection onto [0, R0))
         frame.append(z3.Implies(z3.And(a.inr, b.inr, a.rank == b.rank), _same(a, b)))
         frame.append(z3.Implies(z3.And(a.inr, b.inr, a.pos0 == b.pos0), _same(a, b)))
-    frame += [sp.T_oth >= 0, sp.T_slack >= 0, sp.H_oth >= 0, sp.D_oth >= 0, sp.UA_oth >= 0,
-              z3.Implies(v.g, z3.And(s.T == v.n + sp.T_oth, s.CG - s.T == (v.cap(c) - v.n) + sp.T_slack)),
+    frame += [sp.T_oth >= 0, sp.T_slack >= 0, sp.H_oth >= 0, sp.D_oth >= 0, sp.UA_oth >= 0, sp.Dc_oth >= 0,
+              z3.Implies(v.g, z3.And(s.T == v.n + sp.T_oth, s.CG - s.T == (v.cap(c) - v.n) + sp.T_slack,
+                                     s.Dc == c.D + sp.Dc_oth)),
               s.H == v.b + sp.H_oth,
               # Drest means something only before the first preemption (run_I)
               z3.Implies(s.P == 0, s.Drest == cr.dem(c) + sp.D_oth)]
@@ -537,8 +563,11 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     refund = z3.And(fail, v.g) if rules.refund else z3.BoolVal(False)
 
     tb = s.tb - z3.If(success, n, 0) + z3.If(refund, v.n, 0)
-    ib = s.ib - z3.If(success, n, 0) + z3.If(refund, v.n, 0)
+    # a grant takes its drafter's rows from the input budget too, a refund gives them back (S:955, 1003)
+    rows = c.D if rules.drafter_rows_charged else z3.IntVal(0)
+    ib = s.ib - z3.If(success, n + rows, 0) + z3.If(refund, v.n + rows, 0)
     T = s.T + z3.If(success, n, 0) - z3.If(z3.And(fail, v.g), v.n, 0)
+    Dc = s.Dc + z3.If(success, c.D, 0) - z3.If(z3.And(fail, v.g), c.D, 0)
     freed = v.b if rules.preempt_frees_blocks else z3.IntVal(0)
     F = s.F - z3.If(success, need, 0) + z3.If(fail, freed, 0)
     H = s.H + z3.If(success, need, 0) - z3.If(fail, v.b, 0)
@@ -556,7 +585,7 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     UA = s.UA - z3.If(z3.And(success, ahead_c), cr.cap(c), 0) - z3.If(z3.And(fail, ahead_v, z3.Not(v.g)), v.cap(c), 0)
     PA = s.PA + z3.If(z3.And(fail, ahead_v), v.cap(c), 0)
     pend = z3.If(guard, z3.If(z3.And(fail, z3.Not(self_pre)), n, -1), s.pend)
-    s2 = RunState(tb, ib, T, P, Rn, cur, F, H, AL, DV, Drest, CG, UA, PA, pend, stopped)
+    s2 = RunState(tb, ib, T, P, Rn, cur, F, H, AL, DV, Drest, CG, UA, PA, pend, Dc, stopped)
 
     # the ghost after the round
     x_is_c, x_is_v = _same(x, cr), _same(x, v)
@@ -635,6 +664,7 @@ class WaitState:
     F: Any
     H: Any
     Lc: Any
+    Dc: Any  # the drafter's rows charged to the input budget so far, both loops (RunState.Dc)
     stopped: Any = _B()
 
 
@@ -656,7 +686,8 @@ def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
 
 def wait_I(c: LoopConfig, s: WaitState, W0):
     return z3.And(
-        s.tb == c.TB0 - s.T, s.ib == c.IB - s.T, s.tb >= 0, s.ib >= 0, s.T >= s.Tr, s.Tr >= 0,
+        s.tb == c.TB0 - s.T, s.ib == c.IB - c.D - s.T - s.Dc, s.tb >= 0, s.ib >= -c.D, s.Dc >= 0,
+        z3.Implies(c.D == 0, s.Dc == 0), s.T >= s.Tr, s.Tr >= 0,
         s.tb <= s.tbE, s.ib <= s.ibE, z3.Implies(s.A > 0, z3.And(s.tbE > 0, s.ibE > 0)),
         s.Rn >= 0, s.Rn <= c.M, s.F + s.H == c.U, s.F >= 0, s.H >= 0, 0 <= s.A, 0 <= s.K, s.A + s.K <= W0,
         s.Lc >= 0, z3.Implies(c.lora, s.Lc <= c.ML),
@@ -701,10 +732,11 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     need = z3_max0(c.cdiv(z3_min(n + c.LA, c.L)) - h.b)  # the lookahead too (K:550-553)
     admit = z3.And(guard, z3.Not(blocked), z3.Not(no_fit), z3.Not(gate_fail), need + wm <= s.F)
     stop = z3.Or(stale_stop, z3.And(guard, z3.Not(blocked), z3.Not(admit)))
-    s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n, 0), s.T + z3.If(admit, n, 0), s.Tr,
+    rows = c.D if rules.drafter_rows_charged else z3.IntVal(0)  # S:1003
+    s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n + rows, 0), s.T + z3.If(admit, n, 0), s.Tr,
                    s.tbE, s.ibE, s.Rn + z3.If(admit, 1, 0), s.A + z3.If(admit, 1, 0), s.K + z3.If(skip, 1, 0),
                    s.F - z3.If(admit, need, 0), s.H + z3.If(admit, need, 0),
-                   s.Lc + z3.If(z3.And(admit, h.ln), 1, 0), z3.Or(s.stopped, stop))
+                   s.Lc + z3.If(z3.And(admit, h.ln), 1, 0), s.Dc + z3.If(admit, c.D, 0), z3.Or(s.stopped, stop))
     xa = z3.And(admit, x.q == h.q)
     x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + need, x.b),
                  ls=z3.Or(x.ls, z3.And(skip_lora, x.q == h.q)))
@@ -801,7 +833,7 @@ def part_wait_entry(V: LoopVars, R: LoopRules):
                          V.Lc0 >= 0, z3.Implies(c.lora, V.Lc0 <= c.ML)]
     if not R.admit_after_preemption:
         pre.append(s.P == 0)
-    ws0 = WaitState(s.tb, s.ib, s.T, s.T, s.tb, s.ib, s.Rn, z3.IntVal(0), z3.IntVal(0), s.F, s.H, V.Lc0,
+    ws0 = WaitState(s.tb, s.ib, s.T, s.T, s.tb, s.ib, s.Rn, z3.IntVal(0), z3.IntVal(0), s.F, s.H, V.Lc0, s.Dc,
                     z3.BoolVal(False))
     wx0 = replace(V.wx, adm=z3.BoolVal(False), n=z3.IntVal(0), b=z3.IntVal(0), ls=z3.BoolVal(False))
     # With the waiting loop entered, the pool's blocks are the usable blocks.
@@ -830,14 +862,16 @@ def part_finish_preserved(V: LoopVars, R: LoopRules):
 
 def exit_token_budget(V: LoopVars, R: LoopRules):
     """token_budget_respected: after the waiting loop (or a running loop with a
-    preemption, which skips it) the grants sum to <= both budgets of the real config."""
+    preemption, which skips it) the grants sum to <= both budgets of the real config,
+    and with a drafter's rows the grants and rows to <= max_num_batched_tokens."""
     c = V.c_real
-    return _wait_pre(V), z3.And(V.ws.T <= c.TB0, V.ws.T <= c.IB0)
+    return _wait_pre(V), z3.And(V.ws.T <= c.TB0, V.ws.T <= c.IB0, V.ws.T + V.ws.Dc <= c.IB0)
 
 
 def exit_token_budget_running(V: LoopVars, R: LoopRules):
     c = V.c_real
-    return _run_pre(V) + [z3.Not(run_guard(V.s))], z3.And(V.s.T <= c.TB0, V.s.T <= c.IB0)
+    return _run_pre(V) + [z3.Not(run_guard(V.s))], z3.And(V.s.T <= c.TB0, V.s.T <= c.IB0,
+                                                         V.s.T + V.s.Dc <= c.IB0)
 
 
 def exit_max_num_seqs(V: LoopVars, R: LoopRules):
@@ -926,14 +960,21 @@ def exit_kv_conserved(V: LoopVars, R: LoopRules):
         V.fs.F + V.fs.H == c.U, V.fs.F >= 0, per_x, per_wx)
 
 
-def placeholders_after(c: LoopConfig, nc2, nt, ph, granted, rules: LoopRules):
+def placeholders_after(c: LoopConfig, nc2, nt, ph, granted, rules: LoopRules, ds=0):
     """update_after_schedule (S:1845-1877, async_scheduler.py:24-56): with async
     scheduling a granted request that is not mid-prefill (computed tokens, advanced
-    by the grant, reach num_tokens + placeholders) gets one output placeholder."""
+    by the grant, reach num_tokens + placeholders) gets one output placeholder, and
+    one per draft `ds` it sent the model this step (async_scheduler.py:40-45)."""
     prefill_chunk = nc2 < nt + ph
     add = {"not_prefill": z3.Not(prefill_chunk), "never": z3.BoolVal(False),
            "always": z3.BoolVal(True)}[rules.placeholder_added]
-    return ph + z3.If(z3.And(c.asy, granted, add), 1, 0)
+    return ph + z3.If(z3.And(c.asy, granted, add), 1 + (ds if rules.placeholders_per_draft else 0), 0)
+
+
+def padded_drafts(c: LoopConfig, wx):
+    """The drafts an admitted request sends: num_speculative_tokens -1 rows when its
+    admission is a padded new decode (S:1308-1330, 1579), else none."""
+    return z3.If(z3.And(wx.adm, wx.pd), c.K, 0)
 
 
 def exit_computed_bounded(V: LoopVars, R: LoopRules):
@@ -947,8 +988,9 @@ def exit_computed_bounded(V: LoopVars, R: LoopRules):
     with no placeholders (S:1799-1843)."""
     c, x, wx = V.c, V.x, V.wx
     nc_after = z3.If(x.g, x.nc + x.n, z3.If(x.inr, x.nc, 0))
-    ph_after = z3.If(x.inr, placeholders_after(c, nc_after, x.nt, x.ph, x.g, R), 0)
-    wph_after = placeholders_after(c, wx.n, wx.nt, 0, wx.adm, R)  # a waiting request has none (preempt resets them)
+    ph_after = z3.If(x.inr, placeholders_after(c, nc_after, x.nt, x.ph, x.g, R, x.drafts_sent(x.n)), 0)
+    # a waiting request has none (preempt resets them)
+    wph_after = placeholders_after(c, wx.n, wx.nt, 0, wx.adm, R, padded_drafts(c, wx))
     return _run_pre(V) + _wait_pre(V), z3.And(
         0 <= nc_after, nc_after <= x.nt + ph_after, z3.Implies(c.asy, nc_after < x.nt + ph_after), nc_after < c.L,
         z3.Implies(wx.adm, z3.And(wx.n <= wx.nt + wph_after, z3.Implies(c.asy, wx.n < wx.nt + wph_after),
@@ -1023,7 +1065,7 @@ def lemma_caps_nonincreasing(V: LoopVars, R: LoopRules):
     # applies delivers k <= 1 token that replaces a placeholder (a sampling batch in
     # flight always carries one, async_scheduler.py:24-56, S:2763-2770).  Sync: the
     # step samples one token when the prefill is complete.
-    ph2 = placeholders_after(c, nc2, x.nt, x.ph, z3.BoolVal(True), R)
+    ph2 = placeholders_after(c, nc2, x.nt, x.ph, z3.BoolVal(True), R, x.drafts_sent(cap))
     deliveries = z3.If(c.asy, z3.And(0 <= k, k <= 1, k <= ph2), k == z3.If(nc2 >= x.nt, 1, 0))
     nt3 = x.nt + k
     ph3 = ph2 - z3.If(ph2 > 0, k, 0)
@@ -1126,7 +1168,7 @@ def exit_counters_running(V: LoopVars, R: LoopRules):
     pre = _run_pre(V) + [z3.Not(run_guard(V.s)), c.asy, counters_J(x.ph, V.inf, V.stl, True)] + _batch(V, n_now)
     nc2 = z3.If(x.g, x.nc + x.n, x.nc)
     gone = z3.Not(x.inr)
-    ph2 = z3.If(gone, 0, placeholders_after(c, nc2, x.nt, x.ph, x.g, R))
+    ph2 = z3.If(gone, 0, placeholders_after(c, nc2, x.nt, x.ph, x.g, R, x.drafts_sent(x.n)))
     inf2 = inflight_after(V.inf, x.g, x.n, R)
     stl2 = z3.If(gone, V.inf, V.stl)
     ph3, inf3, stl3 = deliver(ph2, inf2, stl2, V.bt, V.dk, R)
@@ -1139,7 +1181,7 @@ def exit_counters_waiting(V: LoopVars, R: LoopRules):
     c, wx = V.c, V.wx
     n_now = z3.If(wx.adm, wx.n, 0)
     pre = _wait_pre(V) + [c.asy, counters_J(0, V.inf, V.stl, False), wx.st == (V.stl > 0)] + _batch(V, n_now)
-    ph2 = placeholders_after(c, wx.n, wx.nt, 0, wx.adm, R)
+    ph2 = placeholders_after(c, wx.n, wx.nt, 0, wx.adm, R, padded_drafts(c, wx))
     inf2 = inflight_after(V.inf, wx.adm, wx.n, R)
     ph3, inf3, stl3 = deliver(ph2, inf2, V.stl, V.bt, V.dk, R)
     return pre, counters_J(ph3, inf3, stl3, wx.adm)
@@ -1161,7 +1203,7 @@ FIN_INV: tuple[Part, ...] = (("finish loop: entry", part_finish_entry),
 CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
     LoopClaim("token_budget_respected", RUN_INV + WAIT_INV + (
         ("exit: running loop", exit_token_budget_running), ("exit: waiting loop", exit_token_budget)),
-        ("budget_off_by_one", "grant_ignores_input_budget", "admission_over_budget"),
+        ("budget_off_by_one", "grant_ignores_input_budget", "admission_over_budget", "drafter_rows_not_charged"),
         "the grants of one step sum to <= max_num_scheduled_tokens and <= max_num_batched_tokens"),
     LoopClaim("max_num_seqs_respected", RUN_INV + WAIT_INV + (
         ("exit: running loop", exit_max_num_seqs_running), ("exit: waiting loop", exit_max_num_seqs)),
@@ -1234,12 +1276,23 @@ FEATURE_ONLY: dict[str, Callable[[], bool]] = {"max_loras_respected": release.mo
 # Claims proved with speculative decoding on or off (`LoopConfig.sd` free): those
 # about schedule()'s two loops, whose iterations model drafts and the lookahead.
 # The other four are stated with it off (their premises add `not sd`): their
-# exits and lemmas model update_after_schedule's placeholders and the delivery of
-# one sampled token, where speculative decoding adds a placeholder per draft and
-# delivers accepted drafts and rolls back rejected ones (S:2346-2380).
+# lemmas model the delivery of one sampled token, where speculative decoding
+# delivers accepted drafts and rolls back rejected ones (S:2346-2380), and their
+# exits bound computed tokens by num_tokens + placeholders, which a synchronous
+# grant of drafts passes until that rollback.
 SPEC_DECODE = frozenset({"token_budget_respected", "max_num_seqs_respected", "running_before_waiting",
                          "preemption_only_on_allocation_failure", "grants_positive", "grammar_wait_respected",
                          "max_loras_respected", "drafts_sent_are_known"})
+
+
+# Bad variants that differ from the rules only with speculative decoding on: a
+# release without it (release.models_spec_decode) has nothing to refute them by.
+SPEC_DECODE_VARIANTS = frozenset({"drafter_rows_not_charged"})
+
+
+def release_variants(claim: LoopClaim) -> tuple[str, ...]:
+    """The claim's bad variants the modelled release can tell from the rules."""
+    return tuple(v for v in claim.bad_variants if v not in SPEC_DECODE_VARIANTS or release.models_spec_decode())
 
 
 def claim_premises(claim: LoopClaim, V: LoopVars) -> list:
@@ -1333,7 +1386,13 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
                    ("speculative decoding: a preemption of a request granted drafts",
                     run + [V.c.sd, f["fail"], V.v.g, V.v.drafts_sent(V.v.n) > 0, drafts_J(V.c, V.v)]),
                    ("speculative decoding: a padded new decode admitted, with a lookahead",
-                    _wait_pre(V) + wframe + [wf["padded"], V.c.K > 1, V.c.LA > 0])]
+                    _wait_pre(V) + wframe + [wf["padded"], V.c.K > 1, V.c.LA > 0]),
+                   ("speculative decoding: a grant cut by the drafter rows, after another grant",
+                    run + [V.c.D > 0, f["success"], f["n"] == V.s.ib, V.s.Dc > 0]),
+                   ("speculative decoding: a refund of a victim's drafter rows",
+                    run + [V.c.D > 0, f["fail"], V.v.g]),
+                   ("speculative decoding: an admission after grants charged drafter rows",
+                    _wait_pre(V) + wframe + [wf["admit"], V.c.D > 0, V.ws.Dc > V.c.D])]
     if claim.name in ASYNC_ONLY:
         xr, _ = exit_counters_running(V, rules)
         xw, _ = exit_counters_waiting(V, rules)
@@ -1574,10 +1633,11 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
                                                     + ("; max_loras >= 1, any number of adapters"
                                                        if name == "max_loras_respected" else "")
                                                     + ("; speculative decoding on or off, any "
-                                                       "num_speculative_tokens and lookahead"
+                                                       "num_speculative_tokens, lookahead and drafter rows "
+                                                       "(prefill lookahead <= 1)"
                                                        if name in SPEC_DECODE and release.models_spec_decode()
                                                        else "")),
             discharge=lambda variant, claim=claim: discharge(claim, variant, timeout_s),
-            witness=witness, bad_variants=claim.bad_variants, expected="proved", doc=claim.doc,
+            witness=witness, bad_variants=release_variants(claim), expected="proved", doc=claim.doc,
             extra={"parts": [p for p, _ in claim.parts]}))
     return out
