@@ -7,7 +7,12 @@ reaches them, and how many are not run yet; then every mutant that was not
 killed, with the source line it changes (old -> new), grouped by function, so
 that each survivor can be classified (proofs/README.md "Mutation score").
 
-    python scripts/mutation_report.py [--root DIR] [--json]
+    python scripts/mutation_report.py [--root DIR] [--sample FILE] [--json]
+
+With `--sample FILE` (mutant names, one per line: a uniform random sample of
+the mutants no other run had checked), the score is also estimated for all the
+mutants: the ones checked outside the sample count as they are, the unchecked
+rest by the sample's kill rate, with a 95 % Wilson interval.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import ast
 import difflib
 import json
+import math
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -120,12 +126,71 @@ def feature(mutant: str, change_text: str) -> str:
     return "modelled"
 
 
-def report(roots: list[Path]) -> dict:
+# Survivors shown equivalent by hand: no input of the agreement tests, or of vLLM,
+# tells them from the rules (schedspec/proofs/README.md "Mutation score" gives the
+# argument for each).  They leave the "non-equivalent" score's denominator.
+EQUIVALENT = {
+    "schedspec.spec.scheduler.x_add_request__mutmut_15": "front=None for front=False: enqueue only tests it for truth",
+    "schedspec.spec.scheduler.x_num_new_tokens_running__mutmut_10":
+        "0 < threshold <= n: capping n at n when they are equal changes nothing",
+    "schedspec.spec.scheduler.x_update_from_output__mutmut_18":
+        "continue -> break for the output of a request finished meanwhile: it is the last one of its batch "
+        "that the loop reaches with anything to do",
+    "schedspec.spec.scheduler.x_update_after_schedule__mutmut_13":
+        "is_prefill_chunk by num_tokens - placeholders: a request holding placeholders has computed "
+        "num_tokens + placeholders - 1, so any grant reaches both bounds; with none they are equal",
+}
+
+ASIDE = ("error reporting", "config file parsing")
+
+
+def counted(status: str, feature_name: str, change_text: str) -> bool:
+    """Does the mutant count in the score that measures the tie (error text, error
+    reporting and file parsing aside)?  Decided from its line, so for an unchecked
+    mutant too."""
+    return status != "error text" and feature_name not in ASIDE and not is_error_text(change_text)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a binomial proportion k / n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def sample_estimate(mutants: list[dict], sample: set[str]) -> dict:
+    """The score over every counted mutant: those checked outside the sample as they
+    are, the others (none checked but the sample's) at the sample's kill rate.
+    Equivalent survivors (EQUIVALENT) leave both numerator and denominator."""
+    def is_killed(m):
+        return m["status"] in ("killed", "caught by type check", "timeout")
+
+    pool = [m for m in mutants if m["counted"] and m["mutant"] not in EQUIVALENT]
+    known = [m for m in pool if m["mutant"] not in sample and m["status"] != "not checked"]
+    rest = [m for m in pool if not (m["mutant"] not in sample and m["status"] != "not checked")]
+    drawn = [m for m in rest if m["mutant"] in sample and m["status"] != "not checked"]
+    if not drawn:
+        raise SystemExit("mutation_report: --sample names no checked mutant")
+    k_known = sum(map(is_killed, known))
+    k_drawn = sum(map(is_killed, drawn))
+    lo, hi = wilson(k_drawn, len(drawn))
+    total = len(known) + len(rest)
+    return {"checked_outside_sample": len(known), "killed_outside_sample": k_known,
+            "unchecked_population": len(rest), "sample_checked": len(drawn), "sample_killed": k_drawn,
+            "estimate": (k_known + k_drawn / len(drawn) * len(rest)) / total,
+            "low": (k_known + lo * len(rest)) / total, "high": (k_known + hi * len(rest)) / total,
+            "equivalent_left_out": sorted(m["mutant"] for m in mutants if m["mutant"] in EQUIVALENT)}
+
+
+def report(roots: list[Path], sample: set[str] | None = None) -> dict:
     metas = sorted((roots[0] / "mutants").rglob("*.py.meta"))
     if not metas:
         raise SystemExit(f"mutation_report: no mutmut results under {roots[0] / 'mutants'}; "
                          "run scripts/mutation-score.sh first")
-    files, survivors, killed_by_feature = {}, [], Counter()
+    files, survivors, killed_by_feature, everything = {}, [], Counter(), []
     for meta in metas:
         rel = meta.relative_to(roots[0] / "mutants").with_suffix("")  # .py
         runs = [json.loads(m.read_text())["exit_code_by_key"]
@@ -143,8 +208,13 @@ def report(roots: list[Path]) -> dict:
                 survivors.append({"file": str(rel), "mutant": key, "status": status, "change": text,
                                   "feature": "error reporting" if status == "error text" else feature(key, text)})
             counts[status] += 1
+            name = "error reporting" if status == "error text" else feature(key, text)
+            everything.append({"mutant": key, "status": status, "counted": counted(status, name, text)})
         files[str(rel)] = dict(counts)
-    return {"files": files, "not_killed": survivors, "killed_by_feature": dict(killed_by_feature)}
+    out = {"files": files, "not_killed": survivors, "killed_by_feature": dict(killed_by_feature)}
+    if sample is not None:
+        out["sample"] = sample_estimate(everything, sample)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,9 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", action="append", default=None,
                     help="the folder mutmut ran in (holds mutants/; default .); repeat it to merge runs of the "
                          "same source with different test selections")
+    ap.add_argument("--sample", type=Path, default=None,
+                    help="a file of mutant names, one per line: a uniform random sample of the mutants the "
+                         "other runs left unchecked; estimates the score over all of them")
     ap.add_argument("--json", action="store_true", help="the report as JSON")
     args = ap.parse_args(argv)
-    rep = report([Path(r) for r in (args.root or ["."])])
+    sample = None
+    if args.sample is not None:
+        try:
+            sample = {line.strip() for line in args.sample.read_text().splitlines() if line.strip()}
+        except OSError as e:
+            raise SystemExit(f"mutation_report: --sample {args.sample}: {e.strerror}")
+    rep = report([Path(r) for r in (args.root or ["."])], sample)
     if args.json:
         json.dump(rep, sys.stdout, indent=1)
         print()
@@ -189,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         tied = sum(n for name, n in rep["killed_by_feature"].items() if name not in aside)
         print(f"leaving error reporting and file parsing aside, killed / (killed + every survivor and unreached "
               f"mutant, equivalents included): {tied} / {tied + against} = {100 * tied / max(1, tied + against):.1f} %")
+    if "sample" in rep:
+        s = rep["sample"]
+        print(f"\nestimate over every mutant (error reporting and file parsing aside, {len(s['equivalent_left_out'])} "
+              f"equivalent left out): {s['killed_outside_sample']} killed of {s['checked_outside_sample']} checked "
+              f"outside the sample; the other {s['unchecked_population']} at the sample's rate, "
+              f"{s['sample_killed']} / {s['sample_checked']}: {100 * s['estimate']:.1f} % "
+              f"(95 % interval {100 * s['low']:.1f} - {100 * s['high']:.1f} %)")
     by_func = defaultdict(list)
     untested: Counter = Counter()
     for s in rep["not_killed"]:

@@ -128,3 +128,32 @@ def test_the_changed_line_names_the_feature_before_the_function_and_the_score_li
                           check=True).stdout
     assert "killed / (killed + survivors in what the encodings model): 1 / 1 = 100.0 %" in text
     assert "equivalents included): 1 / 3 = 33.3 %" in text
+
+
+def test_a_sample_of_the_unchecked_mutants_estimates_the_whole_score(tmp_path):
+    """--sample: the mutants checked outside the sample count as they are, the
+    unchecked rest at the sample's kill rate; error text is outside both."""
+    a = make_run(tmp_path / "a", {"pkg.m.x_budget__mutmut_1": 1, "pkg.m.x_budget__mutmut_2": None,
+                                  "pkg.m.x_check__mutmut_1": None, "pkg.m.x_hit__mutmut_1": None})
+    sample = tmp_path / "sample.txt"
+    sample.write_text("pkg.m.x_budget__mutmut_2\n")
+
+    def estimate(code):
+        b = make_run(tmp_path / f"b{code}", {"pkg.m.x_budget__mutmut_1": None, "pkg.m.x_budget__mutmut_2": code,
+                                             "pkg.m.x_check__mutmut_1": None, "pkg.m.x_hit__mutmut_1": None})
+        out = json.loads(subprocess.run([sys.executable, str(SCRIPT), "--json", "--root", str(a), "--root", str(b),
+                                         "--sample", str(sample)], capture_output=True, text=True,
+                                        check=True).stdout)
+        return out["sample"]
+
+    killed = estimate(1)
+    # budget_1 checked and killed; budget_2 (drawn) and hit_1 (not) are the unchecked
+    # rest, at the sample's rate 1/1; check_1 only changes an error's text
+    assert (killed["checked_outside_sample"], killed["unchecked_population"], killed["sample_checked"]) == (1, 2, 1)
+    assert killed["estimate"] == 1.0 and killed["low"] < 1.0 == killed["high"]
+    survived = estimate(0)
+    assert abs(survived["estimate"] - 1 / 3) < 1e-9 and survived["low"] <= 1 / 3 <= survived["high"]
+    # a sample with nothing checked is a one-line error
+    p = subprocess.run([sys.executable, str(SCRIPT), "--root", str(a), "--sample", str(sample)],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "--sample names no checked mutant" in p.stderr
