@@ -192,8 +192,14 @@ def test_shared_builds_build_each_encoding_once_and_only_inside(monkeypatch):
         for prop in ("grants_positive", "max_num_seqs_respected", "kv_blocks_conserved"):
             assert O.step_claim(prop, 2, 2, block_sizes=(2,)).discharge("correct").status == "proved"
         assert O.inductive_step_claim(2, 2, block_sizes=(2,)).discharge("correct").status == "proved"
-        assert len(built) == len(BLOCK_SIZES)
+        assert len(built) == 1  # one block size asked for: one build, whatever the claims
     built.clear()
     O.step_claim("grants_positive", 2, 2, block_sizes=(2,)).build("correct", (2,))
     O.step_claim("grants_positive", 2, 2, block_sizes=(2,)).build("correct", (2,))
     assert len(built) == 2
+
+
+def test_a_claim_walks_the_block_sizes_it_is_given():
+    """step_claim(..., block_sizes=...) narrows the cases, not only the build's default."""
+    assert list(O.step_claim("grants_positive", 2, 2, block_sizes=(2,)).cases()) == [(2, False), (2, True)]
+    assert len(list(O.step_claim("grants_positive", 2, 2).cases())) == 2 * len(BLOCK_SIZES)

@@ -303,7 +303,7 @@ def step_claim(prop: str, R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEF
         claim = z3.Implies(applicable, holds)
         lemmas = STEP_LEMMAS[prop](before, list(asks), list(pools)) if prop in STEP_LEMMAS else []
         return list(premise), claim, applicable, before, lemmas
-    return _Claim(build, timeout_s)
+    return _Claim(build, timeout_s, block_sizes)
 
 
 def asks_within_demand(before: SymState, asks, pools) -> list[list]:
@@ -341,7 +341,7 @@ def inductive_step_claim(R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEFA
         before, premise, d, after, _, pools = _step_encoding(R, W, block_sizes, variant)
         something = z3.Or(list(d.scheduled))
         return list(premise), state_invariant(after), something, before, pool_conserved(before, [], list(pools))
-    return _Claim(build, timeout_s)
+    return _Claim(build, timeout_s, block_sizes)
 
 
 def _new_request(before: SymState, slot: int) -> tuple[SymSlot, list]:
@@ -370,7 +370,7 @@ def inductive_add_claim(R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAU
         premise = [state_invariant(before), fixed_roles(before, range(R), range(R, R + W + 1)),
                    _prefix(before, R, W + 1)]
         return premise + valid, state_invariant(after), some_waiting, before, []
-    return _Claim(build, timeout_s)
+    return _Claim(build, timeout_s, block_sizes)
 
 
 def inductive_abort_claim(N: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
@@ -379,7 +379,7 @@ def inductive_abort_claim(N: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIM
         after = encoding.abort(before, 0, True, variant)
         holding = z3.And(before.slots[0].present, before.slots[0].num_blocks > 0)
         return [state_invariant(before), before.slots[0].present], state_invariant(after), holding, before, []
-    return _Claim(build, timeout_s)
+    return _Claim(build, timeout_s, block_sizes)
 
 
 def initial_claim(N: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
@@ -389,7 +389,7 @@ def initial_claim(N: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) 
         if VARIANTS[variant].initial_free_includes_null:
             st = replace(st, num_free_blocks=c.num_gpu_blocks)
         return [c.constraints()], state_invariant(st), z3.BoolVal(True), st, []
-    return _Claim(build, timeout_s)
+    return _Claim(build, timeout_s, block_sizes)
 
 
 def _obligation(name, prop, kind, bound, claim: _Claim, bad, doc, witness_goal) -> Obligation:
