@@ -140,6 +140,8 @@ def instrumented(monkeypatch):
 
     def release(s, victim):
         rec = state["rec"]
+        if victim not in s.requests:  # the operation's premise: a request of the step is preempted
+            rec.mismatches.append(f"preempt: no request {victim!r} to release")
         ev = sum(s.requests[victim].mm_features[i].length for i in s.encoder_inputs.get(victim, ()))
         if rec.agg is not None and state.get("s") is s:
             rec.apply("preempt", ev=ev)
