@@ -8,11 +8,16 @@ killed, with the source line it changes (old -> new), grouped by function, so
 that each survivor can be classified (proofs/README.md "Mutation score").
 
     python scripts/mutation_report.py [--root DIR] [--sample FILE] [--json]
+    python scripts/mutation_report.py [--root DIR] --draw N [--seed S]
 
 With `--sample FILE` (mutant names, one per line: a uniform random sample of
 the mutants no other run had checked), the score is also estimated for all the
 mutants: the ones checked outside the sample count as they are, the unchecked
-rest by the sample's kill rate, with a 95 % Wilson interval.
+rest by the sample's kill rate, with a 95 % Wilson interval.  `--draw N`
+prints such a sample: N names drawn uniformly from the mutants that count and
+no run has checked (run them with `mutmut run NAME ...`, in batches of a
+shuffled sample if the run may be cut short: a batch is itself uniform, the
+mutants mutmut reaches first in a cut batch are not).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import ast
 import difflib
 import json
 import math
+import random
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -223,7 +229,9 @@ def report(roots: list[Path], sample: set[str] | None = None) -> dict:
             name = "error reporting" if status == "error text" else feature(key, text)
             everything.append({"mutant": key, "status": status, "counted": counted(status, name, text)})
         files[str(rel)] = dict(counts)
-    out = {"files": files, "not_killed": survivors, "killed_by_feature": dict(killed_by_feature)}
+    out = {"files": files, "not_killed": survivors, "killed_by_feature": dict(killed_by_feature),
+           "unchecked_counted": sorted(m["mutant"] for m in everything
+                                       if m["counted"] and m["status"] == "not checked")}
     if sample is not None:
         out["sample"] = sample_estimate(everything, sample)
     return out
@@ -237,8 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", type=Path, default=None,
                     help="a file of mutant names, one per line: a uniform random sample of the mutants the "
                          "other runs left unchecked; estimates the score over all of them")
+    ap.add_argument("--draw", type=int, default=None, metavar="N",
+                    help="print N mutant names drawn uniformly from the unchecked mutants that count, and stop")
+    ap.add_argument("--seed", type=int, default=0, help="the seed of --draw (default 0)")
     ap.add_argument("--json", action="store_true", help="the report as JSON")
     args = ap.parse_args(argv)
+    if args.draw is not None and args.draw < 1:
+        raise SystemExit(f"mutation_report: --draw: {args.draw} is not a positive number of mutants")
     sample = None
     if args.sample is not None:
         try:
@@ -246,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             raise SystemExit(f"mutation_report: --sample {args.sample}: {e.strerror}")
     rep = report([Path(r) for r in (args.root or ["."])], sample)
+    if args.draw is not None:
+        pool = rep["unchecked_counted"]
+        for name in sorted(random.Random(args.seed).sample(pool, min(args.draw, len(pool)))):
+            print(name)
+        return 0
     if args.json:
         json.dump(rep, sys.stdout, indent=1)
         print()

@@ -157,3 +157,18 @@ def test_a_sample_of_the_unchecked_mutants_estimates_the_whole_score(tmp_path):
     p = subprocess.run([sys.executable, str(SCRIPT), "--root", str(a), "--sample", str(sample)],
                        capture_output=True, text=True)
     assert p.returncode != 0 and "--sample names no checked mutant" in p.stderr
+
+
+def test_draw_samples_the_unchecked_mutants_that_count(tmp_path):
+    a = make_run(tmp_path / "a", {"pkg.m.x_budget__mutmut_1": 1, "pkg.m.x_budget__mutmut_2": None,
+                                  "pkg.m.x_check__mutmut_1": None, "pkg.m.x_hit__mutmut_1": None})
+
+    def draw(*extra):
+        return subprocess.run([sys.executable, str(SCRIPT), "--root", str(a), *extra], capture_output=True, text=True)
+
+    # budget_1 is checked and check_1 only changes an error's text: neither is drawn
+    assert set(draw("--draw", "5").stdout.split()) == {"pkg.m.x_budget__mutmut_2", "pkg.m.x_hit__mutmut_1"}
+    one = draw("--draw", "1", "--seed", "3").stdout.split()
+    assert len(one) == 1 and one == draw("--draw", "1", "--seed", "3").stdout.split()  # the seed replays it
+    bad = draw("--draw", "0")
+    assert bad.returncode == 1 and bad.stderr.strip() == "mutation_report: --draw: 0 is not a positive number of mutants"
