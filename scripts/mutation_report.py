@@ -128,6 +128,9 @@ FEATURE_OF = {
     "schedspec.spec.scheduler.x_append_output_tokens__mutmut_20":
         ("KV connector", "a stopped request's status left None: every finished request is removed at once "
                          "but one a KV producer holds for its send"),
+    "schedspec.spec.scheduler.x_enqueue__mutmut_17":
+        ("KV connector", "a PRIORITY insertion searched to the queue's end: the span ends before it only "
+                         "for the KV holders' queue (kv_connector.queue_span)"),
 }
 
 
@@ -137,6 +140,8 @@ def feature(mutant: str, change_text: str) -> str:
     an encoder-input mutant), else "modelled"; FEATURE_OF first."""
     if mutant in FEATURE_OF:
         return FEATURE_OF[mutant][0]
+    if "where: str = " in change_text:  # the default field prefix of a validator's errors
+        return "error reporting"
     for where in (change_text, mutant):
         for name, keys in FEATURES:
             if any(k in where for k in keys):
@@ -157,6 +162,15 @@ EQUIVALENT = {
     "schedspec.spec.scheduler.x_update_after_schedule__mutmut_13":
         "is_prefill_chunk by num_tokens - placeholders: a request holding placeholders has computed "
         "num_tokens + placeholders - 1, so any grant reaches both bounds; with none they are equal",
+    "schedspec.spec.scheduler.x_schedule__mutmut_16":
+        "the S:1631-1632 assertion weakened: both budgets stay >= 0 in every step (token_budget_respected), "
+        "so neither form fires",
+    "schedspec.spec.scheduler.x_schedule_running__mutmut_6":
+        "the running loop goes on at an input budget equal to the drafter rows: every request then gets "
+        "cap 2 = 0 and is skipped, which changes nothing",
+    "schedspec.spec.scheduler.x_remove_finished__mutmut_3":
+        "the encoder references freed for every finished request, not only when some exist: freeing a "
+        "request without references does nothing",
 }
 
 ASIDE = ("error reporting", "config file parsing")
