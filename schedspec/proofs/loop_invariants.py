@@ -1285,16 +1285,6 @@ SPEC_DECODE = frozenset({"token_budget_respected", "max_num_seqs_respected", "ru
                          "max_loras_respected", "drafts_sent_are_known"})
 
 
-# Bad variants that differ from the rules only with speculative decoding on: a
-# release without it (release.models_spec_decode) has nothing to refute them by.
-SPEC_DECODE_VARIANTS = frozenset({"drafter_rows_not_charged"})
-
-
-def release_variants(claim: LoopClaim) -> tuple[str, ...]:
-    """The claim's bad variants the modelled release can tell from the rules."""
-    return tuple(v for v in claim.bad_variants if v not in SPEC_DECODE_VARIANTS or release.models_spec_decode())
-
-
 def claim_premises(claim: LoopClaim, V: LoopVars) -> list:
     """The premises a claim adds to every part: speculative decoding off unless
     the claim is one of SPEC_DECODE."""
@@ -1638,6 +1628,6 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
                                                        if name in SPEC_DECODE and release.models_spec_decode()
                                                        else "")),
             discharge=lambda variant, claim=claim: discharge(claim, variant, timeout_s),
-            witness=witness, bad_variants=release_variants(claim), expected="proved", doc=claim.doc,
+            witness=witness, bad_variants=claim.bad_variants, expected="proved", doc=claim.doc,
             extra={"parts": [p for p, _ in claim.parts]}))
     return out
