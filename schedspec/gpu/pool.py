@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .index import add, put, take
+from .index import argsort, add, put, take
 
 I32, I64 = torch.int32, torch.int64
 HELD = 2**62  # fkey of a block not in the free queue (held, or beyond the pool)
@@ -182,43 +182,49 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
     new blocks from the head of the free queue, j in order, as its block-table
     positions `starts[:, j]` on.  A popped block loses its hash (eviction,
     P:769-790).  The caller has checked that the blocks are there."""
-    counts = counts.to(I64)
-    total = counts.sum(1)
-    rows = (total > 0).nonzero()[:, 0]
-    if rows.numel() == 0:
+    # One entry per (scenario, j) that takes blocks, in (s, j) order, then one per
+    # block: its entry, its place among the entry's blocks and among its scenario's.
+    es, ej = (counts > 0).nonzero(as_tuple=True)
+    if es.numel() == 0:
         return pool
     dev = counts.device
-    total, counts, fresh = total[rows], counts[rows], pool.fresh[rows]
-    S = rows.numel()
+    S = counts.shape[0]
+    n = take(counts, es, ej).long()
+    total = torch.zeros(S, dtype=I64, device=dev).index_add_(0, es, n)
+    e = torch.repeat_interleave(torch.arange(es.numel(), device=dev), n)
+    g = torch.arange(e.numel(), device=dev)
+    within = g - (n.cumsum(0) - n).index_select(0, e)
+    s = es.index_select(0, e)
+    k = g - (total.cumsum(0) - total).index_select(0, s)  # the block's place in its scenario's pops
+    rows = (total > 0).nonzero()[:, 0]
+    fresh = pool.fresh.index_select(0, rows)
     P = int(total.max())
     # The queue's head among the blocks used before (front, back: slots below the
     # row's `fresh`), then the never-used ones, in id order from `fresh` on.
     U = int(fresh.max())
     pool = _ensure_slots(num_usable, pool, U + P)
-    p = torch.arange(P, dtype=I64, device=dev)[None, :].expand(S, P)
-    if not bool(pool.nqueue[rows].any()):
+    if not bool(pool.nqueue.index_select(0, rows).any()):
         # Nothing freed waits in the queue: the head is the never-used blocks.
-        pick = U + p
-        blocks = fresh[:, None] + p
+        b = pool.fresh.index_select(0, s) + k
+        took_new = total
     else:
+        Sr = rows.numel()
+        total_r = total.index_select(0, rows)
+        p = torch.arange(P, dtype=I64, device=dev)[None, :].expand(Sr, P)
         col = torch.arange(U, dtype=I64, device=dev)[None, :]
         used = torch.where(col < fresh[:, None], pool.fkey[rows, :U], HELD)
         new = fresh[:, None] + p
         new_key = torch.where(new < num_usable[rows][:, None], new + 1, HELD)
         pick = torch.topk(torch.cat([used, new_key], dim=1), P, dim=1, largest=False, sorted=True).indices
         blocks = torch.where(pick < U, pick, fresh[:, None] + pick - U)
-    cum = counts.cumsum(1)
-    owner = torch.searchsorted(cum, p.contiguous(), right=True).clamp(max=counts.shape[1] - 1)
-    i, j = (p < total[:, None]).nonzero(as_tuple=True)
-    s = rows.index_select(0, i)
-    o = take(owner, i, j)
-    r = take(slots, s, o).long()
-    pos = take(starts, s, o).long() + j - take(cum - counts, i, o)
-    b = take(blocks, i, j)
-    taken = p < total[:, None]
-    took_new = ((pick >= U) & taken).sum(1)
-    pool = replace(pool, fresh=pool.fresh.index_add(0, rows, took_new),
-                   nqueue=pool.nqueue.index_add(0, rows, took_new - total))
+        at = torch.full((S,), -1, dtype=I64, device=dev).scatter_(0, rows, torch.arange(Sr, device=dev))
+        b = take(blocks, at.index_select(0, s), k)
+        took_new = torch.zeros(S, dtype=I64, device=dev).index_add_(
+            0, rows, ((pick >= U) & (p < total_r[:, None])).sum(1))
+    j = ej.index_select(0, e)
+    r = take(slots, s, j).long()
+    pos = take(starts, s, j).long() + within
+    pool = replace(pool, fresh=pool.fresh + took_new, nqueue=pool.nqueue + took_new - total)
     put(pool.table, (s, r, pos), b)
     _evict(pool, s, b)
     put(pool.ref, (s, b), 1)
@@ -241,15 +247,20 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch
         return pool
     n = (hi - lo).view(-1).index_select(0, sr).long()
     # Each request's caching rank within its scenario: its place by `key` among
-    # the scenario's requests here (sr is in scenario order; a stable sort by
-    # scenario of the requests sorted by key).  Stamps only compare, so a rank
-    # among these requests orders blocks as one among all requests would.
+    # the scenario's requests here.  Stamps only compare, so a rank among these
+    # requests orders blocks as one among all requests would.  The requests are
+    # sorted by (scenario, key) through a dense rank of the keys (a scenario's
+    # keys are distinct, so the composite keys are too and an unstable sort
+    # gives the order), then each one's place counts from its scenario's first.
+    m = sr.numel()
+    ar = torch.arange(m, device=sr.device)
     rs = sr // R
-    by_key = torch.argsort(key.reshape(-1).index_select(0, sr))
-    grouped = by_key.index_select(0, torch.sort(rs.index_select(0, by_key), stable=True).indices)
-    row = rs.index_select(0, grouped)
-    rank = torch.empty_like(sr).scatter_(
-        0, grouped, torch.arange(sr.numel(), device=sr.device) - torch.searchsorted(row, row))
+    by_key = argsort(key.reshape(-1).index_select(0, sr))
+    dense = torch.empty_like(sr).scatter_(0, by_key, ar)
+    grouped = argsort(rs * m + dense)
+    per_row = torch.zeros(S, dtype=I64, device=sr.device).index_add_(0, rs, torch.ones_like(rs))
+    row_first = per_row.cumsum(0) - per_row
+    rank = torch.empty_like(sr).scatter_(0, grouped, ar - row_first.index_select(0, rs.index_select(0, grouped)))
     # one entry per block to cache: (s, r, i)
     e = torch.repeat_interleave(torch.arange(sr.numel(), device=sr.device), n)
     i = (lo.view(-1).index_select(0, sr).long().index_select(0, e) + torch.arange(e.numel(), device=sr.device)
@@ -292,7 +303,7 @@ def free(pool: Pool, mask: torch.Tensor, rank: torch.Tensor, num_blocks: torch.T
     if s.numel() == 0:
         return pool, freed_rows
     m = mask.sum(1).to(I64)
-    order = torch.argsort(torch.where(mask, rank.to(I64), HELD), dim=1)
+    order = argsort(torch.where(mask, rank.to(I64), HELD), dim=1)
     q = torch.empty_like(order).scatter_(1, order, torch.arange(R, dtype=I64, device=dev).expand(S, R))
     n = take(nb, s, r)
     e = torch.repeat_interleave(torch.arange(s.numel(), device=dev), n)

@@ -42,6 +42,7 @@ from .state import (
     Decision,
     State,
 )
+from .index import argsort
 from .pool import cache, free as free_blocks, lookup, pop, touch
 
 _INF = 2**62
@@ -124,8 +125,8 @@ def _order(key: torch.Tensor, member: torch.Tensor) -> tuple[torch.Tensor, torch
     distinct (run_pos: one counter value per admission; FCFS wait_key: the slot
     index or one front-counter value per preemption; queue_rank: a rank), and
     the order of the non-members is never read, so an unstable sort (about
-    twice as fast here) gives the same member order."""
-    order = torch.argsort(key + (_INF - key) * ~member, dim=1)
+    five times as fast here, gpu/index.py) gives the same member order."""
+    order = argsort(key + (_INF - key) * ~member, dim=1)
     return order, member.sum(1)
 
 

@@ -29,18 +29,7 @@ def make_request(
     """A new WAITING request, after vLLM's front-end checks
     (v1/engine/input_processor.py:476-602).  With prefix caching the prompt's
     token ids are required: they decide which blocks it shares."""
-    if num_prompt_tokens < 1:
-        raise ConfigError("prompt_len", f"= {num_prompt_tokens}: the prompt is empty; use prompt_len >= 1")
-    if num_prompt_tokens >= config.max_model_len:
-        raise ConfigError(
-            "prompt_len",
-            f"= {num_prompt_tokens} must be < max_model_len ({config.max_model_len}); vLLM's front end "
-            "rejects a prompt of max_model_len or more tokens for a generate model",
-        )
-    if max_tokens is None:
-        max_tokens = config.max_model_len - num_prompt_tokens  # input_processor.py:477
-    if max_tokens < 1:
-        raise ConfigError("max_tokens", f"= {max_tokens}, must be >= 1")
+    max_tokens = checked_lengths(config, num_prompt_tokens, max_tokens)
     if lora_int_id and config.max_loras is None:
         # vLLM's front end refuses an adapter when LoRA is not enabled (input_processor.py).
         raise ConfigError("lora_int_id", f"= {lora_int_id}, but LoRA is off; set config.max_loras")
@@ -66,6 +55,25 @@ def make_request(
         kv_connector_tokens=kv_connector_tokens, kv_connector_async=kv_connector_async,
         kv_connector_sends=kv_connector_sends, mm_features=mm_features,
     )
+
+
+def checked_lengths(config: SchedulerConfig, num_prompt_tokens: int, max_tokens: int | None) -> int:
+    """The front end's length checks (input_processor.py:476-480, 566-602): a prompt of at
+    least one token and fewer than max_model_len; returns max_tokens, whose
+    default is what max_model_len leaves after the prompt."""
+    if num_prompt_tokens < 1:
+        raise ConfigError("prompt_len", f"= {num_prompt_tokens}: the prompt is empty; use prompt_len >= 1")
+    if num_prompt_tokens >= config.max_model_len:
+        raise ConfigError(
+            "prompt_len",
+            f"= {num_prompt_tokens} must be < max_model_len ({config.max_model_len}); vLLM's front end "
+            "rejects a prompt of max_model_len or more tokens for a generate model",
+        )
+    if max_tokens is None:
+        max_tokens = config.max_model_len - num_prompt_tokens  # input_processor.py:477
+    if max_tokens < 1:
+        raise ConfigError("max_tokens", f"= {max_tokens}, must be >= 1")
+    return max_tokens
 
 
 MAX_MM_FEATURES = 8
