@@ -262,7 +262,7 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch
     row_first = per_row.cumsum(0) - per_row
     rank = torch.empty_like(sr).scatter_(0, grouped, ar - row_first.index_select(0, rs.index_select(0, grouped)))
     # one entry per block to cache: (s, r, i)
-    e = torch.repeat_interleave(torch.arange(sr.numel(), device=sr.device), n)
+    e = torch.repeat_interleave(ar, n)
     i = (lo.view(-1).index_select(0, sr).long().index_select(0, e) + torch.arange(e.numel(), device=sr.device)
          - (n.cumsum(0) - n).index_select(0, e))
     rank = rank.index_select(0, e)
