@@ -187,3 +187,30 @@ def test_observed_block_pool_equals_the_specs():
                 {k: (r.block_hashes, r.partial_block_token_ids) for k, r in y.requests.items()}, sc.name
             states += 1
     assert states > 100
+
+
+BUDGET_PAST_INT32 = 2_500_000_000
+
+
+def _long_prefills():
+    """Five requests near max_model_len = 2**30, each capped at the long-prefill
+    threshold 2**29 + 1 a step, with a budget of 2.5e9 tokens: in step 1 the
+    running loop's prefix sum of needs passes 2**31 and the budget binds above
+    it, beyond int32."""
+    return Scenario(name="long-prefills", config={
+        "max_model_len": MAX_MODEL_LEN, "block_size": 2**20, "max_num_batched_tokens": BUDGET_PAST_INT32,
+        "max_num_seqs": 8,
+        "num_gpu_blocks": 8192, "long_prefill_token_threshold": 2**29 + 1},
+        requests=tuple(RequestSpec(id=f"r{i}", prompt_len=MAX_MODEL_LEN - 10 - i, max_tokens=2) for i in range(5)),
+        max_steps=8)
+
+
+def test_running_loop_sums_past_int32():
+    sc = _long_prefills()
+    spec = run_scenario(sc, SpecScheduler())
+    assert sum(n for _, n in spec["steps"][1]["scheduled"]) == BUDGET_PAST_INT32  # the case is reached
+    assert compare_traces(spec, run_one(sc, device="cpu")) is None
+    # the bad variant the dtype guard rules out: int32 sums whatever the batch
+    mutant = load_torch_mutant([("step.py", "sums = I32 if R * (batch.longest_model_len + 1) < 2**31 else I64",
+                                 "sums = I32")], name="diff_int32_sums")
+    assert compare_traces(spec, mutant.batch.run_one(sc, device="cpu")) is not None

@@ -109,3 +109,34 @@ def test_argsort_orders_like_torch_on_distinct_keys():
     for k, dim in ((keys, 1), (keys[:, 3], 0), (keys.t(), 1)):
         assert torch.equal(k.gather(dim, argsort(k, dim)) if k.dim() > 1 else k[argsort(k, dim)],
                            k.sort(dim).values)
+
+
+def test_nonzero_is_torchs():
+    import torch
+
+    from schedspec.gpu.index import nonzero, nonzero_rc
+
+    g = torch.Generator().manual_seed(6)
+    for shape, p in (((64, 40), 0.1), ((64, 40), 0.0), ((3, 0), 0.5), ((128, 1), 0.5)):
+        mask = torch.rand(shape, generator=g) < p
+        assert torch.equal(nonzero(mask), mask.reshape(-1).nonzero()[:, 0])
+        for got, want in zip(nonzero_rc(mask), mask.nonzero(as_tuple=True)):
+            assert torch.equal(got, want) and got.dtype == want.dtype
+    mask = torch.rand((64, 40), generator=g) < 0.5
+    assert torch.equal(nonzero(mask[:, 5:9]), mask[:, 5:9].reshape(-1).nonzero()[:, 0])  # a non-contiguous view
+
+
+def test_request_ranks_by_their_definition():
+    """The heap order of (priority, arrival_time, request_id) and the dense rank
+    of (priority, arrival_time), from one sort, against the definition."""
+    from schedspec.gpu.batch import FrontRequest, request_ranks
+
+    rng = random.Random(8)
+    for _ in range(500):
+        reqs = [FrontRequest(f"r{rng.randint(0, 30)}", 1, 1, rng.randint(-2, 2), rng.choice([0.0, 1.0, 2.5, -0.0]))
+                for _ in range(rng.randint(0, 12))]
+        queue_rank, victim_rank = request_ranks(reqs)
+        heap = sorted(range(len(reqs)), key=lambda i: (reqs[i].priority, reqs[i].arrival_time, reqs[i].request_id))
+        assert [heap.index(i) for i in range(len(reqs))] == queue_rank
+        keys = sorted({(r.priority, r.arrival_time) for r in reqs})
+        assert [keys.index((r.priority, r.arrival_time)) for r in reqs] == victim_rank

@@ -23,8 +23,9 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # of prefix-caching batches.)
     "budget_lt_for_le": [(ST, "(want <= left)", "(want < left)"),
                          (ST, "(want <= budget))", "(want < budget))")],
-    # an off-by-one block ceiling: floor((a + b) / b) instead of ceil(a / b).
-    "block_ceiling_off_by_one": [(ST, "return (a + b - 1) // b", "return (a + b) // b")],
+    # an off-by-one block ceiling: floor(t / d + 1) instead of ceil(t / d).
+    "block_ceiling_off_by_one": [(ST, "return torch.div(t, d).ceil_().to(t.dtype)",
+                                  "return (torch.div(t, d) + 1).floor_().to(t.dtype)")],
     # `break` for `continue`: a self-preempted PRIORITY request ends the running loop (vLLM M / Old).
     "self_preempt_break": [(ST, "loop_done = loop_done | (has_fail & self_preempt & ~batch.priority_policy)",
                             "loop_done = loop_done | (has_fail & self_preempt)")],
@@ -62,7 +63,7 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "length_before_eos": [(ST, "length = sampled & ~eos & (", "length = sampled & (")],
     # --- prefix caching (gpu/pool.py and the admissions of gpu/step.py) ---
     # the hit not capped at num_tokens - 1: a block-aligned full-prompt hit computes nothing.
-    "hit_not_capped": [(ST, "((ntok - 1) // bsz) * cont)", "(ntok // bsz) * cont)")],
+    "hit_not_capped": [(ST, "floor_div(ntok - 1, bsf) * cont)", "floor_div(ntok, bsf) * cont)")],
     # a request's blocks freed head first: its first blocks, not its last, are evicted first.
     "free_head_first": [(PL, "seq = take(q, s, r) * H + (H - 1 - i)", "seq = take(q, s, r) * H + i")],
     # freed hashed blocks prepended like unhashed ones: the newest cache entries evicted first.
@@ -72,8 +73,8 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "no_hashing_within_step": [(ST, "        pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), "
                                     "torch.zeros_like(run_pos))\n", "")],
     # no prefix-cache lookup for a preempted request: resumption recomputes everything.
-    "no_hits_on_resumption": [(ST, "((ntok - 1) // bsz) * cont)",
-                               "((ntok - 1) // bsz) * cont * (status[rows, r] == WAITING))")],
+    "no_hits_on_resumption": [(ST, "floor_div(ntok - 1, bsf) * cont)",
+                               "floor_div(ntok - 1, bsf) * cont * (status[rows, r] == WAITING))")],
     # a popped cached block keeps its hash: a later lookup hits a block that now holds other tokens.
     "no_eviction": [(PL, "    _evict(pool, s, b)\n", "")],
     # --- async scheduling (gpu/step.py: schedule's placeholders and guard, deliver, engine_step_async) ---

@@ -30,7 +30,7 @@ from schedspec.spec.input_processor import checked_lengths
 from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
 from .device import resolve_device
 from .hashes import hash_ids
-from .limits import limit_violation
+from .limits import MAX_FLOAT32_DIV_LEN, limit_violation
 from .state import (ABORTED, I32, I64, LENGTH_CAPPED, NEVER, PREEMPTED, RUNNING, STOPPED, WAITING, Batch,
                     initial_state, select)
 from .step import engine_step, engine_step_async, pending, waiting_key
@@ -60,13 +60,16 @@ def request_ranks(requests: Sequence[FrontRequest]) -> tuple[list[int], list[int
     "r10" < "r2"), and the dense rank of (priority, arrival_time) that picks a
     priority preemption victim."""
     n = len(requests)
-    queue_rank = [0] * n
-    for rank, i in enumerate(sorted(range(n), key=lambda i: (requests[i].priority, requests[i].arrival_time,
-                                                              requests[i].request_id))):
+    keys = [(r.priority, r.arrival_time, r.request_id) for r in requests]
+    queue_rank, victim_rank = [0] * n, [0] * n
+    # One sort: in heap order, (priority, arrival_time) changes exactly where its dense rank steps.
+    dense, last = -1, None
+    for rank, i in enumerate(sorted(range(n), key=keys.__getitem__)):
         queue_rank[i] = rank
-    keys = sorted({(r.priority, r.arrival_time) for r in requests})
-    dense = {k: j for j, k in enumerate(keys)}
-    return queue_rank, [dense[(r.priority, r.arrival_time)] for r in requests]
+        if keys[i][:2] != last:
+            dense, last = dense + 1, keys[i][:2]
+        victim_rank[i] = dense
+    return queue_rank, victim_rank
 
 
 def config_row(config: SchedulerConfig) -> dict[str, Any]:
@@ -141,7 +144,9 @@ def build_batch(configs: Sequence[dict[str, Any]], requests: Sequence[dict[str, 
         pad = _REQUEST_PAD[name]
         rows = [r[name] + [pad] * (R - len(r[name])) for r in requests]
         cols[name] = torch.tensor(rows, dtype=dtype, device=device).reshape(len(requests), R)
-    return Batch(**cols, **(prefix or {}))
+    longest = max([c["max_model_len"] for c in configs] + [0])
+    div_dtype = torch.float32 if longest <= MAX_FLOAT32_DIV_LEN else torch.float64
+    return Batch(**cols, **(prefix or {}), block_size_f=cols["block_size"].to(div_dtype), longest_model_len=longest)
 
 
 class _Prepared:

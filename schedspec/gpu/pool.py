@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .index import argsort, add, put, take
+from .index import add, argsort, nonzero, nonzero_rc, put, take
 
 I32, I64 = torch.int32, torch.int64
 HELD = 2**62  # fkey of a block not in the free queue (held, or beyond the pool)
@@ -161,13 +161,13 @@ def _recompute_heads(pool: Pool, rows: torch.Tensor) -> None:
 def _evict(pool: Pool, s: torch.Tensor, b: torch.Tensor) -> None:
     """Blocks (s, b) leave the cache (P:769-790): their hash, if any, is dropped."""
     h = take(pool.bhash, s, b)
-    hashed = (h >= 0).nonzero()[:, 0]
+    hashed = nonzero(h >= 0)
     if hashed.numel() == 0:
         return
     s, b, h = s.index_select(0, hashed), b.index_select(0, hashed), h.index_select(0, hashed)
     put(pool.bhash, (s, b), -1)
     add(pool.count, (s, h), torch.full_like(h, -1, dtype=I32))
-    was_head = (take(pool.head, s, h) == b).nonzero()[:, 0]
+    was_head = nonzero(take(pool.head, s, h) == b)
     s, h = s.index_select(0, was_head), h.index_select(0, was_head)
     put(pool.head, (s, h), -1)
     put(pool.hstamp, (s, h), HELD)
@@ -184,7 +184,7 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
     P:769-790).  The caller has checked that the blocks are there."""
     # One entry per (scenario, j) that takes blocks, in (s, j) order, then one per
     # block: its entry, its place among the entry's blocks and among its scenario's.
-    es, ej = (counts > 0).nonzero(as_tuple=True)
+    es, ej = nonzero_rc(counts > 0)
     if es.numel() == 0:
         return pool
     dev = counts.device
@@ -196,7 +196,7 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
     within = g - (n.cumsum(0) - n).index_select(0, e)
     s = es.index_select(0, e)
     k = g - (total.cumsum(0) - total).index_select(0, s)  # the block's place in its scenario's pops
-    rows = (total > 0).nonzero()[:, 0]
+    rows = nonzero(total > 0)
     fresh = pool.fresh.index_select(0, rows)
     P = int(total.max())
     # The queue's head among the blocks used before (front, back: slots below the
@@ -241,7 +241,7 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch
     distinct."""
     lo = pool.ncached
     hi = torch.maximum(upto.to(I32), lo)
-    sr = (hi > lo).view(-1).nonzero()[:, 0]  # flat (s, r) of the requests with blocks to cache
+    sr = nonzero(hi > lo)  # flat (s, r) of the requests with blocks to cache
     S, R, H = pool.table.shape
     if sr.numel() == 0:
         return pool
@@ -271,7 +271,7 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch
     blk = take(pool.table, s, r, i).long()
     h = take(block_hashes, s, r, i).long()
     # a block not hashed yet (not a hit block) whose position has a hash id
-    keep = ((h >= 0) & (blk >= 0) & (take(pool.bhash, s, blk.clamp(min=0)) < 0)).nonzero()[:, 0]
+    keep = nonzero((h >= 0) & (blk >= 0) & (take(pool.bhash, s, blk.clamp(min=0)) < 0))
     if keep.numel():
         s, i, blk, h, rank = (x.index_select(0, keep) for x in (s, i, blk, h, rank))
         st = pool.cctr.index_select(0, s) + rank * H + i
@@ -281,7 +281,7 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch
         NH = pool.head.shape[1]
         flat = s * NH + h
         pool.hstamp.view(-1).scatter_reduce_(0, flat, st, "amin")
-        first = (pool.hstamp.view(-1).index_select(0, flat) == st).nonzero()[:, 0]
+        first = nonzero(pool.hstamp.view(-1).index_select(0, flat) == st)
         pool.head.view(-1).scatter_(0, flat.index_select(0, first), blk.index_select(0, first))
     return replace(pool, ncached=hi, cctr=pool.cctr + (R + 1) * H)
 
@@ -298,7 +298,7 @@ def free(pool: Pool, mask: torch.Tensor, rank: torch.Tensor, num_blocks: torch.T
     dev = mask.device
     freed_rows = torch.zeros(S, dtype=I64, device=dev)
     nb = (num_blocks * mask).to(I64)
-    s, r = (nb > 0).nonzero(as_tuple=True)
+    s, r = nonzero_rc(nb > 0)
     pool = replace(pool, ncached=torch.where(mask, 0, pool.ncached))
     if s.numel() == 0:
         return pool, freed_rows
@@ -346,7 +346,7 @@ def lookup(pool: Pool, hashes: torch.Tensor, limit: torch.Tensor) -> tuple[torch
 
 def touch(pool: Pool, blocks: torch.Tensor, valid: torch.Tensor) -> Pool:
     """The hit blocks get one more holder; the free ones leave the queue (P:792-810)."""
-    s, j = valid.nonzero(as_tuple=True)
+    s, j = nonzero_rc(valid)
     b = take(blocks, s, j)
     was_free = (take(pool.fkey, s, b) < HELD).to(I64)
     add(pool.ref, (s, b), torch.ones_like(b, dtype=I32))

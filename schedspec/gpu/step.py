@@ -42,14 +42,21 @@ from .state import (
     Decision,
     State,
 )
-from .index import argsort
+from .index import argsort, nonzero_rc
 from .pool import cache, free as free_blocks, lookup, pop, touch
 
 _INF = 2**62
 
 
-def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a + b - 1) // b
+def ceil_div(t: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """ceil(t / d) in t's dtype, for a block ceiling: `d` is Batch.block_size_f,
+    broadcast; exact for the step's dividends (gpu/limits.py)."""
+    return torch.div(t, d).ceil_().to(t.dtype)
+
+
+def floor_div(t: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """floor(t / d) in t's dtype, as `ceil_div`."""
+    return torch.div(t, d).floor_().to(t.dtype)
 
 
 def _any(mask: torch.Tensor) -> bool:
@@ -169,10 +176,14 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     num_tokens = batch.num_prompt_tokens + state.num_output_tokens
     held = state.num_blocks
     L = batch.max_model_len.to(I32)[:, None]
-    # Every block ceiling here is of a token count <= max_model_len, so a block
-    # larger than max_model_len counts as max_model_len: same ceilings, int32-safe
-    # (held * bs < max_model_len + bs <= 2**31).
+    # Block floors and ceilings divide by the block size in floating point (`bsf`,
+    # exact: gpu/limits.py).  The room left in the blocks held counts a block
+    # larger than max_model_len as max_model_len (`bs`): such a request holds at
+    # most one block and its token counts stay below max_model_len, so the
+    # ceilings of `n - room` are the same, and int32-safe (held * bs <
+    # max_model_len + bs <= 2**31).
     bs = torch.minimum(batch.block_size, batch.max_model_len).to(I32)[:, None]
+    bsf = batch.block_size_f[:, None]
 
     running = status == RUNNING
     # R: the long-prefill cap applies only with more than one eligible request,
@@ -211,6 +222,11 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     # (K:584) stops the pass: the grants before it stand, one victim is preempted
     # (S:912-980), and the next pass retries that request with the same n.  So
     # the loop runs once plus once per preemption in the step.
+    # The pass's prefix sums (of needs, of blocks) are at most R * max_model_len:
+    # int32 when that fits (gpu/limits.py), with the budget and the free blocks
+    # they are compared with clipped to int32 (above every sum, so no comparison changes).
+    sums = I32 if R * (batch.longest_model_len + 1) < 2**31 else I64
+    sums_max = torch.iinfo(sums).max
     cursor = torch.zeros(S, dtype=I32, device=dev)  # index into the running list
     retry_n = torch.zeros(S, dtype=I32, device=dev)  # n of the request at the cursor being retried
     loop_done = ~active | ~_any_rows(running)
@@ -235,15 +251,15 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
             at_cursor = pos == cursor[:, None]
             need = torch.where(at_cursor & (retry_n[:, None] > 0), retry_n[:, None], need)
         # cap 2, the budget (S:846): the loop also stops once it reaches 0 (S:795).
-        cum = need.cumsum(1, dtype=I64)
-        b = budget[:, None]
+        cum = need.cumsum(1, dtype=sums)
+        b = budget.clamp(max=sums_max).to(sums)[:, None]
         n = (torch.minimum(cum, b) - torch.minimum(cum - need, b)).to(I32)
         # allocate_slots for a running request: no watermark, no full-ISL gate (K:518).
         # cdiv(ncomp + n, bs) - held == cdiv(n - room, bs); nothing for n = 0 (S:891).
-        blocks = _cdiv(n - room_s.gather(1, order), bs).clamp_(min=0) * (n > 0)
+        blocks = ceil_div(n - room_s.gather(1, order), bsf).clamp_(min=0) * (n > 0)
         # The block prefix sums only grow, so the requests whose blocks fit are
         # a prefix of the pass: `keep`; the first one outside it fails (K:584).
-        keep = blocks.cumsum(1, dtype=I64) <= free[:, None]
+        keep = blocks.cumsum(1, dtype=sums) <= free.clamp(max=sums_max).to(sums)[:, None]
         num_kept = keep.sum(1)
         has_fail = (num_kept < R) & todo
         first_fail = num_kept
@@ -255,7 +271,7 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
             # blocks it fills, so a later admission in this step can hit them.
             pool = pop(batch.num_usable_blocks, pool, blocks_kept, order, held.gather(1, order))
             n_slot = torch.zeros_like(grant).scatter(1, order, n_kept)
-            upto = torch.minimum(ncomp + n_slot, num_tokens) // bs
+            upto = floor_div(torch.minimum(ncomp + n_slot, num_tokens), bsf)
             pool = cache(batch.block_hashes, pool, upto * (n_slot > 0), state.run_pos)
         grant = grant.scatter_add(1, order, n_kept)
         held = held.scatter_add(1, order, blocks_kept)
@@ -351,12 +367,12 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     ok &= num_running[:, None] + k < batch.max_num_active_reqs[:, None]  # the run-slot check (S:1071)
     # chunked prefill off: the whole request must fit, else admission stops (S:1337-1344).
     ok &= batch.enable_chunked_prefill[:, None] | (want <= left)
-    blocks = _cdiv(n, bs)
+    blocks = ceil_div(n, bsf)
     free_k = free[:, None] - (blocks.cumsum(1, dtype=I64) - blocks)
     # The watermark: admissions only, not while running is empty (K:518-525).
     wm = batch.watermark_blocks[:, None] * (num_running[:, None] + k > 0)
     # The full-ISL gate: the whole sequence must fit (K:531-548).
-    full = _cdiv(w_tokens, bs)
+    full = ceil_div(w_tokens, bsf)
     ok &= ~batch.reserve_full_isl[:, None] | (full + wm <= free_k)
     ok &= blocks + wm <= free_k  # K:584
     ok &= (active & ~preempted)[:, None]
@@ -395,6 +411,7 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
     dev = batch.valid.device
     i = torch.arange(H, dtype=I64, device=dev)[None, :]
     bsz = bs[:, 0].to(I64)
+    bsf = batch.block_size_f
     Lz = L[:, 0].to(I64)
     cap = cap1[:, 0].to(I64)
     budget = budget.clone()
@@ -413,7 +430,7 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
         ntok = num_tokens[rows, r].to(I64)
         # The hit (S:1110-1127): num_computed_tokens is 0 for every waiting request
         # here; at most num_tokens - 1 tokens, whole blocks.
-        hits, hblocks = lookup(pool, batch.block_hashes[rows, r], ((ntok - 1) // bsz) * cont)
+        hits, hblocks = lookup(pool, batch.block_hashes[rows, r], floor_div(ntok - 1, bsf) * cont)
         hits = hits.to(I64)
         hvalid = i[:, : hblocks.shape[1]] < hits[:, None]
         evictable = ((pool.ref.gather(1, hblocks.clamp(min=0)) == 0) & hvalid).sum(1)
@@ -422,9 +439,9 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
         ok = cont & (batch.enable_chunked_prefill | (want <= budget))  # S:1337-1344
         n = torch.minimum(want, budget)  # S:1346
         wm = batch.watermark_blocks * (nrun > 0)  # K:518-525
-        full = (_cdiv(torch.minimum(ntok, Lz), bsz) - hits).clamp(min=0)  # K:531-548
+        full = (ceil_div(torch.minimum(ntok, Lz), bsf) - hits).clamp(min=0)  # K:531-548
         ok &= ~batch.reserve_full_isl | (full + evictable + wm <= free)
-        new = (_cdiv(torch.minimum(comp + n, Lz), bsz) - hits).clamp(min=0)  # K:550-588
+        new = (ceil_div(torch.minimum(comp + n, Lz), bsf) - hits).clamp(min=0)  # K:550-588
         ok &= new + evictable + wm <= free
         cont = ok
         if not _any(ok):
@@ -433,14 +450,14 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
         # then the new blocks; then cache what the grant fills.
         hv = hvalid & ok[:, None]
         pool = touch(pool, hblocks, hv)
-        hs, hi = hv.nonzero(as_tuple=True)
+        hs, hi = nonzero_rc(hv)
         pool.table[hs, r[hs], hi] = hblocks[hs, hi].to(I32)
         onehot = torch.zeros((S, R), dtype=torch.bool, device=dev)
         onehot[rows, r] = ok
         pool = replace(pool, ncached=torch.where(onehot, hits.to(I32)[:, None], pool.ncached))
         new_ok = new * ok
         pool = pop(batch.num_usable_blocks, pool, new_ok[:, None], r[:, None], hits[:, None])
-        upto = torch.minimum(comp + n, ntok) // bsz
+        upto = floor_div(torch.minimum(comp + n, ntok), bsf)
         pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), torch.zeros_like(run_pos))
         free = free - (evictable + new) * ok
         n_ok = (n * ok).to(I32)
@@ -571,10 +588,7 @@ def deliver(batch: Batch, state: State, grant: torch.Tensor, tokens: torch.Tenso
     hashing = fresh & had_ph & was_running
     if state.pool is not None and _any(hashing):
         known = batch.num_prompt_tokens + num_output
-        # int32: token counts are below 2**30 (gpu/limits.py), and a block of more
-        # tokens than that holds as many full blocks (none) as a larger one.
-        bs = batch.block_size.clamp(max=2**30 + 1).to(I32)[:, None]
-        upto = torch.minimum(state.num_computed_tokens - inflight, known) // bs
+        upto = floor_div(torch.minimum(state.num_computed_tokens - inflight, known), batch.block_size_f[:, None])
         # blocks are cached in grant order (`key`)
         state = replace(state, pool=cache(batch.block_hashes, state.pool, upto * hashing, key))
     stopped, length = check_stop(batch, tokens, eos, num_output)
@@ -614,9 +628,12 @@ def engine_step_async(batch: Batch, state: State, step: int, active: torch.Tenso
     applied = old | new_now
     stays = is_async & called & (old | tokens | live_any)
     o, n = old[:, None], new_now[:, None]
-    app_grant = torch.where(o, state.pend_grant, grant * n)
-    app_sample = torch.where(o, state.pend_sample, decision.sample & n)
-    app_key = torch.where(o, state.pend_key, state.run_pos)
+    # Selected by arithmetic on the (S, 1) masks, twice as fast as torch.where on
+    # the CPU: `old` and `new_now` never hold together (new_now needs ~old in an
+    # async scenario, and a synchronous one never keeps a batch in flight).
+    app_grant = state.pend_grant * o + grant * n
+    app_sample = (state.pend_sample & o) | (decision.sample & n)
+    app_key = state.run_pos + (state.pend_key - state.run_pos) * o
     applied_step = torch.where(old, state.pend_step, torch.where(applied, step, -1).to(I32))
     s = stays[:, None]
     state = replace(state, pend_grant=grant * s, pend_sample=decision.sample & s,
