@@ -170,6 +170,10 @@ EQUIVALENT = {
     "schedspec.spec.scheduler.x_schedule_running__mutmut_6":
         "the running loop goes on at an input budget equal to the drafter rows: every request then gets "
         "cap 2 = 0 and is skipped, which changes nothing",
+    "schedspec.spec.kv_cache.x_allocate_slots__mutmut_8":
+        "the guard that refuses 0 new tokens without hits or external tokens moved to < 0: no caller asks "
+        "for 0 that way (the running loop skips n = 0, an admission returns before a 0 chunk, an async KV "
+        "load passes 0 only with external tokens), and a negative count raises in both forms",
     "schedspec.spec.scheduler.x_remove_finished__mutmut_3":
         "the encoder references freed for every finished request, not only when some exist: freeing a "
         "request without references does nothing",

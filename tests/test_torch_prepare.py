@@ -140,3 +140,19 @@ def test_request_ranks_by_their_definition():
         assert [heap.index(i) for i in range(len(reqs))] == queue_rank
         keys = sorted({(r.priority, r.arrival_time) for r in reqs})
         assert [keys.index((r.priority, r.arrival_time)) for r in reqs] == victim_rank
+
+
+def test_argsort_members_puts_members_first_in_key_order():
+    import torch
+
+    from schedspec.gpu.index import argsort_members
+
+    g = torch.Generator().manual_seed(7)
+    keys = torch.randperm(64 * 40, generator=g).reshape(64, 40) - 1000
+    member = torch.rand((64, 40), generator=g) < 0.6
+    order = argsort_members(keys, member, 2**62)
+    count = member.sum(1)
+    for s in range(64):
+        got = order[s, : count[s]]
+        assert member[s, got].all()
+        assert torch.equal(keys[s, got], keys[s][member[s]].sort().values)

@@ -71,7 +71,11 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
                          "back = ~unhashed_first[us]")],
     # an admission's blocks not hashed within the step: a later admission of the step misses them.
     "no_hashing_within_step": [(ST, "        pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), "
-                                    "torch.zeros_like(run_pos))\n", "")],
+                                    "torch.zeros_like(run_pos),\n                     ranked=True)\n", "")],
+    # the running loop's blocks cached in reverse running order: a hash filled by two requests in one
+    # step keeps the later request's block as the one a lookup finds.
+    "cache_rank_reversed": [(ST, "place = torch.empty_like(order).scatter_(1, order, pos.to(order.dtype).expand(S, R))",
+                             "place = (R - 1 - pos).to(order.dtype).expand(S, R)")],
     # no prefix-cache lookup for a preempted request: resumption recomputes everything.
     "no_hits_on_resumption": [(ST, "floor_div(ntok - 1, bsf) * cont)",
                                "floor_div(ntok - 1, bsf) * cont * (status[rows, r] == WAITING))")],

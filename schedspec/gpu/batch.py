@@ -303,43 +303,50 @@ def run_batch_traces(scenarios: Sequence[Scenario], *, device=None,
     prepared: list[_Prepared] = []
     where: list[int] = []
     configs: dict = {}
-    for i, sc in enumerate(scenarios):
-        p = prepare(sc, configs)
-        if isinstance(p, str):
-            traces[i] = TorchTrace.from_dict(error_trace(sc, NAME, p))
-        else:
-            prepared.append(p)
-            where.append(i)
-    if prepared:
-        # The host holds many objects meanwhile (the summaries, the text pieces
-        # and the object arrays that place them), none in a cycle; the cyclic
-        # collector would rescan them again and again, so it pauses meanwhile.
-        collecting = gc.isenabled()
-        gc.disable()
-        # On the CPU, one intra-op thread: the step is some hundred small tensor
-        # ops, and torch's thread pool costs more than it gains on them; on a
-        # busy machine (other processes on the cores) two threads made
-        # run_batch 15-25x slower than one (benchmarks/torch_vs_spec.py numbers).
-        threads = torch.get_num_threads()
-        if dev.type == "cpu":
-            torch.set_num_threads(1)
-        try:
-            groups = _groups(prepared)
-            total = sum(max(p.scenario.max_steps for p in g) for g in groups)
-            done = 0
-            for group in groups:
-                report = None
-                if progress is not None:
-                    report = (lambda step, _h, base=done: progress(base + step, total))
-                _run(group, dev, report, record_steps)
-                done += max(p.scenario.max_steps for p in group)
-        finally:
-            torch.set_num_threads(threads)
-            if collecting:
-                gc.enable()
-        for i, p in zip(where, prepared):
-            traces[i] = TorchTrace(p.scenario.name, NAME, p.parts, p.num_listed, p.summary)
+    # The host makes and holds many objects meanwhile (the prepared requests, the
+    # summaries, the text pieces and the object arrays that place them), none in
+    # a cycle; the cyclic collector would rescan them again and again, so it
+    # pauses meanwhile.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for i, sc in enumerate(scenarios):
+            p = prepare(sc, configs)
+            if isinstance(p, str):
+                traces[i] = TorchTrace.from_dict(error_trace(sc, NAME, p))
+            else:
+                prepared.append(p)
+                where.append(i)
+        if prepared:
+            _run_groups(prepared, dev, progress, record_steps)
+            for i, p in zip(where, prepared):
+                traces[i] = TorchTrace(p.scenario.name, NAME, p.parts, p.num_listed, p.summary)
+    finally:
+        if collecting:
+            gc.enable()
     return traces
+
+
+def _run_groups(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool) -> None:
+    # On the CPU, one intra-op thread: the step is some hundred small tensor
+    # ops, and torch's thread pool costs more than it gains on them; on a
+    # busy machine (other processes on the cores) two threads made
+    # run_batch 15-25x slower than one (benchmarks/torch_vs_spec.py numbers).
+    threads = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        groups = _groups(prepared)
+        total = sum(max(p.scenario.max_steps for p in g) for g in groups)
+        done = 0
+        for group in groups:
+            report = None
+            if progress is not None:
+                report = (lambda step, _h, base=done: progress(base + step, total))
+            _run(group, dev, report, record_steps)
+            done += max(p.scenario.max_steps for p in group)
+    finally:
+        torch.set_num_threads(threads)
 
 
 _GROUP_MIN = 2048  # scenarios per sub-batch, at least: below it a step costs its per-op overhead

@@ -232,13 +232,15 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
     return pool
 
 
-def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch.Tensor) -> Pool:
+def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch.Tensor,
+          ranked: bool = False) -> Pool:
     """Hash the requests' full blocks up to `upto` (S, R) blocks (T:477-541,
     P:230-300): block i of request r, from its `ncached` on, is cached under the
     request's i-th hash id unless it has it already (a hit block).  `key` (S, R)
     orders the requests' caching within a scenario, smaller first, as the step
     allocates them; the keys of a scenario's requests with blocks to cache are
-    distinct."""
+    distinct.  `ranked`: the keys are already ranks, each below R (a place in
+    the running order), so they are used as they are."""
     lo = pool.ncached
     hi = torch.maximum(upto.to(I32), lo)
     sr = nonzero(hi > lo)  # flat (s, r) of the requests with blocks to cache
@@ -254,13 +256,16 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch
     # gives the order), then each one's place counts from its scenario's first.
     m = sr.numel()
     ar = torch.arange(m, device=sr.device)
-    rs = sr // R
-    by_key = argsort(key.reshape(-1).index_select(0, sr))
-    dense = torch.empty_like(sr).scatter_(0, by_key, ar)
-    grouped = argsort(rs * m + dense)
-    per_row = torch.zeros(S, dtype=I64, device=sr.device).index_add_(0, rs, torch.ones_like(rs))
-    row_first = per_row.cumsum(0) - per_row
-    rank = torch.empty_like(sr).scatter_(0, grouped, ar - row_first.index_select(0, rs.index_select(0, grouped)))
+    if ranked:
+        rank = key.reshape(-1).index_select(0, sr).long()
+    else:
+        rs = sr // R
+        by_key = argsort(key.reshape(-1).index_select(0, sr))
+        dense = torch.empty_like(sr).scatter_(0, by_key, ar)
+        grouped = argsort(rs * m + dense)
+        per_row = torch.zeros(S, dtype=I64, device=sr.device).index_add_(0, rs, torch.ones_like(rs))
+        row_first = per_row.cumsum(0) - per_row
+        rank = torch.empty_like(sr).scatter_(0, grouped, ar - row_first.index_select(0, rs.index_select(0, grouped)))
     # one entry per block to cache: (s, r, i)
     e = torch.repeat_interleave(ar, n)
     i = (lo.view(-1).index_select(0, sr).long().index_select(0, e) + torch.arange(e.numel(), device=sr.device)

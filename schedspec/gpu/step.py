@@ -42,7 +42,7 @@ from .state import (
     Decision,
     State,
 )
-from .index import argsort, nonzero_rc
+from .index import argsort_members, nonzero_rc
 from .pool import cache, free as free_blocks, lookup, pop, touch
 
 _INF = 2**62
@@ -133,8 +133,7 @@ def _order(key: torch.Tensor, member: torch.Tensor) -> tuple[torch.Tensor, torch
     index or one front-counter value per preemption; queue_rank: a rank), and
     the order of the non-members is never read, so an unstable sort (about
     five times as fast here, gpu/index.py) gives the same member order."""
-    order = argsort(key + (_INF - key) * ~member, dim=1)
-    return order, member.sum(1)
+    return argsort_members(key, member, _INF), member.sum(1)
 
 
 def waiting_key(batch: Batch, state: State) -> torch.Tensor:
@@ -272,7 +271,9 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
             pool = pop(batch.num_usable_blocks, pool, blocks_kept, order, held.gather(1, order))
             n_slot = torch.zeros_like(grant).scatter(1, order, n_kept)
             upto = floor_div(torch.minimum(ncomp + n_slot, num_tokens), bsf)
-            pool = cache(batch.block_hashes, pool, upto * (n_slot > 0), state.run_pos)
+            # each request's place in the running order ranks its caching
+            place = torch.empty_like(order).scatter_(1, order, pos.to(order.dtype).expand(S, R))
+            pool = cache(batch.block_hashes, pool, upto * (n_slot > 0), place, ranked=True)
         grant = grant.scatter_add(1, order, n_kept)
         held = held.scatter_add(1, order, blocks_kept)
         budget = budget - n_kept.sum(1)
@@ -458,7 +459,8 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
         new_ok = new * ok
         pool = pop(batch.num_usable_blocks, pool, new_ok[:, None], r[:, None], hits[:, None])
         upto = floor_div(torch.minimum(comp + n, ntok), bsf)
-        pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), torch.zeros_like(run_pos))
+        pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), torch.zeros_like(run_pos),
+                     ranked=True)
         free = free - (evictable + new) * ok
         n_ok = (n * ok).to(I32)
         grant = grant.clone()
