@@ -184,12 +184,13 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
     P:769-790).  The caller has checked that the blocks are there."""
     # One entry per (scenario, j) that takes blocks, in (s, j) order, then one per
     # block: its entry, its place among the entry's blocks and among its scenario's.
-    es, ej = nonzero_rc(counts > 0)
-    if es.numel() == 0:
+    ef = nonzero(counts > 0)  # flat (s, j) of the entries
+    if ef.numel() == 0:
         return pool
     dev = counts.device
-    S = counts.shape[0]
-    n = take(counts, es, ej).long()
+    S, K = counts.shape
+    es = ef // K
+    n = counts.reshape(-1).index_select(0, ef).long()
     total = torch.zeros(S, dtype=I64, device=dev).index_add_(0, es, n)
     e = torch.repeat_interleave(torch.arange(es.numel(), device=dev), n)
     g = torch.arange(e.numel(), device=dev)
@@ -221,9 +222,9 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
         b = take(blocks, at.index_select(0, s), k)
         took_new = torch.zeros(S, dtype=I64, device=dev).index_add_(
             0, rows, ((pick >= U) & (p < total_r[:, None])).sum(1))
-    j = ej.index_select(0, e)
-    r = take(slots, s, j).long()
-    pos = take(starts, s, j).long() + within
+    f = ef.index_select(0, e)
+    r = slots.reshape(-1).index_select(0, f).long()
+    pos = starts.reshape(-1).index_select(0, f).long() + within
     pool = replace(pool, fresh=pool.fresh + took_new, nqueue=pool.nqueue + took_new - total)
     put(pool.table, (s, r, pos), b)
     _evict(pool, s, b)
@@ -266,15 +267,16 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch
         per_row = torch.zeros(S, dtype=I64, device=sr.device).index_add_(0, rs, torch.ones_like(rs))
         row_first = per_row.cumsum(0) - per_row
         rank = torch.empty_like(sr).scatter_(0, grouped, ar - row_first.index_select(0, rs.index_select(0, grouped)))
-    # one entry per block to cache: (s, r, i)
+    # one entry per block to cache: its scenario s, its position i, and its flat
+    # place at = (s * R + r) * H + i in the (S, R, H) block tables and hash ids
     e = torch.repeat_interleave(ar, n)
     i = (lo.view(-1).index_select(0, sr).long().index_select(0, e) + torch.arange(e.numel(), device=sr.device)
          - (n.cumsum(0) - n).index_select(0, e))
     rank = rank.index_select(0, e)
-    sr = sr.index_select(0, e)
-    s, r = sr // R, sr % R
-    blk = take(pool.table, s, r, i).long()
-    h = take(block_hashes, s, r, i).long()
+    s = (sr // R).index_select(0, e)
+    at = sr.index_select(0, e) * H + i
+    blk = pool.table.view(-1).index_select(0, at).long()
+    h = block_hashes.reshape(-1).index_select(0, at).long()
     # a block not hashed yet (not a hit block) whose position has a hash id
     keep = nonzero((h >= 0) & (blk >= 0) & (take(pool.bhash, s, blk.clamp(min=0)) < 0))
     if keep.numel():
@@ -282,9 +284,9 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch
         st = pool.cctr.index_select(0, s) + rank * H + i
         put(pool.bhash, (s, blk), h)
         put(pool.cstamp, (s, blk), st)
-        add(pool.count, (s, h), torch.ones_like(h, dtype=I32))
         NH = pool.head.shape[1]
         flat = s * NH + h
+        pool.count.view(-1).index_add_(0, flat, torch.ones_like(h, dtype=I32))
         pool.hstamp.view(-1).scatter_reduce_(0, flat, st, "amin")
         first = nonzero(pool.hstamp.view(-1).index_select(0, flat) == st)
         pool.head.view(-1).scatter_(0, flat.index_select(0, first), blk.index_select(0, first))
