@@ -80,7 +80,7 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "no_hits_on_resumption": [(ST, "floor_div(ntok - 1, bsf) * cont)",
                                "floor_div(ntok - 1, bsf) * cont * (status[rows, r] == WAITING))")],
     # a popped cached block keeps its hash: a later lookup hits a block that now holds other tokens.
-    "no_eviction": [(PL, "    _evict(pool, s, b)\n", "")],
+    "no_eviction": [(PL, "    if evicting:\n        _evict(pool, s, b)\n", "")],
     # --- async scheduling (gpu/step.py: schedule's placeholders and guard, deliver, engine_step_async) ---
     # no async max_tokens guard: a request whose last allowed token is in flight is scheduled once more.
     "async_no_max_tokens_guard": [(ST, "schedulable = ~((ph > 0) & (ncomp + 2 - ph >= batch.num_prompt_tokens "

@@ -204,8 +204,10 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
     # row's `fresh`), then the never-used ones, in id order from `fresh` on.
     U = int(fresh.max())
     pool = _ensure_slots(num_usable, pool, U + P)
-    if not bool(pool.nqueue.index_select(0, rows).any()):
-        # Nothing freed waits in the queue: the head is the never-used blocks.
+    evicting = bool(pool.nqueue.index_select(0, rows).any())
+    if not evicting:
+        # Nothing freed waits in the queue: the head is the never-used blocks,
+        # which hold no hash, so none is evicted.
         b = pool.fresh.index_select(0, s) + k
         took_new = total
     else:
@@ -227,7 +229,8 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
     pos = starts.reshape(-1).index_select(0, f).long() + within
     pool = replace(pool, fresh=pool.fresh + took_new, nqueue=pool.nqueue + took_new - total)
     put(pool.table, (s, r, pos), b)
-    _evict(pool, s, b)
+    if evicting:
+        _evict(pool, s, b)
     put(pool.ref, (s, b), 1)
     put(pool.fkey, (s, b), HELD)
     return pool
