@@ -81,6 +81,5 @@ def nonzero_rc(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     true elements in row-major order (int64), as `nonzero`."""
     if mask.device.type != "cpu":
         return mask.nonzero(as_tuple=True)
-    pos = np.flatnonzero(mask.contiguous().numpy())
-    row, col = np.divmod(pos, mask.shape[1])
+    row, col = np.divmod(nonzero(mask).numpy(), mask.shape[1])
     return torch.from_numpy(row), torch.from_numpy(col)

@@ -8,10 +8,10 @@ Dtypes (gpu/state.py, gpu/step.py):
   The largest value one holds is `num_computed_tokens + n <= max_model_len`, and
   the step code adds two token counts at most before comparing, so
   `max_model_len <= 2**30` keeps every per-request value below 2**31.
-- block ceilings: every ceiling is of a token count `t <= max_model_len`, so the
-  step uses `bs = min(block_size, max_model_len)` (the same ceilings) and
-  `cdiv(t, bs)` needs `t + bs - 1 < 2**31`; a request's slots `held * bs` are
-  below `max_model_len + bs <= 2**31`.  Both hold for max_model_len <= 2**30.
+- the room left in a request's blocks counts a block larger than
+  max_model_len as max_model_len (`bs = min(block_size, max_model_len)`, which
+  changes no ceiling, gpu/step.py), so its slots `held * bs` are below
+  `max_model_len + bs <= 2**31` for max_model_len <= 2**30.
 - block floors and ceilings (`floor(t / block_size)`, `ceil(t / block_size)`)
   divide in floating point (Batch.block_size_f), which vectorises where integer
   division does not.  Every dividend is an integer with |t| < 3 * max_model_len
