@@ -25,8 +25,9 @@ import itertools
 import pytest
 import z3
 
+from schedspec.proofs import loop_invariants as LI
 from schedspec.proofs import release
-from schedspec.proofs.symbolic import BLOCK_SIZES, WATERMARKS, SymConfig, config_substitution
+from schedspec.proofs.symbolic import BLOCK_SIZES, WATERMARKS, Evaluator, SymConfig, config_substitution
 from mutants import Mutation, mutated
 from schedspec.spec import config as spec_config
 from schedspec.spec.config import ConfigError, SchedulerConfig
@@ -158,3 +159,145 @@ def test_the_comparison_sees_a_spec_check_off_by_one(name):
     with mutated([SPEC_MUTANTS[name]]):
         with pytest.raises(AssertionError):
             test_constraints_admit_exactly_the_configs_the_spec_accepts("0.33.0")
+
+
+# --- the loop encoding's configs (proofs/loop_invariants.py LoopConfig) ---------------------------
+#
+# The `loop:` claims quantify over LoopConfig.constraints: every config field the
+# two loops read, speculative decoding's and LoRA's among them, per release.  The
+# comparison is the one above, on configs whose fields outside LoopConfig are at a
+# base the spec accepts (max_num_seqs moves with max_num_active_seqs, so that the
+# run-slot limit M is the one the spec compares with max_num_batched_tokens).
+# Restricted: as above, and a multi-module MTP drafter's prefill lookahead (> 1,
+# outside the loop claims, loop_invariants.py's docstring).
+
+NO_DRAFTER = dict(TIGHT, num_speculative_tokens=0, num_lookahead_tokens=0, max_num_new_slots_for_drafting=0,
+                  num_prefill_lookahead_tokens=0, max_loras=None)
+LOOP_BASES = [
+    NO_DRAFTER,
+    {**NO_DRAFTER, "block_size": 3, "num_gpu_blocks": 3},
+    # an EAGLE-family drafter: one draft, a lookahead slot, a parallel drafter's row
+    {**NO_DRAFTER, "num_speculative_tokens": 1, "num_lookahead_tokens": 1, "max_num_new_slots_for_drafting": 1,
+     "num_prefill_lookahead_tokens": 1},
+    {**NO_DRAFTER, "max_loras": 1},
+]
+LOOP_SIZES = ("max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs", "long_prefill_token_threshold",
+              "max_model_len", "num_gpu_blocks")
+LOOP_DRAFTER = ("num_speculative_tokens", "num_lookahead_tokens", "max_num_new_slots_for_drafting",
+                "num_prefill_lookahead_tokens", "max_loras")
+LOOP_NULLABLE = ("max_num_scheduled_tokens", "max_loras")
+
+
+def loop_boundary_configs(pairs: bool):
+    """Each base with one field moved by -1, +1 or to null (where nullable), and with
+    `pairs` two fields of the same group (sizes, or drafter and LoRA), chunked prefill
+    on and off."""
+    moves = [((f, d),) for f in LOOP_SIZES + LOOP_DRAFTER for d in (-1, 1, None)]
+    if pairs:
+        for group in (LOOP_SIZES, LOOP_DRAFTER):
+            for f, g in itertools.combinations(group, 2):
+                moves += [((f, df), (g, dg)) for df, dg in itertools.product((-1, 1, None), repeat=2)]
+    seen = set()
+    for base in LOOP_BASES:
+        for move in [()] + moves:
+            values = dict(base)
+            if any(d is None and f not in LOOP_NULLABLE for f, d in move):
+                continue
+            for f, d in move:
+                if d is None:
+                    values[f] = None
+                elif values[f] is None:
+                    values[f] = 1 if f == "max_loras" else 4  # a null field set: to its base's value
+                else:
+                    values[f] += d
+            values["max_num_active_seqs"] = values["max_num_seqs"]
+            for chunked in (True, False):
+                key = (tuple(values.items()), chunked)
+                if key not in seen:
+                    seen.add(key)
+                    yield dict(values, enable_chunked_prefill=chunked)
+
+
+def loop_restricted(config: SchedulerConfig) -> bool:
+    return restricted(config) or config.num_prefill_lookahead_tokens > 1
+
+
+class LoopAdmits:
+    """LoopConfig.constraints of the set release, per block size, evaluated on a config."""
+
+    def __init__(self):
+        self.sym = {bs: LI.LoopConfig.fresh(f"cfg{bs}", bs) for bs in BLOCK_SIZES}
+        self.ev = {bs: Evaluator([c.constraints()]) for bs, c in self.sym.items()}
+
+    def __call__(self, config: SchedulerConfig) -> bool:
+        c = self.sym[config.block_size]
+        values = LI.config_values(config, config.long_prefill_token_threshold)
+        pairs = [(getattr(c, f), z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(v)) for f, v in values.items()]
+        return self.ev[config.block_size](pairs)[0]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_loop_constraints_admit_exactly_the_configs_the_spec_accepts(version):
+    release.set_release(version)
+    try:
+        admits = LoopAdmits()
+        counts = {"accepted": 0, "rejected": 0, "restricted": 0, "drafter accepted": 0, "drafter rejected": 0}
+        # the whole family in the release that models every field, single moves in the others
+        for i, values in enumerate(loop_boundary_configs(pairs=version == release.DEFAULT_RELEASE)):
+            config = SchedulerConfig(**values, watermark=list(WATERMARKS)[i % len(WATERMARKS)], vllm_version=version)
+            if "max_num_active_seqs" in fields_lacking(version):
+                config = dataclasses.replace(config, max_num_active_seqs=None)
+            if "watermark" in fields_lacking(version):
+                config = dataclasses.replace(config, watermark=0.0)
+            accepts, admitted = spec_accepts(config), admits(config)
+            assert not admitted or accepts, ("the loop encoding admits a config the spec rejects", config)
+            if accepts and not admitted:
+                assert loop_restricted(config), ("the spec accepts a config the loop encoding leaves out", config)
+                counts["restricted"] += 1
+            counts["accepted" if accepts else "rejected"] += 1
+            if config.num_speculative_tokens or config.num_prefill_lookahead_tokens:
+                counts["drafter accepted" if accepts else "drafter rejected"] += 1
+        least = 200 if version == release.DEFAULT_RELEASE else 25
+        assert counts["accepted"] >= least and counts["rejected"] >= least, counts
+        # a drafter's configs reach both verdicts (in the older releases, only rejections)
+        assert counts["drafter rejected"] >= 10, counts
+        assert version != release.DEFAULT_RELEASE or counts["drafter accepted"] >= 50, counts
+    finally:
+        release.set_release(release.DEFAULT_RELEASE)
+
+
+LOOP_SPEC_MUTANTS = {
+    "drafts_in_every_release": Mutation("config.validate_spec_decode",
+                                        "c.num_speculative_tokens > 0 and c.vllm_version != DEFAULT_RELEASE",
+                                        "c.num_speculative_tokens > 1 and c.vllm_version != DEFAULT_RELEASE"),
+    "prefill_lookahead_without_drafts": Mutation("config.validate_drafter",
+                                                 "c.num_prefill_lookahead_tokens > 0 and c.num_speculative_tokens == 0",
+                                                 "c.num_prefill_lookahead_tokens > 1 and c.num_speculative_tokens == 0"),
+    "lookahead_without_drafts": Mutation("config.validate_spec_decode",
+                                         "c.num_lookahead_tokens > 0 and c.num_speculative_tokens == 0", "False"),
+    "drafter_rows_above_drafts": Mutation("config.validate_spec_decode",
+                                          "c.max_num_new_slots_for_drafting > c.num_speculative_tokens",
+                                          "c.max_num_new_slots_for_drafting > c.num_speculative_tokens + 1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOP_SPEC_MUTANTS))
+def test_the_loop_comparison_sees_a_spec_check_off_by_one(name):
+    versions = ("0.32.0",) if name == "drafts_in_every_release" else ("0.33.0",)
+    with mutated([LOOP_SPEC_MUTANTS[name]]):
+        with pytest.raises(AssertionError, match="leaves out"):
+            for version in versions:
+                test_loop_constraints_admit_exactly_the_configs_the_spec_accepts(version)
+
+
+def test_the_loop_comparison_sees_a_constraint_dropped(monkeypatch):
+    """LoopConfig without the prefill lookahead's bound admits the MTP drafter the
+    spec accepts only under the restriction, and one without drafts, which it rejects."""
+    original = LI.LoopConfig.constraints
+
+    def looser(self):
+        return z3.substitute(original(self), (self.PL, z3.IntVal(0)))
+
+    monkeypatch.setattr(LI.LoopConfig, "constraints", looser)
+    with pytest.raises(AssertionError, match="admits a config the spec rejects"):
+        test_loop_constraints_admit_exactly_the_configs_the_spec_accepts("0.33.0")

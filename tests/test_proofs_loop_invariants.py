@@ -124,14 +124,7 @@ class RunAbstraction:
         self.visited_dem = 0
 
     def config(self):
-        c, b = self.before.config, self.before
-        return dict(TB0=c.token_budget, IB0=c.max_num_batched_tokens, M=c.max_num_active_reqs, L=c.max_model_len,
-                    th=get_long_prefill_threshold(b), wm=c.watermark_blocks, U=c.num_gpu_blocks - 1,
-                    chunked=c.enable_chunked_prefill, full_isl=c.scheduler_reserve_full_isl,
-                    prio=c.policy == PRIORITY, asy=c.async_scheduling,
-                    lora=c.max_loras is not None, ML=c.max_loras or 0,
-                    sd=c.num_speculative_tokens > 0, K=c.num_speculative_tokens, LA=c.num_lookahead_tokens,
-                    D=c.max_num_new_slots_for_drafting)
+        return LI.config_values(self.before.config, get_long_prefill_threshold(self.before))
 
     def consts(self, x):
         ahead = self.before.running[:self.pos0[x]]
@@ -824,10 +817,10 @@ def test_lora_mutant_is_caught():
 # --- speculative decoding -------------------------------------------------------------------------
 
 
-def with_drafts(state, k: int, lookahead: int, slots: int = 0):
+def with_drafts(state, k: int, lookahead: int, slots: int = 0, prefill_lookahead: int = 0):
     """`state` under speculative decoding (num_speculative_tokens k, the given
     lookahead, `slots` drafter rows per scheduled request charged to the input
-    budget): its decoding running requests carry 0..k drafts in turn, and every
+    budget, an EAGLE-family drafter's prefill lookahead of 1 or none): its decoding running requests carry 0..k drafts in turn, and every
     other new waiting request has a one-token prompt, which an admission pads as a
     new decode when a request decodes beside it.  None where the spec does not
     model it (an older release, prefix caching) or where vLLM raises (a long-prefill
@@ -846,7 +839,7 @@ def with_drafts(state, k: int, lookahead: int, slots: int = 0):
         if i % 2 == 0 and q.status == RequestStatus.WAITING and q.num_output_tokens == 0:
             reqs[w] = q.evolve(num_prompt_tokens=1)
     config = dataclasses.replace(c, num_speculative_tokens=k, num_lookahead_tokens=lookahead,
-                                 max_num_new_slots_for_drafting=slots)
+                                 max_num_new_slots_for_drafting=slots, num_prefill_lookahead_tokens=prefill_lookahead)
     validate_config(config)
     return dataclasses.replace(state, config=config, requests=reqs)
 
@@ -854,13 +847,14 @@ def with_drafts(state, k: int, lookahead: int, slots: int = 0):
 def corpus_drafts(check, synchronous=True):
     """The synchronous (unless `synchronous` is false) and async corpora, the states
     in turn under num_speculative_tokens 1 (no lookahead) and 3 (lookahead 2), each
-    with no drafter rows, and with 1 and 2 (a parallel drafter's K - 1)."""
+    with no drafter rows, and with 1 and 2 (a parallel drafter's K - 1); half of
+    them with an EAGLE-family drafter's prefill lookahead of 1 (LoopConfig.PL)."""
     seen = [0]
 
     def each(state):
         seen[0] += 1
-        k, lookahead, slots = ((1, 0, 0), (3, 2, 0), (1, 0, 1), (3, 2, 2))[seen[0] % 4]
-        drafted = with_drafts(state, k, lookahead, slots)
+        k, lookahead, slots, ahead = ((1, 0, 0, 0), (3, 2, 0, 1), (1, 0, 1, 1), (3, 2, 2, 0))[seen[0] % 4]
+        drafted = with_drafts(state, k, lookahead, slots, ahead)
         if drafted is not None:
             check(drafted)
 

@@ -209,5 +209,7 @@ def select(obj, rows: torch.Tensor, num_slots: int):
             changes[f.name] = select_pool(t, rows, num_slots)
         elif isinstance(t, torch.Tensor):
             t = t.index_select(0, rows)
-            changes[f.name] = t[:, :num_slots] if t.dim() >= 2 else t
+            # contiguous: a narrowed view would be copied again by every flat
+            # read of it (pool.cache reads the block hashes flat, every step)
+            changes[f.name] = t[:, :num_slots].contiguous() if t.dim() >= 2 else t
     return replace(obj, **changes)

@@ -106,6 +106,7 @@ from typing import Any, Callable
 
 import z3
 
+from schedspec.spec.config import PRIORITY, SchedulerConfig
 from schedspec.spec.versions import INPUT_BUDGET, PRIORITY_SELF_PREEMPTION_CONTINUES
 
 from . import release
@@ -232,9 +233,13 @@ class LoopConfig:
     """What the loops read of the config, for one block size.  `th` is the
     long-prefill threshold in force this step (0 with one eligible request,
     S:757-763); `wm` the watermark's blocks; `U` the usable blocks; `ML`
-    max_loras, which binds when `lora` (a LoRA config) is on; `K`, `LA` and `D`
-    num_speculative_tokens, num_lookahead_tokens and max_num_new_slots_for_drafting,
-    all 0 unless `sd` (speculative decoding) is on."""
+    max_loras, which binds when `lora` (a LoRA config) is on; `K`, `LA`, `D` and `PL`
+    num_speculative_tokens, num_lookahead_tokens, max_num_new_slots_for_drafting and
+    num_prefill_lookahead_tokens, all 0 unless `sd` (speculative decoding) is on.
+    No rule here reads `PL`: it is in the constraints so that the drafters the
+    claims cover (those that read at most one prompt token ahead, which changes no
+    chunk, spec_decode.reserve_prefill_lookahead) are a stated part of the domain
+    that tests/test_proofs_agreement_config.py compares with the spec's validation."""
 
     TB0: Any  # max_num_scheduled_tokens (S:719)
     IB0: Any  # max_num_batched_tokens (S:722)
@@ -247,6 +252,7 @@ class LoopConfig:
     K: Any
     LA: Any
     D: Any  # a drafter's rows per scheduled request, charged to the input budget (S:721)
+    PL: Any  # a drafter's prefill lookahead: 0 (n-gram) or 1 (EAGLE family); MTP's > 1 is outside
     chunked: Any = _B()
     full_isl: Any = _B()
     prio: Any = _B()
@@ -268,10 +274,12 @@ class LoopConfig:
         th_check = release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
         # max_loras >= 1 (spec/config.py FIELD_MINIMA); LoRA is modelled for 0.33.0 only.
         lora = z3.Implies(self.lora, self.ML >= 1) if release.models_lora() else z3.Not(self.lora)
-        # Speculative decoding (0.33.0 only, spec/config.py validate_spec_decode): a
-        # lookahead only beside drafts, at most one drafter row per draft.
-        off = z3.And(self.K == 0, self.LA == 0, self.D == 0)
-        sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0, 0 <= self.D, self.D <= self.K), off) \
+        # Speculative decoding (0.33.0 only, spec/config.py validate_spec_decode and
+        # validate_drafter): a lookahead and a prefill lookahead only beside drafts, at
+        # most one drafter row per draft.
+        off = z3.And(self.K == 0, self.LA == 0, self.D == 0, self.PL == 0)
+        sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0, 0 <= self.D, self.D <= self.K,
+                                   0 <= self.PL, self.PL <= 1), off) \
             if release.models_spec_decode() \
             else z3.And(z3.Not(self.sd), off)
         return z3.And(lora, sd, self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
@@ -295,9 +303,23 @@ def _fresh_config(prefix: str) -> LoopConfig:
     I, Bo = z3.Int, z3.Bool
     return LoopConfig(I(f"{prefix}.TB0"), I(f"{prefix}.IB0"), I(f"{prefix}.M"), I(f"{prefix}.L"),
                       I(f"{prefix}.th"), I(f"{prefix}.wm"), I(f"{prefix}.U"), I(f"{prefix}.ML"),
-                      I(f"{prefix}.K"), I(f"{prefix}.LA"), I(f"{prefix}.D"),
+                      I(f"{prefix}.K"), I(f"{prefix}.LA"), I(f"{prefix}.D"), I(f"{prefix}.PL"),
                       Bo(f"{prefix}.chunked"), Bo(f"{prefix}.full_isl"), Bo(f"{prefix}.prio"), Bo(f"{prefix}.asy"),
                       Bo(f"{prefix}.lora"), Bo(f"{prefix}.sd"))
+
+
+def config_values(config: SchedulerConfig, threshold: int) -> dict[str, int | bool]:
+    """The values of LoopConfig's symbols (but `bs`) for `config`, with `threshold`
+    the long-prefill threshold in force in the step (spec/properties.py
+    get_long_prefill_threshold; the configured one where no step is meant)."""
+    c = config
+    return dict(TB0=c.token_budget, IB0=c.max_num_batched_tokens, M=c.max_num_active_reqs, L=c.max_model_len,
+                th=threshold, wm=c.watermark_blocks, U=c.num_gpu_blocks - 1,
+                chunked=c.enable_chunked_prefill, full_isl=c.scheduler_reserve_full_isl,
+                prio=c.policy == PRIORITY, asy=c.async_scheduling,
+                lora=c.max_loras is not None, ML=c.max_loras or 0,
+                sd=c.num_speculative_tokens > 0, K=c.num_speculative_tokens, LA=c.num_lookahead_tokens,
+                D=c.max_num_new_slots_for_drafting, PL=c.num_prefill_lookahead_tokens)
 
 
 @dataclass(frozen=True)
