@@ -144,6 +144,11 @@ def feature(mutant: str, change_text: str) -> str:
     # def line also names the function (validate_spec_decode names a feature).
     if "where: str = " in change_text:
         return "error reporting"
+    # ... and a call that hands a validator another prefix (`where` dropped or None):
+    # `where` reaches nothing but the field names of ConfigError.
+    old, _, new = change_text.partition("  ->  ")
+    if "where)" in old and new in (old.replace("where)", ")"), old.replace("where)", "None)")):
+        return "error reporting"
     for where in (change_text, mutant):
         for name, keys in FEATURES:
             if any(k in where for k in keys):

@@ -172,3 +172,30 @@ def test_draw_samples_the_unchecked_mutants_that_count(tmp_path):
     assert len(one) == 1 and one == draw("--draw", "1", "--seed", "3").stdout.split()  # the seed replays it
     bad = draw("--draw", "0")
     assert bad.returncode == 1 and bad.stderr.strip() == "mutation_report: --draw: 0 is not a positive number of mutants"
+
+
+VALIDATORS = '''
+def x_validate__mutmut_orig(c, where="config"):
+    validate_spec_decode(c, where)
+
+
+def x_validate__mutmut_1(c, where="config"):
+    validate_spec_decode(c, )
+
+
+def x_validate__mutmut_2(c, where="config"):
+    validate_spec_decode(c, None)
+
+
+def x_validate__mutmut_3(c, where="config"):
+    validate_spec_decode(None, where)
+'''
+
+
+def test_a_validator_handed_another_error_prefix_is_error_reporting(tmp_path):
+    """`where` reaches only ConfigError's field names: a call that drops it or
+    passes None changes the error text alone; dropping the config does not."""
+    run = make_run(tmp_path / "a", {f"pkg.m.x_validate__mutmut_{i}": 0 for i in (1, 2, 3)}, VALIDATORS)
+    by = {s["mutant"]: s["feature"] for s in report(run)["not_killed"]}
+    assert by == {"pkg.m.x_validate__mutmut_1": "error reporting", "pkg.m.x_validate__mutmut_2": "error reporting",
+                  "pkg.m.x_validate__mutmut_3": "speculative decoding"}
