@@ -128,6 +128,18 @@ FEATURE_OF = {
     "schedspec.spec.scheduler.x_append_output_tokens__mutmut_20":
         ("KV connector", "a stopped request's status left None: every finished request is removed at once "
                          "but one a KV producer holds for its send"),
+    "schedspec.spec.kv_cache.x_allocate_slots__mutmut_73":
+        ("KV connector", "the blocks an asynchronous KV load reserves added to the free ones instead of "
+                         "subtracted: reserved_blocks is 0 but for such a load"),
+    "schedspec.spec.scheduler.x_deliver_output__mutmut_29":
+        ("speculative decoding", "tokens past a stop discarded: more than one token is delivered at once only "
+                                 "with accepted drafts"),
+    "schedspec.spec.scheduler.x_append_output_tokens__mutmut_21":
+        ("prefix caching", "a stopped request's discarded count: the request is removed at once, so only the "
+                           "blocks its delivery caches before (prefix caching) can show it"),
+    "schedspec.spec.scheduler.x_admit__mutmut_23":
+        ("KV connector", "external tokens asked for a request that reads no cached prefix: nonzero only for "
+                         "a request with kv_connector_tokens"),
     "schedspec.spec.scheduler.x_enqueue__mutmut_17":
         ("KV connector", "a PRIORITY insertion searched to the queue's end: the span ends before it only "
                          "for the KV holders' queue (kv_connector.queue_span)"),
@@ -182,6 +194,9 @@ EQUIVALENT = {
     "schedspec.spec.scheduler.x_remove_finished__mutmut_3":
         "the encoder references freed for every finished request, not only when some exist: freeing a "
         "request without references does nothing",
+    "schedspec.spec.scheduler.x_blocks_to_allocate__mutmut_31":
+        "the evictable hit blocks counted when there are no hits too: both pool views count 0 of no blocks "
+        "(BlockCountsWork.num_evictable, PoolWork.num_evictable)",
 }
 
 ASIDE = ("error reporting", "config file parsing")

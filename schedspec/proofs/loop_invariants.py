@@ -282,8 +282,11 @@ class LoopConfig:
                                    0 <= self.PL, self.PL <= 1), off) \
             if release.models_spec_decode() \
             else z3.And(z3.Not(self.sd), off)
+        # wm <= U: a watermark below 1 (spec/config.py) leaves int(watermark * num_gpu_blocks)
+        # at most num_gpu_blocks - 1 blocks.
         return z3.And(lora, sd, self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
-                      self.th <= self.L if th_check else True, self.wm >= 0, self.U >= self.cdiv(self.L), self.IB0 >= self.M,
+                      self.th <= self.L if th_check else True, self.wm >= 0, self.wm <= self.U,
+                      self.U >= self.cdiv(self.L), self.IB0 >= self.M,
                       z3.Or(self.chunked, self.IB0 >= self.L))
 
     @property
