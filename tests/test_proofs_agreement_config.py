@@ -27,7 +27,7 @@ import z3
 
 from schedspec.proofs import loop_invariants as LI
 from schedspec.proofs import release
-from schedspec.proofs.symbolic import BLOCK_SIZES, WATERMARKS, Evaluator, SymConfig, config_substitution
+from schedspec.proofs.symbolic import BLOCK_SIZES, WATERMARKS, Evaluator, SymConfig, config_substitution, const_val
 from mutants import Mutation, mutated
 from schedspec.spec import config as spec_config
 from schedspec.spec.config import ConfigError, SchedulerConfig
@@ -236,7 +236,7 @@ class LoopAdmits:
     def __call__(self, config: SchedulerConfig) -> bool:
         c = self.sym[config.block_size]
         values = LI.config_values(config, config.long_prefill_token_threshold)
-        pairs = [(getattr(c, f), z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(v)) for f, v in values.items()]
+        pairs = [(getattr(c, f), const_val(v)) for f, v in values.items()]
         return self.ev[config.block_size](pairs)[0]
 
 
