@@ -34,6 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from machine import configs
+from mutants import Mutation, mutated
 from test_proofs_agreement import EXPLICIT_STATES, SETTINGS, actions, drawn_states, reached_states
 from schedspec.reference.engine import engine_step
 from schedspec.reference.impl import SpecScheduler
@@ -1023,10 +1024,10 @@ def test_drafts_update_mutant_is_caught(variant):
     assert found, f"the encoding mutant {variant} agrees with the spec on every update tried"
 
 
-def compare_deliveries(variant: str = "correct", seen=None, examples: int = 200) -> list:
+def compare_deliveries(variant: str = "correct", seen=None, examples: int = 200, drawn_runs: bool = True) -> list:
     """update_from_output of the batch the async engine applies, request by request,
     against the encodings' updates (lemma_delivery_keeps_bound's, `deliver`);
-    `seen` counts the kinds of delivery."""
+    `seen` counts the kinds of delivery.  `drawn_runs` false: the hand-made run only."""
     seen = {} if seen is None else seen
     bad: list = []
 
@@ -1094,7 +1095,8 @@ def compare_deliveries(variant: str = "correct", seen=None, examples: int = 200)
                         seen["delivered, its last placeholder replaced"] = \
                             seen.get("delivered, its last placeholder replaced", 0) + 1
 
-    drawn()
+    if drawn_runs:
+        drawn()
     run(*SKIPPED_DECODE_RUN)
     return bad
 
@@ -1133,6 +1135,18 @@ ASYNC_RUN_MUTANTS = ("placeholders_not_in_need", "no_last_token_guard", "last_to
 ASYNC_WAIT_MUTANTS = ("stale_head_stops_admission", "stale_head_admitted")
 ASYNC_UPDATE_MUTANTS = ("no_placeholder_added", "placeholder_on_prefill_chunk", "inflight_not_added")
 ASYNC_DELIVERY_MUTANTS = ("stale_not_decremented",)
+
+
+def test_the_skipped_decode_run_catches_placeholders_set_not_subtracted():
+    """The hand-made run is what sees a delivery that sets a request's placeholders
+    to the tokens delivered: the drawn runs only deliver at two placeholders, where
+    2 - 1 == 1."""
+    seen: dict = {}
+    assert not compare_deliveries(seen=seen, drawn_runs=False)
+    assert seen.get("delivered, its last placeholder replaced", 0) >= 1, seen
+    with mutated([Mutation("scheduler.deliver_output", "r.num_output_placeholders -= len(tokens)",
+                           "r.num_output_placeholders = len(tokens)")]):
+        assert compare_deliveries(drawn_runs=False)
 
 
 @pytest.mark.parametrize("variant", ASYNC_DELIVERY_MUTANTS)
