@@ -310,3 +310,60 @@ def test_the_loop_comparison_sees_a_constraint_dropped(monkeypatch, field):
     monkeypatch.setattr(LI.LoopConfig, "constraints", looser)
     with pytest.raises(AssertionError, match="admits a config the spec rejects"):
         test_loop_constraints_admit_exactly_the_configs_the_spec_accepts("0.33.0")
+
+
+# --- the long-prefill threshold in force (loop_invariants.threshold_in_force) ------------------
+#
+# running_never_starved's lemma on a grown adaptive threshold reads the threshold in
+# force of two steps as loop_invariants.threshold_in_force; here it is compared with
+# the spec's config.long_prefill_threshold at the boundaries of its comparisons:
+# the threshold 0 and 1, eligible requests 0, 1 and 2, max_num_batched_tokens //
+# eligible equal to the threshold and off by one each way.
+
+THRESHOLD_T = (0, 1, 2, 3, 4, 5)
+THRESHOLD_B = (1, 2, 7, 8, 9, 16, 64)
+THRESHOLD_NE = (0, 1, 2, 3, 4, 8)
+
+
+def threshold_cases(version):
+    for T, B, NE in itertools.product(THRESHOLD_T, THRESHOLD_B, THRESHOLD_NE):
+        for adaptive in (False, True) if version == release.DEFAULT_RELEASE else (False,):
+            yield T, B, NE, adaptive
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_threshold_in_force_agrees_with_the_spec(version):
+    release.set_release(version)
+    try:
+        T, adaptive, B, NE = z3.Int("T"), z3.Bool("adaptive"), z3.Int("B"), z3.Int("NE")
+        ev = Evaluator([LI.threshold_in_force(T, adaptive, B, NE)])
+        base = SchedulerConfig(**TIGHT, vllm_version=version)
+        grown = 0
+        for t, b, ne, ad in threshold_cases(version):
+            config = dataclasses.replace(base, long_prefill_token_threshold=t, max_num_batched_tokens=b,
+                                         long_prefill_token_threshold_adaptive=ad)
+            (mine,) = ev([(T, z3.IntVal(t)), (adaptive, z3.BoolVal(ad)), (B, z3.IntVal(b)), (NE, z3.IntVal(ne))])
+            assert mine == spec_config.long_prefill_threshold(config, ne), (version, t, b, ne, ad, mine)
+            grown += ad and ne >= 2 and mine > t
+        # the adaptive branch is reached where the release has it
+        assert version != release.DEFAULT_RELEASE or grown >= 20, grown
+    finally:
+        release.set_release(release.DEFAULT_RELEASE)
+
+
+THRESHOLD_SPEC_MUTANTS = {
+    "adaptive_from_zero": Mutation("config.long_prefill_threshold",
+                                   "threshold > 0 and c.long_prefill_token_threshold_adaptive",
+                                   "threshold >= 0 and c.long_prefill_token_threshold_adaptive"),
+    "alone_at_zero_only": Mutation("config.long_prefill_threshold", "num_eligible <= 1", "num_eligible < 1"),
+    "adaptive_share_of_one_more": Mutation("config.long_prefill_threshold",
+                                           "c.max_num_batched_tokens // num_eligible",
+                                           "c.max_num_batched_tokens // (num_eligible + 1)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(THRESHOLD_SPEC_MUTANTS))
+def test_the_threshold_comparison_sees_a_spec_change(name):
+    with mutated([THRESHOLD_SPEC_MUTANTS[name]]):
+        with pytest.raises(AssertionError, match=r"^\('0\.33\.0', "):
+            test_threshold_in_force_agrees_with_the_spec(release.DEFAULT_RELEASE)

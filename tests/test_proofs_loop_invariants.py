@@ -43,6 +43,7 @@ from schedspec.spec.request import RequestStatus
 from schedspec.proofs import loop_invariants as LI
 from schedspec.proofs.symbolic import Evaluator
 from schedspec.spec import lora as LORA
+from schedspec.spec import prefill_throttle
 from schedspec.spec import scheduler as S
 from schedspec.spec import structured_output as SO
 from schedspec.spec.config import PRIORITY, SchedulerConfig, validate_config
@@ -54,12 +55,13 @@ from schedspec.spec.request import last_token_in_flight
 # --- the spec's loops, one iteration at a time --------------------------------------------------
 
 
-def running_rounds(state):
+def running_rounds(state, throttle=False):
     """Yield (snapshot before, kind, current id, victim id, work after) per round of the
     running loop, as schedule_running / allocate_or_preempt run it: n is computed once
     per request, then each round is one allocation attempt (S:912-980); kind: skip /
-    success / fail.  The end snapshot goes to `snapshot_end`."""
-    s = S.ScheduleWork(state)
+    success / fail.  The end snapshot goes to `snapshot_end`.  `throttle`: the step is
+    `schedule(throttle_prefills=True)`'s."""
+    s = S.ScheduleWork(state, throttle)
     stopped = False
     while not stopped and s.cursor < len(s.running) and s.token_budget > 0 and s.input_budget > s.draft_slots:
         rid = s.running[s.cursor]
@@ -107,8 +109,11 @@ def snapshot(s, pend=-1):
 class RunAbstraction:
     """The concrete values of loop_invariants' running-loop symbols for `before`."""
 
-    def __init__(self, before):
+    def __init__(self, before, throttle=False):
         self.before = before
+        # Whether the step holds prefill, by the gate's own rule (spec/prefill_throttle.py),
+        # not read off the ScheduleWork under test.
+        self.hold = prefill_throttle.holds_prefill(before, throttle)
         c = before.config
         self.R0 = len(before.running)
         self.cap = {r: get_capped_need(before, before.requests[r]) for r in before.running}
@@ -125,7 +130,7 @@ class RunAbstraction:
         self.visited_dem = 0
 
     def config(self):
-        return LI.config_values(self.before.config, get_long_prefill_threshold(self.before))
+        return LI.config_values(self.before.config, get_long_prefill_threshold(self.before), self.hold)
 
     def consts(self, x):
         ahead = self.before.running[:self.pos0[x]]
@@ -141,7 +146,8 @@ class RunAbstraction:
                     n=snap["scheduled"].get(r, 0), b=snap["held"].get(r, 0),
                     seq=snap["preempted"].index(r) if r in snap["preempted"] else -1,
                     ph=q.num_output_placeholders, lim=q.num_prompt_tokens + q.max_tokens,
-                    d=len(q.spec_token_ids), ds=snap["drafts"].get(r, 0), inr=inr, g=r in snap["scheduled"])
+                    d=len(q.spec_token_ids), ds=snap["drafts"].get(r, 0), inr=inr, g=r in snap["scheduled"],
+                    pf=q.is_prefill_chunk)
 
     def state(self, snap, x, stopped):
         alive = snap["running"]
@@ -204,18 +210,18 @@ def run_eval(bs: int, variant: str = "correct") -> RunEval:
     return _RUN_EVALS[bs, variant]
 
 
-def compare_running(state, variant: str = "correct", stats=None) -> list:
+def compare_running(state, variant: str = "correct", stats=None, throttle=False) -> list:
     """Every round of the running loop on `state`, every request as the ghost:
     the differences between the spec and the encoding (empty when they agree)."""
     if not state.running:
         return []
-    A = RunAbstraction(state)
+    A = RunAbstraction(state, throttle)
     ev = run_eval(state.config.block_size, variant)
     cfg = A.config()
     bad = []
     snapshot_end.clear()
     prev_stopped = False
-    for snap, kind, cur, victim, s, n in running_rounds(state):
+    for snap, kind, cur, victim, s, n in running_rounds(state, throttle):
         stopped = bool(kind == "fail" and victim == cur and state.config.policy != PRIORITY)
         # the n carried to the next round: only after a failure that preempted another request
         after = snapshot(s, n if kind == "fail" and victim != cur else -1)
@@ -268,8 +274,13 @@ def compare_running(state, variant: str = "correct", stats=None) -> list:
                 creq = state.requests[cur]
                 if kind == "skip" and last_token_in_flight(creq):
                     stats["skip: async max_tokens guard"] = stats.get("skip: async max_tokens guard", 0) + 1
-                if kind == "skip" and not last_token_in_flight(creq):
+                held = A.hold and creq.is_prefill_chunk
+                if kind == "skip" and held and not last_token_in_flight(creq):
+                    stats["skip: held prefill chunk"] = stats.get("skip: held prefill chunk", 0) + 1
+                if kind == "skip" and not held and not last_token_in_flight(creq):
                     stats["skip: max_model_len cap"] = stats.get("skip: max_model_len cap", 0) + 1
+                if kind == "success" and A.hold:
+                    stats["grant in a held step"] = stats.get("grant in a held step", 0) + 1
                 if kind == "success" and creq.num_output_placeholders > 0:
                     stats["grant with placeholders"] = stats.get("grant with placeholders", 0) + 1
                 if kind == "fail" and state.requests[v].num_output_placeholders > 0:
@@ -292,7 +303,7 @@ def compare_running(state, variant: str = "correct", stats=None) -> list:
                     stats["grant with drafts sending none"] = stats.get("grant with drafts sending none", 0) + 1
                 if kind == "fail" and snap["drafts"].get(v, 0):
                     stats["victim with drafts sent"] = stats.get("victim with drafts sent", 0) + 1
-                if snap["pend"] >= 1 and snap["pend"] < S.num_new_tokens_running(_work_at(state, snap), state.requests[cur]):
+                if snap["pend"] >= 1 and snap["pend"] < S.num_new_tokens_running(_work_at(state, snap, throttle), state.requests[cur]):
                     stats["retry with the first n, below a fresh one"] = stats.get("retry with the first n, below a fresh one", 0) + 1
         A.allocated += sum(after["held"].values()) - sum(snap["held"].values()) if kind == "success" else 0
         if kind in ("skip", "success"):
@@ -311,23 +322,26 @@ def compare_running(state, variant: str = "correct", stats=None) -> list:
     return bad
 
 
-def _work_at(state, snap):
+def _work_at(state, snap, throttle=False):
     """A ScheduleWork with the snapshot's budgets (to recompute n as a wrong encoding would)."""
-    w = S.ScheduleWork(state)
+    w = S.ScheduleWork(state, throttle)
     w.token_budget, w.input_budget = snap["tb"], snap["ib"]
     return w
 
 
-def driver_is_the_loop(state) -> bool:
-    """The rounds, run to the end, leave what schedule_running leaves."""
-    s = S.ScheduleWork(state)
+def driver_is_the_loop(state, throttle=False) -> bool:
+    """The rounds, run to the end, leave what schedule_running leaves, and grant
+    the running requests what `schedule()` grants them."""
+    s = S.ScheduleWork(state, throttle)
     S.schedule_running(s)
     snapshot_end.clear()
     last = None
-    for *_, work, _n in running_rounds(state):
+    for *_, work, _n in running_rounds(state, throttle):
         last = work
-    mine = snapshot(last) if last is not None else snapshot(S.ScheduleWork(state))
-    return mine == snapshot(s)
+    mine = snapshot(last) if last is not None else snapshot(S.ScheduleWork(state, throttle))
+    output, _ = S.schedule(state, throttle)
+    granted = {r: n for r, n in output.num_scheduled_tokens if r in state.running}
+    return mine == snapshot(s) and granted == mine["scheduled"]
 
 
 # --- the waiting loop ---------------------------------------------------------------------------
@@ -364,14 +378,14 @@ def wait_eval(bs, variant="correct"):
     return _WAIT_EVALS[bs, variant]
 
 
-def compare_waiting(state, variant: str = "correct", stats=None) -> list:
+def compare_waiting(state, variant: str = "correct", stats=None, throttle=False) -> list:
     """The waiting loop after a running loop without preemption (S:1050), one `admit`
     per iteration, every request of before.waiting as the ghost."""
-    s = S.ScheduleWork(state)
+    s = S.ScheduleWork(state, throttle)
     S.schedule_running(s)
     if s.preempted or not state.waiting:
         return []
-    A = RunAbstraction(state)
+    A = RunAbstraction(state, throttle)
     cfg = A.config()
     ev = wait_eval(state.config.block_size, variant)
     W = list(state.waiting)
@@ -417,7 +431,7 @@ def compare_waiting(state, variant: str = "correct", stats=None) -> list:
             skipped.append(s.waiting.popleft())
             ok, why = None, "skipped: LoRA"
         else:
-            why = stop_reason(s, head)
+            why = stop_reason(s, head, A.hold)
             ok = S.admit(s, head)
             stopped = not ok
             if ok:
@@ -449,6 +463,8 @@ def compare_waiting(state, variant: str = "correct", stats=None) -> list:
                     stats.get("admission cut by the input budget less drafter rows", 0) + 1
             if D and s1["stopped"] is False and s0["ib"] > 0 >= s1["ib"] and s1["tb"] > 0:
                 stats["drafter rows end the loop"] = stats.get("drafter rows end the loop", 0) + 1
+            if ok and A.hold:
+                stats["admitted in a held step"] = stats.get("admitted in a held step", 0) + 1
             if ok and state.config.watermark_blocks and s0["Rn"] > 0:
                 stats["admitted above the watermark"] = stats.get("admitted above the watermark", 0) + 1
         if bad:
@@ -459,19 +475,25 @@ def compare_waiting(state, variant: str = "correct", stats=None) -> list:
         (_, inv_i, inv_j, guard), _, _ = ev(cfg, len(W), wstate(stopped), wreq(x), wreq(x))
         if guard or not (inv_i and inv_j):
             bad.append(("exit", x, dict(guard=guard, I=inv_i, J=inv_j)))
-    # the driver is schedule_waiting's loop: the same end as the spec's
-    t = S.ScheduleWork(state)
+    # the driver is schedule_waiting's loop: the same end as the spec's, and the
+    # same grants as schedule()'s
+    t = S.ScheduleWork(state, throttle)
     S.schedule_running(t)
     S.schedule_waiting(t)
     if (t.scheduled, list(t.running), list(t.waiting), t.kv.num_free_blocks) != \
             (s.scheduled, list(s.running), list(s.waiting), s.kv.num_free_blocks):
         bad.append(("driver differs from schedule_waiting", state))
+    if dict(S.schedule(state, throttle)[0].num_scheduled_tokens) != s.scheduled:
+        bad.append(("driver differs from schedule()", state))
     return bad
 
 
-def stop_reason(s, rid) -> str:
-    """Why `admit` would stop at `rid`, by the spec's own functions."""
+def stop_reason(s, rid, hold=False) -> str:
+    """Why `admit` would stop at `rid`, by the spec's own functions (`hold`: the step
+    holds prefill, by prefill_throttle's gate)."""
     c, r = s.config, s.requests[rid]
+    if hold and prefill_throttle.has_prefill_left(r.num_computed_tokens, r.num_tokens):
+        return "stop: held prefill"
     n = S.num_new_tokens_waiting(s, r, r.num_computed_tokens)
     if n is None:
         return "stop: chunked prefill off"
@@ -1205,3 +1227,113 @@ def test_fixed_witnesses_fail_on_a_scenario_that_does_not_show_them(monkeypatch)
         grammar_scenario, requests=tuple(dataclasses.replace(r, grammar_compile_steps=0, grammar_error=False)
                                          for r in grammar_scenario.requests)))
     assert LI.lora_witness()[0].status == "refuted" and LI.grammar_witness()[0].status == "refuted"
+
+
+# --- prefill throttling: held steps ---------------------------------------------------------------
+
+
+def held_check(stats, found, variant="correct"):
+    """Both loops of `schedule(throttle_prefills=True)` on a state (a data-parallel
+    engine's off-cadence step: it holds prefill whenever some running request decodes)."""
+
+    def check(state):
+        if variant == "correct":
+            assert driver_is_the_loop(state, throttle=True), state
+        found.extend(compare_running(state, variant, stats=stats, throttle=True))
+        found.extend(compare_waiting(state, variant, stats=stats, throttle=True))
+    return check
+
+
+def test_iterations_agree_with_spec_held():
+    """The running and waiting loops of steps that hold prefill (LoopConfig.hold):
+    running prefill chunks skipped with budget left (S:822), admission stopped at
+    the first request with prefill left (S:1290), a one-token request still admitted."""
+    stats: dict = {}
+    found: list = []
+    check = held_check(stats, found)
+
+    def checked(state):
+        check(state)
+        assert not found, found[:2]
+
+    corpus(checked)
+    corpus_async(checked)
+    # (measured: 435 held prefill chunks skipped, 4 095 grants in held steps, 212
+    # admissions stopped at a request with prefill left, 7 one-token admissions)
+    assert stats.get("skip: held prefill chunk", 0) >= 200, stats
+    assert stats.get("grant in a held step", 0) >= 2000, stats
+    assert stats.get("stop: held prefill", 0) >= 100, stats
+    assert stats.get("admitted in a held step", 0) >= 3, stats
+
+
+@pytest.mark.parametrize("variant", ["held_prefill_chunk_granted", "held_step_admits_prefill"])
+def test_held_step_mutant_is_caught(variant):
+    found: list = []
+    check = held_check({}, found, variant)
+
+    def checked(state):
+        if not found:
+            try:
+                check(state)
+            except ValueError as e:  # the terms did not evaluate: a disagreement too
+                found.append(repr(e))
+
+    corpus(checked)
+    assert found, f"the encoding mutant {variant} agrees with the spec on every held step tried"
+
+
+def test_a_held_prefill_chunk_is_a_real_exception_to_never_starved():
+    """Without its premise `not_held_prefill_chunk`, the exit claim of
+    running_never_starved has a counterexample: the exception is needed, not decoration."""
+    V = LI.LoopVars(4, LI.LOOP_VARIANTS["correct"])
+    pre, goal = LI.exit_never_starved(V, LI.LOOP_VARIANTS["correct"])
+    pre = pre + LI.claim_premises(LI.CLAIMS["running_never_starved"], V)
+    not_held = z3.Not(V.x.held(V.c))
+    assert any(z3.eq(p, not_held) for p in pre)
+    solver = z3.Solver()
+    solver.add(*[p for p in pre if not z3.eq(p, not_held)], z3.Not(goal))
+    assert solver.check() == z3.sat
+    model = solver.model()
+    assert z3.is_true(model.eval(V.x.held(V.c), model_completion=True))
+    solver = z3.Solver()
+    solver.add(*pre, z3.Not(goal))
+    assert solver.check() == z3.unsat
+
+
+def test_a_grown_adaptive_threshold_needs_the_premise_scheduled_at_least_batched():
+    """`ahead_within_budget` carries to the next step only under the lemma's premise.
+    The regression scenario breaks it on the spec: at step 1 the capped needs ahead of
+    x are below the budget and x decodes; the waiting requests leave, the adaptive
+    threshold grows, and x, still running, gets nothing at step 2.  z3 agrees: without
+    max_num_scheduled_tokens >= max_num_batched_tokens the lemma has a counterexample."""
+    from pathlib import Path
+    from schedspec.reference.scenario import load_scenario
+    from schedspec.spec.properties import get_step_budget
+
+    scenario = load_scenario(Path(__file__).parent / "regressions" / "adaptive-threshold-grows.json")
+    seen = {}
+
+    def on_step(t):
+        if "x" in t.before.running:
+            ahead = t.before.running[:t.before.running.index("x")]
+            seen[t.step] = (sum(get_capped_need(t.before, t.before.requests[a]) for a in ahead),
+                            get_step_budget(t.before), t.output.scheduled.get("x", 0), "x" in t.after.running)
+    impl = SpecScheduler()
+    from schedspec.reference.engine import run_scenario
+    run_scenario(scenario, impl, on_step=on_step)
+    cax, budget, granted, running = seen[1]
+    assert (cax, budget, granted, running) == (50, 60, 1, True)
+    cax, budget, granted, running = seen[2]
+    assert (cax, budget, granted, running) == (80, 60, 0, True)
+    assert scenario.config["max_num_scheduled_tokens"] < scenario.config["max_num_batched_tokens"]
+
+    V = LI.LoopVars(4, LI.LOOP_VARIANTS["correct"])
+    pre, goal = LI.lemma_grown_threshold_within_budget(V, LI.LOOP_VARIANTS["correct"])
+    premise = V.c.TB0 >= V.c.IB0
+    assert any(z3.eq(p, premise) for p in pre)
+    solver = z3.Solver()
+    solver.add(*[p for p in pre if not z3.eq(p, premise)], z3.Not(goal))
+    assert solver.check() == z3.sat
+    solver = z3.Solver()
+    solver.add(*pre, z3.Not(goal))
+    assert solver.check() == z3.unsat

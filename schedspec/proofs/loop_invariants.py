@@ -51,12 +51,17 @@ request of least rank, is the one of rank `P`, which the iteration assumes of
 `v` (the agreement test checks on concrete runs that the spec's own
 `choose_victim` returns exactly it).
 
-**Scope.** No encoder inputs (a request's items can only shorten its chunk, or skip it;
+**Scope.** An unpaused engine (`pause_state` UNPAUSED, S:3073: PAUSED_NEW admits only
+requests holding KV blocks, which need the KV connector, not encoded; PAUSED_ALL schedules
+nothing, which keeps every budget, slot and block claim and starves every running
+request on purpose).  No encoder inputs (a request's items can only shorten its chunk, or skip it;
 their own budget and cache are proved in encoder_invariants.py); prefix caching off;
-prefill throttling off (`prefill_schedule_interval`
-1, no `throttle_prefills`: a held step, docs/rules.md §18, skips running prefill chunks
-on purpose, one more exception to `running_never_starved`, and stops admission at the
-first prefill); async scheduling on or off (`LoopConfig.asy`, a
+prefill throttling on or off (`LoopConfig.hold`, the step's `defer_prefills`, free, so
+either gate, data-parallel or local, is covered; vLLM 0.33.0 only): a held step skips
+every running prefill chunk (S:822; whether a request is one, `is_prefill_chunk` as the
+last update left it, is free) and stops admission at the first request with more than
+its last token to compute (S:1290), one more named exception to `running_never_starved`
+and to `running_before_waiting`; async scheduling on or off (`LoopConfig.asy`, a
 symbolic flag, so every claim covers both engines): output placeholders in a
 running request's need (S:839), the async max_tokens guard (S:800-814: 0
 tokens, skipped), the waiting loop's skip of a request with stale output in
@@ -107,7 +112,7 @@ from typing import Any, Callable
 import z3
 
 from schedspec.spec.config import PRIORITY, SchedulerConfig
-from schedspec.spec.versions import INPUT_BUDGET, PRIORITY_SELF_PREEMPTION_CONTINUES
+from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES
 
 from . import release
 from .encoding import z3_max0, z3_min
@@ -164,6 +169,9 @@ class LoopRules:
     padded_budget_checked: bool = True  # S:1326-1328: a padded new decode that does not fit stops admission
     placeholders_per_draft: bool = True  # async_scheduler.py:40-45: a placeholder per draft sent too
     drafter_rows_charged: bool = True  # S:955, 1003: a grant's drafter rows leave the input budget (and return)
+    # prefill throttling
+    held_chunk_skipped: bool = True  # S:822: a step that holds prefill skips a running prefill chunk
+    held_admission_stops: bool = True  # S:1290: ... and stops admission at a request with prefill left
 
 
 LOOP_VARIANTS: dict[str, LoopRules] = {
@@ -210,6 +218,11 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     # caught by the update agreement only: the claims that use placeholders_after
     # are stated with speculative decoding off (SPEC_DECODE)
     "placeholders_ignore_drafts": LoopRules(placeholders_per_draft=False),
+    # prefill throttling: caught by the iteration agreements only (a held step
+    # schedules less; no safety claim depends on it, and running_never_starved and
+    # running_before_waiting name it as an exception)
+    "held_prefill_chunk_granted": LoopRules(held_chunk_skipped=False),
+    "held_step_admits_prefill": LoopRules(held_admission_stops=False),
 }
 
 
@@ -232,7 +245,9 @@ def _B():
 class LoopConfig:
     """What the loops read of the config, for one block size.  `th` is the
     long-prefill threshold in force this step (0 with one eligible request,
-    S:757-763); `wm` the watermark's blocks; `U` the usable blocks; `ML`
+    S:757-763); `hold` this step's `defer_prefills` (prefill throttling, either
+    gate, spec/prefill_throttle.py; free, so every claim covers held steps and
+    others); `wm` the watermark's blocks; `U` the usable blocks; `ML`
     max_loras, which binds when `lora` (a LoRA config) is on; `K`, `LA`, `D` and `PL`
     num_speculative_tokens, num_lookahead_tokens, max_num_new_slots_for_drafting and
     num_prefill_lookahead_tokens, all 0 unless `sd` (speculative decoding) is on.
@@ -259,6 +274,7 @@ class LoopConfig:
     asy: Any = _B()  # async scheduling (the AsyncScheduler): placeholders, in-flight and stale tokens
     lora: Any = _B()  # a LoRA config: max_loras set (spec/config.py)
     sd: Any = _B()  # speculative decoding: num_speculative_tokens >= 1 (spec/spec_decode.py)
+    hold: Any = _B()  # the step holds prefill (ScheduleWork.defer_prefills, S:750-752, 780-791)
     bs: int = 1
 
     @staticmethod
@@ -284,7 +300,9 @@ class LoopConfig:
             else z3.And(z3.Not(self.sd), off)
         # wm <= U: a watermark below 1 (spec/config.py) leaves int(watermark * num_gpu_blocks)
         # at most num_gpu_blocks - 1 blocks.
-        return z3.And(lora, sd, self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
+        # A step holds prefill only where schedspec models prefill throttling (0.33.0).
+        hold = z3.BoolVal(True) if release.models_prefill_throttle() else z3.Not(self.hold)
+        return z3.And(lora, sd, hold, self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.wm <= self.U,
                       self.U >= self.cdiv(self.L), self.IB0 >= self.M,
                       z3.Or(self.chunked, self.IB0 >= self.L))
@@ -302,19 +320,38 @@ class LoopConfig:
         return self.IB0 if release.applies(INPUT_BUDGET) else self.TB0
 
 
+def threshold_in_force(T, adaptive, IB0, NE):
+    """config.long_prefill_threshold (S:754-772) as a term: the configured threshold
+    `T`, none (0) while at most one request is eligible (from 0.31.0), and with the
+    adaptive flag at least max_num_batched_tokens // eligible.  Compared with the spec's
+    on concrete configs by tests/test_proofs_agreement_config.py."""
+    adapted = z3.If(z3.And(T > 0, adaptive), z3.If(T >= IB0 / NE, T, IB0 / NE), T)
+    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
+        return z3.If(NE <= 1, 0, adapted)
+    return adapted
+
+
+def threshold_constraints(c: LoopConfig, T, adaptive):
+    """What validate_config allows of a configured threshold and its adaptive flag."""
+    th_check = release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
+    flag = z3.BoolVal(True) if release.models_adaptive_threshold() else z3.Not(adaptive)
+    return z3.And(T >= 0, T <= c.L if th_check else True, flag)
+
+
 def _fresh_config(prefix: str) -> LoopConfig:
     I, Bo = z3.Int, z3.Bool
     return LoopConfig(I(f"{prefix}.TB0"), I(f"{prefix}.IB0"), I(f"{prefix}.M"), I(f"{prefix}.L"),
                       I(f"{prefix}.th"), I(f"{prefix}.wm"), I(f"{prefix}.U"), I(f"{prefix}.ML"),
                       I(f"{prefix}.K"), I(f"{prefix}.LA"), I(f"{prefix}.D"), I(f"{prefix}.PL"),
                       Bo(f"{prefix}.chunked"), Bo(f"{prefix}.full_isl"), Bo(f"{prefix}.prio"), Bo(f"{prefix}.asy"),
-                      Bo(f"{prefix}.lora"), Bo(f"{prefix}.sd"))
+                      Bo(f"{prefix}.lora"), Bo(f"{prefix}.sd"), Bo(f"{prefix}.hold"))
 
 
-def config_values(config: SchedulerConfig, threshold: int) -> dict[str, int | bool]:
+def config_values(config: SchedulerConfig, threshold: int, hold: bool = False) -> dict[str, int | bool]:
     """The values of LoopConfig's symbols (but `bs`) for `config`, with `threshold`
     the long-prefill threshold in force in the step (spec/properties.py
-    get_long_prefill_threshold; the configured one where no step is meant)."""
+    get_long_prefill_threshold; the configured one where no step is meant) and
+    `hold` whether the step holds prefill (spec/prefill_throttle.py holds_prefill)."""
     c = config
     return dict(TB0=c.token_budget, IB0=c.max_num_batched_tokens, M=c.max_num_active_reqs, L=c.max_model_len,
                 th=threshold, wm=c.watermark_blocks, U=c.num_gpu_blocks - 1,
@@ -322,7 +359,7 @@ def config_values(config: SchedulerConfig, threshold: int) -> dict[str, int | bo
                 prio=c.policy == PRIORITY, asy=c.async_scheduling,
                 lora=c.max_loras is not None, ML=c.max_loras or 0,
                 sd=c.num_speculative_tokens > 0, K=c.num_speculative_tokens, LA=c.num_lookahead_tokens,
-                D=c.max_num_new_slots_for_drafting, PL=c.num_prefill_lookahead_tokens)
+                D=c.max_num_new_slots_for_drafting, PL=c.num_prefill_lookahead_tokens, hold=hold)
 
 
 @dataclass(frozen=True)
@@ -331,7 +368,9 @@ class RunReq:
     computed tokens, num_tokens and blocks before the step; pos0 its position;
     rank its victim rank; d its drafts), and where the running loop has got it
     (in: still in running; pos; g: granted; n: the grant; b: blocks held; seq:
-    its preemption index, -1 if none; ds: drafts sent to the model, 0 for none)."""
+    its preemption index, -1 if none; ds: drafts sent to the model, 0 for none;
+    pf: is_prefill_chunk before the step, which a step holding prefill skips;
+    free, as the last update left it)."""
 
     nc: Any
     nt: Any
@@ -348,6 +387,11 @@ class RunReq:
     ds: Any  # len(scheduled_spec_decode_tokens[it]) so far this step (0: no entry)
     inr: Any = _B()
     g: Any = _B()
+    pf: Any = _B()
+
+    def held(self, c: LoopConfig):
+        """S:822: a step that holds prefill skips this request (0 tokens)."""
+        return z3.And(c.hold, self.pf)
 
     def thcap(self, c: LoopConfig, n):
         return z3.If(z3.And(0 < c.th, c.th < n), c.th, n)
@@ -482,8 +526,9 @@ def run_J(c: LoopConfig, k: RunConsts, s: RunState, r: RunReq):
         z3.Implies(z3.Not(r.inr), z3.And(r.rank < s.P, r.seq == r.rank, z3.Not(r.g), r.b == 0, r.n == 0)),
         z3.Implies(r.g, z3.And(r.inr, r.pos < s.cur, 1 <= r.n, r.n <= cap, r.b == r.b_after(c, r.n))),
         z3.Implies(z3.And(r.inr, z3.Not(r.g)), z3.And(r.b == r.b0, r.n == 0)),
-        # visited and not granted: skipped, its capped need was 0 (S:891-909)
-        z3.Implies(z3.And(r.inr, r.pos < s.cur, z3.Not(r.g)), cap == 0),
+        # visited and not granted: skipped, its capped need was 0 (S:891-909) or the
+        # step holds prefill and it is a prefill chunk (S:822)
+        z3.Implies(z3.And(r.inr, r.pos < s.cur, z3.Not(r.g)), z3.Or(cap == 0, r.held(c))),
         # a grant short of the capped need used the last of a budget (no refund since: P == 0)
         # (with a drafter's rows ib is then -D, S:1003)
         z3.Implies(z3.And(r.g, r.n < cap), z3.Or(s.P > 0, s.tb <= 0, s.ib <= 0)),
@@ -565,7 +610,8 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     n = z3_min(cr.thcap(c, need_tokens), *budgets, c.L - cr.nc - rules.model_len_margin)
     if rules.running_cap is not None:
         n = z3_min(n, z3.IntVal(rules.running_cap))
-    guarded = cr.lif() if rules.last_token_guard else z3.BoolVal(False)
+    lif = cr.lif() if rules.last_token_guard else z3.BoolVal(False)
+    guarded = z3.Or(lif, cr.held(c)) if rules.held_chunk_skipped else lif
     n = z3.If(guarded, 0, n)
     # allocate_or_preempt retries with the same n after preempting another request
     # (S:912-980): n is computed once per request, not once per round.
@@ -577,7 +623,7 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     need = z3_max0(c.cdiv(z3_min(z3_min(cr.nc, c.L) + n + c.LA, c.L)) - cr.b)
     fits = (need < s.F) if rules.fail_when_exact_fit else (need <= s.F)
     # the bad variant: the guard ends the loop (a `break`) instead of skipping the request
-    guard_stop = z3.And(guard, guarded, s.pend < 1) if rules.last_token_guard_stops else z3.BoolVal(False)
+    guard_stop = z3.And(guard, lif, s.pend < 1) if rules.last_token_guard_stops else z3.BoolVal(False)
     skipping = z3.And(guard, skip, z3.Not(guard_stop))
     success = z3.And(guard, z3.Not(skip), fits)
     fail = z3.And(guard, z3.Not(skip), z3.Not(fits))
@@ -626,7 +672,8 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
                  ds=z3.If(gone, 0 if rules.victim_drafts_dropped else x.ds,
                           z3.If(x_grant, x.drafts_sent(n), x.ds)))
     facts = {"guard": guard, "n": n, "need": need, "skip": skipping, "success": success, "fail": fail,
-             "self_preempt": self_pre, "cr_granted_before": cr.g, "guarded": guarded}
+             "self_preempt": self_pre, "cr_granted_before": cr.g, "guarded": lif,
+             "held": z3.And(skipping, cr.held(c), z3.Not(lif))}
     return frame, s2, x2, facts
 
 
@@ -755,7 +802,11 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     full = z3_max0(c.cdiv(z3_min(h.nt, c.L)) - h.b)
     gate_fail = z3.And(c.full_isl, (full if rules.gate_without_watermark else full + wm) > s.F)
     need = z3_max0(c.cdiv(z3_min(n + c.LA, c.L)) - h.b)  # the lookahead too (K:550-553)
-    admit = z3.And(guard, z3.Not(blocked), z3.Not(no_fit), z3.Not(gate_fail), need + wm <= s.F)
+    # A step that holds prefill stops at a request with more than its last token to
+    # compute (S:1290; from 0 computed tokens: prefix caching is off), a padded new
+    # decode never (it has one token left).
+    held_stop = z3.And(c.hold, h.nt > 1) if rules.held_admission_stops else z3.BoolVal(False)
+    admit = z3.And(guard, z3.Not(blocked), z3.Not(held_stop), z3.Not(no_fit), z3.Not(gate_fail), need + wm <= s.F)
     stop = z3.Or(stale_stop, z3.And(guard, z3.Not(blocked), z3.Not(admit)))
     rows = c.D if rules.drafter_rows_charged else z3.IntVal(0)  # S:1003
     s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n + rows, 0), s.T + z3.If(admit, n, 0), s.Tr,
@@ -767,7 +818,8 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
                  ls=z3.Or(x.ls, z3.And(skip_lora, x.q == h.q)))
     return frame, s2, x2, {"guard": guard, "admit": admit, "n": n, "need": need, "head_admitted_before": h.adm,
                            "skip_stale": z3.And(skip, z3.Not(skip_grammar), z3.Not(skip_lora)),
-                           "skip_grammar": skip_grammar, "skip_lora": skip_lora, "padded": z3.And(admit, h.pd)}
+                           "skip_grammar": skip_grammar, "skip_lora": skip_lora, "padded": z3.And(admit, h.pd),
+                           "held_stop": z3.And(guard, z3.Not(blocked), held_stop)}
 
 
 # --- update_from_output's removal of finished requests -------------------------------------
@@ -819,6 +871,13 @@ class LoopVars:
         # async counters of the ghost (x or wx) before the step, and the tokens the
         # batch update_from_output applies scheduled for it
         self.inf, self.stl, self.bt = z3.Int("L.inf"), z3.Int("L.stl"), z3.Int("L.bt")
+        # the configured long-prefill threshold and its adaptive flag; the eligible
+        # requests (running + waiting) of this step and the next, the next step's
+        # threshold in force, the requests ahead of x and the sum of their capped needs
+        # then (running_never_starved)
+        self.T, self.adaptive = z3.Int("L.T"), z3.Bool("L.adaptive")
+        self.NE, self.NE2, self.th2 = z3.Int("L.NE"), z3.Int("L.NE2"), z3.Int("L.th2")
+        self.kA, self.SA2 = z3.Int("L.kA"), z3.Int("L.SA2")
 
 
 # One "part" = (name, builder(vars, rules) -> (premises, goal)).  A claim is
@@ -923,9 +982,10 @@ def iter_admission_positive(V: LoopVars, R: LoopRules):
 def exit_running_full_needs(V: LoopVars, R: LoopRules):
     """running_before_waiting, running part: the running loop left budget and
     preempted nothing (the waiting loop's premise), so every request of
-    before.running with a positive capped need got all of it."""
+    before.running with a positive capped need got all of it, but a prefill chunk
+    a step holding prefill skips on purpose (S:822; the property's exception too)."""
     s, x = V.s, V.x
-    pre = _run_pre(V) + [z3.Not(run_guard(s)), s.P == 0, s.tb > 0, s.ib > 0, x.cap(V.c) > 0]
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), s.P == 0, s.tb > 0, s.ib > 0, x.cap(V.c) > 0, z3.Not(x.held(V.c))]
     return pre, z3.And(x.inr, x.g, x.n == x.cap(V.c))
 
 
@@ -1045,9 +1105,11 @@ def exit_never_starved(V: LoopVars, R: LoopRules):
     (S:800-814); `below_max_model_len_cap`: computed + 1 < max_model_len, so the
     max_model_len cap (S:852) leaves it a token (under async, computed tokens run
     ahead of num_tokens by the placeholders).  Both hold always in the
-    synchronous engine (lemma below)."""
+    synchronous engine (lemma below).  `not_held_prefill_chunk`: the step does
+    not hold prefill, or x is not a prefill chunk (S:822, prefill throttling)."""
     s, x, k, c = V.s, V.x, V.k, V.c
-    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, k.CAx < c.B, z3.Not(x.lif()), x.nc + 1 < c.L]
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, k.CAx < c.B, z3.Not(x.lif()), x.nc + 1 < c.L,
+                         z3.Not(x.held(c))]
     return pre, z3.And(x.g, x.n >= 1)
 
 
@@ -1058,7 +1120,7 @@ def exit_whole_need_when_it_fits(V: LoopVars, R: LoopRules):
     request meeting `ahead_within_budget` gets its whole capped need: what the
     lemma `capped needs ahead never grow` needs to carry the premise to the next step."""
     s, x, k, c = V.s, V.x, V.k, V.c
-    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, x.cap(c) >= 1, k.CAx + x.cap(c) <= c.B]
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, x.cap(c) >= 1, k.CAx + x.cap(c) <= c.B, z3.Not(x.held(c))]
     return pre, z3.And(x.g, x.n == x.cap(c))
 
 
@@ -1080,9 +1142,11 @@ def lemma_cap_positive(V: LoopVars, R: LoopRules):
 def lemma_caps_nonincreasing(V: LoopVars, R: LoopRules):
     """`ahead_within_budget` is kept from step to step: a request that got its whole
     capped need c has a capped need <= c in the next step (its prefill chunk
-    shrinks, or it samples and needs one token; the threshold in force is the
-    same), so the sum ahead of x never grows (requests join running only at its
-    tail, S:1547-1549, and leave by preemption or finish)."""
+    shrinks, or it samples and needs one token), so the sum ahead of x never grows
+    (requests join running only at its tail, S:1547-1549, and leave by preemption
+    or finish).  The next step's threshold in force `th2` is the same, or a lower
+    positive one: an adaptive threshold that falls as requests arrive
+    (config.long_prefill_threshold); one that grows is the next lemma's case."""
     c, x, k = V.c, V.x, V.dk
     cap = x.cap(c)
     nc2 = x.nc + cap
@@ -1096,7 +1160,34 @@ def lemma_caps_nonincreasing(V: LoopVars, R: LoopRules):
     ph3 = ph2 - z3.If(ph2 > 0, k, 0)
     finished = z3.Or(nt3 >= c.L, nt3 >= x.lim)  # the length stops (U:98-140): it leaves
     x2 = replace(x, nc=nc2, nt=nt3, ph=ph3)
-    return [c.constraints(), x.static_facts(c, V.k.R0), cap >= 1, deliveries, z3.Not(finished)], x2.cap(c) <= cap
+    c2 = replace(c, th=V.th2)
+    same_or_lower = z3.Or(V.th2 == c.th, z3.And(0 < V.th2, V.th2 <= c.th))
+    return [c.constraints(), x.static_facts(c, V.k.R0), cap >= 1, deliveries, z3.Not(finished),
+            same_or_lower], x2.cap(c2) <= cap
+
+
+def lemma_grown_threshold_within_budget(V: LoopVars, R: LoopRules):
+    """An adaptive threshold that grows (config.long_prefill_threshold: max(threshold,
+    max_num_batched_tokens // eligible), S:754-772) keeps `ahead_within_budget`
+    when max_num_scheduled_tokens >= max_num_batched_tokens (the named premise
+    `scheduled_at_least_batched`): the kA requests ahead of x and x are eligible, so
+    the next step's threshold is at most max_num_batched_tokens // (kA + 1), and
+    their capped needs, each at most it, sum to kA * threshold < the budget.  Each
+    cap is at most the threshold (get_capped_need); their sum is bounded by kA
+    times it as a sum of kA terms (the aggregation of proofs/starvation.py).
+    Without the premise this fails: a request that got tokens is starved once
+    other requests leave (tests/regressions/adaptive-threshold-grows.json, on the
+    spec and vLLM 0.33.0)."""
+    c = V.c
+    # This step's and the next step's thresholds, both of the configured T, with x and
+    # the kA requests ahead of it eligible in both.
+    pre = [c.constraints(), threshold_constraints(c, V.T, V.adaptive), c.TB0 >= c.IB0,
+           V.kA >= 1, V.NE >= V.kA + 1, V.NE2 >= V.kA + 1,
+           c.th == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE),
+           V.th2 == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE2),
+           V.SA2 >= 0, V.SA2 <= V.kA * V.th2]
+    # Only a grown threshold is this lemma's case (before 0.33.0 none grows: no adaptive flag).
+    return pre, z3.Implies(V.th2 > c.th, V.SA2 < c.B)
 
 
 # --- speculative decoding: drafts_sent_are_known ------------------------------------------
@@ -1237,7 +1328,8 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
         ("exit: running needs met", exit_running_full_needs),
         ("exit: admissions within what running left", exit_admissions_within_left)),
         ("running_capped_at_1", "admit_after_preemption"),
-        "an admission happens only after every running request got its whole capped need, from the budget left"),
+        "an admission happens only after every running request got its whole capped need, from the budget left "
+        "(a prefill chunk a step holding prefill skips excepted)"),
     LoopClaim("preemption_only_on_allocation_failure", RUN_INV + (
         ("exit: demand exceeds the pool, victims in policy order", exit_preemption_failure),
         ("exit: no admission after a preemption", exit_no_admission_after_preemption)),
@@ -1262,11 +1354,13 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
         ("exit: ... and all its capped need when that fits too", exit_whole_need_when_it_fits),
         ("lemma: outside the named exceptions the capped need is >= 1", lemma_cap_positive),
         ("lemma: without async scheduling the exceptions are void", lemma_cap_positive_sync),
-        ("lemma: capped needs ahead never grow", lemma_caps_nonincreasing)),
+        ("lemma: capped needs ahead never grow", lemma_caps_nonincreasing),
+        ("lemma: a grown adaptive threshold keeps the needs ahead within budget",
+         lemma_grown_threshold_within_budget)),
         ("no_cursor_fix", "no_refund", "last_token_guard_stops_loop"),
         "a request running before the step and after it received >= 1 token in it, given its premises "
-        "(ahead_within_budget; exceptions: not_last_token_in_flight, below_max_model_len_cap; prefill "
-        "throttling off)"),
+        "(ahead_within_budget; exceptions: not_last_token_in_flight, below_max_model_len_cap, "
+        "not_held_prefill_chunk)"),
     LoopClaim("grammar_wait_respected", RUN_INV + WAIT_INV + (
         ("exit: a request waiting for its grammar was not admitted", exit_grammar_wait),),
         ("grammar_head_admitted",),
@@ -1382,6 +1476,13 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
     checks.append(("an admission", _wait_pre(V) + wframe + [wf["admit"], V.ws.A > 0]))
     checks.append(("async: a stale head skipped", _wait_pre(V) + wframe + [wf["skip_stale"]]))
     checks.append(("async: an admission behind a skipped request", _wait_pre(V) + wframe + [wf["admit"], V.ws.K > 0]))
+    if release.models_prefill_throttle():
+        checks += [("prefill throttling: a held prefill chunk skipped, budget left",
+                    run + [f["held"], V.x.inr, V.x.pos > V.s.cur]),
+                   ("prefill throttling: admission stopped at a request with prefill left",
+                    _wait_pre(V) + wframe + [wf["held_stop"]]),
+                   ("prefill throttling: a one-token admission in a step that holds prefill",
+                    _wait_pre(V) + wframe + [wf["admit"], V.c.hold])]
     if release.models_structured_output():
         checks.append(("a head waiting for its grammar skipped", _wait_pre(V) + wframe + [wf["skip_grammar"]]))
         checks.append(("an admission behind a request waiting for its grammar",

@@ -81,6 +81,19 @@ def models_spec_decode() -> bool:
     return _release[0] == DEFAULT_RELEASE
 
 
+def models_prefill_throttle() -> bool:
+    """Does schedspec model prefill throttling (a step that holds prefill) for the
+    modelled release?  Only for 0.33.0: for the others the spec never defers
+    (spec/prefill_throttle.py `modelled`)."""
+    return _release[0] == DEFAULT_RELEASE
+
+
+def models_adaptive_threshold() -> bool:
+    """Does schedspec model `long_prefill_token_threshold_adaptive` for the modelled
+    release?  Only for 0.33.0: the spec refuses it for any other (spec/config.py)."""
+    return _release[0] == DEFAULT_RELEASE
+
+
 def scenario_config(config: dict) -> dict:
     """A witness scenario's config for the modelled release: without the fields
     it lacks, and naming the release unless it is the default."""
