@@ -1234,9 +1234,16 @@ def test_fixed_witnesses_fail_on_a_scenario_that_does_not_show_them(monkeypatch)
 
 def held_check(stats, found, variant="correct"):
     """Both loops of `schedule(throttle_prefills=True)` on a state (a data-parallel
-    engine's off-cadence step: it holds prefill whenever some running request decodes)."""
+    engine's off-cadence step: it holds prefill whenever some running request decodes),
+    on the states where that step holds prefill and has something to hold back: a
+    running prefill chunk or a waiting request.  (On the others it is the step the
+    tests above compare.)"""
 
     def check(state):
+        if not (prefill_throttle.holds_prefill(state, True)
+                and (state.waiting or any(state.requests[r].is_prefill_chunk for r in state.running))):
+            return
+        stats["held states"] = stats.get("held states", 0) + 1
         if variant == "correct":
             assert driver_is_the_loop(state, throttle=True), state
         found.extend(compare_running(state, variant, stats=stats, throttle=True))
@@ -1258,10 +1265,12 @@ def test_iterations_agree_with_spec_held():
 
     corpus(checked)
     corpus_async(checked)
-    # (measured: 435 held prefill chunks skipped, 4 095 grants in held steps, 212
-    # admissions stopped at a request with prefill left, 7 one-token admissions)
+    # (measured: 661 held states, 435 held prefill chunks skipped, 2 883 grants in
+    # held steps, 212 admissions stopped at a request with prefill left, 7 one-token
+    # admissions)
+    assert stats.get("held states", 0) >= 300, stats
     assert stats.get("skip: held prefill chunk", 0) >= 200, stats
-    assert stats.get("grant in a held step", 0) >= 2000, stats
+    assert stats.get("grant in a held step", 0) >= 1400, stats
     assert stats.get("stop: held prefill", 0) >= 100, stats
     assert stats.get("admitted in a held step", 0) >= 3, stats
 
@@ -1278,7 +1287,7 @@ def test_held_step_mutant_is_caught(variant):
             except ValueError as e:  # the terms did not evaluate: a disagreement too
                 found.append(repr(e))
 
-    corpus(checked)
+    corpus_async(checked)
     assert found, f"the encoding mutant {variant} agrees with the spec on every held step tried"
 
 
