@@ -103,7 +103,7 @@ def snapshot(s, pend=-1):
     return {"pend": pend, "tb": s.token_budget, "ib": s.input_budget, "scheduled": dict(s.scheduled),
             "preempted": list(s.preempted), "running": list(s.running), "cursor": s.cursor,
             "free": s.kv.num_free_blocks, "held": dict(s.kv.req_to_num_blocks), "waiting": list(s.waiting),
-            "drafts": {r: len(ids) for r, ids in s.drafts_sent.items()}}
+            "drafts": {r: len(ids) for r, ids in s.drafts_sent.items()}, "prefill_scheduled": s.prefill_scheduled}
 
 
 class RunAbstraction:
@@ -163,7 +163,8 @@ class RunAbstraction:
                     DV=self.visited_dem, Drest=self.D0 - self.visited_dem,
                     CG=sum(self.cap[r] for r in snap["scheduled"]),
                     UA=sum(self.cap[a] for a in ahead_alive if a not in snap["scheduled"]),
-                    PA=sum(self.cap[p] for p in pre_ahead), pend=snap["pend"], stopped=stopped)
+                    PA=sum(self.cap[p] for p in pre_ahead), pend=snap["pend"], stopped=stopped,
+                    PS=snap["prefill_scheduled"])
 
 
 # --- the z3 side, evaluated by substitution ------------------------------------------------------
@@ -402,7 +403,7 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
         return dict(tb=s.token_budget, ib=s.input_budget - D, T=sum(s.scheduled.values()), Tr=Tr, tbE=tbE, ibE=ibE,
                     Rn=len(s.running), A=len(s.new) + len(s.resumed), K=len(skipped), F=s.kv.num_free_blocks,
                     H=sum(s.kv.req_to_num_blocks.values()), Lc=len(loras), Dc=D * len(s.scheduled),
-                    stopped=stopped)
+                    stopped=stopped, PS=s.prefill_scheduled)
 
     def wreq(r):
         q = state.requests[r]
@@ -458,6 +459,9 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
                 stats["admitted behind a skipped request"] = stats.get("admitted behind a skipped request", 0) + 1
             if ok and h["pd"]:
                 stats["padded new decode"] = stats.get("padded new decode", 0) + 1
+            if h["nt"] == 1 and cfg["sd"] and s0["Tr"] > 0 and s0["PS"]:
+                stats["one-token head beside a prefill chunk, not padded"] = \
+                    stats.get("one-token head beside a prefill chunk, not padded", 0) + 1
             if ok and D and s1["T"] - s0["T"] == s0["ib"] < s0["tb"]:
                 stats["admission cut by the input budget less drafter rows"] = \
                     stats.get("admission cut by the input budget less drafter rows", 0) + 1
@@ -905,6 +909,8 @@ def test_iterations_agree_with_spec_drafts():
     assert run_stats.get("grant sending part of its drafts", 0) >= 15, run_stats
     assert run_stats.get("victim with drafts sent", 0) >= 3, run_stats
     assert wait_stats.get("padded new decode", 0) >= 20, wait_stats
+    # a one-token head is not padded once the running loop granted a prefill chunk (measured: 183)
+    assert wait_stats.get("one-token head beside a prefill chunk, not padded", 0) >= 50, wait_stats
     # a drafter's rows bind: they cut grants, come back with a refund, cut an admission and
     # end the waiting loop (measured: 141, 35, 15 and 32 with this file alone; 84, 27, 3
     # and 3 beside test_proofs_liveness.py: hypothesis biases its draws by the literals of
@@ -916,7 +922,8 @@ def test_iterations_agree_with_spec_drafts():
 
 
 @pytest.mark.parametrize("variant", ["drafts_counted_twice", "victim_keeps_drafts", "padded_decode_budget_unchecked",
-                                     "drafter_rows_not_charged"])
+                                     "drafter_rows_not_charged", "prefill_scheduled_not_noted",
+                                     "padding_beside_prefill"])
 def test_drafts_mutant_is_caught(variant):
     found = []
 

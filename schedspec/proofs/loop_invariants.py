@@ -79,8 +79,9 @@ Speculative decoding (`LoopConfig.sd`, symbolic; 0.33.0 only,
 release.models_spec_decode): a running request's drafts count in its need
 (num_tokens_with_spec, S:839) and the grant sends those that fit (S:1009-1025);
 allocations reserve the drafter's lookahead slots (K:550-553); a one-token
-admission beside a decode is padded to 1 + num_speculative_tokens (S:1308-1330,
-whether it would be is an input of the iteration); a drafter that adds rows to
+admission beside a decode is padded to 1 + num_speculative_tokens (S:1308-1330:
+one token left, a running request granted, and no prefill chunk granted, which the
+running loop's state records as `PS`, vLLM's prefill_scheduled, S:1000); a drafter that adds rows to
 the batch (`max_num_new_slots_for_drafting`, `D`, a parallel drafter's K - 1)
 has them charged to the input budget with every grant and refunded with a
 victim's grant (S:721, 797, 846-848, 955, 1003, 1295).  A multi-module MTP
@@ -169,6 +170,8 @@ class LoopRules:
     padded_budget_checked: bool = True  # S:1326-1328: a padded new decode that does not fit stops admission
     placeholders_per_draft: bool = True  # async_scheduler.py:40-45: a placeholder per draft sent too
     drafter_rows_charged: bool = True  # S:955, 1003: a grant's drafter rows leave the input budget (and return)
+    prefill_scheduled_noted: bool = True  # S:1000: a grant to a prefill chunk sets prefill_scheduled
+    padding_checks_prefill: bool = True  # S:1308-1330: no padding once a prefill chunk is scheduled
     # prefill throttling
     held_chunk_skipped: bool = True  # S:822: a step that holds prefill skips a running prefill chunk
     held_admission_stops: bool = True  # S:1290: ... and stops admission at a request with prefill left
@@ -218,6 +221,9 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     # caught by the update agreement only: the claims that use placeholders_after
     # are stated with speculative decoding off (SPEC_DECODE)
     "placeholders_ignore_drafts": LoopRules(placeholders_per_draft=False),
+    # the padding's batch conditions: caught by the iteration agreements
+    "prefill_scheduled_not_noted": LoopRules(prefill_scheduled_noted=False),
+    "padding_beside_prefill": LoopRules(padding_checks_prefill=False),
     # prefill throttling: caught by the iteration agreements only (a held step
     # schedules less; no safety claim depends on it, and running_never_starved and
     # running_before_waiting name it as an exception)
@@ -470,6 +476,9 @@ class RunState:
     pend: Any  # the grant being allocated for the request at the cursor after a failure, else -1
     Dc: Any  # the drafter's rows charged to the input budget: D per grant
     stopped: Any = _B()
+    # prefill_scheduled: a grant went to a prefill chunk (S:1000; a refund keeps it), which
+    # rules out padding a new decode (spec_decode.pads_new_decode)
+    PS: Any = _B()
 
 
 @dataclass(frozen=True)
@@ -566,7 +575,7 @@ def run_entry(c: LoopConfig, k: RunConsts, x: RunReq):
     """(premises, the state and ghost at S:793) from a before-state satisfying the state invariant."""
     s = RunState(c.TB0, c.IB - c.D, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
                  z3.IntVal(0), k.D0, z3.IntVal(0), k.CAx, z3.IntVal(0), z3.IntVal(-1), z3.IntVal(0),
-                 z3.BoolVal(False))
+                 z3.BoolVal(False), z3.BoolVal(False))
     x0 = replace(x, inr=z3.BoolVal(True), pos=x.pos0, g=z3.BoolVal(False), n=z3.IntVal(0), b=x.b0,
                  seq=z3.IntVal(-1), ds=z3.IntVal(0))
     premises = [c.constraints(), x.static_facts(c, k.R0), k.R0 >= 1, k.R0 <= c.M, k.F0 >= 0, k.H0 >= 0,
@@ -656,7 +665,8 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     UA = s.UA - z3.If(z3.And(success, ahead_c), cr.cap(c), 0) - z3.If(z3.And(fail, ahead_v, z3.Not(v.g)), v.cap(c), 0)
     PA = s.PA + z3.If(z3.And(fail, ahead_v), v.cap(c), 0)
     pend = z3.If(guard, z3.If(z3.And(fail, z3.Not(self_pre)), n, -1), s.pend)
-    s2 = RunState(tb, ib, T, P, Rn, cur, F, H, AL, DV, Drest, CG, UA, PA, pend, Dc, stopped)
+    noted = z3.And(success, cr.pf) if rules.prefill_scheduled_noted else z3.BoolVal(False)
+    s2 = RunState(tb, ib, T, P, Rn, cur, F, H, AL, DV, Drest, CG, UA, PA, pend, Dc, stopped, z3.Or(s.PS, noted))
 
     # the ghost after the round
     x_is_c, x_is_v = _same(x, cr), _same(x, v)
@@ -696,7 +706,8 @@ class WaitReq:
     ls: Any = _B()  # LoRA: skipped this step, its adapter one too many (S:1089-1101)
     ln: Any = _B()  # LoRA: its adapter is not in the batch yet (an input of the iteration that visits it)
     # Speculative decoding: admitted now it would be a new decode padded with drafts
-    # (spec_decode.pads_new_decode; an input of the iteration that visits it).
+    # (spec_decode.pads_new_decode): for the head, wait_iteration's frame defines it;
+    # for the ghost it is read by the iteration that visits it.
     pd: Any = _B()
 
     def static_facts(self, c: LoopConfig, W0):
@@ -705,7 +716,7 @@ class WaitReq:
         # pads_new_decode's conditions on the request and config (S:1308-1330): one
         # token left to compute (none computed: prefix caching is off) and the padded
         # rows and a sampled token within max_model_len; the batch's (no prefill chunk
-        # scheduled, some request decoding) are left free, which only adds behaviours.
+        # scheduled, some running request granted) are in wait_iteration's frame.
         padded = z3.Implies(self.pd, z3.And(c.sd, self.nt == 1, c.K + 2 <= c.L))
         return z3.And(1 <= self.nt, self.nt < c.L, 0 <= self.q, self.q < W0, z3.Implies(z3.Not(c.asy), z3.Not(self.st)),
                       z3.Implies(z3.Not(c.lora), z3.Not(self.ln)), grammar, padded)
@@ -738,6 +749,7 @@ class WaitState:
     Lc: Any
     Dc: Any  # the drafter's rows charged to the input budget so far, both loops (RunState.Dc)
     stopped: Any = _B()
+    PS: Any = _B()  # the running loop's prefill_scheduled (RunState.PS); admissions leave it
 
 
 def wait_guard(c: LoopConfig, s: WaitState, W0, rules: LoopRules = LoopRules()):
@@ -770,7 +782,12 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     """One admission attempt of the head `h` (S:1295-1461): admitted with its
     chunk, or admission stops (a `break`: the chunked-off rule, the full-ISL gate,
     the pool with the watermark).  Returns (frame, state, ghost, facts)."""
-    frame = [h.q == s.A + s.K, h.static_facts(c, W0), wait_J(c, s, h),
+    # pads_new_decode (S:1308-1330) for the head, from 0 computed tokens: one token left,
+    # no prefill chunk granted by the running loop, some running request granted (Tr > 0:
+    # scheduled_running, which admissions do not join), the padded rows within max_model_len.
+    pads = z3.And(c.sd, h.nt == 1, z3.Not(s.PS) if rules.padding_checks_prefill else True, s.Tr > 0,
+                  c.K + 2 <= c.L)
+    frame = [h.q == s.A + s.K, h.static_facts(c, W0), wait_J(c, s, h), h.pd == pads,
              z3.Implies(x.q == h.q, z3.And(x.nt == h.nt, x.adm == h.adm, x.n == h.n, x.b == h.b, x.st == h.st,
                                            x.gw == h.gw, x.ls == h.ls, x.pd == h.pd))]
     guard = wait_guard(c, s, W0, rules)
@@ -812,7 +829,8 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n + rows, 0), s.T + z3.If(admit, n, 0), s.Tr,
                    s.tbE, s.ibE, s.Rn + z3.If(admit, 1, 0), s.A + z3.If(admit, 1, 0), s.K + z3.If(skip, 1, 0),
                    s.F - z3.If(admit, need, 0), s.H + z3.If(admit, need, 0),
-                   s.Lc + z3.If(z3.And(admit, h.ln), 1, 0), s.Dc + z3.If(admit, c.D, 0), z3.Or(s.stopped, stop))
+                   s.Lc + z3.If(z3.And(admit, h.ln), 1, 0), s.Dc + z3.If(admit, c.D, 0), z3.Or(s.stopped, stop),
+                   s.PS)
     xa = z3.And(admit, x.q == h.q)
     x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + need, x.b),
                  ls=z3.Or(x.ls, z3.And(skip_lora, x.q == h.q)))
@@ -918,7 +936,7 @@ def part_wait_entry(V: LoopVars, R: LoopRules):
     if not R.admit_after_preemption:
         pre.append(s.P == 0)
     ws0 = WaitState(s.tb, s.ib, s.T, s.T, s.tb, s.ib, s.Rn, z3.IntVal(0), z3.IntVal(0), s.F, s.H, V.Lc0, s.Dc,
-                    z3.BoolVal(False))
+                    z3.BoolVal(False), s.PS)
     wx0 = replace(V.wx, adm=z3.BoolVal(False), n=z3.IntVal(0), b=z3.IntVal(0), ls=z3.BoolVal(False))
     # With the waiting loop entered, the pool's blocks are the usable blocks.
     pre.append(V.k.F0 + V.k.H0 == c.U)
