@@ -1272,14 +1272,15 @@ def test_iterations_agree_with_spec_held():
 
     corpus(checked)
     corpus_async(checked)
-    # (measured: 661 held states, 435 held prefill chunks skipped, 2 883 grants in
-    # held steps, 212 admissions stopped at a request with prefill left, 7 one-token
-    # admissions)
-    assert stats.get("held states", 0) >= 300, stats
-    assert stats.get("skip: held prefill chunk", 0) >= 200, stats
-    assert stats.get("grant in a held step", 0) >= 1400, stats
-    assert stats.get("stop: held prefill", 0) >= 100, stats
-    assert stats.get("admitted in a held step", 0) >= 3, stats
+    # (measured with this file alone: 661 held states, 435 held prefill chunks skipped,
+    # 2 883 grants in held steps, 212 admissions stopped at a request with prefill left,
+    # 7 one-token admissions; beside test_proofs_liveness.py and test_proofs_agreement.py,
+    # whose literals bias hypothesis's draws: 602, 276, 2 607, 236 and 8)
+    assert stats.get("held states", 0) >= 250, stats
+    assert stats.get("skip: held prefill chunk", 0) >= 120, stats
+    assert stats.get("grant in a held step", 0) >= 1000, stats
+    assert stats.get("stop: held prefill", 0) >= 80, stats
+    assert stats.get("admitted in a held step", 0) >= 2, stats
 
 
 @pytest.mark.parametrize("variant", ["held_prefill_chunk_granted", "held_step_admits_prefill"])
