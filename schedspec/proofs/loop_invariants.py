@@ -51,10 +51,11 @@ request of least rank, is the one of rank `P`, which the iteration assumes of
 `v` (the agreement test checks on concrete runs that the spec's own
 `choose_victim` returns exactly it).
 
-**Scope.** An unpaused engine (`pause_state` UNPAUSED, S:3073: PAUSED_NEW admits only
-requests holding KV blocks, which need the KV connector, not encoded; PAUSED_ALL schedules
-nothing, which keeps every budget, slot and block claim and starves every running
-request on purpose).  No encoder inputs (a request's items can only shorten its chunk, or skip it;
+**Scope.** A paused engine or not (`LoopConfig.pa` / `pn`, free flags, S:3073): PAUSED_ALL
+starts the step with no token budget (S:719, 723-725), so nothing is scheduled, every
+running request is skipped on purpose (`running_never_starved` names it), and the waiting
+loop is not entered (S:1050); PAUSED_NEW admits only requests holding KV blocks
+(S:1064-1067), none here, where the KV connector is not encoded.  No encoder inputs (a request's items can only shorten its chunk, or skip it;
 their own budget and cache are proved in encoder_invariants.py); prefix caching off;
 prefill throttling on or off (`LoopConfig.hold`, the step's `defer_prefills`, free, so
 either gate, data-parallel or local, is covered; vLLM 0.33.0 only): a held step skips
@@ -172,6 +173,9 @@ class LoopRules:
     drafter_rows_charged: bool = True  # S:955, 1003: a grant's drafter rows leave the input budget (and return)
     prefill_scheduled_noted: bool = True  # S:1000: a grant to a prefill chunk sets prefill_scheduled
     padding_checks_prefill: bool = True  # S:1308-1330: no padding once a prefill chunk is scheduled
+    # pause (S:719, 723-725, 1064-1067)
+    paused_all_budget_zero: bool = True  # PAUSED_ALL: the step starts with token budget 0
+    paused_new_admits_none: bool = True  # PAUSED_NEW: no admission (of a request holding no KV blocks)
     # prefill throttling
     held_chunk_skipped: bool = True  # S:822: a step that holds prefill skips a running prefill chunk
     held_admission_stops: bool = True  # S:1290: ... and stops admission at a request with prefill left
@@ -229,6 +233,9 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     # running_before_waiting name it as an exception)
     "held_prefill_chunk_granted": LoopRules(held_chunk_skipped=False),
     "held_step_admits_prefill": LoopRules(held_admission_stops=False),
+    # pause: caught by the iteration agreements (a paused step schedules less)
+    "paused_all_schedules": LoopRules(paused_all_budget_zero=False),
+    "paused_new_admits": LoopRules(paused_new_admits_none=False),
 }
 
 
@@ -281,6 +288,8 @@ class LoopConfig:
     lora: Any = _B()  # a LoRA config: max_loras set (spec/config.py)
     sd: Any = _B()  # speculative decoding: num_speculative_tokens >= 1 (spec/spec_decode.py)
     hold: Any = _B()  # the step holds prefill (ScheduleWork.defer_prefills, S:750-752, 780-791)
+    pa: Any = _B()  # pause_state PAUSED_ALL: the step starts with no token budget
+    pn: Any = _B()  # pause_state PAUSED_NEW: admission only of requests holding KV blocks
     bs: int = 1
 
     @staticmethod
@@ -308,7 +317,7 @@ class LoopConfig:
         # at most num_gpu_blocks - 1 blocks.
         # A step holds prefill only where schedspec models prefill throttling (0.33.0).
         hold = z3.BoolVal(True) if release.models_prefill_throttle() else z3.Not(self.hold)
-        return z3.And(lora, sd, hold, self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
+        return z3.And(lora, sd, hold, z3.Not(z3.And(self.pa, self.pn)), self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.wm <= self.U,
                       self.U >= self.cdiv(self.L), self.IB0 >= self.M,
                       z3.Or(self.chunked, self.IB0 >= self.L))
@@ -323,7 +332,13 @@ class LoopConfig:
         """The input budget a step starts with: max_num_batched_tokens, or before 0.28.0
         (versions.INPUT_BUDGET) one that starts equal to the token budget and moves
         with it, so it caps nothing more."""
-        return self.IB0 if release.applies(INPUT_BUDGET) else self.TB0
+        return self.IB0 if release.applies(INPUT_BUDGET) else self.TBs
+
+    @property
+    def TBs(self):
+        """The token budget the step starts with: max_num_scheduled_tokens, or 0 while
+        the engine is PAUSED_ALL (S:719, 723-725)."""
+        return z3.If(self.pa, 0, self.TB0)
 
 
 def threshold_in_force(T, adaptive, IB0, NE):
@@ -350,14 +365,17 @@ def _fresh_config(prefix: str) -> LoopConfig:
                       I(f"{prefix}.th"), I(f"{prefix}.wm"), I(f"{prefix}.U"), I(f"{prefix}.ML"),
                       I(f"{prefix}.K"), I(f"{prefix}.LA"), I(f"{prefix}.D"), I(f"{prefix}.PL"),
                       Bo(f"{prefix}.chunked"), Bo(f"{prefix}.full_isl"), Bo(f"{prefix}.prio"), Bo(f"{prefix}.asy"),
-                      Bo(f"{prefix}.lora"), Bo(f"{prefix}.sd"), Bo(f"{prefix}.hold"))
+                      Bo(f"{prefix}.lora"), Bo(f"{prefix}.sd"), Bo(f"{prefix}.hold"), Bo(f"{prefix}.pa"),
+                      Bo(f"{prefix}.pn"))
 
 
-def config_values(config: SchedulerConfig, threshold: int, hold: bool = False) -> dict[str, int | bool]:
+def config_values(config: SchedulerConfig, threshold: int, hold: bool = False,
+                  pause_state: str = "UNPAUSED") -> dict[str, int | bool]:
     """The values of LoopConfig's symbols (but `bs`) for `config`, with `threshold`
     the long-prefill threshold in force in the step (spec/properties.py
     get_long_prefill_threshold; the configured one where no step is meant) and
-    `hold` whether the step holds prefill (spec/prefill_throttle.py holds_prefill)."""
+    `hold` whether the step holds prefill (spec/prefill_throttle.py holds_prefill), in
+    an engine whose `pause_state` is this."""
     c = config
     return dict(TB0=c.token_budget, IB0=c.max_num_batched_tokens, M=c.max_num_active_reqs, L=c.max_model_len,
                 th=threshold, wm=c.watermark_blocks, U=c.num_gpu_blocks - 1,
@@ -365,7 +383,8 @@ def config_values(config: SchedulerConfig, threshold: int, hold: bool = False) -
                 prio=c.policy == PRIORITY, asy=c.async_scheduling,
                 lora=c.max_loras is not None, ML=c.max_loras or 0,
                 sd=c.num_speculative_tokens > 0, K=c.num_speculative_tokens, LA=c.num_lookahead_tokens,
-                D=c.max_num_new_slots_for_drafting, PL=c.num_prefill_lookahead_tokens, hold=hold)
+                D=c.max_num_new_slots_for_drafting, PL=c.num_prefill_lookahead_tokens, hold=hold,
+                pa=pause_state == "PAUSED_ALL", pn=pause_state == "PAUSED_NEW")
 
 
 @dataclass(frozen=True)
@@ -549,7 +568,7 @@ def run_J(c: LoopConfig, k: RunConsts, s: RunState, r: RunReq):
 def run_I(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq):
     """The global invariant of the running loop, with the ghost-relative sums of x."""
     return z3.And(
-        s.tb == c.TB0 - s.T, s.ib == c.IB - c.D - s.T - s.Dc, s.tb >= 0, s.ib >= -c.D, s.T >= 0, s.Dc >= 0,
+        s.tb == c.TBs - s.T, s.ib == c.IB - c.D - s.T - s.Dc, s.tb >= 0, s.ib >= -c.D, s.T >= 0, s.Dc >= 0,
         z3.Implies(c.D == 0, s.Dc == 0),
         s.P >= 0, s.Rn == k.R0 - s.P, 0 <= s.cur, s.cur <= s.Rn,
         s.F + s.H == k.F0 + k.H0, s.F >= 0, s.H >= 0,
@@ -565,15 +584,16 @@ def run_I(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq):
         # x's grant (or the grant pending for it) is at least what the budget left
         # after the capped needs ahead of it: min(cap, budget - CAx); stated without a
         # drafter's rows (the claims that use it have speculative decoding off)
-        z3.Implies(z3.And(c.D == 0, x.g), x.n >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB - k.CAx)),
+        z3.Implies(z3.And(c.D == 0, x.g), x.n >= z3_min(x.cap(c), c.TBs - k.CAx, c.IB - k.CAx)),
         z3.Implies(z3.And(c.D == 0, s.pend >= 1, x.inr, x.pos == s.cur),
-                   s.pend >= z3_min(x.cap(c), c.TB0 - k.CAx, c.IB - k.CAx)),
+                   s.pend >= z3_min(x.cap(c), c.TBs - k.CAx, c.IB - k.CAx)),
     )
 
 
-def run_entry(c: LoopConfig, k: RunConsts, x: RunReq):
+def run_entry(c: LoopConfig, k: RunConsts, x: RunReq, rules: LoopRules = LoopRules()):
     """(premises, the state and ghost at S:793) from a before-state satisfying the state invariant."""
-    s = RunState(c.TB0, c.IB - c.D, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
+    tb0 = c.TBs if rules.paused_all_budget_zero else c.TB0
+    s = RunState(tb0, c.IB - c.D, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
                  z3.IntVal(0), k.D0, z3.IntVal(0), k.CAx, z3.IntVal(0), z3.IntVal(-1), z3.IntVal(0),
                  z3.BoolVal(False), z3.BoolVal(False))
     x0 = replace(x, inr=z3.BoolVal(True), pos=x.pos0, g=z3.BoolVal(False), n=z3.IntVal(0), b=x.b0,
@@ -755,7 +775,9 @@ class WaitState:
 def wait_guard(c: LoopConfig, s: WaitState, W0, rules: LoopRules = LoopRules()):
     """S:1050-1073: budget, a request waiting, a run slot; no earlier stop."""
     slot = (s.Rn < c.M) if rules.run_slot_check_strict else (s.Rn <= c.M)
-    return z3.And(z3.Not(s.stopped), s.A + s.K < W0, s.tb > 0, s.ib > 0, slot)
+    # PAUSED_NEW admits only a head holding KV blocks (S:1064-1067): none without the KV connector
+    paused = c.pn if rules.paused_new_admits_none else z3.BoolVal(False)
+    return z3.And(z3.Not(s.stopped), s.A + s.K < W0, s.tb > 0, s.ib > 0, slot, z3.Not(paused))
 
 
 def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
@@ -770,7 +792,7 @@ def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
 
 def wait_I(c: LoopConfig, s: WaitState, W0):
     return z3.And(
-        s.tb == c.TB0 - s.T, s.ib == c.IB - c.D - s.T - s.Dc, s.tb >= 0, s.ib >= -c.D, s.Dc >= 0,
+        s.tb == c.TBs - s.T, s.ib == c.IB - c.D - s.T - s.Dc, s.tb >= 0, s.ib >= -c.D, s.Dc >= 0,
         z3.Implies(c.D == 0, s.Dc == 0), s.T >= s.Tr, s.Tr >= 0,
         s.tb <= s.tbE, s.ib <= s.ibE, z3.Implies(s.A > 0, z3.And(s.tbE > 0, s.ibE > 0)),
         s.Rn >= 0, s.Rn <= c.M, s.F + s.H == c.U, s.F >= 0, s.H >= 0, 0 <= s.A, 0 <= s.K, s.A + s.K <= W0,
@@ -910,7 +932,7 @@ def _run_pre(V: LoopVars):
 
 
 def part_run_entry(V: LoopVars, R: LoopRules):
-    premises, s0, x0 = run_entry(V.c, V.k, V.x)
+    premises, s0, x0 = run_entry(V.c, V.k, V.x, R)
     return premises, z3.And(run_I(V.c, V.k, s0, x0), run_J(V.c, V.k, s0, x0))
 
 
@@ -1124,10 +1146,11 @@ def exit_never_starved(V: LoopVars, R: LoopRules):
     max_model_len cap (S:852) leaves it a token (under async, computed tokens run
     ahead of num_tokens by the placeholders).  Both hold always in the
     synchronous engine (lemma below).  `not_held_prefill_chunk`: the step does
-    not hold prefill, or x is not a prefill chunk (S:822, prefill throttling)."""
+    not hold prefill, or x is not a prefill chunk (S:822, prefill throttling).
+    `engine_not_paused_all`: a PAUSED_ALL engine schedules nothing (S:719, 723-725)."""
     s, x, k, c = V.s, V.x, V.k, V.c
     pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, k.CAx < c.B, z3.Not(x.lif()), x.nc + 1 < c.L,
-                         z3.Not(x.held(c))]
+                         z3.Not(x.held(c)), z3.Not(c.pa)]
     return pre, z3.And(x.g, x.n >= 1)
 
 
@@ -1138,7 +1161,8 @@ def exit_whole_need_when_it_fits(V: LoopVars, R: LoopRules):
     request meeting `ahead_within_budget` gets its whole capped need: what the
     lemma `capped needs ahead never grow` needs to carry the premise to the next step."""
     s, x, k, c = V.s, V.x, V.k, V.c
-    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, x.cap(c) >= 1, k.CAx + x.cap(c) <= c.B, z3.Not(x.held(c))]
+    pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, x.cap(c) >= 1, k.CAx + x.cap(c) <= c.B, z3.Not(x.held(c)),
+                         z3.Not(c.pa)]
     return pre, z3.And(x.g, x.n == x.cap(c))
 
 
@@ -1375,10 +1399,10 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
         ("lemma: capped needs ahead never grow", lemma_caps_nonincreasing),
         ("lemma: a grown adaptive threshold keeps the needs ahead within budget",
          lemma_grown_threshold_within_budget)),
-        ("no_cursor_fix", "no_refund", "last_token_guard_stops_loop"),
+        ("no_cursor_fix", "no_refund", "last_token_guard_stops_loop", "paused_all_schedules"),
         "a request running before the step and after it received >= 1 token in it, given its premises "
         "(ahead_within_budget; exceptions: not_last_token_in_flight, below_max_model_len_cap, "
-        "not_held_prefill_chunk)"),
+        "not_held_prefill_chunk, engine_not_paused_all)"),
     LoopClaim("grammar_wait_respected", RUN_INV + WAIT_INV + (
         ("exit: a request waiting for its grammar was not admitted", exit_grammar_wait),),
         ("grammar_head_admitted",),
