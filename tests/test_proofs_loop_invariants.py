@@ -1260,18 +1260,33 @@ def held_check(stats, found, variant="correct"):
     return check
 
 
+def agreeing(check, found):
+    """`check` wrapped to stop at the first difference it finds."""
+    def checked(state):
+        check(state)
+        assert not found, found[:2]
+    return checked
+
+
+def disagreeing(check, found):
+    """`check` wrapped to record a first difference (an evaluation error counts: the
+    terms did not evaluate) and skip the states after it."""
+    def checked(state):
+        if not found:
+            try:
+                check(state)
+            except ValueError as e:
+                found.append(repr(e))
+    return checked
+
+
 def test_iterations_agree_with_spec_held():
     """The running and waiting loops of steps that hold prefill (LoopConfig.hold):
     running prefill chunks skipped with budget left (S:822), admission stopped at
     the first request with prefill left (S:1290), a one-token request still admitted."""
     stats: dict = {}
     found: list = []
-    check = held_check(stats, found)
-
-    def checked(state):
-        check(state)
-        assert not found, found[:2]
-
+    checked = agreeing(held_check(stats, found), found)
     corpus(checked)
     corpus_async(checked)
     # (measured with this file alone: 661 held states, 435 held prefill chunks skipped,
@@ -1288,16 +1303,7 @@ def test_iterations_agree_with_spec_held():
 @pytest.mark.parametrize("variant", ["held_prefill_chunk_granted", "held_step_admits_prefill"])
 def test_held_step_mutant_is_caught(variant):
     found: list = []
-    check = held_check({}, found, variant)
-
-    def checked(state):
-        if not found:
-            try:
-                check(state)
-            except ValueError as e:  # the terms did not evaluate: a disagreement too
-                found.append(repr(e))
-
-    corpus_async(checked)
+    corpus_async(disagreeing(held_check({}, found, variant), found))
     assert found, f"the encoding mutant {variant} agrees with the spec on every held step tried"
 
 
@@ -1394,13 +1400,7 @@ def paused_check(stats, found, variant="correct"):
 def test_iterations_agree_with_spec_paused():
     stats: dict = {}
     found: list = []
-    check = paused_check(stats, found)
-
-    def checked(state):
-        check(state)
-        assert not found, found[:2]
-
-    corpus(checked)
+    corpus(agreeing(paused_check(stats, found), found))
     # (measured: 324 and 314 of 557 states each; 2 453 grants, PAUSED_NEW's running loop
     # runs as unpaused)
     assert stats.get("PAUSED_NEW: a waiting request and a run slot, no admission", 0) >= 150, stats
@@ -1410,14 +1410,5 @@ def test_iterations_agree_with_spec_paused():
 
 def test_paused_mutant_is_caught():
     found: list = []
-    check = paused_check({}, found, "paused_new_admits")
-
-    def checked(state):
-        if not found:
-            try:
-                check(state)
-            except ValueError as e:  # the terms did not evaluate: a disagreement too
-                found.append(repr(e))
-
-    corpus(checked)
+    corpus(disagreeing(paused_check({}, found, "paused_new_admits"), found))
     assert found, "the encoding mutant paused_new_admits agrees with the spec on every paused step tried"
