@@ -233,7 +233,9 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     # running_before_waiting name it as an exception)
     "held_prefill_chunk_granted": LoopRules(held_chunk_skipped=False),
     "held_step_admits_prefill": LoopRules(held_admission_stops=False),
-    # pause: caught by the iteration agreements (a paused step schedules less)
+    # pause: `paused_new_admits` is caught by the paused agreement; `paused_all_schedules`
+    # (the step starts with its budget while PAUSED_ALL) breaks the running loop's entry,
+    # refuted by running_never_starved
     "paused_all_schedules": LoopRules(paused_all_budget_zero=False),
     "paused_new_admits": LoopRules(paused_new_admits_none=False),
 }
@@ -260,7 +262,8 @@ class LoopConfig:
     long-prefill threshold in force this step (0 with one eligible request,
     S:757-763); `hold` this step's `defer_prefills` (prefill throttling, either
     gate, spec/prefill_throttle.py; free, so every claim covers held steps and
-    others); `wm` the watermark's blocks; `U` the usable blocks; `ML`
+    others); `pa` / `pn` the engine's pause_state PAUSED_ALL / PAUSED_NEW (free too);
+    `wm` the watermark's blocks; `U` the usable blocks; `ML`
     max_loras, which binds when `lora` (a LoRA config) is on; `K`, `LA`, `D` and `PL`
     num_speculative_tokens, num_lookahead_tokens, max_num_new_slots_for_drafting and
     num_prefill_lookahead_tokens, all 0 unless `sd` (speculative decoding) is on.
