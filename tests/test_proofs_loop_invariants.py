@@ -102,8 +102,45 @@ snapshot_end: list = []
 def snapshot(s, pend=-1):
     return {"pend": pend, "tb": s.token_budget, "ib": s.input_budget, "scheduled": dict(s.scheduled),
             "preempted": list(s.preempted), "running": list(s.running), "cursor": s.cursor,
-            "free": s.kv.num_free_blocks, "held": dict(s.kv.req_to_num_blocks), "waiting": list(s.waiting),
-            "drafts": {r: len(ids) for r, ids in s.drafts_sent.items()}, "prefill_scheduled": s.prefill_scheduled}
+            "free": s.kv.num_free_blocks, "held": held_blocks(s.kv), "waiting": list(s.waiting),
+            "drafts": {r: len(ids) for r, ids in s.drafts_sent.items()}, "prefill_scheduled": s.prefill_scheduled,
+            "in_use": blocks_in_use(s.kv), "sole": sole_blocks(s.kv)}
+
+
+def held_blocks(kv) -> dict:
+    """Per request, the blocks it holds (a shared one in each holder's count)."""
+    pool = getattr(kv, "req_to_blocks", None)
+    return dict(kv.req_to_num_blocks) if pool is None else {r: len(b) for r, b in pool.items()}
+
+
+def blocks_in_use(kv) -> int:
+    """The blocks some request holds, a shared one once: the block pool's referenced
+    blocks with prefix caching, the per-request counts without (the model's H)."""
+    pool = getattr(kv, "ref_cnt", None)
+    if pool is None:
+        return sum(kv.req_to_num_blocks.values())
+    assert all(n > 0 for n in pool.values())  # ref_cnt keeps referenced blocks only
+    return len(pool)
+
+
+def sole_blocks(kv) -> dict:
+    """Per request, the blocks nobody else holds (those its release frees)."""
+    pool = getattr(kv, "ref_cnt", None)
+    if pool is None:
+        return dict(kv.req_to_num_blocks)
+    return {r: sum(1 for b in blocks if pool[b] == 1) for r, blocks in kv.req_to_blocks.items()}
+
+
+def prefix_hit(s, rid) -> tuple[int, int]:
+    """(hit blocks, those of them nobody holds) of waiting request `rid` were it
+    admitted now: the spec's lookup (its lengths are pool_invariants.py's), the
+    free ones counted on the pool."""
+    r = s.requests[rid]
+    if not s.config.enable_prefix_caching or r.num_computed_tokens or r.skip_reading_prefix_cache:
+        return 0, 0
+    hits = S.spec_decode.eagle_block_drop(s.config, s.kv.get_computed_blocks(r.block_hashes, r.num_tokens,
+                                                                             s.config.block_size))
+    return len(hits), sum(1 for b in hits if b not in s.kv.ref_cnt)
 
 
 class RunAbstraction:
@@ -124,7 +161,7 @@ class RunAbstraction:
         else:
             self.rank = {r: self.R0 - 1 - i for i, r in enumerate(before.running)}
         self.pos0 = {r: i for i, r in enumerate(before.running)}
-        self.H0 = sum(before.req_to_num_blocks.values())
+        self.H0 = blocks_in_use(S.ScheduleWork(before).kv)
         self.D0 = sum(self.dem.values())
         self.allocated = 0
         self.visited_dem = 0
@@ -160,7 +197,7 @@ class RunAbstraction:
         D = self.before.config.max_num_new_slots_for_drafting
         return dict(tb=snap["tb"], ib=snap["ib"] - D, T=T, Dc=D * len(snap["scheduled"]),
                     P=len(snap["preempted"]), Rn=len(alive),
-                    cur=snap["cursor"], F=snap["free"], H=sum(snap["held"].values()), AL=self.allocated,
+                    cur=snap["cursor"], F=snap["free"], H=snap["in_use"], AL=self.allocated,
                     DV=self.visited_dem, Drest=self.D0 - self.visited_dem,
                     CG=sum(self.cap[r] for r in snap["scheduled"]),
                     UA=sum(self.cap[a] for a in ahead_alive if a not in snap["scheduled"]),
@@ -244,8 +281,8 @@ def compare_running(state, variant: str = "correct", stats=None, throttle=False)
                 ua_oth = 0
             sp = dict(T_oth=s0["T"] - vrq["n"] if vrq["g"] else 0,
                       T_slack=(s0["CG"] - s0["T"]) - (A.cap[v] - vrq["n"]) if vrq["g"] else 0,
-                      H_oth=s0["H"] - vrq["b"], D_oth=s0["Drest"] - A.dem[cur] if s0["P"] == 0 else 0,
-                      UA_oth=ua_oth, Dc_oth=s0["Dc"] - cfg["D"] if vrq["g"] else 0)
+                      H_oth=s0["H"] - snap["sole"].get(v, 0), D_oth=s0["Drest"] - A.dem[cur] if s0["P"] == 0 else 0,
+                      UA_oth=ua_oth, Dc_oth=s0["Dc"] - cfg["D"] if vrq["g"] else 0, Fv=snap["sole"].get(v, 0))
             frame, inv_i, inv_j, guard, s2, x2 = ev(cfg, k, s0, xrq, crq, vrq, sp)
             if not (frame and inv_i and inv_j and guard):
                 bad.append(("assumption false", kind, x, dict(frame=frame, I=inv_i, J=inv_j, guard=guard), snap))
@@ -289,6 +326,8 @@ def compare_running(state, variant: str = "correct", stats=None, throttle=False)
                     stats["victim with placeholders"] = stats.get("victim with placeholders", 0) + 1
                 if kind == "fail" and victim != cur and snap["running"].index(victim) < snap["cursor"]:
                     stats["victim behind the cursor"] = stats.get("victim behind the cursor", 0) + 1
+                if kind == "fail" and snap["sole"].get(v, 0) < vrq["b"]:
+                    stats["victim sharing blocks"] = stats.get("victim sharing blocks", 0) + 1
                 if kind == "fail" and vrq["g"]:
                     stats["refund"] = stats.get("refund", 0) + 1
                     if cfg["D"]:
@@ -318,7 +357,7 @@ def compare_running(state, variant: str = "correct", stats=None, throttle=False)
     for x in state.running:
         _, inv_i, inv_j, guard, _, _ = ev(cfg, A.consts(x), A.state(end, x, stopped), A.req(end, x),
                                            A.req(end, x), A.req(end, x), dict(T_oth=0, T_slack=0, H_oth=0,
-                                                                              D_oth=0, UA_oth=0, Dc_oth=0))
+                                                                              D_oth=0, UA_oth=0, Dc_oth=0, Fv=0))
         if guard:
             bad.append(("guard true at the loop's end", x, end))
     return bad
@@ -403,12 +442,15 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
     def wstate(stopped):
         return dict(tb=s.token_budget, ib=s.input_budget - D, T=sum(s.scheduled.values()), Tr=Tr, tbE=tbE, ibE=ibE,
                     Rn=len(s.running), A=len(s.new) + len(s.resumed), K=len(skipped), F=s.kv.num_free_blocks,
-                    H=sum(s.kv.req_to_num_blocks.values()), Lc=len(loras), Dc=D * len(s.scheduled),
+                    H=blocks_in_use(s.kv), Lc=len(loras), Dc=D * len(s.scheduled),
                     stopped=stopped, PS=s.prefill_scheduled)
+
+    hit_at_admission: dict = {}  # hb, he as the admission read them (inputs of that iteration)
 
     def wreq(r):
         q = state.requests[r]
-        return dict(nt=q.num_tokens, q=W.index(r), n=s.scheduled.get(r, 0),
+        hb, he = hit_at_admission.get(r) or prefix_hit(s, r)
+        return dict(nt=q.num_tokens, q=W.index(r), n=s.scheduled.get(r, 0), hb=hb, he=he,
                     b=s.kv.num_blocks(r), adm=r in s.scheduled, st=q.num_stale_output_tokens > 0,
                     gw=q.status == SO.WAITING_FOR_GRAMMAR and q.grammar in (SO.COMPILING, SO.FAILED),
                     ls=r in skipped_lora, ln=q.lora_int_id > 0 and q.lora_int_id not in loras,
@@ -435,7 +477,10 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
             ok, why = None, "skipped: LoRA"
         else:
             why = stop_reason(s, head, A.hold)
+            hit = prefix_hit(s, head)
             ok = S.admit(s, head)
+            if ok:
+                hit_at_admission[head] = hit
             stopped = not ok
             if ok:
                 loras.update(LORA.running_loras((s.requests[head],)))  # S:1563-1565
@@ -449,8 +494,8 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
                 if s2[name] != int(val):
                     bad.append(("state", why, x, name, s2[name], val))
             for name, val in wreq(x).items():
-                # ln and pd are inputs of the iteration that visits the request, read then
-                if name not in ("ln", "pd") and x2[name] != int(val):
+                # ln, pd, hb and he are inputs of the iteration that visits the request, read then
+                if name not in ("ln", "pd", "hb", "he") and x2[name] != int(val):
                     bad.append(("ghost", x, name, x2[name], val))
         if stats is not None:
             kind = "skip" if ok is None else "admit" if ok else "stop"
@@ -461,6 +506,14 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
                 stats["admitted behind a skipped request"] = stats.get("admitted behind a skipped request", 0) + 1
             if ok and h["pd"]:
                 stats["padded new decode"] = stats.get("padded new decode", 0) + 1
+            if ok is not None and h["hb"]:
+                key = "admitted from a hit" if ok else "stopped at a hit"
+                stats[key] = stats.get(key, 0) + 1
+                if h["he"]:
+                    key += ", hit blocks in the free queue"
+                    stats[key] = stats.get(key, 0) + 1
+                if ok and h["he"] < h["hb"]:
+                    stats["admitted sharing held blocks"] = stats.get("admitted sharing held blocks", 0) + 1
             if h["nt"] == 1 and cfg["sd"] and s0["Tr"] > 0 and s0["PS"]:
                 stats["one-token head beside a prefill chunk, not padded"] = \
                     stats.get("one-token head beside a prefill chunk, not padded", 0) + 1
@@ -520,14 +573,17 @@ def async_reached_states(config, acts):
     placeholders, in-flight tokens, stale outputs after preemptions, the max_tokens guard."""
     impl = SpecScheduler()
     impl.reset(config)
-    in_flight, output_len, n, step = deque(), {}, 0, 0
+    # the synchronous engine (with prefix caching, prefix_configs) applies each batch at once
+    in_flight = deque() if config.async_scheduling else None
+    output_len, n, step = {}, 0, 0
     for a in acts:
         if a[0] == "add":
             _, prompt, max_tokens, out_len, priority, tie = a
             rid = f"r{n}"
             output_len[rid] = out_len
-            impl.add_request(make_request(config, rid, min(prompt, config.max_model_len - 1), max_tokens, priority,
-                                          float(n - 1 if tie and n else n)))
+            length = min(prompt, config.max_model_len - 1)
+            impl.add_request(make_request(config, rid, length, max_tokens, priority, float(n - 1 if tie and n else n),
+                                          family_prompt(n, length) if config.enable_prefix_caching else None))
             n += 1
         elif a[0] == "abort" and impl.state.requests:
             impl.finish_requests([sorted(impl.state.requests)[a[1] % len(impl.state.requests)]],
@@ -537,6 +593,13 @@ def async_reached_states(config, acts):
                 yield impl.state
             engine_step(impl, step, output_len, in_flight)
             step += 1
+
+
+def family_prompt(n: int, length: int) -> list[int]:
+    """Request n's prompt with prefix caching: one of two prefix families, so that
+    admissions hit blocks other requests hold or freed (every prompt of a family is
+    a prefix of one sequence)."""
+    return [1000 * (n % 2) + i for i in range(length)]
 
 
 @st.composite
@@ -557,9 +620,10 @@ def async_configs(draw):
 # Longer runs than the synchronous corpus's: async effects (placeholders that pile
 # up, stale outputs after a preemption with a batch in flight) need several
 # requests competing for a small pool over many steps.
+ADD = st.tuples(st.just("add"), st.integers(1, 47), st.one_of(st.none(), st.integers(1, 12)),
+                st.one_of(st.none(), st.integers(1, 12)), st.integers(0, 3), st.booleans())
 async_actions = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.integers(1, 47), st.one_of(st.none(), st.integers(1, 12)),
-              st.one_of(st.none(), st.integers(1, 12)), st.integers(0, 3), st.booleans()),
+    ADD,
     st.tuples(st.just("abort"), st.integers(0, 100)),
     st.tuples(st.just("step")), st.tuples(st.just("step")), st.tuples(st.just("step")),
 ), min_size=20, max_size=80)
@@ -1412,3 +1476,169 @@ def test_paused_mutant_is_caught():
     found: list = []
     corpus(disagreeing(paused_check({}, found, "paused_new_admits"), found))
     assert found, "the encoding mutant paused_new_admits agrees with the spec on every paused step tried"
+
+
+# --- prefix caching -------------------------------------------------------------------------------
+
+
+@st.composite
+def prefix_configs(draw):
+    """machine.configs with prefix caching on, async scheduling on or off, and two
+    times in three a pool as small as vLLM allows (preemption, eviction, admissions
+    that stop at the pool with hits counted)."""
+    c = draw(configs(wave2=False))
+    need = math.ceil(c.max_model_len / c.block_size)
+    if draw(st.sampled_from([True, True, False])):
+        c = dataclasses.replace(c, num_gpu_blocks=draw(st.integers(need + 1, need + 2)))
+    c = dataclasses.replace(c, enable_prefix_caching=True, async_scheduling=draw(st.booleans()))
+    validate_config(c)
+    return c
+
+
+def corpus_prefix(check, examples=150):
+    """States before each schedule() of engine runs with prefix caching (both engines)."""
+    if ("prefix", examples) not in _CORPORA:
+        states: list = []
+
+        @settings(max_examples=examples, **SETTINGS)
+        @given(config=prefix_configs(), arrivals=st.lists(ADD, min_size=2, max_size=6), acts=async_actions)
+        def reached(config, arrivals, acts):
+            # a few arrivals first, so that requests of a family run side by side and share blocks
+            states.extend(async_reached_states(config, arrivals + acts))
+
+        reached()
+        _CORPORA["prefix", examples] = states
+    for state in _CORPORA["prefix", examples]:
+        check(state)
+
+
+class FinishEval:
+    """finish_iteration over fresh symbols, packed for evaluation."""
+
+    def __init__(self, variant: str):
+        c = self.c = LI.LoopConfig.fresh("F.c", 1)
+        self.s = LI.FinishState(z3.Int("F.F"), z3.Int("F.H"))
+        self.b, self.fr, self.H_oth = z3.Int("F.b"), z3.Int("F.fr"), z3.Int("F.H_oth")
+        frame, s2 = LI.finish_iteration(c, self.s, self.b, self.fr, self.H_oth, LI.LOOP_VARIANTS[variant])
+        self.ev = Evaluator([z3.And(*frame), LI.finish_I(c, self.s), s2.F, s2.H])
+
+    def __call__(self, U, F, H, b, fr):
+        return self.ev([(self.c.U, z3.IntVal(U)), (self.s.F, z3.IntVal(F)), (self.s.H, z3.IntVal(H)),
+                        (self.b, z3.IntVal(b)), (self.fr, z3.IntVal(fr)), (self.H_oth, z3.IntVal(H - fr))])
+
+
+def compare_finish(state, variant: str = "correct", stats=None) -> list:
+    """The finish loop (remove_finished, S:3031-3061) one request at a time, every
+    request of `state` finishing in turn (running ones first): the pool's free and
+    in-use blocks after each are finish_iteration's."""
+    ev, bad = FinishEval(variant), []
+    U = state.config.num_gpu_blocks - 1
+    for rid in list(state.running) + list(state.waiting):
+        kv = S.Working(state).kv
+        F, H, b, fr = kv.num_free_blocks, blocks_in_use(kv), kv.num_blocks(rid), sole_blocks(kv).get(rid, 0)
+        state = S.remove_finished(S.Working(state), [rid])
+        after = S.Working(state).kv
+        frame, inv, F2, H2 = ev(U, F, H, b, fr)
+        if not (frame and inv):
+            bad.append(("finish: assumption false", rid, dict(frame=frame, I=inv)))
+        elif (F2, H2) != (after.num_free_blocks, blocks_in_use(after)):
+            bad.append(("finish", rid, (F2, H2), (after.num_free_blocks, blocks_in_use(after))))
+        if stats is not None and fr < b:
+            stats["finished sharing blocks"] = stats.get("finished sharing blocks", 0) + 1
+    return bad
+
+
+def test_finish_iteration_agrees_with_spec():
+    """The finish loop without prefix caching (the block counts' free), on the
+    synchronous corpus: every request holding blocks frees all of them."""
+    stats: dict = {}
+    found: list = []
+
+    def check(state):
+        found.extend(compare_finish(state, stats=stats))
+        stats["finished holding blocks"] = stats.get("finished holding blocks", 0) + sum(
+            1 for r in list(state.running) + list(state.waiting) if state.num_blocks(r))
+
+    corpus(agreeing(check, found))
+    # (measured: 843 finishes of a request holding blocks)
+    assert stats.get("finished holding blocks", 0) >= 340 and "finished sharing blocks" not in stats, stats
+
+
+def test_finish_mutant_is_caught():
+    found: list = []
+    corpus(disagreeing(lambda state: found.extend(compare_finish(state, "finish_leaks_blocks")), found))
+    assert found, "the encoding mutant finish_leaks_blocks agrees with the spec on every finish tried"
+
+
+def prefix_check(stats, found, variant="correct"):
+    """Both loops, on a state of the prefix-caching corpus, and what they reached:
+    admissions from a hit, hit blocks taken out of the free queue, admissions the
+    pool or the full-ISL gate stopped with such blocks counted, victims and finished
+    requests whose shared blocks stay held."""
+
+    def check(state):
+        stats["states"] = stats.get("states", 0) + 1
+        if variant == "correct":
+            assert driver_is_the_loop(state), state
+        found.extend(compare_running(state, variant, stats=stats))
+        found.extend(compare_waiting(state, variant, stats=stats))
+        found.extend(compare_finish(state, variant, stats=stats))
+        kv = S.ScheduleWork(state).kv
+        sole = sole_blocks(kv)
+        for r in state.running:
+            if sole.get(r, 0) < kv.num_blocks(r):
+                stats["running request sharing blocks"] = stats.get("running request sharing blocks", 0) + 1
+    return check
+
+
+def test_iterations_agree_with_spec_prefix():
+    """The running and waiting loops with prefix caching on: an admission starts
+    from its hit (hb blocks, he of them free), its chunk and new blocks counted
+    from there, the free hit blocks counted against the pool and the full-ISL
+    gate; a preempted request frees only the blocks nobody else holds."""
+    stats: dict = {}
+    found: list = []
+    corpus_prefix(agreeing(prefix_check(stats, found), found))
+    # (measured: 2 288 states; 256 admissions from a hit, 186 of them taking hit blocks
+    # out of the free queue, 73 sharing blocks others hold; 335 admissions stopped with
+    # free hit blocks counted; 212 running requests sharing blocks, 45 of the 127
+    # preemptions and 112 finishes freeing fewer blocks than the request held)
+    assert stats.get("admitted from a hit", 0) >= 100, stats
+    assert stats.get("admitted from a hit, hit blocks in the free queue", 0) >= 70, stats
+    assert stats.get("admitted sharing held blocks", 0) >= 30, stats
+    assert stats.get("stopped at a hit, hit blocks in the free queue", 0) >= 130, stats
+    assert stats.get("running request sharing blocks", 0) >= 85, stats
+    assert stats.get("fail", 0) >= 50, stats
+    assert stats.get("victim sharing blocks", 0) >= 18, stats
+    assert stats.get("finished sharing blocks", 0) >= 45, stats
+
+
+@pytest.mark.parametrize("variant", ["evictable_hits_unchecked", "preemption_leaks_blocks", "finish_leaks_blocks"])
+def test_prefix_mutant_is_caught(variant):
+    found: list = []
+    corpus_prefix(disagreeing(prefix_check({}, found, variant), found))
+    assert found, f"the encoding mutant {variant} agrees with the spec on every prefix-caching step tried"
+
+
+# Rules of prefix caching in the spec, broken: the agreement must tell each from the
+# encoding (a crash of the spec counts, as it would for a mutmut mutant).
+PREFIX_SPEC_MUTANTS = {
+    # kv_cache.allocate_slots' full-ISL gate with the free hit blocks subtracted (K:531-548)
+    "gate_frees_evictable_hits": Mutation("kv_cache.allocate_slots",
+                                          "full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
+                                          "full - num_evictable_hit_blocks + watermark_blocks > num_free_blocks"),
+    # the hit blocks not counted as held: the admission allocates them again
+    "hits_not_held": Mutation("kv_cache.allocate_slots", "held = num_blocks_held + num_hit_blocks",
+                              "held = num_blocks_held"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PREFIX_SPEC_MUTANTS))
+def test_prefix_spec_mutant_is_caught(name):
+    found: list = []
+    try:
+        with mutated([PREFIX_SPEC_MUTANTS[name]]):
+            corpus_prefix(disagreeing(prefix_check({}, found), found))
+    except Exception as e:  # noqa: BLE001 - a crash of the broken spec is a disagreement
+        found.append(repr(e))
+    assert found, f"the spec mutant {name} agrees with the encoding on every prefix-caching step tried"

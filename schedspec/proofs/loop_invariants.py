@@ -56,7 +56,9 @@ starts the step with no token budget (S:719, 723-725), so nothing is scheduled, 
 running request is skipped on purpose (`running_never_starved` names it), and the waiting
 loop is not entered (S:1050); PAUSED_NEW admits only requests holding KV blocks
 (S:1064-1067), none here, where the KV connector is not encoded.  No encoder inputs (a request's items can only shorten its chunk, or skip it;
-their own budget and cache are proved in encoder_invariants.py); prefix caching off;
+their own budget and cache are proved in encoder_invariants.py); prefix caching on or
+off (an admission starts from its hit, `WaitReq.hb` / `he`; `H` counts a shared block
+once, so a preempted or finished request frees `RunSplit.Fv` / `fr` <= its blocks);
 prefill throttling on or off (`LoopConfig.hold`, the step's `defer_prefills`, free, so
 either gate, data-parallel or local, is covered; vLLM 0.33.0 only): a held step skips
 every running prefill chunk (S:822; whether a request is one, `is_prefill_chunk` as the
@@ -151,6 +153,9 @@ class LoopRules:
     chunked_off_fit_strict: bool = False  # chunked off: stop when the need is >= the budget (not >)
     watermark_on_first_admission: bool = False  # the watermark also when nothing runs (K:518-525)
     gate_without_watermark: bool = False  # the full-ISL gate leaves the watermark out (K:531-548)
+    # prefix caching: hit blocks nobody holds leave the free queue, so the pool check and
+    # the full-ISL gate count them (K:531-548, 582-588; T:238-266)
+    evictable_hits_checked: bool = True
     finish_frees_blocks: bool = True
     # async scheduling (spec/scheduler.py, spec/request.py), each the spec's rule when True/default
     placeholders_in_need: bool = True  # S:839: need = num_tokens + num_output_placeholders - computed
@@ -202,6 +207,9 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     "chunked_off_fit_strict": LoopRules(chunked_off_fit_strict=True),
     "watermark_on_first_admission": LoopRules(watermark_on_first_admission=True),
     "gate_without_watermark": LoopRules(gate_without_watermark=True),
+    # prefix caching: refuted by kv_blocks_conserved (the pool goes negative), caught by
+    # the prefix-caching agreement
+    "evictable_hits_unchecked": LoopRules(evictable_hits_checked=False),
     "finish_leaks_blocks": LoopRules(finish_frees_blocks=False),
     # async scheduling
     "placeholders_not_in_need": LoopRules(placeholders_in_need=False),
@@ -523,10 +531,13 @@ class RunSplit:
 
     T_oth: Any  # T of the granted requests other than the victim
     T_slack: Any  # (CG - T) of the granted requests other than the victim
-    H_oth: Any
+    H_oth: Any  # blocks in use but the victim's freed ones
     D_oth: Any
     UA_oth: Any
     Dc_oth: Any  # Dc of the granted requests other than the victim
+    # the victim's blocks nobody else holds, which its preemption frees: all of them
+    # without prefix caching; with it, a block shared through a hit stays (T:293-305)
+    Fv: Any
 
 
 def _same(a: RunReq, b: RunReq):
@@ -625,7 +636,7 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     frame += [sp.T_oth >= 0, sp.T_slack >= 0, sp.H_oth >= 0, sp.D_oth >= 0, sp.UA_oth >= 0, sp.Dc_oth >= 0,
               z3.Implies(v.g, z3.And(s.T == v.n + sp.T_oth, s.CG - s.T == (v.cap(c) - v.n) + sp.T_slack,
                                      s.Dc == c.D + sp.Dc_oth)),
-              s.H == v.b + sp.H_oth,
+              0 <= sp.Fv, sp.Fv <= v.b, s.H == sp.Fv + sp.H_oth,
               # Drest means something only before the first preemption (run_I)
               z3.Implies(s.P == 0, s.Drest == cr.dem(c) + sp.D_oth)]
     x_unvisited = z3.And(x.inr, x.pos >= s.cur)
@@ -671,9 +682,9 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     ib = s.ib - z3.If(success, n + rows, 0) + z3.If(refund, v.n + rows, 0)
     T = s.T + z3.If(success, n, 0) - z3.If(z3.And(fail, v.g), v.n, 0)
     Dc = s.Dc + z3.If(success, c.D, 0) - z3.If(z3.And(fail, v.g), c.D, 0)
-    freed = v.b if rules.preempt_frees_blocks else z3.IntVal(0)
+    freed = sp.Fv if rules.preempt_frees_blocks else z3.IntVal(0)
     F = s.F - z3.If(success, need, 0) + z3.If(fail, freed, 0)
-    H = s.H + z3.If(success, need, 0) - z3.If(fail, v.b, 0)
+    H = s.H + z3.If(success, need, 0) - z3.If(fail, sp.Fv, 0)
     P = s.P + z3.If(fail, 1, 0)
     Rn = s.Rn - z3.If(fail, 1, 0)
     back = z3.And(fail, v.pos < s.cur) if rules.cursor_fix else z3.BoolVal(False)
@@ -717,12 +728,18 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
 class WaitReq:
     """A request of `before.waiting`: nt its num_tokens (it has no computed tokens
     and no blocks: spec/invariants.py waiting_requests_hold_nothing), q its queue
-    position; adm: admitted this step, n its grant, b its blocks."""
+    position; adm: admitted this step, n its grant, b its blocks.  With prefix
+    caching its admission starts from a hit: hb cached blocks (whole blocks, capped
+    at nt - 1 tokens, K:251-270), he of them held by nobody (in the free queue); 0
+    without.  Like ln and pd, they are inputs of the iteration that visits it (an
+    earlier admission of the step can cache blocks it then hits)."""
 
     nt: Any
     q: Any
     n: Any
     b: Any
+    hb: Any
+    he: Any
     adm: Any = _B()
     st: Any = _B()  # async: num_stale_output_tokens > 0 (its output from before a preemption in flight)
     gw: Any = _B()  # waits for its grammar: WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, compiling or failed
@@ -737,16 +754,25 @@ class WaitReq:
         # No grammar where schedspec does not model structured output (release.py).
         grammar = z3.BoolVal(True) if release.models_structured_output() else z3.Not(self.gw)
         # pads_new_decode's conditions on the request and config (S:1308-1330): one
-        # token left to compute (none computed: prefix caching is off) and the padded
-        # rows and a sampled token within max_model_len; the batch's (no prefill chunk
-        # scheduled, some running request granted) are in wait_iteration's frame.
-        padded = z3.Implies(self.pd, z3.And(c.sd, self.nt == 1, c.K + 2 <= c.L))
+        # token left to compute after its hit, and the padded rows and a sampled token
+        # within max_model_len; the batch's (no prefill chunk scheduled, some running
+        # request granted or a hit) are in wait_iteration's frame.
+        padded = z3.Implies(self.pd, z3.And(c.sd, self.nt - self.hit(c) == 1, self.hit(c) + c.K + 2 <= c.L))
+        hits = z3.And(0 <= self.he, self.he <= self.hb, self.hit(c) < self.nt)
         return z3.And(1 <= self.nt, self.nt < c.L, 0 <= self.q, self.q < W0, z3.Implies(z3.Not(c.asy), z3.Not(self.st)),
-                      z3.Implies(z3.Not(c.lora), z3.Not(self.ln)), grammar, padded)
+                      z3.Implies(z3.Not(c.lora), z3.Not(self.ln)), grammar, padded, hits)
+
+    def hit(self, c: LoopConfig):
+        """The tokens its prefix hit computes: num_computed_tokens at admission (S:1110-1127)."""
+        return self.hb * c.bs
+
+    def computed(self, c: LoopConfig):
+        """num_computed_tokens after the step: the hit and the grant if admitted (S:1845-1877)."""
+        return z3.If(self.adm, self.hit(c) + self.n, 0)
 
     def n_max(self, c: LoopConfig):
-        """The most an admission grants: num_tokens, or 1 + K for a padded new decode."""
-        return self.nt + z3.If(self.pd, c.K, 0)
+        """The most an admission grants: the tokens left after the hit, or 1 + K for a padded new decode."""
+        return self.nt - self.hit(c) + z3.If(self.pd, c.K, 0)
 
 
 @dataclass(frozen=True)
@@ -788,7 +814,7 @@ def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
         # visited (before the head) and not skipped for stale output, its grammar or LoRA: admitted
         r.adm == z3.And(r.q < s.A + s.K, z3.Not(r.st), z3.Not(r.gw), z3.Not(r.ls)),
         z3.Implies(r.ls, r.q < s.A + s.K),
-        z3.Implies(r.adm, z3.And(1 <= r.n, r.n <= r.n_max(c), r.b == c.cdiv(z3_min(r.n + c.LA, c.L)))),
+        z3.Implies(r.adm, z3.And(1 <= r.n, r.n <= r.n_max(c), r.b == c.cdiv(z3_min(r.hit(c) + r.n + c.LA, c.L)))),
         z3.Implies(z3.Not(r.adm), z3.And(r.n == 0, r.b == 0)),
     )
 
@@ -810,11 +836,14 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     # pads_new_decode (S:1308-1330) for the head, from 0 computed tokens: one token left,
     # no prefill chunk granted by the running loop, some running request granted (Tr > 0:
     # scheduled_running, which admissions do not join), the padded rows within max_model_len.
-    pads = z3.And(c.sd, h.nt == 1, z3.Not(s.PS) if rules.padding_checks_prefill else True, s.Tr > 0,
-                  c.K + 2 <= c.L)
+    # With a prefix hit the admission starts from its tokens (S:1110-1127), and pads
+    # without a running request granted too (S:1317).
+    c0 = h.hit(c)
+    pads = z3.And(c.sd, h.nt - c0 == 1, z3.Not(s.PS) if rules.padding_checks_prefill else True,
+                  z3.Or(s.Tr > 0, c0 > 0), c0 + c.K + 2 <= c.L)
     frame = [h.q == s.A + s.K, h.static_facts(c, W0), wait_J(c, s, h), h.pd == pads,
              z3.Implies(x.q == h.q, z3.And(x.nt == h.nt, x.adm == h.adm, x.n == h.n, x.b == h.b, x.st == h.st,
-                                           x.gw == h.gw, x.ls == h.ls, x.pd == h.pd))]
+                                           x.gw == h.gw, x.ls == h.ls, x.pd == h.pd, x.hb == h.hb, x.he == h.he))]
     guard = wait_guard(c, s, W0, rules)
     # Async (S:1084): a head whose output from before its preemption is still in
     # flight is skipped and keeps its place; it takes no budget and no run slot.
@@ -833,31 +862,33 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     budget = z3_min(s.tb, s.ib)  # S:1295
     # S:1306 (0 computed tokens); a padded new decode asks 1 + K and stops admission
     # rather than be cut by the budget (S:1308-1330); then the threshold (S:1332).
-    ask = z3.If(h.pd, 1 + c.K, h.nt)
+    ask = z3.If(h.pd, 1 + c.K, h.nt - c0)
     pad_stop = z3.And(h.pd, ask > budget) if rules.padded_budget_checked else z3.BoolVal(False)
     n0 = z3.If(z3.And(0 < c.th, c.th < ask), c.th, ask)
     no_fit = z3.Or(pad_stop, z3.And(z3.Not(c.chunked),
                                     (n0 >= budget) if rules.chunked_off_fit_strict else (n0 > budget)))  # S:1337-1344
     n = z3_min(n0, budget + rules.admission_budget_extra)  # S:1346
-    # allocate_slots for an admission (K:518-588): the watermark unless nothing runs, the gate.
+    # allocate_slots for an admission (K:518-588): the watermark unless nothing runs, the gate;
+    # the hit blocks are held already (K:531-566), those nobody holds count against the pool.
     wm = c.wm if rules.watermark_on_first_admission else z3.If(s.Rn > 0, c.wm, 0)
-    full = z3_max0(c.cdiv(z3_min(h.nt, c.L)) - h.b)
-    gate_fail = z3.And(c.full_isl, (full if rules.gate_without_watermark else full + wm) > s.F)
-    need = z3_max0(c.cdiv(z3_min(n + c.LA, c.L)) - h.b)  # the lookahead too (K:550-553)
+    he = h.he if rules.evictable_hits_checked else z3.IntVal(0)
+    full = z3_max0(c.cdiv(z3_min(h.nt, c.L)) - h.hb - h.b)
+    gate_fail = z3.And(c.full_isl, (full + he if rules.gate_without_watermark else full + he + wm) > s.F)
+    need = z3_max0(c.cdiv(z3_min(c0 + n + c.LA, c.L)) - h.hb - h.b)  # the lookahead too (K:550-553)
     # A step that holds prefill stops at a request with more than its last token to
-    # compute (S:1290; from 0 computed tokens: prefix caching is off), a padded new
-    # decode never (it has one token left).
-    held_stop = z3.And(c.hold, h.nt > 1) if rules.held_admission_stops else z3.BoolVal(False)
-    admit = z3.And(guard, z3.Not(blocked), z3.Not(held_stop), z3.Not(no_fit), z3.Not(gate_fail), need + wm <= s.F)
+    # compute (S:1290), a padded new decode never (it has one token left).
+    held_stop = z3.And(c.hold, h.nt - c0 > 1) if rules.held_admission_stops else z3.BoolVal(False)
+    admit = z3.And(guard, z3.Not(blocked), z3.Not(held_stop), z3.Not(no_fit), z3.Not(gate_fail),
+                   need + he + wm <= s.F)
     stop = z3.Or(stale_stop, z3.And(guard, z3.Not(blocked), z3.Not(admit)))
     rows = c.D if rules.drafter_rows_charged else z3.IntVal(0)  # S:1003
     s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n + rows, 0), s.T + z3.If(admit, n, 0), s.Tr,
                    s.tbE, s.ibE, s.Rn + z3.If(admit, 1, 0), s.A + z3.If(admit, 1, 0), s.K + z3.If(skip, 1, 0),
-                   s.F - z3.If(admit, need, 0), s.H + z3.If(admit, need, 0),
+                   s.F - z3.If(admit, need + h.he, 0), s.H + z3.If(admit, need + h.he, 0),
                    s.Lc + z3.If(z3.And(admit, h.ln), 1, 0), s.Dc + z3.If(admit, c.D, 0), z3.Or(s.stopped, stop),
                    s.PS)
     xa = z3.And(admit, x.q == h.q)
-    x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + need, x.b),
+    x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + h.hb + need, x.b),
                  ls=z3.Or(x.ls, z3.And(skip_lora, x.q == h.q)))
     return frame, s2, x2, {"guard": guard, "admit": admit, "n": n, "need": need, "head_admitted_before": h.adm,
                            "skip_stale": z3.And(skip, z3.Not(skip_grammar), z3.Not(skip_lora)),
@@ -874,11 +905,12 @@ class FinishState:
     H: Any
 
 
-def finish_iteration(c: LoopConfig, s: FinishState, b, H_oth, rules: LoopRules = LoopRules()):
-    """One finished request, holding `b` blocks, leaves; its blocks return (S:3031-3061)."""
-    frame = [b >= 0, H_oth >= 0, s.H == b + H_oth]
-    freed = b if rules.finish_frees_blocks else z3.IntVal(0)
-    return frame, FinishState(s.F + freed, s.H - b)
+def finish_iteration(c: LoopConfig, s: FinishState, b, fr, H_oth, rules: LoopRules = LoopRules()):
+    """One finished request, holding `b` blocks, leaves; those of them nobody else
+    holds (`fr`: all without prefix caching) return to the pool (S:3031-3061)."""
+    frame = [b >= 0, 0 <= fr, fr <= b, H_oth >= 0, s.H == fr + H_oth]
+    freed = fr if rules.finish_frees_blocks else z3.IntVal(0)
+    return frame, FinishState(s.F + freed, s.H - fr)
 
 
 def finish_I(c: LoopConfig, s: FinishState):
@@ -908,7 +940,7 @@ class LoopVars:
         self.wh = _fresh(WaitReq, "L.wh")
         self.W0 = z3.Int("L.W0")
         self.fs = _fresh(FinishState, "L.fs")
-        self.fb, self.fH = z3.Int("L.fb"), z3.Int("L.fH")
+        self.fb, self.fH, self.ff = z3.Int("L.fb"), z3.Int("L.fH"), z3.Int("L.ff")
         self.dk = z3.Int("L.dk")  # tokens one batch delivers to a request
         self.Lc0 = z3.Int("L.Lc0")  # LoRA: the distinct adapters of before.running
         # async counters of the ghost (x or wx) before the step, and the tokens the
@@ -980,7 +1012,7 @@ def part_finish_entry(V: LoopVars, R: LoopRules):
 
 
 def part_finish_preserved(V: LoopVars, R: LoopRules):
-    frame, s2 = finish_iteration(V.c, V.fs, V.fb, V.fH, R)
+    frame, s2 = finish_iteration(V.c, V.fs, V.fb, V.ff, V.fH, R)
     return [V.c.constraints(), finish_I(V.c, V.fs)] + frame, finish_I(V.c, s2)
 
 
@@ -1083,7 +1115,7 @@ def exit_kv_conserved(V: LoopVars, R: LoopRules):
     c, x, wx = V.c, V.x, V.wx
     nc_after = z3.If(x.g, x.nc + x.n, z3.If(x.inr, x.nc, 0))
     per_x = x.b == c.cdiv(z3_min(nc_after, c.L))
-    per_wx = wx.b == c.cdiv(z3_min(wx.n, c.L))
+    per_wx = wx.b == c.cdiv(z3_min(wx.computed(c), c.L))
     return _run_pre(V) + _wait_pre(V) + [finish_I(c, V.fs)], z3.And(
         V.fs.F + V.fs.H == c.U, V.fs.F >= 0, per_x, per_wx)
 
@@ -1118,11 +1150,12 @@ def exit_computed_bounded(V: LoopVars, R: LoopRules):
     nc_after = z3.If(x.g, x.nc + x.n, z3.If(x.inr, x.nc, 0))
     ph_after = z3.If(x.inr, placeholders_after(c, nc_after, x.nt, x.ph, x.g, R, x.drafts_sent(x.n)), 0)
     # a waiting request has none (preempt resets them)
-    wph_after = placeholders_after(c, wx.n, wx.nt, 0, wx.adm, R, padded_drafts(c, wx))
+    wnc = wx.computed(c)
+    wph_after = placeholders_after(c, wnc, wx.nt, 0, wx.adm, R, padded_drafts(c, wx))
     return _run_pre(V) + _wait_pre(V), z3.And(
         0 <= nc_after, nc_after <= x.nt + ph_after, z3.Implies(c.asy, nc_after < x.nt + ph_after), nc_after < c.L,
-        z3.Implies(wx.adm, z3.And(wx.n <= wx.nt + wph_after, z3.Implies(c.asy, wx.n < wx.nt + wph_after),
-                                  wx.n < c.L)))
+        z3.Implies(wx.adm, z3.And(wnc <= wx.nt + wph_after, z3.Implies(c.asy, wnc < wx.nt + wph_after),
+                                  wnc < c.L)))
 
 
 def lemma_delivery_keeps_bound(V: LoopVars, R: LoopRules):
@@ -1342,7 +1375,7 @@ def exit_counters_waiting(V: LoopVars, R: LoopRules):
     c, wx = V.c, V.wx
     n_now = z3.If(wx.adm, wx.n, 0)
     pre = _wait_pre(V) + [c.asy, counters_J(0, V.inf, V.stl, False), wx.st == (V.stl > 0)] + _batch(V, n_now)
-    ph2 = placeholders_after(c, wx.n, wx.nt, 0, wx.adm, R, padded_drafts(c, wx))
+    ph2 = placeholders_after(c, wx.computed(c), wx.nt, 0, wx.adm, R, padded_drafts(c, wx))
     inf2 = inflight_after(V.inf, wx.adm, wx.n, R)
     ph3, inf3, stl3 = deliver(ph2, inf2, V.stl, V.bt, V.dk, R)
     return pre, counters_J(ph3, inf3, stl3, wx.adm)
@@ -1386,8 +1419,9 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
         ("iteration: admission grant >= 1, once", iter_admission_positive)),
         ("zero_grant", "placeholders_not_in_need"), "every grant >= 1 token, no request granted twice"),
     LoopClaim("kv_blocks_conserved", RUN_INV + WAIT_INV + FIN_INV + (("exit: after the finish loop", exit_kv_conserved),),
-              ("preemption_leaks_blocks", "finish_leaks_blocks"),
-              "free + held == usable blocks, and each request holds cdiv(min(computed, L)) blocks"),
+              ("preemption_leaks_blocks", "finish_leaks_blocks", "evictable_hits_unchecked"),
+              "free + held == usable blocks (a block shared through a prefix hit held once), and each request "
+              "holds cdiv(min(computed, L)) blocks"),
     LoopClaim("computed_tokens_bounded", RUN_INV + WAIT_INV + (
         ("exit: computed <= num_tokens + placeholders", exit_computed_bounded),
         ("lemma: delivering a batch keeps the bound", lemma_delivery_keeps_bound)),
@@ -1791,6 +1825,7 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
                                                     f"{{{','.join(map(str, BLOCK_SIZES))}}}; "
                                                     + ("async scheduling on" if name in ASYNC_ONLY
                                                        else "async scheduling on or off")
+                                                    + "; prefix caching on or off"
                                                     + ("; max_loras >= 1, any number of adapters"
                                                        if name == "max_loras_respected" else "")
                                                     + ("; speculative decoding on or off, any "
