@@ -833,11 +833,11 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     """One admission attempt of the head `h` (S:1295-1461): admitted with its
     chunk, or admission stops (a `break`: the chunked-off rule, the full-ISL gate,
     the pool with the watermark).  Returns (frame, state, ghost, facts)."""
-    # pads_new_decode (S:1308-1330) for the head, from 0 computed tokens: one token left,
-    # no prefill chunk granted by the running loop, some running request granted (Tr > 0:
-    # scheduled_running, which admissions do not join), the padded rows within max_model_len.
-    # With a prefix hit the admission starts from its tokens (S:1110-1127), and pads
-    # without a running request granted too (S:1317).
+    # The admission starts from the head's prefix hit, c0 computed tokens (S:1110-1127; 0
+    # without prefix caching).  pads_new_decode (S:1308-1330): one token left after it, no
+    # prefill chunk granted by the running loop, some running request granted (Tr > 0:
+    # scheduled_running, which admissions do not join) or a hit, the padded rows within
+    # max_model_len.
     c0 = h.hit(c)
     pads = z3.And(c.sd, h.nt - c0 == 1, z3.Not(s.PS) if rules.padding_checks_prefill else True,
                   z3.Or(s.Tr > 0, c0 > 0), c0 + c.K + 2 <= c.L)
@@ -860,7 +860,7 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     skip = z3.Or(z3.And(guard, stale) if rules.stale_head == "skip" else z3.BoolVal(False), skip_grammar, skip_lora)
     stale_stop = z3.And(guard, stale, z3.Not(grammar), z3.Not(lora)) if rules.stale_head == "stop" else z3.BoolVal(False)
     budget = z3_min(s.tb, s.ib)  # S:1295
-    # S:1306 (0 computed tokens); a padded new decode asks 1 + K and stops admission
+    # S:1306 (the tokens left after the hit); a padded new decode asks 1 + K and stops admission
     # rather than be cut by the budget (S:1308-1330); then the threshold (S:1332).
     ask = z3.If(h.pd, 1 + c.K, h.nt - c0)
     pad_stop = z3.And(h.pd, ask > budget) if rules.padded_budget_checked else z3.BoolVal(False)
