@@ -524,6 +524,8 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
                 stats["drafter rows end the loop"] = stats.get("drafter rows end the loop", 0) + 1
             if ok and A.hold:
                 stats["admitted in a held step"] = stats.get("admitted in a held step", 0) + 1
+                if h["hb"]:
+                    stats["admitted from a hit in a held step"] = stats.get("admitted from a hit in a held step", 0) + 1
             if ok and state.config.watermark_blocks and s0["Rn"] > 0:
                 stats["admitted above the watermark"] = stats.get("admitted above the watermark", 0) + 1
         if bad:
@@ -1583,6 +1585,14 @@ def prefix_check(stats, found, variant="correct"):
         found.extend(compare_running(state, variant, stats=stats))
         found.extend(compare_waiting(state, variant, stats=stats))
         found.extend(compare_finish(state, variant, stats=stats))
+        # the step a data-parallel engine takes off its cadence, where it holds prefill:
+        # the waiting loop stops at a head with more than one token left after its hit
+        if prefill_throttle.holds_prefill(state, True) and state.waiting:
+            held: dict = {}
+            found.extend(compare_running(state, variant, stats=held, throttle=True))
+            found.extend(compare_waiting(state, variant, stats=held, throttle=True))
+            for key in ("stop: held prefill", "admitted in a held step", "admitted from a hit in a held step"):
+                stats[key] = stats.get(key, 0) + held.get(key, 0)
         kv = S.ScheduleWork(state).kv
         sole = sole_blocks(kv)
         for r in state.running:
@@ -1595,7 +1605,8 @@ def test_iterations_agree_with_spec_prefix():
     """The running and waiting loops with prefix caching on: an admission starts
     from its hit (hb blocks, he of them free), its chunk and new blocks counted
     from there, the free hit blocks counted against the pool and the full-ISL
-    gate; a preempted request frees only the blocks nobody else holds."""
+    gate; a preempted request frees only the blocks nobody else holds; a held step
+    admits a request whose hit leaves it one token."""
     stats: dict = {}
     found: list = []
     corpus_prefix(agreeing(prefix_check(stats, found), found))
@@ -1611,6 +1622,10 @@ def test_iterations_agree_with_spec_prefix():
     assert stats.get("fail", 0) >= 50, stats
     assert stats.get("victim sharing blocks", 0) >= 18, stats
     assert stats.get("finished sharing blocks", 0) >= 45, stats
+    # (measured: 20 stops at a head with prefill left, 20 admissions from a hit that
+    # leaves one token, in held steps)
+    assert stats.get("stop: held prefill", 0) >= 8, stats
+    assert stats.get("admitted from a hit in a held step", 0) >= 8, stats
 
 
 @pytest.mark.parametrize("variant", ["evictable_hits_unchecked", "preemption_leaks_blocks", "finish_leaks_blocks"])
