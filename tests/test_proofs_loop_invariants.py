@@ -454,7 +454,7 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
                     b=s.kv.num_blocks(r), adm=r in s.scheduled, st=q.num_stale_output_tokens > 0,
                     gw=q.status == SO.WAITING_FOR_GRAMMAR and q.grammar in (SO.COMPILING, SO.FAILED),
                     ls=r in skipped_lora, ln=q.lora_int_id > 0 and q.lora_int_id not in loras,
-                    pd=S.spec_decode.pads_new_decode(s, q, q.num_computed_tokens))
+                    pd=S.spec_decode.pads_new_decode(s, q, q.num_computed_tokens + hb * state.config.block_size))
 
     stopped = False
     while (s.token_budget > 0 and s.input_budget > s.draft_slots and s.waiting
@@ -506,6 +506,11 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
                 stats["admitted behind a skipped request"] = stats.get("admitted behind a skipped request", 0) + 1
             if ok and h["pd"]:
                 stats["padded new decode"] = stats.get("padded new decode", 0) + 1
+                if h["hb"]:
+                    stats["padded new decode after a hit"] = stats.get("padded new decode after a hit", 0) + 1
+                    if not s0["Tr"]:
+                        stats["padded after a hit, no running request granted"] = \
+                            stats.get("padded after a hit, no running request granted", 0) + 1
             if ok is not None and h["hb"]:
                 key = "admitted from a hit" if ok else "stopped at a hit"
                 stats[key] = stats.get(key, 0) + 1
@@ -1626,6 +1631,55 @@ def test_iterations_agree_with_spec_prefix():
     # leaves one token, in held steps)
     assert stats.get("stop: held prefill", 0) >= 8, stats
     assert stats.get("admitted from a hit in a held step", 0) >= 8, stats
+
+
+def with_drafts_prefix(state, k: int):
+    """A prefix-caching state under speculative decoding with k drafts (no lookahead,
+    no drafter rows, an n-gram-like drafter: hashes and hits stay as they are): its
+    decoding running requests carry 0..k drafts in turn.  None where vLLM raises (a
+    long-prefill threshold below 1 + k)."""
+    c = state.config
+    if 0 < c.long_prefill_token_threshold < 1 + k:
+        return None
+    reqs = dict(state.requests)
+    for i, r in enumerate(state.running):
+        q = reqs[r]
+        if not q.is_prefill_chunk and q.num_computed_tokens >= q.num_prompt_tokens - 1:
+            reqs[r] = q.evolve(spec_token_ids=(7,) * (i % (k + 1)))
+    config = dataclasses.replace(c, num_speculative_tokens=k)
+    validate_config(config)
+    return dataclasses.replace(state, config=config, requests=reqs)
+
+
+def prefix_drafts_check(stats, found, variant="correct"):
+    seen = [0]
+
+    def check(state):
+        seen[0] += 1
+        drafted = with_drafts_prefix(state, 1 + seen[0] % 2)  # 1 and 2 drafts in turn
+        if drafted is not None:
+            found.extend(compare_running(drafted, variant, stats=stats))
+            found.extend(compare_waiting(drafted, variant, stats=stats))
+    return check
+
+
+def test_iterations_agree_with_spec_prefix_drafts():
+    """Prefix caching with speculative decoding: a head whose hit leaves it one token
+    is a new decode, padded to 1 + k even with no running request granted (S:1317)."""
+    stats: dict = {}
+    found: list = []
+    corpus_prefix(agreeing(prefix_drafts_check(stats, found), found))
+    # (measured: 34 padded new decodes after a hit, 24 of them with no running request
+    # granted; 297 grants sending all their drafts)
+    assert stats.get("padded new decode after a hit", 0) >= 13, stats
+    assert stats.get("padded after a hit, no running request granted", 0) >= 9, stats
+    assert stats.get("grant sending all its drafts", 0) >= 130, stats
+
+
+def test_prefix_padding_mutant_is_caught():
+    found: list = []
+    corpus_prefix(disagreeing(prefix_drafts_check({}, found, "padding_needs_running_grant"), found))
+    assert found, "the encoding mutant padding_needs_running_grant agrees with the spec on every padding tried"
 
 
 @pytest.mark.parametrize("variant", ["evictable_hits_unchecked", "preemption_leaks_blocks", "finish_leaks_blocks"])

@@ -178,6 +178,7 @@ class LoopRules:
     drafter_rows_charged: bool = True  # S:955, 1003: a grant's drafter rows leave the input budget (and return)
     prefill_scheduled_noted: bool = True  # S:1000: a grant to a prefill chunk sets prefill_scheduled
     padding_checks_prefill: bool = True  # S:1308-1330: no padding once a prefill chunk is scheduled
+    padding_after_hit: bool = True  # S:1317: a hit (computed tokens) pads without a running grant
     # pause (S:719, 723-725, 1064-1067)
     paused_all_budget_zero: bool = True  # PAUSED_ALL: the step starts with token budget 0
     paused_new_admits_none: bool = True  # PAUSED_NEW: no admission (of a request holding no KV blocks)
@@ -236,6 +237,7 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     # the padding's batch conditions: caught by the iteration agreements
     "prefill_scheduled_not_noted": LoopRules(prefill_scheduled_noted=False),
     "padding_beside_prefill": LoopRules(padding_checks_prefill=False),
+    "padding_needs_running_grant": LoopRules(padding_after_hit=False),
     # prefill throttling: caught by the iteration agreements only (a held step
     # schedules less; no safety claim depends on it, and running_never_starved and
     # running_before_waiting name it as an exception)
@@ -840,7 +842,7 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
     # max_model_len.
     c0 = h.hit(c)
     pads = z3.And(c.sd, h.nt - c0 == 1, z3.Not(s.PS) if rules.padding_checks_prefill else True,
-                  z3.Or(s.Tr > 0, c0 > 0), c0 + c.K + 2 <= c.L)
+                  z3.Or(s.Tr > 0, c0 > 0) if rules.padding_after_hit else s.Tr > 0, c0 + c.K + 2 <= c.L)
     frame = [h.q == s.A + s.K, h.static_facts(c, W0), wait_J(c, s, h), h.pd == pads,
              z3.Implies(x.q == h.q, z3.And(x.nt == h.nt, x.adm == h.adm, x.n == h.n, x.b == h.b, x.st == h.st,
                                            x.gw == h.gw, x.ls == h.ls, x.pd == h.pd, x.hb == h.hb, x.he == h.he))]
