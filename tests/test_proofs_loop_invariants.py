@@ -1711,3 +1711,27 @@ def test_prefix_spec_mutant_is_caught(name):
     except Exception as e:  # noqa: BLE001 - a crash of the broken spec is a disagreement
         found.append(repr(e))
     assert found, f"the spec mutant {name} agrees with the encoding on every prefix-caching step tried"
+
+
+@pytest.mark.parametrize("case", ["admission from a hit, sharing held blocks", "victim sharing blocks",
+                                  "finish sharing blocks"])
+def test_prefix_caching_cases_are_in_the_claims_domain(case):
+    """The preservation premises of kv_blocks_conserved's three loops admit prefix
+    caching's cases, so the claims are not proved for the counting pool alone: an
+    admission from a hit that shares held blocks and takes free ones, a preemption
+    and a finish that free fewer blocks than the request held."""
+    V, R = LI.LoopVars(4, LI.LOOP_VARIANTS["correct"]), LI.LOOP_VARIANTS["correct"]
+    if case.startswith("admission"):
+        pre, _ = LI.part_wait_preserved(V, R)
+        _, _, _, facts = LI.wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, R)
+        extra = [facts["admit"], V.wh.he > 0, V.wh.he < V.wh.hb]
+    elif case.startswith("victim"):
+        pre, _ = LI.part_run_preserved(V, R)
+        _, _, _, facts = LI.run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, R)
+        extra = [facts["fail"], V.sp.Fv < V.v.b]
+    else:
+        pre, _ = LI.part_finish_preserved(V, R)
+        extra = [V.ff < V.fb]
+    solver = z3.Solver()
+    solver.add(*pre, *extra)
+    assert solver.check() == z3.sat
