@@ -917,6 +917,16 @@ def test_lora_mutant_is_caught():
 # --- speculative decoding -------------------------------------------------------------------------
 
 
+def with_running_drafts(state, k: int) -> dict:
+    """`state`'s requests, its decoding running requests carrying 0..k drafts in turn."""
+    reqs = dict(state.requests)
+    for i, r in enumerate(state.running):
+        q = reqs[r]
+        if not q.is_prefill_chunk and q.num_computed_tokens >= q.num_prompt_tokens - 1:
+            reqs[r] = q.evolve(spec_token_ids=(7,) * (i % (k + 1)))
+    return reqs
+
+
 def with_drafts(state, k: int, lookahead: int, slots: int = 0, prefill_lookahead: int = 0):
     """`state` under speculative decoding (num_speculative_tokens k, the given
     lookahead, `slots` drafter rows per scheduled request charged to the input
@@ -929,11 +939,7 @@ def with_drafts(state, k: int, lookahead: int, slots: int = 0, prefill_lookahead
     th = c.long_prefill_token_threshold
     if c.vllm_version != DEFAULT_RELEASE or c.enable_prefix_caching or 0 < th < 1 + k:
         return None
-    reqs = dict(state.requests)
-    for i, r in enumerate(state.running):
-        q = reqs[r]
-        if not q.is_prefill_chunk and q.num_computed_tokens >= q.num_prompt_tokens - 1:
-            reqs[r] = q.evolve(spec_token_ids=(7,) * (i % (k + 1)))
+    reqs = with_running_drafts(state, k)
     for i, w in enumerate(state.waiting):
         q = reqs[w]
         if i % 2 == 0 and q.status == RequestStatus.WAITING and q.num_output_tokens == 0:
@@ -1592,12 +1598,10 @@ def prefix_check(stats, found, variant="correct"):
         found.extend(compare_finish(state, variant, stats=stats))
         # the step a data-parallel engine takes off its cadence, where it holds prefill:
         # the waiting loop stops at a head with more than one token left after its hit
-        if prefill_throttle.holds_prefill(state, True) and state.waiting:
-            held: dict = {}
-            found.extend(compare_running(state, variant, stats=held, throttle=True))
-            found.extend(compare_waiting(state, variant, stats=held, throttle=True))
-            for key in ("stop: held prefill", "admitted in a held step", "admitted from a hit in a held step"):
-                stats[key] = stats.get(key, 0) + held.get(key, 0)
+        held: dict = {}
+        held_check(held, found, variant)(state)
+        for key in ("stop: held prefill", "admitted in a held step", "admitted from a hit in a held step"):
+            stats[key] = stats.get(key, 0) + held.get(key, 0)
         kv = S.ScheduleWork(state).kv
         sole = sole_blocks(kv)
         for r in state.running:
@@ -1641,11 +1645,7 @@ def with_drafts_prefix(state, k: int):
     c = state.config
     if 0 < c.long_prefill_token_threshold < 1 + k:
         return None
-    reqs = dict(state.requests)
-    for i, r in enumerate(state.running):
-        q = reqs[r]
-        if not q.is_prefill_chunk and q.num_computed_tokens >= q.num_prompt_tokens - 1:
-            reqs[r] = q.evolve(spec_token_ids=(7,) * (i % (k + 1)))
+    reqs = with_running_drafts(state, k)
     config = dataclasses.replace(c, num_speculative_tokens=k)
     validate_config(config)
     return dataclasses.replace(state, config=config, requests=reqs)
