@@ -172,7 +172,7 @@ def test_the_comparison_sees_a_spec_check_off_by_one(name):
 # outside the loop claims, loop_invariants.py's docstring).
 
 NO_DRAFTER = dict(TIGHT, num_speculative_tokens=0, num_lookahead_tokens=0, max_num_new_slots_for_drafting=0,
-                  num_prefill_lookahead_tokens=0, max_loras=None)
+                  num_prefill_lookahead_tokens=0, max_loras=None, num_hash_lookahead_tokens=0)
 LOOP_BASES = [
     NO_DRAFTER,
     {**NO_DRAFTER, "block_size": 3, "num_gpu_blocks": 3},
@@ -180,11 +180,14 @@ LOOP_BASES = [
     {**NO_DRAFTER, "num_speculative_tokens": 1, "num_lookahead_tokens": 1, "max_num_new_slots_for_drafting": 1,
      "num_prefill_lookahead_tokens": 1},
     {**NO_DRAFTER, "max_loras": 1},
+    # prefix caching on (the bases above: off): block hashes that cover a token past
+    # the block (num_hash_lookahead_tokens, LoopConfig.LH) only with it on
+    {**NO_DRAFTER, "enable_prefix_caching": True},
 ]
 LOOP_SIZES = ("max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs", "long_prefill_token_threshold",
               "max_model_len", "num_gpu_blocks")
 LOOP_DRAFTER = ("num_speculative_tokens", "num_lookahead_tokens", "max_num_new_slots_for_drafting",
-                "num_prefill_lookahead_tokens", "max_loras")
+                "num_prefill_lookahead_tokens", "max_loras", "num_hash_lookahead_tokens")
 LOOP_NULLABLE = ("max_num_scheduled_tokens", "max_loras")
 # LoopConfig reads the watermark as blocks (wm, any integer the spec can make of it),
 # so watermarks outside the bounded encoding's set are compared too: just below 1
@@ -272,6 +275,12 @@ def test_loop_constraints_admit_exactly_the_configs_the_spec_accepts(version):
 
 
 LOOP_SPEC_MUTANTS = {
+    "hash_lookahead_without_prefix_caching": Mutation(
+        "config.validate_spec_decode", "c.num_hash_lookahead_tokens > 0 and not c.enable_prefix_caching",
+        "c.num_hash_lookahead_tokens > 1 and not c.enable_prefix_caching"),
+    "hash_lookahead_in_every_release": Mutation(
+        "config.validate_spec_decode", "c.num_hash_lookahead_tokens > 0 and c.vllm_version != DEFAULT_RELEASE",
+        "c.num_hash_lookahead_tokens > 1 and c.vllm_version != DEFAULT_RELEASE"),
     "drafts_in_every_release": Mutation("config.validate_spec_decode",
                                         "c.num_speculative_tokens > 0 and c.vllm_version != DEFAULT_RELEASE",
                                         "c.num_speculative_tokens > 1 and c.vllm_version != DEFAULT_RELEASE"),
@@ -290,7 +299,7 @@ LOOP_SPEC_MUTANTS = {
 
 @pytest.mark.parametrize("name", sorted(LOOP_SPEC_MUTANTS))
 def test_the_loop_comparison_sees_a_spec_check_off_by_one(name):
-    versions = ("0.32.0",) if name == "drafts_in_every_release" else ("0.33.0",)
+    versions = ("0.32.0",) if name in ("drafts_in_every_release", "hash_lookahead_in_every_release") else ("0.33.0",)
     with mutated([LOOP_SPEC_MUTANTS[name]]):
         with pytest.raises(AssertionError, match="leaves out"):
             for version in versions:

@@ -58,7 +58,9 @@ loop is not entered (S:1050); PAUSED_NEW admits only requests holding KV blocks
 (S:1064-1067), none here, where the KV connector is not encoded.  No encoder inputs (a request's items can only shorten its chunk, or skip it;
 their own budget and cache are proved in encoder_invariants.py); prefix caching on or
 off (an admission starts from its hit, `WaitReq.hb` / `he`; `H` counts a shared block
-once, so a preempted or finished request frees `RunSplit.Fv` / `fr` <= its blocks);
+once, so a preempted or finished request frees `RunSplit.Fv` / `fr` <= its blocks;
+each request's cached blocks `cb`, which a grant and a delivery extend, `cache_extent`,
+`deliver_tokens`);
 prefill throttling on or off (`LoopConfig.hold`, the step's `defer_prefills`, free, so
 either gate, data-parallel or local, is covered; vLLM 0.33.0 only): a held step skips
 every running prefill chunk (S:822; whether a request is one, `is_prefill_chunk` as the
@@ -185,6 +187,10 @@ class LoopRules:
     # prefill throttling
     held_chunk_skipped: bool = True  # S:822: a step that holds prefill skips a running prefill chunk
     held_admission_stops: bool = True  # S:1290: ... and stops admission at a request with prefill left
+    # prefix caching: which blocks are cached
+    grant_caches_computed: bool = True  # K:621-625: a grant caches up to its computed tokens (False: all it knows)
+    delivery_caches_computed: bool = True  # S:2403-2415: a delivery caches up to computed tokens out of flight
+    #                                        (False: all it knows, the tokens just sampled too)
 
 
 LOOP_VARIANTS: dict[str, LoopRules] = {
@@ -248,6 +254,9 @@ LOOP_VARIANTS: dict[str, LoopRules] = {
     # refuted by running_never_starved
     "paused_all_schedules": LoopRules(paused_all_budget_zero=False),
     "paused_new_admits": LoopRules(paused_new_admits_none=False),
+    # prefix caching: refuted by prefix_hit_within_shared_prefix, caught by the agreements
+    "grant_caches_known_tokens": LoopRules(grant_caches_computed=False),
+    "delivery_caches_sampled_tokens": LoopRules(delivery_caches_computed=False),
 }
 
 
@@ -280,7 +289,9 @@ class LoopConfig:
     No rule here reads `PL`: it is in the constraints so that the drafters the
     claims cover (those that read at most one prompt token ahead, which changes no
     chunk, spec_decode.reserve_prefill_lookahead) are a stated part of the domain
-    that tests/test_proofs_agreement_config.py compares with the spec's validation."""
+    that tests/test_proofs_agreement_config.py compares with the spec's validation.
+    `pc` (prefix caching) and `LH` (num_hash_lookahead_tokens) are read by the
+    cached-block counts (cache_extent); the hits are inputs (WaitReq)."""
 
     TB0: Any  # max_num_scheduled_tokens (S:719)
     IB0: Any  # max_num_batched_tokens (S:722)
@@ -294,6 +305,7 @@ class LoopConfig:
     LA: Any
     D: Any  # a drafter's rows per scheduled request, charged to the input budget (S:721)
     PL: Any  # a drafter's prefill lookahead: 0 (n-gram) or 1 (EAGLE family); MTP's > 1 is outside
+    LH: Any  # num_hash_lookahead_tokens: a block is hashed once this many tokens after it are known
     chunked: Any = _B()
     full_isl: Any = _B()
     prio: Any = _B()
@@ -303,6 +315,7 @@ class LoopConfig:
     hold: Any = _B()  # the step holds prefill (ScheduleWork.defer_prefills, S:750-752, 780-791)
     pa: Any = _B()  # pause_state PAUSED_ALL: the step starts with no token budget
     pn: Any = _B()  # pause_state PAUSED_NEW: admission only of requests holding KV blocks
+    pc: Any = _B()  # enable_prefix_caching: full blocks are hashed and cached (spec/block_pool.py)
     bs: int = 1
 
     @staticmethod
@@ -330,7 +343,11 @@ class LoopConfig:
         # at most num_gpu_blocks - 1 blocks.
         # A step holds prefill only where schedspec models prefill throttling (0.33.0).
         hold = z3.BoolVal(True) if release.models_prefill_throttle() else z3.Not(self.hold)
-        return z3.And(lora, sd, hold, z3.Not(z3.And(self.pa, self.pn)), self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
+        # Block hashes that cover tokens past the block: only with prefix caching, and
+        # modelled for 0.33.0 only (spec/config.py validate_spec_decode).
+        hashes = z3.And(self.LH >= 0, z3.Implies(self.LH > 0, z3.And(
+            self.pc, z3.BoolVal(release.release() == release.DEFAULT_RELEASE))))
+        return z3.And(lora, sd, hold, hashes, z3.Not(z3.And(self.pa, self.pn)), self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.wm <= self.U,
                       self.U >= self.cdiv(self.L), self.IB0 >= self.M,
                       z3.Or(self.chunked, self.IB0 >= self.L))
@@ -376,10 +393,10 @@ def _fresh_config(prefix: str) -> LoopConfig:
     I, Bo = z3.Int, z3.Bool
     return LoopConfig(I(f"{prefix}.TB0"), I(f"{prefix}.IB0"), I(f"{prefix}.M"), I(f"{prefix}.L"),
                       I(f"{prefix}.th"), I(f"{prefix}.wm"), I(f"{prefix}.U"), I(f"{prefix}.ML"),
-                      I(f"{prefix}.K"), I(f"{prefix}.LA"), I(f"{prefix}.D"), I(f"{prefix}.PL"),
+                      I(f"{prefix}.K"), I(f"{prefix}.LA"), I(f"{prefix}.D"), I(f"{prefix}.PL"), I(f"{prefix}.LH"),
                       Bo(f"{prefix}.chunked"), Bo(f"{prefix}.full_isl"), Bo(f"{prefix}.prio"), Bo(f"{prefix}.asy"),
                       Bo(f"{prefix}.lora"), Bo(f"{prefix}.sd"), Bo(f"{prefix}.hold"), Bo(f"{prefix}.pa"),
-                      Bo(f"{prefix}.pn"))
+                      Bo(f"{prefix}.pn"), Bo(f"{prefix}.pc"))
 
 
 def config_values(config: SchedulerConfig, threshold: int, hold: bool = False,
@@ -397,7 +414,23 @@ def config_values(config: SchedulerConfig, threshold: int, hold: bool = False,
                 lora=c.max_loras is not None, ML=c.max_loras or 0,
                 sd=c.num_speculative_tokens > 0, K=c.num_speculative_tokens, LA=c.num_lookahead_tokens,
                 D=c.max_num_new_slots_for_drafting, PL=c.num_prefill_lookahead_tokens, hold=hold,
-                pa=pause_state == "PAUSED_ALL", pn=pause_state == "PAUSED_NEW")
+                pa=pause_state == "PAUSED_ALL", pn=pause_state == "PAUSED_NEW",
+                pc=c.enable_prefix_caching, LH=c.num_hash_lookahead_tokens)
+
+
+def cache_extent(c: LoopConfig, done, nt):
+    """How many of a request's blocks are cached once `done` of its num_tokens `nt`
+    are computed: cache_blocks hashes its full blocks up to min(done, nt) (K:621-625)
+    that have a hash, and a block has one once LH tokens after it are known
+    (E:226-230, P:230-300); none without prefix caching.  A multi-module drafter's
+    re-prefilled tail (spec_decode.cacheable_tokens) is 0 here: PL <= 1."""
+    return z3.If(c.pc, z3_max0(z3_min(done, nt - c.LH)) / c.bs, 0)
+
+
+def cached_after(c: LoopConfig, cb, done, nt):
+    """num_cached_block after cache_blocks(done): it only grows (T:477-541)."""
+    ext = cache_extent(c, done, nt)
+    return z3.If(ext > cb, ext, cb)
 
 
 @dataclass(frozen=True)
@@ -423,6 +456,7 @@ class RunReq:
     lim: Any  # num_prompt_tokens + max_tokens: the length at which max_tokens stops it
     d: Any  # len(spec_token_ids): its drafts (speculative decoding; 0 without)
     ds: Any  # len(scheduled_spec_decode_tokens[it]) so far this step (0: no entry)
+    cb: Any  # num_cached_block: its blocks that are cached (prefix caching; 0 without)
     inr: Any = _B()
     g: Any = _B()
     pf: Any = _B()
@@ -482,7 +516,12 @@ class RunReq:
         blocks = z3.If(c.sd, z3.And(self.d >= 0, c.cdiv(self.nc) <= self.b0,
                                     self.b0 <= c.cdiv(z3_min(self.nc + c.K + c.LA, c.L))),
                        z3.And(self.d == 0, self.b0 == c.cdiv(self.nc)))
-        return z3.And(0 <= self.nc, counts, 1 <= self.nt, self.nt < c.L, self.nt < self.lim, blocks,
+        # Its cached blocks (now: cb, like b, changes within the step) are blocks it
+        # holds, of tokens it knows (what loop:prefix_hit_within_shared_prefix proves
+        # grants and deliveries keep).
+        cached = z3.And(0 <= self.cb, self.cb <= self.b, self.cb * c.bs <= self.nt,
+                        z3.Implies(z3.Not(c.pc), self.cb == 0))
+        return z3.And(0 <= self.nc, counts, 1 <= self.nt, self.nt < c.L, self.nt < self.lim, blocks, cached,
                       0 <= self.pos0, self.pos0 < R0, 0 <= self.rank, self.rank < R0,
                       z3.Or(c.prio, fcfs_rank))
 
@@ -706,6 +745,7 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
 
     # the ghost after the round
     x_is_c, x_is_v = _same(x, cr), _same(x, v)
+    done = x.nc + n if rules.grant_caches_computed else x.nt  # the tokens its caching reaches
     shift = z3.And(fail, x.inr, z3.Not(x_is_v), v.pos < x.pos)
     gone = z3.And(fail, x_is_v)
     x_grant = z3.And(success, x_is_c)
@@ -716,7 +756,10 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
                  b=z3.If(gone, 0, z3.If(x_grant, x.b + need, x.b)),
                  seq=z3.If(gone, s.P, x.seq),
                  ds=z3.If(gone, 0 if rules.victim_drafts_dropped else x.ds,
-                          z3.If(x_grant, x.drafts_sent(n), x.ds)))
+                          z3.If(x_grant, x.drafts_sent(n), x.ds)),
+                 # a grant caches the full blocks it computes (K:621-625); a preemption frees
+                 # them all and forgets the count (T:591-599)
+                 cb=z3.If(gone, 0, z3.If(x_grant, cached_after(c, x.cb, done, x.nt), x.cb)))
     facts = {"guard": guard, "n": n, "need": need, "skip": skipping, "success": success, "fail": fail,
              "self_preempt": self_pre, "cr_granted_before": cr.g, "guarded": lif,
              "held": z3.And(skipping, cr.held(c), z3.Not(lif))}
@@ -742,6 +785,7 @@ class WaitReq:
     b: Any
     hb: Any
     he: Any
+    cb: Any  # num_cached_block: 0 before admission, its hit blocks and those its grant computes after
     adm: Any = _B()
     st: Any = _B()  # async: num_stale_output_tokens > 0 (its output from before a preemption in flight)
     gw: Any = _B()  # waits for its grammar: WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, compiling or failed
@@ -817,7 +861,7 @@ def wait_J(c: LoopConfig, s: WaitState, r: WaitReq):
         r.adm == z3.And(r.q < s.A + s.K, z3.Not(r.st), z3.Not(r.gw), z3.Not(r.ls)),
         z3.Implies(r.ls, r.q < s.A + s.K),
         z3.Implies(r.adm, z3.And(1 <= r.n, r.n <= r.n_max(c), r.b == c.cdiv(z3_min(r.hit(c) + r.n + c.LA, c.L)))),
-        z3.Implies(z3.Not(r.adm), z3.And(r.n == 0, r.b == 0)),
+        z3.Implies(z3.Not(r.adm), z3.And(r.n == 0, r.b == 0, r.cb == 0)),
     )
 
 
@@ -845,7 +889,8 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
                   z3.Or(s.Tr > 0, c0 > 0) if rules.padding_after_hit else s.Tr > 0, c0 + c.K + 2 <= c.L)
     frame = [h.q == s.A + s.K, h.static_facts(c, W0), wait_J(c, s, h), h.pd == pads,
              z3.Implies(x.q == h.q, z3.And(x.nt == h.nt, x.adm == h.adm, x.n == h.n, x.b == h.b, x.st == h.st,
-                                           x.gw == h.gw, x.ls == h.ls, x.pd == h.pd, x.hb == h.hb, x.he == h.he))]
+                                           x.gw == h.gw, x.ls == h.ls, x.pd == h.pd, x.hb == h.hb, x.he == h.he,
+                                           x.cb == h.cb))]
     guard = wait_guard(c, s, W0, rules)
     # Async (S:1084): a head whose output from before its preemption is still in
     # flight is skipped and keeps its place; it takes no budget and no run slot.
@@ -890,8 +935,12 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
                    s.Lc + z3.If(z3.And(admit, h.ln), 1, 0), s.Dc + z3.If(admit, c.D, 0), z3.Or(s.stopped, stop),
                    s.PS)
     xa = z3.And(admit, x.q == h.q)
+    # the hit blocks are cached already (T:268-324), then the grant caches the full blocks it
+    # computes (K:621-625)
+    done = c0 + n if rules.grant_caches_computed else h.nt
     x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + h.hb + need, x.b),
-                 ls=z3.Or(x.ls, z3.And(skip_lora, x.q == h.q)))
+                 ls=z3.Or(x.ls, z3.And(skip_lora, x.q == h.q)),
+                 cb=z3.If(xa, cached_after(c, h.hb, done, h.nt), x.cb))
     return frame, s2, x2, {"guard": guard, "admit": admit, "n": n, "need": need, "head_admitted_before": h.adm,
                            "skip_stale": z3.And(skip, z3.Not(skip_grammar), z3.Not(skip_lora)),
                            "skip_grammar": skip_grammar, "skip_lora": skip_lora, "padded": z3.And(admit, h.pd),
@@ -996,7 +1045,7 @@ def part_wait_entry(V: LoopVars, R: LoopRules):
         pre.append(s.P == 0)
     ws0 = WaitState(s.tb, s.ib, s.T, s.T, s.tb, s.ib, s.Rn, z3.IntVal(0), z3.IntVal(0), s.F, s.H, V.Lc0, s.Dc,
                     z3.BoolVal(False), s.PS)
-    wx0 = replace(V.wx, adm=z3.BoolVal(False), n=z3.IntVal(0), b=z3.IntVal(0), ls=z3.BoolVal(False))
+    wx0 = replace(V.wx, adm=z3.BoolVal(False), n=z3.IntVal(0), b=z3.IntVal(0), ls=z3.BoolVal(False), cb=z3.IntVal(0))
     # With the waiting loop entered, the pool's blocks are the usable blocks.
     pre.append(V.k.F0 + V.k.H0 == c.U)
     return pre, z3.And(wait_I(c, ws0, V.W0), wait_J(c, ws0, wx0), s.P == 0)
@@ -1383,6 +1432,79 @@ def exit_counters_waiting(V: LoopVars, R: LoopRules):
     return pre, counters_J(ph3, inf3, stl3, wx.adm)
 
 
+# --- prefix caching: which blocks a step caches ---------------------------------------------
+
+
+def deliver_tokens(c: LoopConfig, nc, nt, lim, cb, d, m, stop_at, inf, bt, ph, rules: LoopRules):
+    """deliver_output (S:2346-2415, 2756-2770) to a running request of the batch it
+    applies: m >= 1 tokens sampled, d drafts sent with the batch.  The rejected drafts
+    roll computed tokens back (S:2371-2380); the tokens after the first that stops it
+    are discarded and roll them back too (S:2756-2762): an EOS or stop token at
+    position `stop_at` (1-based; m or more for none), or num_tokens reaching
+    max_model_len or `lim` (num_prompt_tokens + max_tokens, U:98-140).  Then, with
+    placeholders or drafts configured, it caches the full blocks of its computed
+    tokens out of flight (S:2403-2415).  Returns (computed, num_tokens, cached)."""
+    rejected = z3.If(z3.And(d > 0, nc > 0), d - (m - 1), 0)
+    kept = z3_min(m, stop_at, z3_min(c.L, lim) - nt)
+    nc2 = nc - rejected - (m - kept)
+    nt2 = nt + kept
+    done = nc2 - (inf - bt) if rules.delivery_caches_computed else nt2
+    cb2 = z3.If(z3.Or(ph > 0, c.K > 0), cached_after(c, cb, done, nt2), cb)
+    return nc2, nt2, cb2
+
+
+class DeliveryVars:
+    """A delivery's inputs besides the request's (RunReq x): tokens sampled, the
+    first stop's position, drafts sent, and in-flight tokens before it and of the batch."""
+
+    def __init__(self):
+        self.m, self.stop_at, self.d = z3.Int("L.del.m"), z3.Int("L.del.stop"), z3.Int("L.del.d")
+        self.inf, self.bt = z3.Int("L.del.inf"), z3.Int("L.del.bt")
+
+
+def delivery(V: LoopVars, R: LoopRules):
+    """deliver_tokens on the ghost x as update_from_output finds it (nc: computed
+    tokens with the batches in flight, b: blocks held): its cached blocks held and
+    known (what the iteration parts prove a grant leaves), its blocks covering its
+    computed tokens (blocks_match_computed_tokens), not finished (num_tokens below
+    both limits); a batch that granted it drafts: m <= d + 1 tokens sampled."""
+    c, x, D = V.c, V.x, DeliveryVars()
+    nc2, nt2, cb2 = deliver_tokens(c, x.nc, x.nt, x.lim, x.cb, D.d, D.m, D.stop_at, D.inf, D.bt, x.ph, R)
+    pre = [c.constraints(), 0 <= x.cb, x.cb <= x.b, x.cb * c.bs <= x.nt, z3.Implies(z3.Not(c.pc), x.cb == 0),
+           0 <= x.nc, c.cdiv(x.nc) <= x.b, x.ph >= 0, 1 <= x.nt, x.nt < c.L, x.nt < x.lim,
+           1 <= D.m, D.m <= D.d + 1, 0 <= D.d, D.d <= c.K, D.stop_at >= 1, 0 <= D.bt, D.bt <= D.inf, D.inf <= x.nc]
+    return D, pre, nc2, nt2, cb2
+
+
+def iter_grant_caches_computed(V: LoopVars, R: LoopRules):
+    """prefix_hit_within_shared_prefix, running part: after a grant of n the
+    request's cached blocks are blocks it holds, of tokens it knows, and those it
+    newly caches the step computes (the property's `available` grows by at most
+    min(start + n, num_tokens) // block_size blocks of it)."""
+    frame, _, x2, f = run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, R)
+    x = V.x
+    return _run_pre(V) + frame + [f["success"], _same(x, V.cr)], z3.And(
+        x2.cb <= x2.b, x2.cb * V.c.bs <= x.nt, z3.Or(x2.cb == x.cb, x2.cb * V.c.bs <= x.nc + f["n"]))
+
+
+def iter_admission_caches_computed(V: LoopVars, R: LoopRules):
+    """... and waiting part: an admission holds its hit blocks, cached already, and
+    caches only blocks whose tokens the hit and its grant compute."""
+    c, wx = V.c, V.wx
+    frame, _, x2, f = wait_iteration(c, V.ws, V.W0, wx, V.wh, R)
+    return _wait_pre(V) + frame + [f["admit"], wx.q == V.wh.q], z3.And(
+        x2.cb <= x2.b, x2.cb * c.bs <= wx.nt, x2.cb * c.bs <= wx.hit(c) + f["n"])
+
+
+def lemma_delivery_caches_computed(V: LoopVars, R: LoopRules):
+    """... and a delivery keeps the cached blocks within those it holds and the
+    tokens it knows, and newly caches only blocks of tokens computed by the batches
+    applied (out of flight), after its rejected drafts and discarded tokens."""
+    D, pre, nc2, nt2, cb2 = delivery(V, R)
+    x = V.x
+    return pre, z3.And(cb2 <= x.b, cb2 * V.c.bs <= nt2, z3.Or(cb2 == x.cb, cb2 * V.c.bs <= nc2 - (D.inf - D.bt)))
+
+
 @dataclass(frozen=True)
 class LoopClaim:
     name: str  # the registry property, or a named theorem
@@ -1464,6 +1586,14 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
         ("exit: a request of before.waiting, after the delivery", exit_counters_waiting)),
         ("inflight_not_added", "stale_not_decremented", "stale_head_admitted"),
         "async: placeholders, in-flight and stale tokens >= 0 and stale <= in flight after the step"),
+    LoopClaim("prefix_hit_within_shared_prefix", RUN_INV + WAIT_INV + (
+        ("iteration: a running grant caches only blocks the step computes", iter_grant_caches_computed),
+        ("iteration: an admission caches only blocks the step computes", iter_admission_caches_computed),
+        ("lemma: a delivery caches only computed tokens out of flight", lemma_delivery_caches_computed)),
+        ("grant_caches_known_tokens", "delivery_caches_sampled_tokens"),
+        "prefix caching: a grant caches only full blocks it holds whose tokens the step computes, an admission "
+        "from its hit, and a delivery only blocks of tokens computed out of flight, after rejected drafts and "
+        "discarded tokens (the cached prefix the property checks hits against)"),
 )}
 
 # Claims only the async engine has (the property is registered for async_scheduling alone).
@@ -1474,15 +1604,16 @@ FEATURE_ONLY: dict[str, Callable[[], bool]] = {"max_loras_respected": release.mo
                                                "grammar_wait_respected": release.models_structured_output,
                                                "drafts_sent_are_known": release.models_spec_decode}
 # Claims proved with speculative decoding on or off (`LoopConfig.sd` free): those
-# about schedule()'s two loops, whose iterations model drafts and the lookahead.
-# The other four are stated with it off (their premises add `not sd`): their
+# about schedule()'s two loops, whose iterations model drafts and the lookahead,
+# and which blocks a step caches, whose delivery lemma delivers several tokens
+# (deliver_tokens).  The other four are stated with it off (their premises add `not sd`): their
 # lemmas model the delivery of one sampled token, where speculative decoding
 # delivers accepted drafts and rolls back rejected ones (S:2346-2380), and their
 # exits bound computed tokens by num_tokens + placeholders, which a synchronous
 # grant of drafts passes until that rollback.
 SPEC_DECODE = frozenset({"token_budget_respected", "max_num_seqs_respected", "running_before_waiting",
                          "preemption_only_on_allocation_failure", "grants_positive", "grammar_wait_respected",
-                         "max_loras_respected", "drafts_sent_are_known"})
+                         "max_loras_respected", "drafts_sent_are_known", "prefix_hit_within_shared_prefix"})
 
 
 def claim_premises(claim: LoopClaim, V: LoopVars) -> list:
@@ -1590,6 +1721,19 @@ def vacuity(claim: LoopClaim, timeout_s: float = DEFAULT_TIMEOUT_S, bs: int = 4)
                     run + [V.c.D > 0, f["fail"], V.v.g]),
                    ("speculative decoding: an admission after grants charged drafter rows",
                     _wait_pre(V) + wframe + [wf["admit"], V.c.D > 0, V.ws.Dc > V.c.D])]
+    if claim.name == "prefix_hit_within_shared_prefix":
+        _, _, x2, _ = run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, rules)
+        _, _, wx2, _ = wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, rules)
+        D, dpre, _, _, cb2 = delivery(V, rules)
+        checks += [("prefix caching: a running grant that caches a block",
+                    run + [f["success"], _same(V.x, V.cr), x2.cb > V.x.cb]),
+                   ("prefix caching: an admission from a hit that caches a block past it",
+                    _wait_pre(V) + wframe + [wf["admit"], V.wx.q == V.wh.q, V.wh.hb > 0, wx2.cb > V.wh.hb]),
+                   ("prefix caching: a delivery of drafts, one rejected, past a stop, that caches a block",
+                    dpre + [D.d > 0, D.m <= D.d, D.stop_at < D.m, cb2 > V.x.cb]),
+                   ("prefix caching: a hash lookahead holding a full block back",
+                    run + [f["success"], _same(V.x, V.cr), V.c.LH > 0,
+                           x2.cb < z3_min(V.x.nc + f["n"], V.x.nt) / V.c.bs])]
     if claim.name in ASYNC_ONLY:
         xr, _ = exit_counters_running(V, rules)
         xw, _ = exit_counters_waiting(V, rules)
@@ -1793,12 +1937,36 @@ def drafts_witness() -> tuple[Result, Any]:
                           "drafts cut short and a padded new decode, by this step", shows)
 
 
+def caching_witness_scenario():
+    """Prefix caching with one draft per step (block_size 2): r0's grants and its
+    deliveries of accepted drafts cache its blocks; r1, of r0's prefix group,
+    arrives later and hits them."""
+    from schedspec.reference.scenario import RequestSpec, Scenario
+
+    cfg = {"max_num_batched_tokens": 8, "max_num_seqs": 4, "block_size": 2, "max_model_len": 32,
+           "num_gpu_blocks": 40, "async_scheduling": False, "enable_prefix_caching": True,
+           "num_speculative_tokens": 1}
+    reqs = (RequestSpec(id="r0", prompt_len=7, max_tokens=6, prefix_group="A", prefix_len=6,
+                        num_draft_tokens=(1,), num_accepted_tokens=(1,)),
+            RequestSpec(id="r1", prompt_len=9, arrival_step=3, max_tokens=2, prefix_group="A", prefix_len=6))
+    return Scenario(name="loop-cached-blocks", config=cfg, requests=reqs, max_steps=30,
+                    description=fixed_witness_description(
+                        "prefix caching and speculative decoding, a hit on blocks an earlier request's grants "
+                        "cached (loop:prefix_hit_within_shared_prefix)"))
+
+
+def caching_witness() -> tuple[Result, Any]:
+    return replay_witness(caching_witness_scenario(), "prefix_hit_within_shared_prefix", "a hit on cached blocks",
+                          lambda t: any(h > 0 for _, h in t.output.prefix_hits))
+
+
 # Claims whose witness is a fixed scenario replayed on the spec: the bounded
-# encoding's BMC models neither async scheduling, structured output, LoRA nor
-# speculative decoding.
+# encoding's BMC models neither async scheduling, structured output, LoRA,
+# speculative decoding nor prefix caching.
 FIXED_WITNESSES: dict[str, Callable[[], tuple[Result, Any]]] = {
     "placeholders_never_negative": async_witness, "grammar_wait_respected": grammar_witness,
-    "max_loras_respected": lora_witness, "drafts_sent_are_known": drafts_witness}
+    "max_loras_respected": lora_witness, "drafts_sent_are_known": drafts_witness,
+    "prefix_hit_within_shared_prefix": caching_witness}
 
 
 def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
