@@ -306,11 +306,12 @@ def test_the_loop_comparison_sees_a_spec_check_off_by_one(name):
                 test_loop_constraints_admit_exactly_the_configs_the_spec_accepts(version)
 
 
-@pytest.mark.parametrize("field", ["PL", "wm"])
+@pytest.mark.parametrize("field", ["PL", "wm", "LH"])
 def test_the_loop_comparison_sees_a_constraint_dropped(monkeypatch, field):
     """LoopConfig without its bounds on the prefill lookahead (0 or 1, only beside
-    drafts) or on the watermark's blocks (at most U) admits configs the spec rejects:
-    a lookahead without drafts, a watermark of 1."""
+    drafts), on the watermark's blocks (at most U) or on the hash lookahead (only
+    with prefix caching) admits configs the spec rejects: a lookahead without
+    drafts, a watermark of 1, a hash lookahead without prefix caching."""
     original = LI.LoopConfig.constraints
 
     def looser(self):
