@@ -2,9 +2,11 @@
 
 The spec's own rule functions (`num_new_tokens_running`, `blocks_to_allocate`,
 `choose_victim`, `preempt`, `allocate`, `grant` for the running loop; `admit`
-for the waiting loop; `remove_finished` for the finish loop) are driven one
-iteration at a time on concrete states (reached by the spec, drawn directly,
-and the hand-made ones of the step agreement test).  After every iteration:
+for the waiting loop; `remove_finished` for the finish loop; with prefix caching,
+each request's cached blocks after every iteration, and `update_from_output`'s
+deliveries against `deliver_tokens`) are driven one iteration at a time on
+concrete states (reached by the spec, drawn directly, and the hand-made ones of
+the step agreement test).  After every iteration:
 
 - the concrete iteration state (budgets, grants, preemptions, cursor, pool, and
   the ghost sums, computed from their definitions over the concrete lists) is
@@ -459,7 +461,8 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
         q = state.requests[r]
         hb, he = hit_at_admission.get(r) or prefix_hit(s, r)
         return dict(nt=q.num_tokens, q=W.index(r), n=s.scheduled.get(r, 0), hb=hb, he=he,
-                    b=s.kv.num_blocks(r), cb=cached_blocks(s.kv).get(r, 0), adm=r in s.scheduled, st=q.num_stale_output_tokens > 0,
+                    b=s.kv.num_blocks(r), cb=cached_blocks(s.kv).get(r, 0), adm=r in s.scheduled,
+                    st=q.num_stale_output_tokens > 0,
                     gw=q.status == SO.WAITING_FOR_GRAMMAR and q.grammar in (SO.COMPILING, SO.FAILED),
                     ls=r in skipped_lora, ln=q.lora_int_id > 0 and q.lora_int_id not in loras,
                     pd=S.spec_decode.pads_new_decode(s, q, q.num_computed_tokens + hb * state.config.block_size))
@@ -528,7 +531,8 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
                 if ok and h["he"] < h["hb"]:
                     stats["admitted sharing held blocks"] = stats.get("admitted sharing held blocks", 0) + 1
             if ok and cached_blocks(s.kv).get(head, 0) > h["hb"]:
-                stats["admission caching blocks past its hit"] = stats.get("admission caching blocks past its hit", 0) + 1
+                key = "admission caching blocks past its hit"
+                stats[key] = stats.get(key, 0) + 1
             if h["nt"] == 1 and cfg["sd"] and s0["Tr"] > 0 and s0["PS"]:
                 stats["one-token head beside a prefill chunk, not padded"] = \
                     stats.get("one-token head beside a prefill chunk, not padded", 0) + 1
@@ -1628,7 +1632,8 @@ def test_iterations_agree_with_spec_prefix():
     from its hit (hb blocks, he of them free), its chunk and new blocks counted
     from there, the free hit blocks counted against the pool and the full-ISL
     gate; a preempted request frees only the blocks nobody else holds; a held step
-    admits a request whose hit leaves it one token."""
+    admits a request whose hit leaves it one token; each request's cached blocks
+    after a grant or an admission are those cache_extent gives."""
     stats: dict = {}
     found: list = []
     corpus_prefix(agreeing(prefix_check(stats, found), found))

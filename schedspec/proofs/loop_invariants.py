@@ -347,7 +347,8 @@ class LoopConfig:
         # modelled for 0.33.0 only (spec/config.py validate_spec_decode).
         hashes = z3.And(self.LH >= 0, z3.Implies(self.LH > 0, z3.And(
             self.pc, z3.BoolVal(release.release() == release.DEFAULT_RELEASE))))
-        return z3.And(lora, sd, hold, hashes, z3.Not(z3.And(self.pa, self.pn)), self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
+        return z3.And(lora, sd, hold, hashes, z3.Not(z3.And(self.pa, self.pn)),
+                      self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.wm <= self.U,
                       self.U >= self.cdiv(self.L), self.IB0 >= self.M,
                       z3.Or(self.chunked, self.IB0 >= self.L))
@@ -1502,7 +1503,8 @@ def lemma_delivery_caches_computed(V: LoopVars, R: LoopRules):
     applied (out of flight), after its rejected drafts and discarded tokens."""
     D, pre, nc2, nt2, cb2 = delivery(V, R)
     x = V.x
-    return pre, z3.And(cb2 <= x.b, cb2 * V.c.bs <= nt2, z3.Or(cb2 == x.cb, cb2 * V.c.bs <= nc2 - (D.inf - D.bt)))
+    out_of_flight = nc2 - (D.inf - D.bt)
+    return pre, z3.And(cb2 <= x.b, cb2 * V.c.bs <= nt2, z3.Or(cb2 == x.cb, cb2 * V.c.bs <= out_of_flight))
 
 
 @dataclass(frozen=True)
