@@ -9,8 +9,11 @@ import dataclasses
 import gzip
 import json
 
+import shutil
+
 import jsonschema
 import pytest
+from schedspec.gpu import trace_native
 from schedspec.gpu.batch import run_batch_traces
 from schedspec.gpu.campaign import TORCH_FLAGS, compare_with_spec
 from schedspec.gpu.trace_text import TorchTrace, dumps
@@ -25,8 +28,28 @@ SCHEMA = json.loads((__import__("pathlib").Path(__import__("schedspec").__file__
                      / "reference" / "schemas" / "trace.schema.json").read_text())
 
 
+def _use_renderer(mp, name: str) -> None:
+    """Run the trace text through renderer `name` (gpu/trace_native.py): native
+    must build wherever a C compiler is on PATH."""
+    mp.setenv(trace_native.RENDERER_ENV, name)
+    trace_native.reset()
+    if name == "native" and not trace_native.available():
+        if any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+            pytest.fail(f"the native trace renderer did not build: {trace_native.why_not()}")
+        pytest.skip(f"no native trace renderer here: {trace_native.why_not()}")
+
+
+@pytest.fixture(scope="module", params=["native", "numpy"])
+def renderer(request):
+    mp = pytest.MonkeyPatch()
+    _use_renderer(mp, request.param)
+    yield request.param
+    mp.undo()
+    trace_native.reset()
+
+
 @pytest.fixture(scope="module")
-def campaign():
+def campaign(renderer):
     scenarios = [generate_scenario(scenario_rng(11, i), i, TORCH_FLAGS) for i in range(80)]
     return scenarios, run_batch_traces(scenarios, device="cpu"), [run_scenario(s, SpecScheduler()) for s in scenarios]
 
@@ -91,7 +114,7 @@ def _scenario(config, requests, max_steps=60, aborts=()):
 
 
 @pytest.mark.parametrize("flags", TORCH_FLAGS)
-def test_odd_ids_large_numbers_and_idle_gaps(flags):
+def test_odd_ids_large_numbers_and_idle_gaps(flags, renderer):
     """Ids that JSON escapes, numbers past the text tables (a pool of 2**20
     blocks), aborts, and an idle gap between two bursts."""
     pc, asy = flags
@@ -125,3 +148,63 @@ def test_gather_moves_each_piece_in_order():
         text, ends = _gather(pool, offs, lens)
         assert text.tobytes() == b"".join(raw[o:o + n] for o, n in zip(offs.tolist(), lens.tolist()))
         assert ends.tolist() == np.cumsum(lens).tolist()
+
+
+def _texts(scenarios, mp, name):
+    _use_renderer(mp, name)
+    return [t.steps_text() for t in run_batch_traces(scenarios, device="cpu")]
+
+
+def test_native_renderer_writes_the_numpy_renderers_text(monkeypatch):
+    """gpu/trace_render.c against gpu/trace_text.py's numpy renderer, byte for
+    byte: generator scenarios of the four flag combinations (aborts,
+    preemptions, stops, idle steps), decode scenarios of 32 requests, and ids
+    JSON escapes with numbers past the numpy renderer's tables."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from torch_vs_spec import decode_workload
+    finally:
+        sys.path.pop(0)
+    scenarios = [generate_scenario(scenario_rng(17, i), i, TORCH_FLAGS) for i in range(120)]
+    scenarios += decode_workload(3, prefix_caching=True, async_scheduling=True)[:3]
+    scenarios += decode_workload(2)
+    config = {"max_num_batched_tokens": 64, "max_num_seqs": 4, "max_model_len": 256, "block_size": 4,
+              "num_gpu_blocks": 2**20, "enable_prefix_caching": True, "async_scheduling": True}
+    scenarios.append(_scenario(config, [{"id": rid, "prompt_len": 7 + i, "max_tokens": 5, "arrival_time": float(i)}
+                                        for i, rid in enumerate(['q"1', "\u00e9", "y" * 30, "s\\t"])],
+                               aborts=[{"id": "y" * 30, "step": 2}]))
+    native = _texts(scenarios, monkeypatch, "native")
+    numpy_ = _texts(scenarios, monkeypatch, "numpy")
+    trace_native.reset()
+    assert sum(map(len, native)) > 1_000_000
+    assert [i for i, (a, b) in enumerate(zip(native, numpy_)) if a != b] == []
+
+
+def test_renderer_choice(monkeypatch):
+    """SCHEDSPEC_TRACE_RENDERER: numpy turns the native renderer off, an
+    unknown value is an error naming the variable, and a compiler that fails
+    leaves the numpy renderer running under auto (saying why) and is an error
+    under native."""
+    try:
+        monkeypatch.setenv(trace_native.RENDERER_ENV, "numpy")
+        trace_native.reset()
+        assert not trace_native.available() and "numpy" in trace_native.why_not()
+        monkeypatch.setenv(trace_native.RENDERER_ENV, "fast")
+        trace_native.reset()
+        with pytest.raises(ValueError, match=trace_native.RENDERER_ENV):
+            trace_native.available()
+        monkeypatch.setenv("CC", "false")
+        for choice in ("auto", "native"):
+            monkeypatch.setenv(trace_native.RENDERER_ENV, choice)
+            trace_native.reset()
+            if choice == "auto":
+                assert not trace_native.available() and "failed" in trace_native.why_not()
+            else:
+                with pytest.raises(RuntimeError, match="cannot be built"):
+                    trace_native.available()
+    finally:
+        monkeypatch.undo()
+        trace_native.reset()

@@ -178,7 +178,7 @@ class _Prepared:
             "queue_rank": queue_rank,
             "victim_rank": victim_rank,
         }
-        self.parts: list[str] = []  # the trace text of the steps, one piece per chunk of steps
+        self.parts: list[memoryview] = []  # the trace text of the steps (ASCII bytes), a piece per chunk
         self.num_listed = 0
         self.prefix_caching = bool(config.enable_prefix_caching)
         self.async_scheduling = bool(config.async_scheduling)

@@ -22,6 +22,7 @@ differs from the spec's (gpu/campaign.py), to build the divergence report.
 from __future__ import annotations
 
 import json
+import mmap
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +33,8 @@ from schedspec.reference.engine import TRACE_FORMAT
 from schedspec.reference.trace_io import TraceWriter, write_trace
 
 from schedspec.spec.request import RequestStatus
+
+from . import trace_native
 
 # gpu/state.py's status codes (vLLM's), named here without importing torch:
 # gpu/campaign.py imports this module, and the command line imports that
@@ -139,6 +142,13 @@ class IdTables:
         # zero bytes at the end: a word read at the last piece stays inside (_gather)
         self.pool = np.frombuffer(_POOL + "".join(texts).encode("ascii") + pad_text.encode("ascii") + bytes(_WORD),
                                   dtype=np.uint8)
+        # the native renderer's form: each id's JSON string once (id_len -1: padding)
+        self.id_len = qlen
+        self.id_off = np.cumsum(np.maximum(qlen, 0)) - np.maximum(qlen, 0)
+        # (16 spare bytes at the end: the renderer copies a short id as one 16-byte word)
+        self.id_pool = np.frombuffer("".join(x for q in quoted for x in q).encode("ascii") + bytes(16),
+                                     dtype=np.uint8)
+        self.max_id_len = int(qlen.max()) if len(qlen) else 0
 
     # (offset, length) of each form, first in its list or after a comma (`later`):
     #   item  "q" / , "q"      key  "q": / , "q":      pair  ["q",  / , ["q",
@@ -198,9 +208,9 @@ class _Pieces:
         """Pieces of records `rec` (ascending), in order within a record."""
         self.segments.append((rec, off, length))
 
-    def join(self, scen: np.ndarray) -> list[tuple[int, str, int]]:
-        """(scenario row, its text, its record count) per scenario in `scen`
-        (each record's scenario row, ascending)."""
+    def join(self, scen: np.ndarray) -> list[tuple[int, memoryview, int]]:
+        """(scenario row, its text as ASCII bytes, its record count) per
+        scenario in `scen` (each record's scenario row, ascending)."""
         M = self.M
         counts = np.zeros((len(self.segments), M), dtype=np.int64)
         for j, (rec, _, _) in enumerate(self.segments):
@@ -229,7 +239,7 @@ class _Pieces:
             pool = np.frombuffer(pool[:-_WORD].tobytes() + "".join(self.tail).encode("ascii") + bytes(_WORD),
                                  dtype=np.uint8)
         text, ends = _gather(pool, offs, lens)
-        whole = text.tobytes().decode("ascii")
+        whole = memoryview(text.tobytes())
         # records are scenario-major: one slice per scenario
         cuts = np.nonzero(np.diff(scen))[0] + 1
         lo = np.concatenate([[0], cuts])
@@ -293,9 +303,10 @@ def _pairs(rec: np.ndarray, a: tuple, b: tuple):
 
 
 def render_chunk(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray, ids: IdTables,
-                 prefix_rows: np.ndarray, async_rows: np.ndarray) -> list[tuple[int, str, int]]:
+                 prefix_rows: np.ndarray, async_rows: np.ndarray) -> list[tuple[int, memoryview, int]]:
     """The trace text of one chunk of steps: (batch row, text, steps listed) per
-    scenario with a listed step in the chunk.  `rec` holds each record field as
+    scenario with a listed step in the chunk, the text as ASCII bytes (a view
+    into the chunk's one bytes object: no copy per scenario).  `rec` holds each record field as
     an array (T, S, R), `scal` (T, S, 3 or 5) the free blocks, slots held and
     active flag (and, in a batch with async scheduling, whether schedule() was
     called and the step of the batch applied, -1 = none); `prefix_rows` and
@@ -310,8 +321,10 @@ def render_chunk(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray, 
     first version of this code slower than the dicts)."""
     R = rec["status"].shape[2]
     ss, tt = np.nonzero(scal[:, :, 2].T)  # scenario-major, each scenario's steps in order
+    if trace_native.available():
+        return _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt)
     size = max(64, _SLICE_PIECES // (8 * R + 32))
-    out: list[tuple[int, str, int]] = []
+    out: list[tuple[int, memoryview, int]] = []
     for a in range(0, len(ss), size):
         out += _render(rec, first_step, scal, ids, prefix_rows, async_rows, ss[a:a + size], tt[a:a + size])
     return out
@@ -320,7 +333,35 @@ def render_chunk(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray, 
 _SLICE_PIECES = 1 << 18
 
 
-def _render(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list[tuple[int, str, int]]:
+def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list[tuple[int, memoryview, int]]:
+    """render_chunk through gpu/trace_render.c, in one call.
+
+    The text is written where it stays: an array with room for every record's
+    worst case (trace_native.record_bound, about four times the real text),
+    of which only the pages the text reaches are ever touched, so it costs the
+    text's memory, not the room's; each scenario's text is a view into it (no
+    copy, as a buffer reused per slice would need)."""
+    R = rec["status"].shape[2]
+    # an anonymous mapping, not np.empty: numpy asks for huge pages on large
+    # arrays, and a huge page fault can wait on memory compaction (measured:
+    # three times slower here)
+    room = mmap.mmap(-1, max(len(ss), 1) * trace_native.record_bound(R, ids.max_id_len))
+    buf = np.frombuffer(room, dtype=np.uint8)
+    codes = (WAITING, RUNNING, PREEMPTED, STOPPED, LENGTH_CAPPED)
+    _, ends = trace_native.render(rec, first_step, scal, tt, ss, ids.abort_rank, prefix_rows, async_rows,
+                                  ids.id_pool, ids.id_off, ids.id_len, ids.max_id_len, codes, buf)
+    starts = np.concatenate([[0], ends[:-1]])
+    listed = (ends > starts).astype(np.int64)
+    cuts = np.nonzero(np.diff(ss))[0] + 1  # records are scenario-major: one text per scenario
+    lo = np.concatenate([[0], cuts])
+    hi = np.concatenate([cuts, [len(ss)]])
+    counts = np.add.reduceat(listed, lo) if len(ss) else listed
+    view = memoryview(room)
+    return [(s, view[b:e], k)
+            for s, b, e, k in zip(ss[lo].tolist(), starts[lo].tolist(), ends[hi - 1].tolist(), counts.tolist()) if k]
+
+
+def _render(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list[tuple[int, memoryview, int]]:
     """render_chunk for the records (tt, ss), scenario-major."""
     R = rec["status"].shape[2]
     status, grant = rec["status"][tt, ss], rec["grant"][tt, ss]
@@ -477,8 +518,8 @@ def _render(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list
 
 
 class TorchTrace:
-    """One scenario's torch trace: the header, the steps as trace text (pieces
-    joined on demand), and the summary; or, for an error or crash trace, the
+    """One scenario's torch trace: the header, the steps as trace text (ASCII
+    bytes in pieces, as the renderer made them, joined on demand), and the summary; or, for an error or crash trace, the
     dict itself (`from_dict`).
 
     - `num_steps`: the steps listed;
@@ -492,10 +533,10 @@ class TorchTrace:
 
     __slots__ = ("header", "summary", "num_steps", "_parts", "_dict")
 
-    def __init__(self, scenario: str, implementation: str, parts: list[str], num_steps: int,
-                 summary: dict[str, Any] | None):
+    def __init__(self, scenario: str, implementation: str, parts: Sequence[str | bytes | memoryview],
+                 num_steps: int, summary: dict[str, Any] | None):
         self.header = {"format": TRACE_FORMAT, "scenario": scenario, "implementation": implementation}
-        self._parts = parts
+        self._parts = [p.encode("ascii") if isinstance(p, str) else p for p in parts]
         self.num_steps = num_steps
         self.summary = summary
         self._dict: dict[str, Any] | None = None
@@ -530,8 +571,8 @@ class TorchTrace:
         if self._dict is not None:
             return ",\n".join(map(dumps, self._dict.get("steps", [])))
         if len(self._parts) != 1:  # join once, keep the result
-            self._parts = ["".join(self._parts)]
-        return self._parts[0][2:]  # without the first step's ",\n"
+            self._parts = [b"".join(self._parts)]
+        return str(memoryview(self._parts[0])[2:], "ascii")  # without the first step's ",\n"
 
     def to_dict(self) -> dict[str, Any]:
         if self._dict is not None:
@@ -545,8 +586,8 @@ class TorchTrace:
             return write_trace(self._dict, path)
         with TraceWriter(path) as w:
             w.begin(self.header)
-            if self.num_steps:
-                w.step_text(self.steps_text(), self.num_steps)
+            if self.num_steps:  # the pieces as they are: no joined copy of the whole text
+                w.step_text([memoryview(self._parts[0])[2:], *self._parts[1:]], self.num_steps)
             w.end({**self.header, "summary": self.summary})
         return Path(path)
 

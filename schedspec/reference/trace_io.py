@@ -28,7 +28,8 @@ API:
                                and discards it on an exception, so a failed or
                                rejected run leaves `path` as it was;
                                `step_text(text, count)` writes `count`
-                               steps serialised beforehand.
+                               steps serialised beforehand (one string or
+                               pieces).
     write_trace(trace, path)   a whole trace dict, in the same layout.
     read_trace(path) -> dict   plain or gzip (told by the file's first bytes).
     read_trace_header(path) -> dict
@@ -50,7 +51,7 @@ import os
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 HEADER_BYTES = 4096
 GZIP_MAGIC = b"\x1f\x8b"
@@ -115,11 +116,15 @@ class TraceWriter:
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(self._tmp, 0o666 & ~mask)
+        # binary: the text is ASCII (ensure_ascii), encoded per write, and a
+        # writer of pre-rendered steps hands over many at once (step_text)
         if is_gzip_path(self.path):
-            self._out = io.TextIOWrapper(gzip.GzipFile(self._tmp, "wb", compresslevel=GZIP_LEVEL, mtime=0),
-                                         encoding="utf-8", newline="\n")
+            self._out = gzip.GzipFile(self._tmp, "wb", compresslevel=GZIP_LEVEL, mtime=0)
         else:
-            self._out = open(self._tmp, "w", encoding="utf-8", newline="\n")
+            self._out = open(self._tmp, "wb")
+
+    def _write(self, text: str) -> None:
+        self._out.write(text.encode("utf-8"))
 
     def begin(self, header: dict[str, Any]) -> None:
         if self._out is None:
@@ -130,20 +135,26 @@ class TraceWriter:
         self._header.update({k: v for k, v in header.items()
                              if k not in self._header and isinstance(v, (str, int, float, bool, type(None)))})
         body = ", ".join(f"{_dumps(k)}: {_dumps(v)}" for k, v in self._header.items())
-        self._out.write("{" + body + ",\n\"steps\": [")
+        self._write("{" + body + ",\n\"steps\": [")
 
     def step(self, record: dict[str, Any]) -> None:
-        self._out.write(("\n" if self._steps == 0 else ",\n") + _dumps(record))
+        self._write(("\n" if self._steps == 0 else ",\n") + _dumps(record))
         self._steps += 1
 
-    def step_text(self, text: str, count: int) -> None:
+    def step_text(self, text: str | Sequence[str | bytes | memoryview], count: int) -> None:
         """`count` steps already serialised as `step` writes them (each step as
         `_dumps` makes it, ",\n" between two steps, nothing before the first
-        or after the last): a writer of columnar records (gpu/trace_text.py)
-        hands over many steps in one call."""
+        or after the last), as one string or as pieces to write one after the
+        other (strings, or their ASCII bytes): a writer of columnar records
+        (gpu/trace_text.py) hands over many steps in one call, without joining
+        them first."""
         if count:
-            self._out.write("\n" if self._steps == 0 else ",\n")
-            self._out.write(text)
+            self._write("\n" if self._steps == 0 else ",\n")
+            for piece in ([text] if isinstance(text, str) else text):
+                if isinstance(piece, str):
+                    self._write(piece)
+                else:
+                    self._out.write(piece)
             self._steps += count
 
     def end(self, trace: dict[str, Any]) -> None:
@@ -153,7 +164,7 @@ class TraceWriter:
             self.begin(trace)
         rest = {k: v for k, v in trace.items() if k not in self._header and k != "steps"}
         tail = "".join(f",\n{_dumps(k)}: {_dumps(v)}" for k, v in rest.items())
-        self._out.write(("\n" if self._steps else "") + "]" + tail + "}\n")
+        self._write(("\n" if self._steps else "") + "]" + tail + "}\n")
         self._out.close()
         self._out = None
         self._ended = True
