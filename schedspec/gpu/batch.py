@@ -251,8 +251,10 @@ def prepare(scenario: Scenario, configs: dict | None = None) -> _Prepared | str:
     return _Prepared(scenario, config, requests)
 
 
-# The per-step record: these tensors (S, R) of each step, kept as they are (the
-# step builds new tensors, so keeping them copies nothing) and stacked per chunk.
+# The per-step record: these tensors (S, R) of each step, copied into buffers
+# (T, S, R) that hold a chunk of steps and are reused chunk after chunk (fresh
+# memory per chunk, as stacking the steps' own tensors made, cost a page fault
+# per 4 kB of records).
 # `hit_tokens` with prefix caching; `app_key` (the grant order of the batch
 # applied) and `stopped` (the requests its update stopped) in a batch with async
 # scheduling, where the batch applied is not always the one scheduled.
@@ -402,7 +404,8 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
     # steps at which some scenario has an abort or an arrival (the others skip that work)
     abort_steps = {x for p in prepared for x in p.columns["abort_step"]}
     arrival_steps = {x for p in prepared for x in p.columns["arrival_step"]}
-    chunk, scalars, first = [], [], 0
+    bufs: dict[str, torch.Tensor] = {}  # the chunk's records, (T, S, R) per field; "scalars" (T, S, columns)
+    used, first = 0, 0  # steps in bufs, the step number of the first
     text = None  # what the trace text of the batch's rows needs (their ids, flags), made at the first flush
 
     def text_tables(owners, R):
@@ -411,16 +414,34 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
                 np.array([p.async_scheduling for p in owners], dtype=bool))
 
     def flush():
-        nonlocal chunk, scalars, first, text
-        if chunk:
-            rec = {name: torch.stack([c[name] for c in chunk]).cpu().numpy() for name in chunk[0]}
+        nonlocal used, first, text
+        if used:  # on the CPU the arrays are the buffers themselves: render_chunk keeps no reference to them
+            rec = {name: b[:used].cpu().numpy() for name, b in bufs.items() if name != "scalars"}
             if text is None:
                 text = text_tables(owners, rec["status"].shape[2])
-            for row, piece, count in render_chunk(rec, first, torch.stack(scalars).cpu().numpy(), *text):
+            for row, piece, count in render_chunk(rec, first, bufs["scalars"][:used].cpu().numpy(), *text):
                 owners[row].parts.append(piece)
                 owners[row].num_listed += count
-            first += len(chunk)
-            chunk, scalars = [], []
+            first += used
+            used = 0
+
+    def record(rec: dict[str, torch.Tensor], cols: list[torch.Tensor]) -> None:
+        nonlocal bufs, used
+        if (bufs.keys() - {"scalars"} != rec.keys()
+                or any(bufs[k].shape[1:] != t.shape or bufs[k].dtype != t.dtype for k, t in rec.items())
+                or bufs["scalars"].shape[2] != len(cols)):
+            flush()  # the first record, or the rows changed: buffers of the new shape
+            steps = max(1, -(-_CHUNK_BYTES // (_RECORD_BYTES * rec["status"].numel())))
+            bufs = {k: torch.empty((steps, *t.shape), dtype=t.dtype, device=t.device) for k, t in rec.items()}
+            bufs["scalars"] = torch.empty((steps, cols[0].shape[0], len(cols)), dtype=I64, device=cols[0].device)
+        for k, t in rec.items():
+            bufs[k][used].copy_(t)
+        row = bufs["scalars"][used]
+        for j, c in enumerate(cols):
+            row[:, j].copy_(c)
+        used += 1
+        if used == bufs["status"].shape[0]:
+            flush()
 
     step = 0
     while True:
@@ -460,14 +481,11 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
                   waiting_key(batch, state), decision.admitted, decision.preempt_order, sampled, aborted,
                   decision.hit_tokens)
         rec = {name: t for name, t in zip(_RECORD_FIELDS, fields) if t is not None}
-        cols = [state.num_free_blocks, decision.num_running, active.to(I64)]
+        cols = [state.num_free_blocks, decision.num_running, active]
         if asy:
             rec["app_key"], rec["stopped"] = app_key, stopped
-            cols += [called.to(I64), app_step.to(I64)]
-        chunk.append(rec)
-        scalars.append(torch.stack(cols, dim=1))
-        if len(chunk) * decision.num_scheduled_tokens.numel() * _RECORD_BYTES >= _CHUNK_BYTES:
-            flush()
+            cols += [called, app_step]
+        record(rec, cols)
     flush()
     _finish(owners, range(len(owners)), state, steps_done)
 

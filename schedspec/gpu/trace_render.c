@@ -65,9 +65,14 @@ static const char digit_pairs[201] =
     "8081828384858687888990919293949596979899";
 
 static inline void num(out_t *o, int64_t v) {
-    char tmp[24];
-    char *e = tmp + sizeof(tmp), *b = e;
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    if (v < 0)
+        *o->p++ = '-';
+    int n = 1; /* digits, counted first so that they go straight to their places */
+    for (uint64_t x = u; x >= 10; x /= 10)
+        n++;
+    char *b = o->p + n;
+    o->p = b;
     while (u >= 100) {
         const unsigned k = (unsigned)(u % 100) * 2;
         u /= 100;
@@ -76,16 +81,11 @@ static inline void num(out_t *o, int64_t v) {
         b[1] = digit_pairs[k + 1];
     }
     if (u >= 10) {
-        b -= 2;
-        b[0] = digit_pairs[u * 2];
-        b[1] = digit_pairs[u * 2 + 1];
+        b[-2] = digit_pairs[u * 2];
+        b[-1] = digit_pairs[u * 2 + 1];
     } else {
-        *--b = (char)('0' + u);
+        b[-1] = (char)('0' + u);
     }
-    if (v < 0)
-        *o->p++ = '-';
-    memcpy(o->p, b, (size_t)(e - b));
-    o->p += e - b;
 }
 
 /* A request's id as a list item (its JSON string; a padding slot, which only a
@@ -123,11 +123,13 @@ static inline void key(out_t *o, const ids_t *ids, int64_t code) {
         id_text(o, ids, code);
 }
 
-static inline void sep(out_t *o, int *first) {
-    if (*first)
-        *first = 0;
-    else
-        PUTS(o, ", ");
+/* A JSON list's items: the ids of slots list[0..n). */
+static inline void items(out_t *o, const ids_t *ids, int64_t code0, const int64_t *slot, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (i)
+            PUTS(o, ", ");
+        item(o, ids, code0 + slot[i]);
+    }
 }
 
 /* Slots sorted by (key, slot): numpy's stable argsort of the keys over the members. */
@@ -157,6 +159,18 @@ static void sort_keyed(keyed *k, int64_t n) {
         k[j + 1] = v;
     }
 }
+
+static inline void keyed_items(out_t *o, const ids_t *ids, int64_t code0, const keyed *k, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (i)
+            PUTS(o, ", ");
+        item(o, ids, code0 + k[i].slot);
+    }
+}
+
+/* A record's lists: sorted by a key (K_), or slots in running or slot order (L_). */
+enum { K_RUN, K_PREEMPTED, K_ABORTED, K_STOPPED, K_WAITING, K_SAMPLED, NUM_KEYED };
+enum { L_SCHEDULED, L_NEW, L_RESUMED, L_ADMITTED, L_RUNNING, L_SAMPLED, L_LIVE, NUM_LISTS };
 
 /* The most bytes one record can take: the keys and five scalars, and per slot
    every list it can be in (ten, with a comma; a number in three, a reason in
@@ -189,22 +203,30 @@ int64_t schedspec_render(int64_t M, const int64_t *tt, const int64_t *ss, int64_
     const int applied = cols[APP_KEY].data != NULL;
     const int64_t bound = schedspec_record_bound(R, max_id_len);
     const size_t slots = (size_t)(R > 0 ? R : 1);
-    keyed *order = malloc(sizeof(keyed) * slots);
-    keyed *other = malloc(sizeof(keyed) * slots);
-    int64_t *vals = malloc(sizeof(int64_t) * slots * NUM_FIELDS); /* the record's columns */
-    if (order == NULL || other == NULL || vals == NULL) {
-        free(order);
-        free(other);
+    /* scratch: the record's columns as int64, and its lists (slots sorted by
+       a key, or slots in running order) */
+    int64_t *vals = malloc(sizeof(int64_t) * slots * NUM_FIELDS);
+    keyed *order = malloc(sizeof(keyed) * slots * NUM_KEYED);
+    int64_t *lists = malloc(sizeof(int64_t) * slots * NUM_LISTS);
+    if (vals == NULL || order == NULL || lists == NULL) {
         free(vals);
+        free(order);
+        free(lists);
         return -1;
     }
 #define V(field, slot) vals[(field) * R + (slot)]
+    keyed *by[NUM_KEYED];
+    int64_t *list[NUM_LISTS];
+    for (int k = 0; k < NUM_KEYED; k++)
+        by[k] = order + k * R;
+    for (int k = 0; k < NUM_LISTS; k++)
+        list[k] = lists + k * R;
     out_t o = {out};
     for (int64_t m = 0; m < M; m++) {
         if ((o.p - out) + bound > cap) {
-            free(order);
-            free(other);
             free(vals);
+            free(order);
+            free(lists);
             return -1;
         }
         const int64_t t = tt[m], s = ss[m];
@@ -219,118 +241,98 @@ int64_t schedspec_render(int64_t M, const int64_t *tt, const int64_t *ss, int64_
             called = sc[3];
             app_step = sc[4];
         }
-        /* Running order: the running and granted slots by run_pos. */
-        int64_t n_order = 0;
-        int busy = is_async && (called != 0 || app_step >= 0);
+        /* One pass over the slots: the members of every list kept by a key. */
+        int64_t nk[NUM_KEYED] = {0};
+        int64_t n_live = 0;
         for (int64_t r = 0; r < R; r++) {
             const int64_t st = V(STATUS, r);
-            const int running = st == c.running;
-            const int sched = V(GRANT, r) > 0;
+            const int running = st == c.running, sched = V(GRANT, r) > 0;
             const int live = st >= c.waiting && st <= c.preempted;
             int stopped;
             if (applied)
                 stopped = V(STOPPED, r) != 0;
             else
                 stopped = sched && (st == c.stopped || st == c.length_capped);
-            busy |= sched | live | (V(ABORTED, r) != 0) | stopped;
-            if (running || sched) {
-                order[n_order].key = V(RUN_POS, r);
-                order[n_order].slot = r;
-                n_order++;
-            }
+#define ADD(which, k)                            \
+    do {                                         \
+        by[which][nk[which]].key = (k);          \
+        by[which][nk[which]].slot = r;           \
+        nk[which]++;                             \
+    } while (0)
+            if (running || sched)
+                ADD(K_RUN, V(RUN_POS, r)); /* running order: the running and granted slots by run_pos */
+            if (V(PREEMPT_ORDER, r) >= 0)
+                ADD(K_PREEMPTED, V(PREEMPT_ORDER, r));
+            if (V(ABORTED, r) != 0)
+                ADD(K_ABORTED, abort_rank[code0 + r]);
+            if (stopped) /* in the order of the batch applied */
+                ADD(K_STOPPED, V(applied ? APP_KEY : RUN_POS, r));
+            if (live && !running)
+                ADD(K_WAITING, V(WAIT_KEY, r));
+            if (applied && V(SAMPLED, r) != 0)
+                ADD(K_SAMPLED, V(APP_KEY, r));
+#undef ADD
+            if (live)
+                list[L_LIVE][n_live++] = r; /* slot order */
         }
+        const int busy = nk[K_RUN] || n_live || nk[K_ABORTED] || nk[K_STOPPED] ||
+                         (is_async && (called != 0 || app_step >= 0));
         if (!busy) {
             rec_end[m] = o.p - out;
             continue;
         }
-        sort_keyed(order, n_order);
+        for (int k = 0; k < NUM_KEYED; k++)
+            sort_keyed(by[k], nk[k]);
 
         PUTS(&o, ",\n{\"step\": ");
         num(&o, t + first_step);
 
+        /* One pass in running order: the grants written, the other running-order lists kept. */
         PUTS(&o, ", \"scheduled\": [");
-        int first = 1;
-        for (int64_t i = 0; i < n_order; i++) {
-            const int64_t r = order[i].slot, g = V(GRANT, r);
+        int64_t nl[NUM_LISTS] = {0};
+        for (int64_t i = 0; i < nk[K_RUN]; i++) {
+            const int64_t r = by[K_RUN][i].slot, g = V(GRANT, r), adm = V(ADMITTED, r);
             if (g > 0) {
-                sep(&o, &first);
+                if (nl[L_SCHEDULED]++)
+                    PUTS(&o, ", ");
                 PUTS(&o, "[");
                 item(&o, &ids, code0 + r);
                 PUTS(&o, ", ");
                 num(&o, g);
                 PUTS(&o, "]");
+                if (adm == 1)
+                    list[L_NEW][nl[L_NEW]++] = r;
+                else if (adm == 2)
+                    list[L_RESUMED][nl[L_RESUMED]++] = r;
+                if (adm > 0)
+                    list[L_ADMITTED][nl[L_ADMITTED]++] = r;
+                if (!applied && V(SAMPLED, r) != 0)
+                    list[L_SAMPLED][nl[L_SAMPLED]++] = r;
             }
+            if (V(STATUS, r) == c.running)
+                list[L_RUNNING][nl[L_RUNNING]++] = r;
         }
-        for (int64_t kind = 1; kind <= 2; kind++) { /* admitted: 1 new, 2 resumed */
-            if (kind == 1)
-                PUTS(&o, "], \"new\": [");
-            else
-                PUTS(&o, "], \"resumed\": [");
-            first = 1;
-            for (int64_t i = 0; i < n_order; i++) {
-                const int64_t r = order[i].slot;
-                if (V(GRANT, r) > 0 && V(ADMITTED, r) == kind) {
-                    sep(&o, &first);
-                    item(&o, &ids, code0 + r);
-                }
-            }
-        }
-
+        PUTS(&o, "], \"new\": [");
+        items(&o, &ids, code0, list[L_NEW], nl[L_NEW]);
+        PUTS(&o, "], \"resumed\": [");
+        items(&o, &ids, code0, list[L_RESUMED], nl[L_RESUMED]);
         PUTS(&o, "], \"preempted\": [");
-        int64_t n = 0;
-        for (int64_t r = 0; r < R; r++) {
-            const int64_t k = V(PREEMPT_ORDER, r);
-            if (k >= 0) {
-                other[n].key = k;
-                other[n].slot = r;
-                n++;
-            }
-        }
-        sort_keyed(other, n);
-        first = 1;
-        for (int64_t i = 0; i < n; i++) {
-            sep(&o, &first);
-            item(&o, &ids, code0 + other[i].slot);
-        }
+        keyed_items(&o, &ids, code0, by[K_PREEMPTED], nk[K_PREEMPTED]);
 
         /* finished: this step's aborts in the scenario's abort order, then the
            requests the update stopped, in the order of the batch applied */
         PUTS(&o, "], \"finished\": [");
-        first = 1;
-        n = 0;
-        for (int64_t r = 0; r < R; r++) {
-            if (V(ABORTED, r) != 0) {
-                other[n].key = abort_rank[code0 + r];
-                other[n].slot = r;
-                n++;
-            }
-        }
-        sort_keyed(other, n);
-        for (int64_t i = 0; i < n; i++) {
-            sep(&o, &first);
+        for (int64_t i = 0; i < nk[K_ABORTED]; i++) {
+            if (i)
+                PUTS(&o, ", ");
             PUTS(&o, "[");
-            item(&o, &ids, code0 + other[i].slot);
+            item(&o, &ids, code0 + by[K_ABORTED][i].slot);
             PUTS(&o, ", \"aborted\"]");
         }
-        n = 0;
-        for (int64_t r = 0; r < R; r++) {
-            int stopped;
-            if (applied)
-                stopped = V(STOPPED, r) != 0;
-            else {
-                const int64_t st = V(STATUS, r);
-                stopped = V(GRANT, r) > 0 && (st == c.stopped || st == c.length_capped);
-            }
-            if (stopped) {
-                other[n].key = V(applied ? APP_KEY : RUN_POS, r);
-                other[n].slot = r;
-                n++;
-            }
-        }
-        sort_keyed(other, n);
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t r = other[i].slot, st = V(STATUS, r);
-            sep(&o, &first);
+        for (int64_t i = 0; i < nk[K_STOPPED]; i++) {
+            const int64_t r = by[K_STOPPED][i].slot, st = V(STATUS, r);
+            if (i || nk[K_ABORTED])
+                PUTS(&o, ", ");
             PUTS(&o, "[");
             item(&o, &ids, code0 + r);
             PUTS(&o, ", ");
@@ -341,89 +343,42 @@ int64_t schedspec_render(int64_t M, const int64_t *tt, const int64_t *ss, int64_
             else if (st == c.length_capped)
                 PUTS(&o, "\"length\"]");
         }
-
         PUTS(&o, "], \"running\": [");
-        first = 1;
-        for (int64_t i = 0; i < n_order; i++) {
-            const int64_t r = order[i].slot;
-            if (V(STATUS, r) == c.running) {
-                sep(&o, &first);
-                item(&o, &ids, code0 + r);
-            }
-        }
-
+        items(&o, &ids, code0, list[L_RUNNING], nl[L_RUNNING]);
         PUTS(&o, "], \"waiting\": [");
-        n = 0;
-        for (int64_t r = 0; r < R; r++) {
-            const int64_t st = V(STATUS, r);
-            if (st >= c.waiting && st <= c.preempted && st != c.running) {
-                other[n].key = V(WAIT_KEY, r);
-                other[n].slot = r;
-                n++;
-            }
-        }
-        sort_keyed(other, n);
-        first = 1;
-        for (int64_t i = 0; i < n; i++) {
-            sep(&o, &first);
-            item(&o, &ids, code0 + other[i].slot);
-        }
+        keyed_items(&o, &ids, code0, by[K_WAITING], nk[K_WAITING]);
 
         PUTS(&o, "], \"num_computed_tokens\": {");
-        first = 1;
-        for (int64_t r = 0; r < R; r++) { /* slot order */
-            const int64_t st = V(STATUS, r);
-            if (st >= c.waiting && st <= c.preempted) {
-                sep(&o, &first);
-                key(&o, &ids, code0 + r);
-                PUTS(&o, ": ");
-                num(&o, V(NCT, r));
-            }
+        for (int64_t i = 0; i < n_live; i++) {
+            const int64_t r = list[L_LIVE][i];
+            if (i)
+                PUTS(&o, ", ");
+            key(&o, &ids, code0 + r);
+            PUTS(&o, ": ");
+            num(&o, V(NCT, r));
         }
         PUTS(&o, "}, \"num_free_blocks\": ");
         num(&o, sc[0]);
 
         /* sampled: in the order of the batch applied */
         PUTS(&o, ", \"sampled\": [");
-        first = 1;
-        if (applied) {
-            n = 0;
-            for (int64_t r = 0; r < R; r++) {
-                if (V(SAMPLED, r) != 0) {
-                    other[n].key = V(APP_KEY, r);
-                    other[n].slot = r;
-                    n++;
-                }
-            }
-            sort_keyed(other, n);
-            for (int64_t i = 0; i < n; i++) {
-                sep(&o, &first);
-                item(&o, &ids, code0 + other[i].slot);
-            }
-        } else {
-            for (int64_t i = 0; i < n_order; i++) {
-                const int64_t r = order[i].slot;
-                if (V(GRANT, r) > 0 && V(SAMPLED, r) != 0) {
-                    sep(&o, &first);
-                    item(&o, &ids, code0 + r);
-                }
-            }
-        }
+        if (applied)
+            keyed_items(&o, &ids, code0, by[K_SAMPLED], nk[K_SAMPLED]);
+        else
+            items(&o, &ids, code0, list[L_SAMPLED], nl[L_SAMPLED]);
         PUTS(&o, "], \"slots_held\": ");
         num(&o, sc[1]);
 
         if (prefix_rows[s]) {
             /* each admission's hit, in admission (running) order */
             PUTS(&o, ", \"prefix_hits\": {");
-            first = 1;
-            for (int64_t i = 0; i < n_order; i++) {
-                const int64_t r = order[i].slot;
-                if (V(GRANT, r) > 0 && V(ADMITTED, r) > 0) {
-                    sep(&o, &first);
-                    key(&o, &ids, code0 + r);
-                    PUTS(&o, ": ");
-                    num(&o, V(HIT_TOKENS, r));
-                }
+            for (int64_t i = 0; i < nl[L_ADMITTED]; i++) {
+                const int64_t r = list[L_ADMITTED][i];
+                if (i)
+                    PUTS(&o, ", ");
+                key(&o, &ids, code0 + r);
+                PUTS(&o, ": ");
+                num(&o, V(HIT_TOKENS, r));
             }
             PUTS(&o, "}");
         }
@@ -441,8 +396,8 @@ int64_t schedspec_render(int64_t M, const int64_t *tt, const int64_t *ss, int64_
         rec_end[m] = o.p - out;
     }
 #undef V
-    free(order);
-    free(other);
     free(vals);
+    free(order);
+    free(lists);
     return o.p - out;
 }
