@@ -4,7 +4,8 @@
 # as torch campaigns draw them, then each async combination alone), the shipped
 # examples against the spec (the async ones included), then the spec-vs-torch
 # benchmark on cuda, decode workload: both flags off, prefix caching, async
-# scheduling, both on (and a shared system prompt).  Without CUDA it says so and
+# scheduling, both on (and a shared system prompt), and both on with every full
+# trace written to disk (the trace text rendered on the host, gpu/trace_render.c).  Without CUDA it says so and
 # exits 0 (nothing to check here).
 #
 #   benchmarks/cuda_check.sh [SCENARIOS]      # default 5000 scenarios, seed 3
@@ -41,3 +42,6 @@ echo "== benchmark: scenario-steps per second, spec vs torch on cuda"
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --async-scheduling
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --prefix-caching --async-scheduling
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --prefix-caching --async-scheduling
+mkdir -p "$out/traces"
+"$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --prefix-caching --async-scheduling \
+    --write-traces "$out/traces"

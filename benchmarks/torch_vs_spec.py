@@ -311,6 +311,11 @@ def main() -> None:
           f"{' + async scheduling' if args.async_scheduling else ''}"
           f"{f' + shared prefix {args.shared_prefix}' if args.shared_prefix else ''}; "
           f"python {sys.version.split()[0]}", flush=True)
+    if not args.summaries_only:
+        from schedspec.gpu import trace_native
+
+        print("# trace text: " + ("native renderer (gpu/trace_render.c)" if trace_native.available()
+                                  else f"numpy renderer ({trace_native.why_not()})"), flush=True)
     print(f"{'S':>6} {'scen-steps':>11} {'spec steps/s':>14} {'torch steps/s':>14} {'torch/spec':>11} "
           f"{'torch s':>8} {'no-rec steps/s':>15} {'no-rec/spec':>12} {'tensor B/scen':>14} {'RSS kB/scen':>12}",
           flush=True)

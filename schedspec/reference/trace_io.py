@@ -110,18 +110,22 @@ class TraceWriter:
     def _open(self) -> None:
         folder = self.path.parent if str(self.path.parent) else Path(".")
         fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name[:100]}.", suffix=".part", dir=folder)
-        os.close(fd)
         # mkstemp makes the file private (0600); a trace gets the permissions
         # any file the user creates gets.
         mask = os.umask(0)
         os.umask(mask)
-        os.chmod(self._tmp, 0o666 & ~mask)
+        try:
+            os.fchmod(fd, 0o666 & ~mask)
+        except OSError:
+            os.close(fd)
+            raise
         # binary: the text is ASCII (ensure_ascii), encoded per write, and a
         # writer of pre-rendered steps hands over many at once (step_text)
         if is_gzip_path(self.path):
+            os.close(fd)
             self._out = gzip.GzipFile(self._tmp, "wb", compresslevel=GZIP_LEVEL, mtime=0)
         else:
-            self._out = open(self._tmp, "wb")
+            self._out = os.fdopen(fd, "wb")  # the file mkstemp made, not opened a second time
 
     def _write(self, text: str) -> None:
         self._out.write(text.encode("utf-8"))
