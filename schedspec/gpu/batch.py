@@ -29,7 +29,7 @@ from schedspec.spec.config import ConfigError, SchedulerConfig
 from schedspec.spec.input_processor import checked_lengths
 from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
 from .device import resolve_device
-from .hashes import hash_ids
+from .hashes import hash_ids, is_private, private_hash_rows
 from .limits import MAX_FLOAT32_DIV_LEN, limit_violation
 from .state import (ABORTED, I32, I64, LENGTH_CAPPED, NEVER, PREEMPTED, RUNNING, STOPPED, WAITING, Batch,
                     initial_state, select)
@@ -105,31 +105,52 @@ _REQUEST_PAD = {"valid": False, "num_prompt_tokens": 1, "max_tokens": 1, "output
 
 def num_hash_blocks(config: SchedulerConfig, prompt_lens: Sequence[int], max_tokens: Sequence[int],
                     max_steps: int) -> list[int]:
+    """Per request, the block positions it can ever use (`hash_block_rows` of one scenario)."""
+    return hash_block_rows(np.array([[config.block_size]]), np.array([[config.max_model_len]]),
+                           np.array([[max_steps]]), np.array([list(prompt_lens)], dtype=np.int64).reshape(1, -1),
+                           np.array([list(max_tokens)], dtype=np.int64).reshape(1, -1))[0].tolist()
+
+
+def hash_block_rows(block_size: np.ndarray, max_model_len: np.ndarray, max_steps: np.ndarray,
+                    prompt_lens: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:
     """Per request, the block positions it can ever use: its tokens are at most
-    its prompt plus one output per step, below max_model_len (one spare position)."""
-    bs = min(config.block_size, config.max_model_len)
-    L = config.max_model_len
-    return [-(-min(n + min(m, max_steps), L) // bs) + 1 for n, m in zip(prompt_lens, max_tokens)]
+    its prompt plus one output per step, below max_model_len (one spare
+    position).  Per-scenario values (S, 1), per-request ones (S, R)."""
+    bs = np.minimum(block_size, max_model_len)
+    return -(-np.minimum(prompt_lens + np.minimum(max_tokens, max_steps), max_model_len) // bs) + 1
 
 
 def prefix_columns(prepared: Sequence["_Prepared"], R: int, device) -> dict[str, Any]:
     """The Batch fields of the block-level pool (gpu/pool.py) for these scenarios."""
     # Every scenario of the batch runs on the block-level pool, so H covers the
     # block tables of the scenarios without prefix caching too.
-    H = max([p.hashes.shape[1] if p.hashes is not None
-             else max(num_hash_blocks(p.config, p.columns["num_prompt_tokens"], p.columns["max_tokens"],
-                                      p.scenario.max_steps) + [1])
-             for p in prepared] + [1])
-    bh = np.full((len(prepared), R, H), -1, dtype=np.int32)  # int32: the largest tensor of a batch (limits.py)
-    ar = np.zeros((len(prepared), R), dtype=np.int64)
+    S = len(prepared)
+    prompt, max_tokens = np.zeros((S, R), dtype=np.int64), np.zeros((S, R), dtype=np.int64)
+    ar = np.zeros((S, R), dtype=np.int64)
     for s, p in enumerate(prepared):
-        if p.hashes is not None:
+        k = len(p.ids)
+        prompt[s, :k], max_tokens[s, :k], ar[s, :k] = (p.columns["num_prompt_tokens"], p.columns["max_tokens"],
+                                                       p.abort_rank)
+    scalar = lambda f: np.array([f(p) for p in prepared], dtype=np.int64)[:, None]  # noqa: E731
+    nb = hash_block_rows(scalar(lambda p: p.config.block_size), scalar(lambda p: p.config.max_model_len),
+                         scalar(lambda p: p.scenario.max_steps), prompt, max_tokens)
+    nb *= np.arange(R) < np.array([len(p.ids) for p in prepared])[:, None]  # padding slots: no blocks
+    H = max([int(nb.max()) if nb.size else 0] + [p.hashes.shape[1] for p in prepared if p.hashes is not None]
+            + [1])
+    bh = np.full((S, R, H), -1, dtype=np.int32)  # int32: the largest tensor of a batch (limits.py)
+    num_hashes = [p.num_hashes for p in prepared]
+    for s, p in enumerate(prepared):
+        if p.hashes is not None:  # prefix groups or explicit token ids (hashes.py)
             bh[s, : p.hashes.shape[0], : p.hashes.shape[1]] = p.hashes
-        ar[s, : len(p.abort_rank)] = p.abort_rank
+    private = np.array([p.prefix_caching and p.hashes is None for p in prepared], dtype=bool)
+    if private.any():  # every block its request's own: the whole batch's at once
+        ids, counts = private_hash_rows(nb[private])
+        bh[private, :, : ids.shape[2]] = ids
+        num_hashes += counts.tolist()
     return {"block_hashes": torch.from_numpy(bh).to(device), "abort_rank": torch.from_numpy(ar).to(device),
             "unhashed_first": torch.tensor([has(p.config, UNHASHED_FREE_BLOCKS_FIRST) for p in prepared],
                                            dtype=torch.bool, device=device),
-            "num_hashes": max([p.num_hashes for p in prepared] + [1])}
+            "num_hashes": max(num_hashes + [1])}
 
 
 def build_batch(configs: Sequence[dict[str, Any]], requests: Sequence[dict[str, list]], device,
@@ -182,8 +203,10 @@ class _Prepared:
         self.num_listed = 0
         self.prefix_caching = bool(config.enable_prefix_caching)
         self.async_scheduling = bool(config.async_scheduling)
+        # block hash ids (gpu/hashes.py): here for prefix groups and explicit
+        # token ids; a private scenario's are numbered with the batch's (prefix_columns)
         self.hashes, self.num_hashes = None, 0
-        if self.prefix_caching:
+        if self.prefix_caching and not is_private(scenario):
             nb = num_hash_blocks(config, self.columns["num_prompt_tokens"], self.columns["max_tokens"],
                                  scenario.max_steps)
             self.hashes, self.num_hashes = hash_ids(scenario, config.block_size, nb)
@@ -320,7 +343,8 @@ def run_batch_traces(scenarios: Sequence[Scenario], *, device=None,
                 prepared.append(p)
                 where.append(i)
         if prepared:
-            _run_groups(prepared, dev, progress, record_steps)
+            with torch.inference_mode():
+                _run_groups(prepared, dev, progress, record_steps)
             for i, p in zip(where, prepared):
                 traces[i] = TorchTrace(p.scenario.name, NAME, p.parts, p.num_listed, p.summary)
     finally:

@@ -40,20 +40,34 @@ def hash_ids(scenario, block_size: int, num_blocks: Sequence[int]) -> tuple[np.n
     if _explicit(scenario):
         R, H = len(scenario.requests), max(list(num_blocks) + [1])
         return _interned(scenario, block_size, num_blocks, np.full((R, H), -1, dtype=np.int64))
-    if all(getattr(r, "prefix_group", None) is None for r in scenario.requests):
+    if is_private(scenario):
         return private_hash_ids(num_blocks)
     return grouped_hash_ids(scenario, block_size, num_blocks)
 
 
+def is_private(scenario) -> bool:
+    """Whether no two requests of the scenario can share a block: no prefix
+    groups, no explicit token ids (then no two share a first token, formats.md)."""
+    return not _explicit(scenario) and all(getattr(r, "prefix_group", None) is None for r in scenario.requests)
+
+
 def private_hash_ids(num_blocks: Sequence[int]) -> tuple[np.ndarray, int]:
     """`hash_ids` of a scenario without prefix groups or explicit token ids:
-    no two requests share a first token (formats.md), so every block id is the
-    request's own, request after request (as `grouped_hash_ids` numbers them)."""
-    n = np.maximum(np.asarray(list(num_blocks), dtype=np.int64), 0)
+    every block id is the request's own, request after request (as
+    `grouped_hash_ids` numbers them)."""
+    ids, count = private_hash_rows(np.asarray([list(num_blocks)], dtype=np.int64).reshape(1, -1))
+    return ids[0], int(count[0])
+
+
+def private_hash_rows(num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`private_hash_ids` of many scenarios at once (a batch's, in one pass
+    instead of a few numpy calls per scenario): num_blocks (S, R), 0 for a
+    padding slot -> ids (S, R, H) and each scenario's number of ids (S,)."""
+    n = np.maximum(num_blocks, 0)
     H = max(int(n.max()) if n.size else 0, 1)
-    col = np.arange(H, dtype=np.int64)[None, :]
-    base = (np.cumsum(n) - n)[:, None]
-    return np.where(col < n[:, None], base + col, -1), int(n.sum())
+    col = np.arange(H, dtype=np.int64)
+    base = np.cumsum(n, axis=1) - n
+    return np.where(col < n[..., None], base[..., None] + col, -1), n.sum(1)
 
 
 def grouped_hash_ids(scenario, block_size: int, num_blocks: Sequence[int]) -> tuple[np.ndarray, int]:
