@@ -132,6 +132,18 @@ static inline void items(out_t *o, const ids_t *ids, int64_t code0, const int64_
     }
 }
 
+/* A JSON object's members: "id": value[slot] for slots slot[0..n). */
+static inline void pairs(out_t *o, const ids_t *ids, int64_t code0, const int64_t *slot, int64_t n,
+                         const int64_t *value) {
+    for (int64_t i = 0; i < n; i++) {
+        if (i)
+            PUTS(o, ", ");
+        key(o, ids, code0 + slot[i]);
+        PUTS(o, ": ");
+        num(o, value[slot[i]]);
+    }
+}
+
 /* Slots sorted by (key, slot): numpy's stable argsort of the keys over the members. */
 typedef struct {
     int64_t key, slot;
@@ -349,14 +361,7 @@ int64_t schedspec_render(int64_t M, const int64_t *tt, const int64_t *ss, int64_
         keyed_items(&o, &ids, code0, by[K_WAITING], nk[K_WAITING]);
 
         PUTS(&o, "], \"num_computed_tokens\": {");
-        for (int64_t i = 0; i < n_live; i++) {
-            const int64_t r = list[L_LIVE][i];
-            if (i)
-                PUTS(&o, ", ");
-            key(&o, &ids, code0 + r);
-            PUTS(&o, ": ");
-            num(&o, V(NCT, r));
-        }
+        pairs(&o, &ids, code0, list[L_LIVE], n_live, &V(NCT, 0));
         PUTS(&o, "}, \"num_free_blocks\": ");
         num(&o, sc[0]);
 
@@ -372,14 +377,7 @@ int64_t schedspec_render(int64_t M, const int64_t *tt, const int64_t *ss, int64_
         if (prefix_rows[s]) {
             /* each admission's hit, in admission (running) order */
             PUTS(&o, ", \"prefix_hits\": {");
-            for (int64_t i = 0; i < nl[L_ADMITTED]; i++) {
-                const int64_t r = list[L_ADMITTED][i];
-                if (i)
-                    PUTS(&o, ", ");
-                key(&o, &ids, code0 + r);
-                PUTS(&o, ": ");
-                num(&o, V(HIT_TOKENS, r));
-            }
+            pairs(&o, &ids, code0, list[L_ADMITTED], nl[L_ADMITTED], &V(HIT_TOKENS, 0));
             PUTS(&o, "}");
         }
         if (is_async) {
