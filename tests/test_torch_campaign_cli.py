@@ -164,6 +164,32 @@ def test_cuda_without_cuda_is_one_line_exit_2(capsys, cmd):
     assert_one_line_error(rc, err, "--device cuda", "CUDA is not available")
 
 
+@pytest.mark.parametrize("cmd", [("diff", "--impl", "torch", "--scenarios", "2"), ("run", "table3-b8", "--impl", "torch"),
+                                 ("sweep", "table3-b8", "--set", "max_num_seqs=4,8")])
+def test_bad_trace_renderer_is_one_line_exit_2(capsys, monkeypatch, tmp_path, cmd):
+    """$SCHEDSPEC_TRACE_RENDERER (gpu/trace_native.py) is checked before anything
+    runs: a bad value, or `native` where the C renderer cannot be built, is a
+    usage error, not a crash of every scenario reported as divergences."""
+    from schedspec.gpu import trace_native
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        monkeypatch.setenv(trace_native.RENDERER_ENV, "fast")
+        trace_native.reset()
+        rc, _out, err = cli(capsys, *cmd)
+        assert_one_line_error(rc, err, "SCHEDSPEC_TRACE_RENDERER=fast", "auto, numpy, native")
+        monkeypatch.setenv(trace_native.RENDERER_ENV, "native")
+        monkeypatch.setenv("CC", "false")
+        monkeypatch.setenv("SCHEDSPEC_CACHE", str(tmp_path / "cache"))
+        trace_native.reset()
+        rc, _out, err = cli(capsys, *cmd)
+        assert_one_line_error(rc, err, "SCHEDSPEC_TRACE_RENDERER=native", "cannot be built")
+        assert not (tmp_path / "divergences").exists()
+    finally:
+        monkeypatch.undo()
+        trace_native.reset()
+
+
 def test_run_and_check_on_torch_cpu(capsys):
     rc, out, err = cli(capsys, "run", "preemption", "--impl", "torch", "--device", "cpu")
     assert rc == 0, err

@@ -1,5 +1,6 @@
 """`--device cpu|cuda` on the commands that run an implementation (`run`, `check`,
-`diff`): one flag, one check, one error message everywhere.
+`diff`, `sweep`): one flag, one check, one error message everywhere; with
+them, the torch implementation's environment ($SCHEDSPEC_TRACE_RENDERER).
 
 The flag only means something to the torch implementation; giving it with
 another one, or asking for CUDA on a machine without it, is a user error
@@ -24,10 +25,14 @@ def add_device_argument(parser) -> None:
 
 def device_for(device: str | None, impl_names: Iterable[str]) -> str | None:
     """The device to pass to `load_impl("torch", device=...)`, checked: None
-    when the flag was not given."""
+    when the flag was not given.  With torch among the implementations, a bad
+    $SCHEDSPEC_TRACE_RENDERER (or `native` where the C renderer cannot be
+    built) is a usage error here, not a crash of every scenario later."""
+    names = list(impl_names)
+    if TORCH_IMPL in names:
+        check_trace_renderer()
     if device is None:
         return None
-    names = list(impl_names)
     if TORCH_IMPL not in names:
         raise UsageError(f"--device {device}: only --impl torch runs on a device, not "
                          f"{' or '.join(repr(n) for n in names)}")
@@ -43,9 +48,20 @@ def device_for(device: str | None, impl_names: Iterable[str]) -> str | None:
     return device
 
 
+def check_trace_renderer() -> None:
+    """$SCHEDSPEC_TRACE_RENDERER as a one-line usage error (gpu/trace_native.py)."""
+    from schedspec.gpu import trace_native
+
+    try:
+        if trace_native.choice() == "native":
+            trace_native.available()
+    except (ValueError, RuntimeError) as e:
+        raise UsageError(str(e)) from None
+
+
 def impl_device(name: str, device: str | None) -> str | None:
     """The device keyword for loading implementation `name` (only torch takes one)."""
     return device if name == TORCH_IMPL else None
 
 
-__all__ = ["DEVICE_CHOICES", "add_device_argument", "device_for", "impl_device"]
+__all__ = ["DEVICE_CHOICES", "add_device_argument", "check_trace_renderer", "device_for", "impl_device"]

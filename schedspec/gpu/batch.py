@@ -131,9 +131,12 @@ def prefix_columns(prepared: Sequence["_Prepared"], R: int, device) -> dict[str,
         k = len(p.ids)
         prompt[s, :k], max_tokens[s, :k], ar[s, :k] = (p.columns["num_prompt_tokens"], p.columns["max_tokens"],
                                                        p.abort_rank)
-    scalar = lambda f: np.array([f(p) for p in prepared], dtype=np.int64)[:, None]  # noqa: E731
-    nb = hash_block_rows(scalar(lambda p: p.config.block_size), scalar(lambda p: p.config.max_model_len),
-                         scalar(lambda p: p.scenario.max_steps), prompt, max_tokens)
+    def per_scenario(values) -> np.ndarray:
+        return np.array(list(values), dtype=np.int64)[:, None]
+
+    nb = hash_block_rows(per_scenario(p.config.block_size for p in prepared),
+                         per_scenario(p.config.max_model_len for p in prepared),
+                         per_scenario(p.scenario.max_steps for p in prepared), prompt, max_tokens)
     nb *= np.arange(R) < np.array([len(p.ids) for p in prepared])[:, None]  # padding slots: no blocks
     H = max([int(nb.max()) if nb.size else 0] + [p.hashes.shape[1] for p in prepared if p.hashes is not None]
             + [1])

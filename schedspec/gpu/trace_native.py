@@ -46,6 +46,7 @@ class _Codes(ctypes.Structure):
 
 _lib = None
 _why_not: str | None = None
+_error: Exception | None = None
 _tried = False
 
 
@@ -93,6 +94,8 @@ def _build() -> ctypes.CDLL:
                     if os.path.exists(tmp):
                         os.unlink(tmp)
             lib = ctypes.CDLL(str(target))
+            if folder != _cache_dir():  # a temporary folder: the loaded library stays mapped
+                shutil.rmtree(folder, ignore_errors=True)
             break
         except OSError:
             if folder is not None and folder != _cache_dir():
@@ -108,23 +111,39 @@ def _build() -> ctypes.CDLL:
 
 
 def _load():
-    global _lib, _why_not, _tried
+    """The library, or None for the numpy renderer; decided once (`reset`).  A
+    bad choice, or `native` that cannot be had, raises on every call."""
+    global _lib, _why_not, _tried, _error
     if _tried:
+        if _error is not None:
+            raise _error
         return _lib
     _tried = True
-    choice = os.environ.get(RENDERER_ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto", "numpy", "native"):
-        raise ValueError(f"{RENDERER_ENV}: {choice!r} is not one of auto, numpy, native")
-    if choice == "numpy":
+    try:
+        chosen = choice()
+    except ValueError as e:
+        _error = e
+        raise
+    if chosen == "numpy":
         _why_not = f"{RENDERER_ENV}=numpy"
         return None
     try:
         _lib = _build()
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        if choice == "native":
-            raise RuntimeError(f"{RENDERER_ENV}=native: the native trace renderer cannot be built: {e}") from e
+        if chosen == "native":
+            _error = RuntimeError(f"{RENDERER_ENV}=native: the native trace renderer cannot be built: {e}")
+            raise _error from e
         _why_not = str(e)
     return _lib
+
+
+def choice() -> str:
+    """The renderer asked for in $SCHEDSPEC_TRACE_RENDERER: auto (the default),
+    numpy or native; ValueError naming the variable for anything else."""
+    value = os.environ.get(RENDERER_ENV, "").strip().lower() or "auto"
+    if value not in ("auto", "numpy", "native"):
+        raise ValueError(f"{RENDERER_ENV}={value}: not one of auto, numpy, native")
+    return value
 
 
 def available() -> bool:
@@ -140,8 +159,8 @@ def why_not() -> str | None:
 
 def reset() -> None:
     """Forget the choice, so that the next call reads the environment again (tests)."""
-    global _lib, _why_not, _tried
-    _lib, _why_not, _tried = None, None, False
+    global _lib, _why_not, _tried, _error
+    _lib, _why_not, _tried, _error = None, None, False, None
 
 
 def _column(a: np.ndarray | None) -> tuple[_Column, np.ndarray | None]:
@@ -208,4 +227,4 @@ def render(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray, tt: np
     return int(n), ends
 
 
-__all__ = ["FIELDS", "RENDERER_ENV", "available", "record_bound", "render", "reset", "why_not"]
+__all__ = ["FIELDS", "RENDERER_ENV", "available", "choice", "record_bound", "render", "reset", "why_not"]

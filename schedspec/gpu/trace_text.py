@@ -5,11 +5,18 @@ Building one Python dict per scenario-step bounded a traced torch run at a few
 tens of thousands of scenario-steps per second, whatever the device did.  Here
 a chunk of steps of every scenario of a batch (numpy arrays (T, S, R), as
 gpu/batch.py copies them from the device) becomes the JSON text of its trace
-steps directly: each piece of text ("r3" with its separator, a number, a fixed
-run of keys) is a run of bytes in one byte pool (made once per request, per number,
-per key), the pieces are placed by numpy index arithmetic and their bytes
-gathered in one pass, and each scenario's text of the chunk is cut out once.
-The Python work per chunk is one slice per scenario, none per step or request.
+steps directly, by one of two renderers that write the same bytes:
+
+- the native one (gpu/trace_render.c, loaded by gpu/trace_native.py; the
+  default wherever a C compiler is found): a loop over the records in C;
+- the numpy one (`_render`): each piece of text ("r3" with its separator, a
+  number, a fixed run of keys) is a run of bytes in one byte pool (made once
+  per request, per number, per key), the pieces are placed by numpy index
+  arithmetic and their bytes gathered in one pass; about ten times slower.
+
+Either way each scenario's text of the chunk is one view into the chunk's
+text: the Python work per chunk is one slice per scenario, none per step or
+request.
 
 The text is byte for byte what reference/trace_io.py writes for the same trace
 (json.dumps with ", " and ": ", keys in reference/engine.py's order, one step per
@@ -307,8 +314,8 @@ def render_chunk(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray, 
                  prefix_rows: np.ndarray, async_rows: np.ndarray) -> list[tuple[int, memoryview, int]]:
     """The trace text of one chunk of steps: (batch row, text, steps listed) per
     scenario with a listed step in the chunk, the text as ASCII bytes (a view
-    into the chunk's one bytes object: no copy per scenario).  `rec` holds each record field as
-    an array (T, S, R), `scal` (T, S, 3 or 5) the free blocks, slots held and
+    into the chunk's text: no copy per scenario).  `rec` holds each record
+    field as an array (T, S, R), `scal` (T, S, 3 or 5) the free blocks, slots held and
     active flag (and, in a batch with async scheduling, whether schedule() was
     called and the step of the batch applied, -1 = none); `prefix_rows` and
     `async_rows` (S,) which rows have prefix caching and async scheduling.
@@ -345,6 +352,8 @@ def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) 
     its exact size, populated in one call (MAP_POPULATE: measured 0.38 against
     0.6 us per kB for fresh pages faulted in one by one as the text reaches
     them), and each scenario's text is a view into that mapping."""
+    if len(ss) == 0:
+        return []
     R = rec["status"].shape[2]
     need = max(len(ss), 1) * trace_native.record_bound(R, ids.max_id_len)
     if ids.scratch is None or len(ids.scratch) < need:
@@ -362,7 +371,7 @@ def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) 
     cuts = np.nonzero(np.diff(ss))[0] + 1  # records are scenario-major: one text per scenario
     lo = np.concatenate([[0], cuts])
     hi = np.concatenate([cuts, [len(ss)]])
-    counts = np.add.reduceat(listed, lo) if len(ss) else listed
+    counts = np.add.reduceat(listed, lo)
     view = memoryview(room)
     return [(s, view[b:e], k)
             for s, b, e, k in zip(ss[lo].tolist(), starts[lo].tolist(), ends[hi - 1].tolist(), counts.tolist()) if k]
@@ -526,8 +535,8 @@ def _render(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list
 
 class TorchTrace:
     """One scenario's torch trace: the header, the steps as trace text (ASCII
-    bytes in pieces, as the renderer made them, joined on demand), and the summary; or, for an error or crash trace, the
-    dict itself (`from_dict`).
+    bytes in pieces, as the renderer made them, joined on demand), and the
+    summary; or, for an error or crash trace, the dict itself (`from_dict`).
 
     - `num_steps`: the steps listed;
     - `steps_text()`: the steps as trace_io.py writes them (one per line,
