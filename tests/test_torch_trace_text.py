@@ -8,7 +8,7 @@ import copy
 import dataclasses
 import gzip
 import json
-
+import random
 import shutil
 
 import jsonschema
@@ -150,6 +150,21 @@ def test_gather_moves_each_piece_in_order():
         assert ends.tolist() == np.cumsum(lens).tolist()
 
 
+def _decode(n: int, pc: bool, asy: bool) -> list:
+    """Steady decode scenarios: 32 requests each (four arriving per step), decoding
+    for all 200 steps, so that every step lists 32 grants and 32 computed counts."""
+    out = []
+    for i in range(n):
+        rng = random.Random(f"render/{i}")
+        config = {"max_num_batched_tokens": 1024, "max_num_seqs": 64, "max_model_len": 2048, "block_size": 16,
+                  "num_gpu_blocks": 8192, "policy": rng.choice(["fcfs", "priority"]),
+                  "enable_prefix_caching": pc, "async_scheduling": asy}
+        reqs = [{"id": f"r{j}", "prompt_len": rng.randint(16, 256), "max_tokens": 1000, "arrival_step": j // 4,
+                 "arrival_time": float(j)} for j in range(32)]
+        out.append(dataclasses.replace(_scenario(config, reqs, max_steps=200), name=f"decode-{i}"))
+    return out
+
+
 def _texts(scenarios, mp, name):
     _use_renderer(mp, name)
     return [t.steps_text() for t in run_batch_traces(scenarios, device="cpu")]
@@ -160,17 +175,8 @@ def test_native_renderer_writes_the_numpy_renderers_text(monkeypatch):
     byte: generator scenarios of the four flag combinations (aborts,
     preemptions, stops, idle steps), decode scenarios of 32 requests, and ids
     JSON escapes with numbers past the numpy renderer's tables."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    try:
-        from torch_vs_spec import decode_workload
-    finally:
-        sys.path.pop(0)
     scenarios = [generate_scenario(scenario_rng(17, i), i, TORCH_FLAGS) for i in range(120)]
-    scenarios += decode_workload(3, prefix_caching=True, async_scheduling=True)[:3]
-    scenarios += decode_workload(2)
+    scenarios += _decode(3, True, True) + _decode(2, False, False)
     config = {"max_num_batched_tokens": 64, "max_num_seqs": 4, "max_model_len": 256, "block_size": 4,
               "num_gpu_blocks": 2**20, "enable_prefix_caching": True, "async_scheduling": True}
     scenarios.append(_scenario(config, [{"id": rid, "prompt_len": 7 + i, "max_tokens": 5, "arrival_time": float(i)}
