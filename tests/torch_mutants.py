@@ -83,21 +83,21 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "no_eviction": [(PL, "    if evicting:\n        _evict(pool, s, b)\n", "")],
     # --- async scheduling (gpu/step.py: schedule's placeholders and guard, deliver, engine_step_async) ---
     # no async max_tokens guard: a request whose last allowed token is in flight is scheduled once more.
-    "async_no_max_tokens_guard": [(ST, "schedulable = ~((ph > 0) & (ncomp + 2 - ph >= batch.num_prompt_tokens "
+    "async_no_max_tokens_guard": [(ST, "schedulable = ~(gt(ph, 0) & ge(ncomp + 2 - ph, batch.num_prompt_tokens "
                                        "+ batch.max_tokens))", "schedulable = None")],
     # the guard off by one (+1 for +2): it passes over a request one token too early.
-    "async_guard_off_by_one": [(ST, "(ncomp + 2 - ph >= batch.num_prompt_tokens",
-                                "(ncomp + 1 - ph >= batch.num_prompt_tokens")],
+    "async_guard_off_by_one": [(ST, "ge(ncomp + 2 - ph, batch.num_prompt_tokens",
+                                "ge(ncomp + 1 - ph, batch.num_prompt_tokens")],
     # AsyncScheduler's output placeholders not added: a decode is not scheduled while its token is in flight.
-    "async_no_placeholders": [(ST, "ph=new.ph + (sample & batch.async_sched[:, None]))", "ph=new.ph)")],
+    "async_no_placeholders": [(ST, "ph=new.ph + both(sample, batch.async_sched[:, None]))", "ph=new.ph)")],
     # a preemption keeps the request's placeholders: it resumes wanting tokens that will never come.
     "async_preempt_keeps_placeholders": [(ST, "            ph = torch.where(vmask, 0, ph)\n", "")],
     # stale output (from before a preemption) dropped instead of appended (docs/rules.md §9.3, S:2316-2323).
     "async_stale_output_dropped": [(ST, "    tokens = tokens & mine\n",
                                     "    tokens = tokens & mine & (state.stale == 0)\n")],
     # the output of a request aborted while its batch was in flight is still applied (S:2327-2335).
-    "async_aborted_output_applied": [(ST, "    mine = (grant > 0) & live\n",
-                                      "    mine = (grant > 0) & (live | (state.status == ABORTED))\n")],
+    "async_aborted_output_applied": [(ST, "    mine = gt(grant, 0) & live\n",
+                                      "    mine = gt(grant, 0) & (live | (state.status == ABORTED))\n")],
     # an empty batch does not take a place in flight: the next batch is applied a step early.
     "async_empty_batch_not_queued": [(ST, "stays = is_async & called & (old | tokens | live_any)",
                                       "stays = is_async & called & (tokens | live_any)")],
@@ -108,7 +108,7 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
                                       "    hashing = fresh & had_ph & was_running & False\n")],
     # the waiting loop does not skip a request whose stale output is in flight (S:1084-1089); the
     # two-batch engine never reaches it (formats.md), a deeper pipeline does (test_torch_async.py).
-    "async_no_stale_skip": [(ST, "        in_wait = in_wait & (stale == 0)\n", "        pass\n")],
+    "async_no_stale_skip": [(ST, "        in_wait = in_wait & eq(stale, 0)\n", "        pass\n")],
 }
 
 # Mutants the default campaign cannot see, by the engine's construction, with the test that catches each.

@@ -43,6 +43,7 @@ from .state import (
     State,
 )
 from .index import argsort_members, nonzero_rc
+from .masks import any_rows, both, count_rows, eq, ge, gt, le, lt, within
 from .pool import cache, free as free_blocks, lookup, pop, touch
 
 _INF = 2**62
@@ -65,20 +66,13 @@ def _any(mask: torch.Tensor) -> bool:
     return mask.numel() > 0 and bool(mask.contiguous().view(torch.uint8).max())
 
 
-def _any_rows(mask: torch.Tensor) -> torch.Tensor:
-    """`mask.any(1)` for an (S, R) bool mask, through the same byte view."""
-    if mask.shape[1] == 0:
-        return torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
-    return mask.contiguous().view(torch.uint8).amax(1).bool()
-
-
 def _live(status: torch.Tensor) -> torch.Tensor:
     """Arrived and not finished: WAITING, RUNNING or PREEMPTED."""
-    return (status >= WAITING) & (status <= PREEMPTED)
+    return within(status, WAITING, PREEMPTED)
 
 
 def _in_waiting(status: torch.Tensor) -> torch.Tensor:
-    return (status == WAITING) | (status == PREEMPTED)
+    return eq(status, WAITING) | eq(status, PREEMPTED)
 
 
 def finish(batch: Batch, state: State, mask: torch.Tensor, status: int | torch.Tensor, step,
@@ -98,7 +92,7 @@ def finish(batch: Batch, state: State, mask: torch.Tensor, status: int | torch.T
         freed = (state.num_blocks * mask).sum(1)
     status = torch.as_tensor(status, dtype=I8, device=mask.device)
     if state.fin_flag is not None:  # finished_req_ids is now non-empty (S:3054)
-        state = replace(state, fin_flag=state.fin_flag | _any_rows(mask))
+        state = replace(state, fin_flag=state.fin_flag | any_rows(mask))
     return replace(
         state,
         status=state.status + (status - state.status) * mask,
@@ -133,7 +127,7 @@ def _order(key: torch.Tensor, member: torch.Tensor) -> tuple[torch.Tensor, torch
     index or one front-counter value per preemption; queue_rank: a rank), and
     the order of the non-members is never read, so an unstable sort (about
     five times as fast here, gpu/index.py) gives the same member order."""
-    return argsort_members(key, member, _INF), member.sum(1)
+    return argsort_members(key, member, _INF), count_rows(member)
 
 
 def waiting_key(batch: Batch, state: State) -> torch.Tensor:
@@ -151,13 +145,13 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
     if state.ph is None:
         return decision, new
     grant = decision.num_scheduled_tokens
-    granted = grant > 0
+    granted = gt(grant, 0)
     # ph here is after the step's preemptions reset it; a granted request was not preempted.
-    chunk = new.num_computed_tokens < batch.num_prompt_tokens + new.num_output_tokens + new.ph
+    chunk = lt(new.num_computed_tokens, batch.num_prompt_tokens + new.num_output_tokens + new.ph)
     sample = granted & ~chunk
     return replace(decision, sample=sample), replace(
         new, inflight=new.inflight + grant, chunk=(chunk & granted) | (new.chunk & ~granted),
-        ph=new.ph + (sample & batch.async_sched[:, None]))
+        ph=new.ph + both(sample, batch.async_sched[:, None]))
 
 
 def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision, State]:
@@ -184,10 +178,10 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     bs = torch.minimum(batch.block_size, batch.max_model_len).to(I32)[:, None]
     bsf = batch.block_size_f[:, None]
 
-    running = status == RUNNING
+    running = eq(status, RUNNING)
     # R: the long-prefill cap applies only with more than one eligible request,
     # counted once at the start (S:757-763).
-    num_eligible = running.sum(1) + _in_waiting(status).sum(1)
+    num_eligible = count_rows(running) + count_rows(_in_waiting(status))
     threshold = torch.where(num_eligible > 1, batch.long_prefill_token_threshold, 0)[:, None]
     # cap 1 as a minimum: threshold 0 caps nothing (threshold <= max_model_len < 2**31)
     cap1 = torch.where(threshold > 0, threshold, 2**31 - 1).to(I32)
@@ -211,7 +205,7 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     schedulable = None
     if ph is not None:
         target = num_tokens + ph
-        schedulable = ~((ph > 0) & (ncomp + 2 - ph >= batch.num_prompt_tokens + batch.max_tokens))
+        schedulable = ~(gt(ph, 0) & ge(ncomp + 2 - ph, batch.num_prompt_tokens + batch.max_tokens))
 
     # ---- The running loop (S:793-1036). ----
     # One pass grants every running request from the cursor on, in running order:
@@ -228,7 +222,7 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     sums_max = torch.iinfo(sums).max
     cursor = torch.zeros(S, dtype=I32, device=dev)  # index into the running list
     retry_n = torch.zeros(S, dtype=I32, device=dev)  # n of the request at the cursor being retried
-    loop_done = ~active | ~_any_rows(running)
+    loop_done = ~active | ~any_rows(running)
     it = 0
     while True:
         todo = ~loop_done
@@ -241,7 +235,7 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
         need_s = torch.minimum(need_s, L - ncomp - 1) * (running if schedulable is None else running & schedulable)
         room_s = held * bs - ncomp * running
         order, num_running = _order(state.run_pos, running)
-        in_running = pos < num_running[:, None]
+        in_running = lt(pos, num_running[:, None])
         need = need_s.gather(1, order)
         if it == 0:
             need = need * todo[:, None]
@@ -255,11 +249,11 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
         n = (torch.minimum(cum, b) - torch.minimum(cum - need, b)).to(I32)
         # allocate_slots for a running request: no watermark, no full-ISL gate (K:518).
         # cdiv(ncomp + n, bs) - held == cdiv(n - room, bs); nothing for n = 0 (S:891).
-        blocks = ceil_div(n - room_s.gather(1, order), bsf).clamp_(min=0) * (n > 0)
+        blocks = ceil_div(n - room_s.gather(1, order), bsf).clamp_(min=0) * gt(n, 0)
         # The block prefix sums only grow, so the requests whose blocks fit are
         # a prefix of the pass: `keep`; the first one outside it fails (K:584).
-        keep = blocks.cumsum(1, dtype=sums) <= free.clamp(max=sums_max).to(sums)[:, None]
-        num_kept = keep.sum(1)
+        keep = le(blocks.cumsum(1, dtype=sums), free.clamp(max=sums_max).to(sums)[:, None])
+        num_kept = count_rows(keep).long()
         has_fail = (num_kept < R) & todo
         first_fail = num_kept
         n_kept = n * keep
@@ -273,11 +267,12 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
             upto = floor_div(torch.minimum(ncomp + n_slot, num_tokens), bsf)
             # each request's place in the running order ranks its caching
             place = torch.empty_like(order).scatter_(1, order, pos.to(order.dtype).expand(S, R))
-            pool = cache(batch.block_hashes, pool, upto * (n_slot > 0), place, ranked=True)
+            pool = cache(batch.block_hashes, pool, upto * gt(n_slot, 0), place, ranked=True)
         grant = grant.scatter_add(1, order, n_kept)
         held = held.scatter_add(1, order, blocks_kept)
-        budget = budget - n_kept.sum(1)
-        free = free - blocks_kept.sum(1)
+        # both sums are at most what they are clipped to above (b, free): `sums` holds them
+        budget = budget - n_kept.sum(1, dtype=sums)
+        free = free - blocks_kept.sum(1, dtype=sums)
         loop_done = loop_done | (todo & ~has_fail)
         if not _any(has_fail):
             break
@@ -313,7 +308,7 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
             stale = torch.where(vmask, state.inflight, stale)
             ph = torch.where(vmask, 0, ph)
         status = torch.where(vmask, PREEMPTED, status).to(I8)
-        running = status == RUNNING
+        running = eq(status, RUNNING)
         num_preemptions = num_preemptions + vmask.to(I32)
         # FCFS: the front of the waiting deque (Q:92-95); PRIORITY: a heap push,
         # whose place `waiting_key` reads from queue_rank.
@@ -333,9 +328,9 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
         # Async: a request whose stale output is still in flight is skipped; it
         # keeps its place (S:1084-1089, S:1606-1610).  Skipping changes no budget
         # or slot, so the skipped requests simply drop out of the admission order.
-        in_wait = in_wait & (stale == 0)
-    num_running = running.sum(1)
-    if not _any(_any_rows(in_wait) & active):  # no active scenario has a waiting request
+        in_wait = in_wait & eq(stale, 0)
+    num_running = count_rows(running)
+    if not _any(any_rows(in_wait) & active):  # no active scenario has a waiting request
         ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1858)
         decision = Decision(num_scheduled_tokens=grant, admitted=torch.zeros_like(status),
                             preempt_order=preempt_order, num_running=num_running,
@@ -523,8 +518,7 @@ def check_stop(batch: Batch, sampled: torch.Tensor, eos: torch.Tensor, num_outpu
     first (FINISHED_STOPPED), then length (num_tokens >= L or max_tokens
     outputs: FINISHED_LENGTH_CAPPED).  Returns (stopped, length) masks."""
     L = batch.max_model_len.to(I32)[:, None]  # <= 2**30 (gpu/limits.py)
-    length = sampled & ~eos & ((batch.num_prompt_tokens + num_output >= L)
-                               | (num_output >= batch.max_tokens))
+    length = sampled & ~eos & (ge(batch.num_prompt_tokens + num_output, L) | ge(num_output, batch.max_tokens))
     assert LENGTH_CAPPED == STOPPED + 1
     return (sampled & eos) | length, length
 
@@ -573,19 +567,19 @@ def deliver(batch: Batch, state: State, grant: torch.Tensor, tokens: torch.Tenso
     stopped requests free their blocks in grant order (S:2541-2551).  With one
     token per request nothing is discarded after a stop (S:2756-2763)."""
     live = _live(state.status)
-    mine = (grant > 0) & live
+    mine = gt(grant, 0) & live
     tokens = tokens & mine
-    was_stale = mine & (state.stale > 0)
+    was_stale = mine & gt(state.stale, 0)
     fresh = tokens & ~was_stale
-    had_ph = state.ph > 0
+    had_ph = gt(state.ph, 0)
     inflight = state.inflight - grant * mine
-    was_running = state.status == RUNNING
+    was_running = eq(state.status, RUNNING)
     state = replace(state, inflight=inflight, stale=state.stale - grant * was_stale,
                     ph=state.ph - (fresh & had_ph).to(I32))
     num_output = state.num_output_tokens + tokens
     step_t = torch.as_tensor(step, dtype=I32, device=grant.device)
     first = state.first_token_step
-    first = first + (step_t - first) * (tokens & (first < 0))
+    first = first + (step_t - first) * (tokens & lt(first, 0))
     state = replace(state, num_output_tokens=num_output, first_token_step=first)
     hashing = fresh & had_ph & was_running
     if state.pool is not None and _any(hashing):
@@ -619,33 +613,35 @@ def engine_step_async(batch: Batch, state: State, step: int, active: torch.Tenso
     (S,) its step or -1 when none was applied, `applied_key` its grant order."""
     state, aborted = aborts_and_arrivals(batch, state, step, active, aborts, arrivals)
     is_async = batch.async_sched
-    live_any = _any_rows(_live(state.status))  # has_requests() after schedule() (no finish there)
+    live_any = any_rows(_live(state.status))  # has_requests() after schedule() (no finish there)
     called = active & (~is_async | live_any | state.fin_flag)
     decision, state = schedule(batch, state, called)
     state = replace(state, fin_flag=state.fin_flag & ~called)  # schedule() flushes finished ids (S:1876)
     grant = decision.num_scheduled_tokens
-    tokens = _any_rows(grant > 0)
+    tokens = any_rows(gt(grant, 0))
     old = state.pend_valid & active  # a batch in flight from an earlier step
     new_now = active & (~is_async | (~old & called & ~(tokens | live_any)))
     applied = old | new_now
     stays = is_async & called & (old | tokens | live_any)
     o, n = old[:, None], new_now[:, None]
-    # Selected by arithmetic on the (S, 1) masks, twice as fast as torch.where on
-    # the CPU: `old` and `new_now` never hold together (new_now needs ~old in an
-    # async scenario, and a synchronous one never keeps a batch in flight).
+    # The int32 grants are selected by arithmetic on the (S, 1) masks, twice as
+    # fast as torch.where on the CPU: `old` and `new_now` never hold together
+    # (new_now needs ~old in an async scenario, and a synchronous one never
+    # keeps a batch in flight).  The int64 keys: torch.where, which is faster
+    # there (73 against 176 µs at (2048, 32)).
     app_grant = state.pend_grant * o + grant * n
-    app_sample = (state.pend_sample & o) | (decision.sample & n)
-    app_key = state.run_pos + (state.pend_key - state.run_pos) * o
+    app_sample = both(state.pend_sample, o) | both(decision.sample, n)
+    app_key = torch.where(o, state.pend_key, state.run_pos)
     applied_step = torch.where(old, state.pend_step, torch.where(applied, step, -1).to(I32))
     s = stays[:, None]
-    state = replace(state, pend_grant=grant * s, pend_sample=decision.sample & s,
+    state = replace(state, pend_grant=grant * s, pend_sample=both(decision.sample, s),
                     pend_key=state.run_pos * s, pend_valid=stays,
                     pend_step=torch.full_like(state.pend_step, step))
-    eos = app_sample & (batch.output_len == state.num_output_tokens + 1)
+    eos = app_sample & eq(batch.output_len, state.num_output_tokens + 1)
     state, sampled, stopped = deliver(batch, state, app_grant, app_sample, eos, app_key, step)
     return state, decision, aborted, sampled, stopped, called, applied_step, app_key
 
 
 def pending(batch: Batch, state: State) -> torch.Tensor:
     """(S,) whether a scenario still has a request that has not finished."""
-    return _any_rows(batch.valid & (state.status <= PREEMPTED))
+    return any_rows(batch.valid & le(state.status, PREEMPTED))
