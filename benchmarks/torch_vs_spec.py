@@ -31,8 +31,9 @@ of N tokens (prefix_group, formats.md).  `--summaries-only` skips the run with
 full traces (only the `record_steps=False` run is timed).  `--write-traces DIR`
 writes every full trace to disk, on both sides, inside the timed run: the spec
 through reference/trace_io.py's TraceWriter as it steps (`run --trace-out`),
-torch each trace of the batch once it has run (gpu/batch.py); DIR is emptied of
-the files each side wrote before the next size runs.
+torch each trace as soon as its scenario has run (gpu/batch.py
+`stream_batch_traces`); DIR is emptied of the files each side wrote before the
+next size runs.
 
     python benchmarks/torch_vs_spec.py [--device cpu|cuda] [--workload generator|decode]
                                        [--sizes 1,64,1024,8192] [--spec-sample 1024]
@@ -139,12 +140,23 @@ def summaries_only(scenarios, device) -> tuple[float, int]:
 
 def write_torch_traces(scenarios, device, trace_dir: str) -> tuple[int, int]:
     """Run the batch and write each scenario's full trace to trace_dir/torch-<i>.json:
-    (scenario-steps listed, rejected scenarios).  The traces stay text until
-    written (gpu/batch.py `run_batch_traces`); a tree without it writes dicts."""
+    (scenario-steps listed, rejected scenarios).  Each trace is written as soon
+    as its scenario has run, and dropped (gpu/batch.py `stream_batch_traces`),
+    as the spec side writes each trace as it goes; an older tree writes them
+    after the whole batch (`run_batch_traces`), or as dicts."""
     from schedspec.gpu import batch
     from schedspec.reference.trace_io import write_trace
 
     steps = errors = 0
+    if hasattr(batch, "stream_batch_traces"):
+        def write(i, tr):
+            nonlocal steps, errors
+            tr.write(os.path.join(trace_dir, f"torch-{i}.json"))
+            steps += tr.num_steps
+            errors += tr.error is not None
+
+        batch.stream_batch_traces(scenarios, write, device=device)
+        return steps, errors
     if hasattr(batch, "run_batch_traces"):
         for i, tr in enumerate(batch.run_batch_traces(scenarios, device=device)):
             tr.write(os.path.join(trace_dir, f"torch-{i}.json"))
@@ -361,7 +373,7 @@ def main() -> None:
               "(the spec runs scenarios one by one, so its rate does not depend on S)")
     if args.write_traces:
         print(f"# full traces written to {args.write_traces} on both sides, inside the timed runs "
-              "(spec: TraceWriter as it steps; torch: the batch's traces once run)")
+              "(spec: TraceWriter as it steps; torch: each trace once its scenario has run)")
     if args.write_traces and not args.summaries_only:
         print("# spec steps/s with traces to disk; no-rec/spec divides by the spec without writing: "
               + ", ".join(f"S={r['S']}: {r['spec_plain_steps_per_s']:.0f}" for r in rows))

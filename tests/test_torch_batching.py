@@ -38,3 +38,35 @@ def test_grouped_traces_equal_whole_batch(monkeypatch):
     assert json.dumps(grouped) == json.dumps(whole)
     steps = [s for s, _ in seen]
     assert steps == sorted(steps) and len({t for _, t in seen}) == 1 and steps[-1] <= seen[-1][1]
+
+
+def test_streamed_traces_arrive_once_each_as_their_scenarios_end(monkeypatch):
+    """stream_batch_traces hands over every trace once, equal to run_batch_traces's,
+    a rejected scenario's before any step and a scenario that ends early before
+    the batch does (its rows compacted away), across sub-batches too."""
+    import dataclasses
+
+    from schedspec.gpu.batch import run_batch_traces, stream_batch_traces
+
+    scenarios = _scenarios(40)
+    # a third of them end at step 3, so the rows are compacted mid-run
+    scenarios = [dataclasses.replace(sc, max_steps=3) if i % 3 else sc for i, sc in enumerate(scenarios)]
+    bad = dataclasses.replace(scenarios[5], config={**scenarios[5].config, "block_size": 0})
+    scenarios[5] = bad
+    whole = run_batch_traces(scenarios, device="cpu")
+    assert whole[5].error and "block_size" in whole[5].error
+    monkeypatch.setattr(batch_mod, "_GROUP_MIN", 16)
+    step = [0]
+    arrived: dict[int, tuple[int, str]] = {}
+
+    def on_trace(i, tr):
+        assert i not in arrived, f"trace {i} handed over twice"
+        arrived[i] = (step[0], json.dumps(tr.to_dict()))
+
+    stream_batch_traces(scenarios, on_trace, device="cpu", progress=lambda s, total: step.__setitem__(0, s))
+    assert sorted(arrived) == list(range(len(scenarios)))
+    assert [text for _, text in (arrived[i] for i in range(len(scenarios)))] == [json.dumps(t.to_dict()) for t in whole]
+    assert arrived[5][0] == 0  # the rejected scenario, before the first step
+    horizon = step[0]
+    short = [i for i in range(len(scenarios)) if i % 3 and i != 5]
+    assert max(arrived[i][0] for i in short) < horizon  # handed over before the run ended

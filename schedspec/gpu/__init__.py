@@ -7,7 +7,8 @@ book, differential-tested against the spec.
   fake model, update), synchronous or with a batch in flight (async scheduling).
 - `batch.py`: `run_batch(scenarios)` -> one schedspec.trace/1 per scenario;
   `run_batch_traces(scenarios)` -> the same as trace text (`TorchTrace`);
-  `run_one(scenario)`.
+  `stream_batch_traces(scenarios, on_trace)`: each of them handed over as
+  its scenario ends; `run_one(scenario)`.
 - `trace_text.py`: per-step records to trace text, column by column
   (`render_chunk`), and `TorchTrace` (write, compare or parse it);
   `trace_native.py`: the C renderer `trace_render.c` (built with the system
@@ -17,6 +18,8 @@ book, differential-tested against the spec.
 - `pool.py`: the block-level KV pool of prefix caching (hits, hashing within
   the step, the free queue's eviction order); `hashes.py`: block hash ids,
   interned on the host.
+- `masks.py`: comparisons, mask ands and row counts, through numpy on the CPU
+  (torch writes bool results there one element at a time).
 - `limits.py`: dtype limits and the check that rejects a scenario beyond them.
 - `device.py`: `resolve_device`.
 
