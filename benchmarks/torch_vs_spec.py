@@ -31,8 +31,8 @@ of N tokens (prefix_group, formats.md).  `--summaries-only` skips the run with
 full traces (only the `record_steps=False` run is timed).  `--write-traces DIR`
 writes every full trace to disk, on both sides, inside the timed run: the spec
 through reference/trace_io.py's TraceWriter as it steps (`run --trace-out`),
-torch each trace as soon as its scenario has run (gpu/batch.py
-`stream_batch_traces`); DIR is emptied of the files each side wrote before the
+torch each chunk of steps to the files as it is rendered (gpu/batch.py
+`write_batch_traces`); DIR is emptied of the files each side wrote before the
 next size runs.
 
     python benchmarks/torch_vs_spec.py [--device cpu|cuda] [--workload generator|decode]
@@ -140,14 +140,19 @@ def summaries_only(scenarios, device) -> tuple[float, int]:
 
 def write_torch_traces(scenarios, device, trace_dir: str) -> tuple[int, int]:
     """Run the batch and write each scenario's full trace to trace_dir/torch-<i>.json:
-    (scenario-steps listed, rejected scenarios).  Each trace is written as soon
-    as its scenario has run, and dropped (gpu/batch.py `stream_batch_traces`),
-    as the spec side writes each trace as it goes; an older tree writes them
-    after the whole batch (`run_batch_traces`), or as dicts."""
+    (scenario-steps listed, rejected scenarios).  The files are written as the
+    run goes (gpu/batch.py `write_batch_traces`), as the spec side writes each
+    trace as it steps; an older tree writes each trace once its scenario has
+    run (`stream_batch_traces`), or after the whole batch (`run_batch_traces`),
+    or as dicts."""
     from schedspec.gpu import batch
     from schedspec.reference.trace_io import write_trace
 
     steps = errors = 0
+    if hasattr(batch, "write_batch_traces"):
+        paths = [os.path.join(trace_dir, f"torch-{i}.json") for i in range(len(scenarios))]
+        written = batch.write_batch_traces(scenarios, paths, device=device)
+        return sum(n for n, _ in written), sum(e is not None for _, e in written)
     if hasattr(batch, "stream_batch_traces"):
         def write(i, tr):
             nonlocal steps, errors
@@ -373,7 +378,7 @@ def main() -> None:
               "(the spec runs scenarios one by one, so its rate does not depend on S)")
     if args.write_traces:
         print(f"# full traces written to {args.write_traces} on both sides, inside the timed runs "
-              "(spec: TraceWriter as it steps; torch: each trace once its scenario has run)")
+              "(spec: TraceWriter as it steps; torch: write_batch_traces, each chunk of steps as rendered)")
     if args.write_traces and not args.summaries_only:
         print("# spec steps/s with traces to disk; no-rec/spec divides by the spec without writing: "
               + ", ".join(f"S={r['S']}: {r['spec_plain_steps_per_s']:.0f}" for r in rows))

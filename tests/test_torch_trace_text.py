@@ -214,3 +214,56 @@ def test_renderer_choice(monkeypatch):
     finally:
         monkeypatch.undo()
         trace_native.reset()
+
+
+def test_batch_written_as_it_runs_equals_each_trace_written(campaign, tmp_path, monkeypatch):
+    """write_batch_traces writes each file byte for byte as TorchTrace.write does,
+    a rejected scenario's error trace and a gzip name included; with too few file
+    descriptors to spare, the scenarios without one keep their text and are
+    written as they end, to the same bytes.  Small chunks: the renderer's buffer
+    is reused many times in each run."""
+    import schedspec.gpu.batch as batch_mod
+
+    monkeypatch.setattr(batch_mod, "_CHUNK_BYTES", 1 << 14)
+    scenarios, traces, _spec = campaign
+    bad = dataclasses.replace(scenarios[3], config={**scenarios[3].config, "block_size": 0})
+    scenarios = scenarios[:3] + [bad] + scenarios[4:]
+    for spare in (None, 5):
+        if spare is not None:
+            monkeypatch.setattr(batch_mod, "_free_descriptors", lambda: spare)
+        out = tmp_path / f"spare-{spare}"
+        out.mkdir()
+        paths = [out / (f"t{i}.json.gz" if i == 7 else f"t{i}.json") for i in range(len(scenarios))]
+        got = batch_mod.write_batch_traces(scenarios, paths, device="cpu")
+        assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in paths)  # no temporary file left
+        for i, (path, (steps, error)) in enumerate(zip(paths, got)):
+            want = TorchTrace.from_dict(run_scenario(bad, SpecScheduler()) | {"implementation": "torch"}) \
+                if i == 3 else traces[i]
+            ref = tmp_path / "ref.json"
+            want.write(ref)
+            data = gzip.open(path).read() if i == 7 else path.read_bytes()
+            assert data == ref.read_bytes(), f"scenario {i} (spare descriptors: {spare})"
+            assert (steps, error) == ((0, want.error) if i == 3 else (want.num_steps, None))
+        assert got[3][1] and "block_size" in got[3][1]
+
+
+def test_batch_written_as_it_runs_leaves_nothing_half_written(tmp_path):
+    """An exception in the middle of write_batch_traces removes every file not
+    finished (a path that held a file keeps it), and a wrong number of paths is
+    refused before anything runs."""
+    from schedspec.gpu.batch import write_batch_traces
+
+    scenarios = [generate_scenario(scenario_rng(5, i), i) for i in range(12)]
+    scenarios = [dataclasses.replace(s, max_steps=40) for s in scenarios]
+    paths = [tmp_path / f"t{i}.json" for i in range(len(scenarios))]
+    paths[0].write_text("kept")
+
+    def stop(step, total):
+        if step == 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_batch_traces(scenarios, paths, device="cpu", progress=stop)
+    assert [p.name for p in tmp_path.iterdir()] == ["t0.json"] and paths[0].read_text() == "kept"
+    with pytest.raises(ValueError, match="11 paths for 12 scenarios"):
+        write_batch_traces(scenarios, paths[:11], device="cpu")

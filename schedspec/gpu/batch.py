@@ -17,14 +17,17 @@ through `engine_step_async`, and its records carry which batch was applied.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import os
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from schedspec.reference.engine import error_trace
+from schedspec.reference.trace_io import TraceWriter, write_trace
 from schedspec.reference.scenario import Scenario
 from schedspec.spec.config import ConfigError, SchedulerConfig
 from schedspec.spec.input_processor import checked_lengths
@@ -35,7 +38,7 @@ from .limits import MAX_FLOAT32_DIV_LEN, limit_violation
 from .state import (ABORTED, I32, I64, LENGTH_CAPPED, NEVER, PREEMPTED, RUNNING, STOPPED, WAITING, Batch,
                     initial_state, select)
 from .step import engine_step, engine_step_async, pending, waiting_key
-from .trace_text import IdTables, TorchTrace, quote, render_chunk
+from .trace_text import IdTables, TorchTrace, quote, render_chunk, trace_header
 
 NAME = "torch"
 _REASON = {STOPPED: "stopped", LENGTH_CAPPED: "length", ABORTED: "aborted"}
@@ -206,6 +209,8 @@ class _Prepared:
         self.index = -1  # the scenario's place among the scenarios of the call
         self.parts: list[memoryview] = []  # the trace text of the steps (ASCII bytes), a piece per chunk
         self.num_listed = 0
+        self.path: str | os.PathLike | None = None  # write_batch_traces: the trace file
+        self.writer: TraceWriter | None = None  # ... written as the run goes, when a file descriptor was free
         self.prefix_caching = bool(config.enable_prefix_caching)
         self.async_scheduling = bool(config.async_scheduling)
         # block hash ids (gpu/hashes.py): here for prefix groups and explicit
@@ -215,6 +220,16 @@ class _Prepared:
             nb = num_hash_blocks(config, self.columns["num_prompt_tokens"], self.columns["max_tokens"],
                                  scenario.max_steps)
             self.hashes, self.num_hashes = hash_ids(scenario, config.block_size, nb)
+
+    def take(self, piece: memoryview, count: int, transient: bool) -> None:
+        """A chunk's text of this scenario's steps (`count` of them): to its file
+        when it is being written, else kept (a copy when `transient`: the
+        renderer reuses that buffer)."""
+        if self.writer is not None:
+            self.writer.step_text([piece[2:]], count)  # the writer puts the separator before it
+        else:
+            self.parts.append(bytes(piece) if transient else piece)
+        self.num_listed += count
 
     @functools.cached_property
     def quoted(self) -> list[str]:
@@ -345,11 +360,59 @@ def stream_batch_traces(scenarios: Sequence[Scenario], on_trace: Callable[[int, 
     all of them at the end: the error traces first, then each scenario's
     trace when its run ends (sub-batch by sub-batch, a scenario that finishes
     early when its batch rows are compacted).  The batch keeps no reference to
-    a trace it has handed over, so a caller that writes each one and drops it
-    holds the text of the scenarios still running, not of the whole batch (at
-    S = 8192 decode scenarios, some 0.6 against 2.3 GB).  `on_trace` runs
+    a trace it has handed over, so a caller that drops each one holds the text
+    of the scenarios still running, not of the whole batch.  `on_trace` runs
     inside the batch's run (torch's inference mode, Python's cyclic garbage
     collector paused); an exception from it ends the run."""
+    def done(p: _Prepared, summary: dict[str, Any]) -> None:
+        parts, p.parts = p.parts, []
+        on_trace(p.index, TorchTrace(p.scenario.name, NAME, parts, p.num_listed, summary))
+
+    _run_all(scenarios, on_trace, done, device, progress, record_steps)
+
+
+def write_batch_traces(scenarios: Sequence[Scenario], paths: Sequence[str | os.PathLike], *, device=None,
+                       progress: Callable[[int, int], None] | None = None) -> list[tuple[int, str | None]]:
+    """Run the batch and write scenario i's trace to `paths[i]` (gzip when the
+    name ends in .gz), byte for byte what `TorchTrace.write` writes, as the run
+    goes: each chunk of steps goes from the renderer's buffer to the files
+    (no copy of the text, and no more than a chunk of it held), and each file
+    is moved into place (trace_io.py's TraceWriter) once its scenario has run.
+    A rejected scenario's error trace is written too.  Returns (steps listed,
+    the error or None) per scenario.
+
+    A file being written holds a file descriptor: the soft limit on them is
+    raised towards the hard one for the run (and put back after); where a
+    sub-batch has more scenarios than descriptors to spare, the rest keep
+    their text and are written when they end, as `stream_batch_traces` would.
+    On an exception the unfinished files are removed (a path keeps what it had);
+    the files already moved into place stay."""
+    if len(paths) != len(scenarios):
+        raise ValueError(f"write_batch_traces: {len(paths)} paths for {len(scenarios)} scenarios")
+    results: list[tuple[int, str | None] | None] = [None] * len(scenarios)
+
+    def rejected(i: int, trace: TorchTrace) -> None:
+        trace.write(paths[i])
+        results[i] = (0, trace.error)
+
+    def done(p: _Prepared, summary: dict[str, Any]) -> None:
+        if p.writer is not None:
+            w, p.writer = p.writer, None
+            w.end({**trace_header(p.scenario.name, NAME), "summary": summary})
+            w.commit()
+        else:
+            TorchTrace(p.scenario.name, NAME, p.parts, p.num_listed, summary).write(p.path)
+            p.parts = []
+        results[p.index] = (p.num_listed, None)
+
+    with _descriptor_limit(min(len(scenarios), 4 * _GROUP_MIN) + _SPARE_DESCRIPTORS):
+        _run_all(scenarios, rejected, done, device, progress, True, paths)
+    return results
+
+
+def _run_all(scenarios, rejected, ran, device, progress, record_steps: bool, paths=None) -> None:
+    """Prepare and run `scenarios`: `rejected(i, error trace)` for each one
+    prepare() turns down, `ran(p, summary)` for each one that has run."""
     dev = resolve_device(device) if not isinstance(device, torch.device) else device
     prepared: list[_Prepared] = []
     configs: dict = {}
@@ -363,19 +426,85 @@ def stream_batch_traces(scenarios: Sequence[Scenario], on_trace: Callable[[int, 
         for i, sc in enumerate(scenarios):
             p = prepare(sc, configs)
             if isinstance(p, str):
-                on_trace(i, TorchTrace.from_dict(error_trace(sc, NAME, p)))
+                rejected(i, TorchTrace.from_dict(error_trace(sc, NAME, p)))
             else:
                 p.index = i
+                p.path = paths[i] if paths is not None else None
                 prepared.append(p)
         if prepared:
             with torch.inference_mode():
-                _run_groups(prepared, dev, progress, record_steps, on_trace)
+                _run_groups(prepared, dev, progress, record_steps, ran)
+    except BaseException:
+        for p in prepared:
+            if p.writer is not None:
+                p.writer.discard()
+                p.writer = None
+        raise
     finally:
         if collecting:
             gc.enable()
 
 
-def _run_groups(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool, on_trace) -> None:
+_SPARE_DESCRIPTORS = 64  # left for what else the process opens while trace files are open
+
+
+def _free_descriptors() -> int:
+    """File descriptors this process can still open, less a margin; 0 where
+    that cannot be told (no `resource` module, no /proc/self/fd)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        used = len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError, ValueError):
+        return 0
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(0, soft - used - _SPARE_DESCRIPTORS)
+
+
+@contextlib.contextmanager
+def _descriptor_limit(wanted: int):
+    """The soft limit on open files raised to `wanted` (at most the hard
+    limit) meanwhile, when it is lower."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft == resource.RLIM_INFINITY or new <= soft:
+        yield
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _open_writers(prepared: list[_Prepared]) -> None:
+    """Open the trace files of a sub-batch about to run, as many as there are
+    descriptors to spare; the others keep their text until they end."""
+    room = _free_descriptors()
+    for p in prepared:
+        if p.path is None or p.writer is not None:
+            continue
+        if room <= 0:
+            return
+        w = TraceWriter(p.path)
+        w.begin(trace_header(p.scenario.name, NAME))
+        p.writer = w
+        room -= 1
+
+
+def _run_groups(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool, ran) -> None:
     # On the CPU, one intra-op thread: the step is some hundred small tensor
     # ops, and torch's thread pool costs more than it gains on them; on a
     # busy machine (other processes on the cores) two threads made
@@ -391,7 +520,7 @@ def _run_groups(prepared: list[_Prepared], dev: torch.device, progress, record_s
             report = None
             if progress is not None:
                 report = (lambda step, _h, base=done: progress(base + step, total))
-            _run(group, dev, report, record_steps, on_trace)
+            _run(group, dev, report, record_steps, ran)
             done += max(p.scenario.max_steps for p in group)
     finally:
         torch.set_num_threads(threads)
@@ -434,7 +563,9 @@ def _by_size(prepared: list[_Prepared]) -> list[list[_Prepared]]:
     return [ranked[k:k + size] for k in range(0, len(ranked), size)]
 
 
-def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool, on_trace) -> None:
+def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool, ran) -> None:
+    if record_steps and any(p.path is not None for p in prepared):
+        _open_writers(prepared)
     extra = {}
     if any(p.prefix_caching for p in prepared):
         extra = prefix_columns(prepared, max([len(p.ids) for p in prepared] + [1]), dev)
@@ -465,9 +596,11 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
             rec = {name: b[:used].cpu().numpy() for name, b in bufs.items() if name != "scalars"}
             if text is None:
                 text = text_tables(owners, rec["status"].shape[2])
-            for row, piece, count in render_chunk(rec, first, bufs["scalars"][:used].cpu().numpy(), *text):
-                owners[row].parts.append(piece)
-                owners[row].num_listed += count
+            # the text goes to open trace files straight from the renderer's buffer
+            direct = any(p.writer is not None for p in owners)
+            for row, piece, count in render_chunk(rec, first, bufs["scalars"][:used].cpu().numpy(), *text,
+                                                  transient=direct):
+                owners[row].take(piece, count, direct)
             first += used
             used = 0
 
@@ -504,7 +637,7 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
             keep = rows.cpu().tolist()
             kept = set(keep)
             final_rows = [i for i in range(S) if i not in kept]
-            _finish(owners, final_rows, state, steps_done, on_trace)
+            _finish(owners, final_rows, state, steps_done, ran)
             owners = [owners[i] for i in keep]
             num_slots = max(len(p.ids) for p in owners)
             batch, state = select(batch, rows, num_slots), select(state, rows, num_slots)
@@ -533,12 +666,12 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
             cols += [called, app_step]
         record(rec, cols)
     flush()
-    _finish(owners, range(len(owners)), state, steps_done, on_trace)
+    _finish(owners, range(len(owners)), state, steps_done, ran)
 
 
-def _finish(owners: list[_Prepared], rows, state, steps_done, on_trace) -> None:
+def _finish(owners: list[_Prepared], rows, state, steps_done, ran) -> None:
     """The scenarios in batch rows `rows` have run: their summaries from their
-    final state, and their traces to `on_trace`, which takes their text over."""
+    final state, each given to `ran(p, summary)`."""
     rows = list(rows)
     if not rows:
         return
@@ -548,9 +681,7 @@ def _finish(owners: list[_Prepared], rows, state, steps_done, on_trace) -> None:
     num_steps = steps_done.index_select(0, idx).cpu().tolist()
     for k, s in enumerate(rows):
         p = owners[s]
-        summary = _summary(p, {name: v[k][: len(p.ids)] for name, v in final.items()}, num_steps[k])
-        parts, p.parts = p.parts, []
-        on_trace(p.index, TorchTrace(p.scenario.name, NAME, parts, p.num_listed, summary))
+        ran(p, _summary(p, {name: v[k][: len(p.ids)] for name, v in final.items()}, num_steps[k]))
 
 
 def run_one(scenario: Scenario, device=None) -> dict:

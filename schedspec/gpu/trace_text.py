@@ -311,7 +311,8 @@ def _pairs(rec: np.ndarray, a: tuple, b: tuple):
 
 
 def render_chunk(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray, ids: IdTables,
-                 prefix_rows: np.ndarray, async_rows: np.ndarray) -> list[tuple[int, memoryview, int]]:
+                 prefix_rows: np.ndarray, async_rows: np.ndarray,
+                 transient: bool = False) -> list[tuple[int, memoryview, int]]:
     """The trace text of one chunk of steps: (batch row, text, steps listed) per
     scenario with a listed step in the chunk, the text as ASCII bytes (a view
     into the chunk's text: no copy per scenario).  `rec` holds each record
@@ -326,11 +327,15 @@ def render_chunk(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray, 
     The records go through in slices of about 2**18 pieces: every array of a
     slice stays a few MB, where a whole chunk's (tens of millions of pieces at
     S = 8192) would be fresh memory, page-faulted in, each time (that made the
-    first version of this code slower than the dicts)."""
+    first version of this code slower than the dicts).
+
+    `transient`: the texts may be views into a buffer the next call reuses
+    (the native renderer's scratch, not copied out), for a caller that writes
+    them out before it renders the next chunk."""
     R = rec["status"].shape[2]
     ss, tt = np.nonzero(scal[:, :, 2].T)  # scenario-major, each scenario's steps in order
     if trace_native.available():
-        return _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt)
+        return _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt, transient)
     size = max(64, _SLICE_PIECES // (8 * R + 32))
     out: list[tuple[int, memoryview, int]] = []
     for a in range(0, len(ss), size):
@@ -342,7 +347,8 @@ _SLICE_PIECES = 1 << 18
 _POPULATED = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
 
 
-def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list[tuple[int, memoryview, int]]:
+def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt,
+                   transient: bool = False) -> list[tuple[int, memoryview, int]]:
     """render_chunk through gpu/trace_render.c, in one call.
 
     The renderer writes into a scratch buffer kept with the id tables, with
@@ -351,7 +357,8 @@ def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) 
     already mapped; the text is then copied once into an anonymous mapping of
     its exact size, populated in one call (MAP_POPULATE: measured 0.38 against
     0.6 us per kB for fresh pages faulted in one by one as the text reaches
-    them), and each scenario's text is a view into that mapping."""
+    them), and each scenario's text is a view into that mapping; `transient`
+    leaves the text in the scratch buffer (render_chunk)."""
     if len(ss) == 0:
         return []
     R = rec["status"].shape[2]
@@ -364,8 +371,11 @@ def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) 
     codes = (WAITING, RUNNING, PREEMPTED, STOPPED, LENGTH_CAPPED)
     n, ends = trace_native.render(rec, first_step, scal, tt, ss, ids.abort_rank, prefix_rows, async_rows,
                                   ids.id_pool, ids.id_off, ids.id_len, ids.max_id_len, codes, ids.scratch)
-    room = mmap.mmap(-1, max(n, 1), flags=_POPULATED)
-    room[:n] = memoryview(ids.scratch)[:n]
+    if transient:
+        room = ids.scratch
+    else:
+        room = mmap.mmap(-1, max(n, 1), flags=_POPULATED)
+        room[:n] = memoryview(ids.scratch)[:n]
     starts = np.concatenate([[0], ends[:-1]])
     listed = (ends > starts).astype(np.int64)
     cuts = np.nonzero(np.diff(ss))[0] + 1  # records are scenario-major: one text per scenario
@@ -533,6 +543,11 @@ def _render(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list
     return P.join(ss)
 
 
+def trace_header(scenario: str, implementation: str) -> dict[str, str]:
+    """The fields a trace file starts with (trace_io.py's layout)."""
+    return {"format": TRACE_FORMAT, "scenario": scenario, "implementation": implementation}
+
+
 class TorchTrace:
     """One scenario's torch trace: the header, the steps as trace text (ASCII
     bytes in pieces, as the renderer made them, joined on demand), and the
@@ -551,7 +566,7 @@ class TorchTrace:
 
     def __init__(self, scenario: str, implementation: str, parts: Sequence[str | bytes | memoryview],
                  num_steps: int, summary: dict[str, Any] | None):
-        self.header = {"format": TRACE_FORMAT, "scenario": scenario, "implementation": implementation}
+        self.header = trace_header(scenario, implementation)
         self._parts = [p.encode("ascii") if isinstance(p, str) else p for p in parts]
         self.num_steps = num_steps
         self.summary = summary
@@ -608,4 +623,4 @@ class TorchTrace:
         return Path(path)
 
 
-__all__ = ["IdTables", "TorchTrace", "dumps", "render_chunk"]
+__all__ = ["IdTables", "TorchTrace", "dumps", "render_chunk", "trace_header"]
