@@ -8,7 +8,8 @@ book, differential-tested against the spec.
 - `batch.py`: `run_batch(scenarios)` -> one schedspec.trace/1 per scenario;
   `run_batch_traces(scenarios)` -> the same as trace text (`TorchTrace`);
   `stream_batch_traces(scenarios, on_trace)`: each of them handed over as
-  its scenario ends; `run_one(scenario)`.
+  its scenario ends; `write_batch_traces(scenarios, paths)`: the trace files
+  written as the run goes; `run_one(scenario)`.
 - `trace_text.py`: per-step records to trace text, column by column
   (`render_chunk`), and `TorchTrace` (write, compare or parse it);
   `trace_native.py`: the C renderer `trace_render.c` (built with the system

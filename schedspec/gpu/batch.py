@@ -11,7 +11,8 @@ chunk becomes the JSON text of its trace steps column by column
 (gpu/trace_text.py), with no Python object per step.  `run_batch_traces`
 returns that text (`TorchTrace`: written to disk or compared as it is),
 `stream_batch_traces` hands each trace over as soon as its scenario has run,
-and `run_batch` parses the text into trace dicts.  A batch with an async scenario steps
+`write_batch_traces` writes the trace files as the run goes, and `run_batch`
+parses the text into trace dicts.  A batch with an async scenario steps
 through `engine_step_async`, and its records carry which batch was applied.
 """
 
