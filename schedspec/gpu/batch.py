@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from schedspec.reference.engine import error_trace
-from schedspec.reference.trace_io import TraceWriter, write_trace
 from schedspec.reference.scenario import Scenario
+from schedspec.reference.trace_io import TraceWriter
 from schedspec.spec.config import ConfigError, SchedulerConfig
 from schedspec.spec.input_processor import checked_lengths
 from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
