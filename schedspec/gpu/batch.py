@@ -406,7 +406,8 @@ def write_batch_traces(scenarios: Sequence[Scenario], paths: Sequence[str | os.P
             p.parts = []
         results[p.index] = (p.num_listed, None)
 
-    with _descriptor_limit(min(len(scenarios), 4 * _GROUP_MIN) + _SPARE_DESCRIPTORS):
+    # a sub-batch has fewer than 2 * _GROUP_MIN scenarios, or is the whole batch
+    with _descriptor_limit(min(len(scenarios), 2 * _GROUP_MIN) + 4 * _SPARE_DESCRIPTORS):
         _run_all(scenarios, rejected, done, device, progress, True, paths)
     return results
 
