@@ -142,9 +142,8 @@ def write_torch_traces(scenarios, device, trace_dir: str) -> tuple[int, int]:
     """Run the batch and write each scenario's full trace to trace_dir/torch-<i>.json:
     (scenario-steps listed, rejected scenarios).  The files are written as the
     run goes (gpu/batch.py `write_batch_traces`), as the spec side writes each
-    trace as it steps; an older tree writes each trace once its scenario has
-    run (`stream_batch_traces`), or after the whole batch (`run_batch_traces`),
-    or as dicts."""
+    trace as it steps; an older tree writes them after the whole batch
+    (`run_batch_traces`), or as dicts."""
     from schedspec.gpu import batch
     from schedspec.reference.trace_io import write_trace
 
@@ -153,15 +152,6 @@ def write_torch_traces(scenarios, device, trace_dir: str) -> tuple[int, int]:
         paths = [os.path.join(trace_dir, f"torch-{i}.json") for i in range(len(scenarios))]
         written = batch.write_batch_traces(scenarios, paths, device=device)
         return sum(n for n, _ in written), sum(e is not None for _, e in written)
-    if hasattr(batch, "stream_batch_traces"):
-        def write(i, tr):
-            nonlocal steps, errors
-            tr.write(os.path.join(trace_dir, f"torch-{i}.json"))
-            steps += tr.num_steps
-            errors += tr.error is not None
-
-        batch.stream_batch_traces(scenarios, write, device=device)
-        return steps, errors
     if hasattr(batch, "run_batch_traces"):
         for i, tr in enumerate(batch.run_batch_traces(scenarios, device=device)):
             tr.write(os.path.join(trace_dir, f"torch-{i}.json"))

@@ -496,7 +496,7 @@ def _open_writers(prepared: list[_Prepared]) -> None:
     descriptors to spare; the others keep their text until they end."""
     room = _free_descriptors()
     for p in prepared:
-        if p.path is None or p.writer is not None:
+        if p.path is None:
             continue
         if room <= 0:
             return
@@ -566,7 +566,7 @@ def _by_size(prepared: list[_Prepared]) -> list[list[_Prepared]]:
 
 
 def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool, ran) -> None:
-    if record_steps and any(p.path is not None for p in prepared):
+    if any(p.path is not None for p in prepared):  # write_batch_traces
         _open_writers(prepared)
     extra = {}
     if any(p.prefix_caching for p in prepared):

@@ -17,8 +17,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-I32 = torch.int32
-
 
 def _np(x):
     return x.numpy() if isinstance(x, torch.Tensor) else x
@@ -69,11 +67,9 @@ def within(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
 
 def count_rows(mask: torch.Tensor) -> torch.Tensor:
     """`mask.sum(1)` of an (S, R) bool mask, as int32 (a count is at most R)."""
-    return mask.contiguous().view(torch.uint8).sum(1, dtype=I32)
+    return mask.contiguous().view(torch.uint8).sum(1, dtype=torch.int32)
 
 
 def any_rows(mask: torch.Tensor) -> torch.Tensor:
-    """`mask.any(1)` of an (S, R) bool mask."""
-    if mask.shape[1] == 0:
-        return torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    """`mask.any(1)` of an (S, R) bool mask (all False when R = 0)."""
     return count_rows(mask) > 0

@@ -362,7 +362,7 @@ def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt,
     if len(ss) == 0:
         return []
     R = rec["status"].shape[2]
-    need = max(len(ss), 1) * trace_native.record_bound(R, ids.max_id_len)
+    need = len(ss) * trace_native.record_bound(R, ids.max_id_len)
     if ids.scratch is None or len(ids.scratch) < need:
         # an anonymous mapping, not np.empty: numpy asks for huge pages on large
         # arrays, and a huge page fault can wait on memory compaction (measured:
