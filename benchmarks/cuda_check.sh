@@ -40,8 +40,9 @@ echo "== benchmark: scenario-steps per second, spec vs torch on cuda"
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --prefix-caching
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --prefix-caching --shared-prefix 512
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --async-scheduling
-"$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --prefix-caching --async-scheduling
+"$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --summaries-only --prefix-caching --async-scheduling \
+    --repeat 3
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --prefix-caching --async-scheduling
 mkdir -p "$out/traces"
 "$PY" benchmarks/torch_vs_spec.py --device cuda --workload decode --prefix-caching --async-scheduling \
-    --write-traces "$out/traces"
+    --write-traces "$out/traces" --repeat 3
