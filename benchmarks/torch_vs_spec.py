@@ -293,9 +293,10 @@ def _settle(trace_dir: str | None) -> None:
     """After trace files were written or removed, wait (untimed) until the kernel
     has written the file system's dirty pages back: the gigabytes a traced run
     at S = 8192 writes would otherwise be flushed during the next timed run,
-    whichever side that is.  Measured here (S = 8192, both flags on, three
-    rounds each): the torch run without records that follows in the same
-    child gave 94-109x the spec before this wait, 109-112x with it."""
+    whichever side that is.  On this machine (S = 8192, both flags on, three
+    rounds each, two runs at different times) the torch run without records
+    that follows in the same child gave 94-109x the spec in a run before
+    this wait, 109-112x in one with it."""
     if trace_dir:
         os.sync()
 
@@ -334,7 +335,7 @@ def main() -> None:
     ap.add_argument("--summaries-only", action="store_true",
                     help="time torch only without per-step records (record_steps=False)")
     ap.add_argument("--write-traces", metavar="DIR", default=None,
-                    help="write every full trace to DIR (both sides, timed); the files are removed after each size")
+                    help="write every full trace to DIR (both sides, timed); the files are removed after each measurement")
     ap.add_argument("--repeat", type=_positive, default=1, metavar="N",
                     help="rounds per size (default 1): torch in a fresh child, then the spec, N times; "
                          "the table gives each side's best round, and each round's ratio is printed")
