@@ -1,4 +1,4 @@
-"""schedspec: an executable specification of vLLM 0.33.0's V1 scheduler."""
+"""schedspec: an executable specification of vLLM's V1 scheduler (releases 0.20.0 to 0.34.0)."""
 
 from importlib.metadata import PackageNotFoundError, version as _version
 

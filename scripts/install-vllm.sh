@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the real vLLM scheduler, CPU only, for `schedspec diff --impl vllm`.
 #
-#   scripts/install-vllm.sh                 # vLLM 0.33.0 into .venv/bin/python of this repo
+#   scripts/install-vllm.sh                 # vLLM 0.34.0 into .venv/bin/python of this repo
 #   PYTHON=/path/to/python scripts/install-vllm.sh
 #   scripts/install-vllm.sh 0.30.0          # vLLM 0.30.0 into its own virtualenv,
 #                                           # $SCHEDSPEC_CACHE/vllm-envs/0.30.0 (default
@@ -14,11 +14,12 @@
 #   1. torch==2.13.0 first (a CPU build, where the package index provides one;
 #      set TORCH_INDEX_URL to pick another index for torch);
 #   2. vllm==X with --no-deps, then the xgrammar version vllm==X requires in its
-#      own metadata (0.33.0: ==0.2.9; 0.30.0: <1.0.0,>=0.2.1), --no-deps too: vLLM's own pins would pull a
-#      CUDA torch and triton (several GB) the scheduler does not use;
+#      own metadata (0.34.0 and 0.33.0: ==0.2.8; 0.30.0: <1.0.0,>=0.2.1), --no-deps
+#      too: vLLM's own pins would pull a CUDA torch (0.34.0 asks torch 2.14.0; the
+#      scheduler runs on 2.13.0) and triton (several GB) the scheduler does not use;
 #   3. requirements-vllm-X.txt where a release needs other packages than
-#      requirements-vllm.txt (0.20.0 also imports gguf), else requirements-vllm.txt:
-#      what importing vllm.v1.core.sched.scheduler and building ModelConfig need.
+#      requirements-vllm.txt (0.20.0 also imports gguf), else requirements-vllm.txt
+#      (the same pins serve 0.25.0 to 0.34.0): what importing vllm.v1.core.sched.scheduler and building ModelConfig need.
 #      pip then warns about vLLM's unmet pins; they do not matter to the
 #      scheduler, which is pure Python;
 #   4. (a release's own virtualenv only) schedspec itself, editable, so that
@@ -27,7 +28,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TORCH_VERSION=2.13.0
-DEFAULT_VLLM_VERSION=0.33.0
+DEFAULT_VLLM_VERSION=0.34.0  # spec/versions.py DEFAULT_RELEASE
 VLLM_VERSION=${1:-$DEFAULT_VLLM_VERSION}
 OWN_ENV=0
 
@@ -67,7 +68,8 @@ if [ ! -f "$REQ" ]; then
 fi
 
 # The xgrammar requirement the installed vllm states (Requires-Dist, without its
-# marker): "==0.2.9" for 0.33.0, a range such as "<1.0.0,>=0.2.1" for 0.30.0; empty if none.
+# marker): "==0.2.8" for 0.34.0 and 0.33.0, a range such as "<1.0.0,>=0.2.1"
+# for 0.30.0; empty if none.
 xgrammar_pin() {
   "$PY" - <<'EOF' 2>/dev/null
 import importlib.metadata as m, re

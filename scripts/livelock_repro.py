@@ -18,8 +18,8 @@ tests/counterexamples/liveness-finishes-resume.json:
 
 r0 and r1 are admitted (each prompt fits the budget of 8), the pool runs out,
 r1 is preempted at 9 tokens (7 prompt + 2 outputs), and a resumed request must
-replay all its tokens in one step (S:1306) which, with chunked prefill off,
-must fit the step budget of 8 (S:1337-1344, a `break`).  It never does, so from
+replay all its tokens in one step (S:1356) which, with chunked prefill off,
+must fit the step budget of 8 (S:1387-1394, a `break`).  It never does, so from
 then on every step is empty and the scheduler state repeats forever.
 
 `--scenario blocks-queue` runs tests/counterexamples/liveness-waits-while-fits-resume.json
@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=16)
     p.add_argument("--max-num-scheduled-tokens", type=int, default=8,
-                   help="the step token budget (S:139-143, S:719); 16 = max_model_len removes the livelock")
+                   help="the step token budget (S:137-141, S:735); 16 = max_model_len removes the livelock")
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--block-size", type=int, default=2)
     p.add_argument("--num-gpu-blocks", type=int, default=10, help="counts vLLM's null block")
@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                    help="default off, as in the counterexample")
     p.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                   help="default 0 (none); no cure: it caps only while 2 or more requests are eligible (S:757-763)")
+                   help="default 0 (none); no cure: it caps only while 2 or more requests are eligible (S:773-779)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
                    help="AsyncScheduler with two batches in flight, as EngineCore runs it (vLLM's GPU default); "
                         "default off, as in the counterexample")
@@ -196,21 +196,21 @@ def build_scheduler(v, a):
         enable_chunked_prefill=a.enable_chunked_prefill,
         long_prefill_token_threshold=a.long_prefill_token_threshold,
         async_scheduling=a.async_scheduling,
-    )  # __post_init__ runs verify_max_model_len (C:317-362): the config is accepted
+    )  # __post_init__ runs verify_max_model_len (C:361-406): the config is accepted
     model_config = v["ModelConfig"](model=a.model, skip_tokenizer_init=True,
                                     max_model_len=a.max_model_len, dtype="float16", seed=42)
     cache_config = v["CacheConfig"](block_size=a.block_size, enable_prefix_caching=a.enable_prefix_caching)
     vllm_config = v["VllmConfig"](scheduler_config=scheduler_config, model_config=model_config,
                                   cache_config=cache_config)
     # The CPU platform hook switches async scheduling off whatever was asked
-    # (vllm/platforms/cpu.py:348, called at V:2067); the scheduler does not
+    # (vllm/platforms/cpu.py:348, called at V:1979); the scheduler does not
     # depend on the device, so put the asked value back, as a GPU platform leaves it.
     vllm_config.scheduler_config.async_scheduling = a.async_scheduling
     if getattr(vllm_config.cache_config, "kv_cache_layout", "absent") is None:
         vllm_config.cache_config.kv_cache_layout = "LBNHC"  # one block is one page whatever the layout
     kv_spec = v["FullAttentionSpec"](block_size=a.block_size, num_kv_heads=1, head_size=1,
                                      dtype=v["torch"].float32)
-    # EngineCore's start-up check (KP:151): the pool, less the null block, holds
+    # EngineCore's start-up check (KP:196): the pool, less the null block, holds
     # one max_model_len sequence.  Building a Scheduler directly skips it, so run
     # it here: the engine would start with this pool.
     v["check_enough_kv_cache_memory"](vllm_config, {"layer": kv_spec}, a.num_gpu_blocks * kv_spec.page_size_bytes)
@@ -285,15 +285,15 @@ def apply(v, sched, out, sampling):
 
 def step(v, sched, batch_queue):
     """One EngineCore step.  Synchronous (batch_queue None): schedule, the fake
-    model, update_from_output (E:667-697).  Async: step_with_batch_queue with two
-    batches in flight (E:708-822, V:588-598): schedule a batch; return at once if
+    model, update_from_output (E:713-743).  Async: step_with_batch_queue with two
+    batches in flight (E:758-871, V:560-566): schedule a batch; return at once if
     the queue is not full and it ran something or requests remain; else apply the
     oldest batch.  Returns (the batch scheduled or None, the requests finished)."""
     out = None
     if sched.has_requests():
         out = sched.schedule()
         # Which requests sample is fixed at schedule time: those whose prefill is
-        # complete once the grant is added (the advance, S:1845-1877).
+        # complete once the grant is added (the advance, S:1899-1931).
         sampling = {rid for rid in out.num_scheduled_tokens if not sched.requests[rid].is_prefill_chunk}
         if batch_queue is None:
             return out, apply(v, sched, out, sampling)
@@ -303,7 +303,7 @@ def step(v, sched, batch_queue):
     elif not batch_queue:
         return None, []
     done, sampling = batch_queue.pop()
-    # A request finished or aborted meanwhile samples nothing (S:2327).
+    # A request finished or aborted meanwhile samples nothing (S:2373).
     return out, apply(v, sched, done, {rid for rid in sampling if rid in sched.requests})
 
 
@@ -397,15 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         r = sched.requests[rid]
         why = ""
         if rid in waiting and not a.enable_chunked_prefill:
-            # A resumed request replays all its tokens (S:1306), less a prefix-cache
+            # A resumed request replays all its tokens (S:1356), less a prefix-cache
             # hit (at most num_tokens - 1, vllm/v1/core/kv_cache_manager.py:302).
             hit = sched.kv_cache_manager.get_computed_blocks(r)[1] if a.enable_prefix_caching else 0
             need = r.num_tokens - max(r.num_computed_tokens, hit)
-            budget = min(a.max_num_scheduled_tokens, a.max_num_batched_tokens)  # S:1295
+            budget = min(a.max_num_scheduled_tokens, a.max_num_batched_tokens)  # S:1345
             if need > budget:
                 why = (f": needs {need} tokens in one step (num_tokens {r.num_tokens}"
                        + (f", prefix-cache hit {hit}" if a.enable_prefix_caching else "")
-                       + f", S:1306) > token budget {budget} with chunked prefill off (S:1337-1344)")
+                       + f", S:1356) > token budget {budget} with chunked prefill off (S:1387-1394)")
             else:
                 why = f": queued behind {sched.waiting.peek_request().request_id} (FCFS head, `break`)"
         print(f"  never finishes: {rid} ({r.status.name}, {r.num_output_tokens} of "

@@ -182,7 +182,7 @@ EQUIVALENT = {
         "is_prefill_chunk by num_tokens - placeholders: a request holding placeholders has computed "
         "num_tokens + placeholders - 1, so any grant reaches both bounds; with none they are equal",
     "schedspec.spec.scheduler.x_schedule__mutmut_16":
-        "the S:1631-1632 assertion weakened: both budgets stay >= 0 in every step (token_budget_respected), "
+        "the S:1704-1705 assertion weakened: both budgets stay >= 0 in every step (token_budget_respected), "
         "so neither form fires",
     "schedspec.spec.scheduler.x_schedule_running__mutmut_6":
         "the running loop goes on at an input budget equal to the drafter rows: every request then gets "

@@ -4,7 +4,7 @@
 # bugs, seconds) and the findings.  No vLLM install is needed: the proofs are on
 # the spec's rules.  Exit 1 if any release has an obligation that is not ok.
 #
-#   scripts/prove-releases.sh                     # all seven releases
+#   scripts/prove-releases.sh                     # every modelled release
 #   RELEASES="0.33.0 0.25.0" scripts/prove-releases.sh
 #   BOUND=3 scripts/prove-releases.sh             # prove --bound 3 (default: prove's own, 4 + 4)
 #
@@ -14,7 +14,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
-RELEASES=${RELEASES:-"0.33.0 0.32.0 0.31.0 0.30.0 0.28.0 0.25.0 0.20.0"}
+RELEASES=${RELEASES:-"0.34.0 0.33.0 0.32.0 0.31.0 0.30.0 0.28.0 0.25.0 0.20.0"}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 

@@ -6,17 +6,19 @@
 #
 #   scripts/vllm-releases.sh                 # 2000 scenarios of seed 21 per release
 #   SCENARIOS=300 scripts/vllm-releases.sh   # quicker
-#   RELEASES="0.33.0 0.30.0" scripts/vllm-releases.sh
+#   RELEASES="0.34.0 0.33.0" scripts/vllm-releases.sh
 #
-# On this 2-core machine, 2000 scenarios take 1 to 2.5 min per release (15 min for
-# all seven, installs not counted); 300 take about 15 to 25 s each.
+# On this 2-core machine, 2000 scenarios take 1 to 2.5 min per release (about 17 min for
+# all eight, installs not counted); 300 take about 15 to 25 s each.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 SCENARIOS=${SCENARIOS:-2000}
 SEED=${SEED:-21}
-RELEASES=${RELEASES:-"0.33.0 0.32.0 0.31.0 0.30.0 0.28.0 0.25.0 0.20.0"}
+RELEASES=${RELEASES:-"0.34.0 0.33.0 0.32.0 0.31.0 0.30.0 0.28.0 0.25.0 0.20.0"}
+# The release setup.sh installs into .venv (scripts/install-vllm.sh DEFAULT_VLLM_VERSION).
+DEFAULT=$(sed -n 's/^DEFAULT_VLLM_VERSION=\([0-9.]*\).*/\1/p' "$ROOT/scripts/install-vllm.sh")
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 BASE=$("$PY" -c 'import sys; print(sys._base_executable)')
@@ -25,7 +27,7 @@ status=0
 start_all=$(date +%s)
 rows=()
 for v in $RELEASES; do
-  if [ "$v" = "0.33.0" ]; then
+  if [ "$v" = "$DEFAULT" ]; then
     PYTHON="$PY" bash "$ROOT/scripts/install-vllm.sh" >&2
   else
     BASE_PYTHON="$BASE" bash "$ROOT/scripts/install-vllm.sh" "$v" >&2

@@ -218,7 +218,7 @@ def make_machine(watch: str | None = None):
             done = self.impl.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
             assert tuple(done) == (rid,)
             assert rid not in self.state.running + self.state.waiting
-            # One whose asynchronous load is in flight keeps its blocks until the load ends (S:3016-3027).
+            # One whose asynchronous load is in flight keeps its blocks until the load ends (S:3153-3164).
             assert (rid in self.state.requests) == held
             COVERAGE["aborts mid-load"] += held
 

@@ -235,7 +235,9 @@ def runner_output(scheduler_output, sampled: Mapping[str, Iterable[int]], finish
     kv = KVConnectorOutput(finished_recving=set(finished_recving) or None, failed_recving=set(failed_recving),
                            finished_sending=set(finished_sending) or None) \
         if finished_recving or failed_recving or finished_sending else None
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+    from schedspec.reference.vllm_adapter import runner_index
+
+    return ModelRunnerOutput(req_ids=ids, **runner_index(ModelRunnerOutput, ids),
                              sampled_token_ids=[list(sampled.get(rid, ())) for rid in ids], kv_connector_output=kv)
 
 
@@ -316,16 +318,16 @@ def _matching_connector(answer):
 # Connectors vLLM's factory loads by module path (kv_connector_module_path).
 CONNECTORS = {
     "DelayFreeConnector": _delay_free_connector,
-    # One block of external tokens, loaded within the step (a sync load, S:1138-1187).
+    # One block of external tokens, loaded within the step (a sync load, S:1177-1226).
     "OneBlockConnector": lambda: _matching_connector(lambda bs: (bs, False)),
-    # One block loaded asynchronously: the request waits for remote KVs (S:1286-1288, 1514-1545).
+    # One block loaded asynchronously: the request waits for remote KVs (S:1336-1338, 1576-1607).
     "OneBlockAsyncConnector": lambda: _matching_connector(lambda bs: (bs, True)),
-    # The whole sequence, loaded asynchronously: the promotion leaves the last token to compute (S:3513-3514).
+    # The whole sequence, loaded asynchronously: the promotion leaves the last token to compute (S:3662-3663).
     "WholePromptAsyncConnector": lambda: _answering(
         lambda request, num_computed_tokens, block_size: (request.num_tokens - num_computed_tokens, True)),
-    # Cannot tell yet: the request is skipped this step (S:1146-1151).
+    # Cannot tell yet: the request is skipped this step (S:1185-1190).
     "UndecidedConnector": lambda: _matching_connector(lambda bs: (None, False)),
-    # A KV producer: loads nothing, sends every finished request's KV (S:3040-3060, 3383-3402).
+    # A KV producer: loads nothing, sends every finished request's KV (S:3180-3200, 3517-3536).
     "SendingConnector": lambda: _sending_connector(),
 }
 

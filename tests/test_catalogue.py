@@ -13,6 +13,7 @@ from functools import lru_cache
 import pytest
 
 from conftest import vllm_required
+from schedspec.reference.coverage import resumptions
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
@@ -188,7 +189,7 @@ def test_priority_preemption_and_resumption_when_out_of_kv():
     assert steps[1]["new"] == ["high"] and steps[1]["num_free_blocks"] == 0
     assert steps[2]["preempted"] == ["low"] and dict(steps[2]["scheduled"]) == {"high": 1}
     assert steps[2]["waiting"] == ["low"]
-    resume = next(s for s in steps if s["resumed"])
+    resume = next(s for s, back in zip(steps, resumptions(steps)) if back)
     assert dict(resume["scheduled"])["low"] == 32  # the 30-token prompt plus its 2 outputs
 
 

@@ -6,8 +6,8 @@
   (the shared book's file name, "rule book" and a section number) are errors.
 - Every vLLM source citation `ABBR:LINE`, `ABBR:FIRST-LAST` (abbreviations from the legend
   in docs/rules.md §0.1) in the repository's .py and .md files lies inside that file of
-  the installed vLLM 0.33.0, and the lines the rule book leans on hold what it says they
-  hold.  Skipped, with the reason, when vLLM 0.33.0 is not installed.
+  the installed vLLM 0.34.0, and the lines the rule book leans on hold what it says they
+  hold.  Skipped, with the reason, when vLLM 0.34.0 is not installed.
 - No file of the repository points into the project's shared folder, which users do not
   have.
 
@@ -29,7 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "docs" / "rules.md"
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.34.0"
 SECTION = "\u00a7"  # the section sign
 
 # A numbered heading ("## 4. The waiting loop") or a numbered paragraph lead
@@ -53,52 +53,52 @@ SHARED_ALLOWED = {
     "tests/test_cli_flags.py": 1,
 }
 
-# Lines of vLLM 0.33.0 that docs/rules.md builds its rules on: (abbr, line) -> text the
+# Lines of vLLM 0.34.0 that docs/rules.md builds its rules on: (abbr, line) -> text the
 # line must contain.  When vLLM moves, these fail first; re-check the book then.
 PINNED_LINES = {
-    ("S", 719): "token_budget = self.max_num_scheduled_tokens",
-    ("S", 722): "input_budget = self.scheduler_config.max_num_batched_tokens",
-    ("S", 761): "if num_eligible_reqs > 1",
-    ("S", 795): "while req_index < len(self.running) and token_budget > 0",
-    ("S", 807): "request.num_computed_tokens + 2 - request.num_output_placeholders",
-    ("S", 844): "if 0 < long_prefill_token_threshold < num_new_tokens",
-    ("S", 856): "- self.num_sampled_tokens_per_step",
-    ("S", 938): "preempted_req = self.running[-1]",
-    ("S", 948): "req_index -= 1",
-    ("S", 970): "preempted_req = self.running.pop()",
-    ("S", 1050): "if not preempted_reqs",
-    ("S", 1073): "if num_running >= self.max_num_active_reqs",
-    ("S", 1084): "if request.num_stale_output_tokens and not request.drop_stale_output",
-    ("S", 1295): "request_token_budget = min(token_budget, input_budget - draft_slots)",
-    ("S", 1306): "num_new_tokens = request.num_tokens - num_computed_tokens",
-    ("S", 1338): "not self.scheduler_config.enable_chunked_prefill",
-    ("S", 1346): "num_new_tokens = min(num_new_tokens, request_token_budget)",
-    ("S", 1449): "full_sequence_must_fit=self.scheduler_reserve_full_isl",
-    ("S", 1451): "has_scheduled_reqs=bool(self.running)",
-    ("S", 1610): "self.waiting.prepend_requests(step_skipped_waiting)",
-    ("S", 1835): "request.num_stale_output_tokens = request.num_in_flight_tokens",
-    ("S", 1842): "self.waiting.prepend_request(request)",
-    ("S", 1858): "request.num_computed_tokens += num_scheduled_token",
-    ("S", 2327): "if request is None or request.is_finished():",
-    ("S", 2412): "self.kv_cache_manager.cache_blocks(",
-    ("S", 2762): "request.num_computed_tokens -= len(new_token_ids) - num_new",
-    ("AS", 44): "request.num_output_placeholders += (",
+    ("S", 735): "token_budget = self.max_num_scheduled_tokens",
+    ("S", 738): "input_budget = self.scheduler_config.max_num_batched_tokens",
+    ("S", 777): "if self.scheduler_config.enable_chunked_prefill and num_eligible_reqs > 1",
+    ("S", 811): "while req_index < len(self.running) and token_budget > 0",
+    ("S", 823): "request.num_computed_tokens + 2 - request.num_output_placeholders",
+    ("S", 860): "if 0 < long_prefill_token_threshold < num_new_tokens",
+    ("S", 872): "- self.num_sampled_tokens_per_step",
+    ("S", 954): "preempted_req = self.running[-1]",
+    ("S", 964): "req_index -= 1",
+    ("S", 986): "preempted_req = self.running.pop()",
+    ("S", 1066): "if not preempted_reqs",
+    ("S", 1096): "num_running >= self.max_num_active_reqs or token_budget <= 0",
+    ("S", 1123): "if request.num_stale_output_tokens and not request.drop_stale_output",
+    ("S", 1345): "request_token_budget = min(token_budget, input_budget - draft_slots)",
+    ("S", 1356): "num_new_tokens = request.num_tokens - num_computed_tokens",
+    ("S", 1388): "not self.scheduler_config.enable_chunked_prefill",
+    ("S", 1396): "num_new_tokens = min(num_new_tokens, request_token_budget)",
+    ("S", 1511): "full_sequence_must_fit=self.scheduler_reserve_full_isl",
+    ("S", 1513): "has_scheduled_reqs=bool(self.running)",
+    ("S", 1681): "self.waiting.prepend_requests(step_skipped_waiting)",
+    ("S", 1889): "request.num_stale_output_tokens = request.num_in_flight_tokens",
+    ("S", 1896): "self.waiting.prepend_request(request)",
+    ("S", 1912): "request.num_computed_tokens += num_scheduled_token",
+    ("S", 2373): "if request is None or request.is_finished():",
+    ("S", 2468): "self.kv_cache_manager.cache_blocks(",
+    ("S", 2897): "request.num_computed_tokens -= len(new_token_ids) - num_new",
+    ("AS", 36): "request.num_output_placeholders += (",
     ("Q", 94): "self.appendleft(request)",
     ("U", 98): "def check_stop(",
     ("K", 210): "self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)",
-    ("K", 302): "max_cache_hit_length = request.num_tokens - 1",
-    ("K", 531): "if full_sequence_must_fit:",
-    ("K", 584): "available_blocks = self.block_pool.get_num_free_blocks() - reserved_blocks",
-    ("K", 621): "num_tokens_to_cache = min(",
-    ("T", 236): "return max(num_required_blocks - num_req_blocks, 0)",
-    ("T", 794): "itertools.islice(full_block_hashes, max_length // block_size)",
-    ("P", 191): "self.null_block = self.free_block_queue.popleft()",
-    ("P", 845): "self.free_block_queue.prepend_n(blocks_to_evict_first)",
-    ("P", 847): "self.free_block_queue.append_n(blocks_to_evict_last)",
-    ("RQ", 370): "class RequestStatus(",
-    ("C", 331): "if self.max_num_batched_tokens < self.max_num_seqs:",
-    ("V", 588): "def max_concurrent_batches",
-    ("E", 708): "def step_with_batch_queue(",
+    ("K", 324): "max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)",
+    ("K", 552): "if full_sequence_must_fit:",
+    ("K", 605): "available_blocks = self.block_pool.get_num_free_blocks() - reserved_blocks",
+    ("K", 642): "num_tokens_to_cache = min(",
+    ("T", 241): "return max(num_required_blocks - num_req_blocks, 0)",
+    ("T", 799): "itertools.islice(full_block_hashes, max_length // block_size)",
+    ("P", 164): "self.null_block = self.free_block_queue.popleft()",
+    ("P", 835): "self.free_block_queue.prepend_n(blocks_to_evict_first)",
+    ("P", 837): "self.free_block_queue.append_n(blocks_to_evict_last)",
+    ("RQ", 422): "class RequestStatus(",
+    ("C", 375): "if self.max_num_batched_tokens < self.max_num_seqs:",
+    ("V", 560): "def max_concurrent_batches",
+    ("E", 758): "def step_with_batch_queue(",
 }
 
 
@@ -186,7 +186,7 @@ def book() -> str:
 
 @pytest.fixture(scope="module")
 def vllm_lines(book) -> dict[str, list[str]]:
-    """abbreviation -> the lines of that file in the installed vLLM 0.33.0."""
+    """abbreviation -> the lines of that file in the installed vLLM 0.34.0."""
     spec = importlib.util.find_spec("vllm")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("vLLM is not installed (./setup.sh installs it); source citations unchecked")
@@ -256,7 +256,7 @@ def test_source_citations_within_vllm(vllm_lines):
 
 def test_source_checker_reports_planted_citations(vllm_lines):
     counts = {abbr: len(lines) for abbr, lines in vllm_lines.items()}
-    assert check_source_citations("(S:719, K:584-588, RQ:357-367)", counts) == []
+    assert check_source_citations("(S:735, K:605-609, RQ:409-419)", counts) == []
     c = ":"  # planted citations are assembled, so that this file holds none
     for text in (f"S{c}999999", f"the loop (S{c}795-99999)", f"S{c}0", f"K{c}588-584",
                  f"S{c}719, 99999", f"RQ{c}{counts['RQ'] + 1}"):

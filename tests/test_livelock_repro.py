@@ -31,7 +31,7 @@ RUNS = {
     # vLLM's defaults (prefix caching and async scheduling on) at block size 16.
     "default-engine": [*DEFAULT_ENGINE, "--check-cli"],
     # The condition removed, one way each: chunked prefill on, or a step budget of
-    # max_model_len for a resumed request to replay in (S:1337-1344).
+    # max_model_len for a resumed request to replay in (S:1387-1394).
     "chunked-on": ["--enable-chunked-prefill"],
     "budget-max-model-len": ["--max-num-scheduled-tokens", "16"],
 }
@@ -90,7 +90,7 @@ def test_livelock_on_the_default_engine(runs):
     assert "(AsyncScheduler)" in r.stdout
     assert "LIVELOCK: the scheduler state before step 106 equals the state before step 105" in r.stdout
     assert ("never finishes: r1 (PREEMPTED, 25 of 48 outputs): needs 65 tokens in one step "
-            "(num_tokens 81, prefix-cache hit 16, S:1306) > token budget 64") in r.stdout
+            "(num_tokens 81, prefix-cache hit 16, S:1356) > token budget 64") in r.stdout
 
 
 @pytest.mark.parametrize("name", ["chunked-on", "budget-max-model-len"])

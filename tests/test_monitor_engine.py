@@ -126,6 +126,9 @@ def make_engine(async_scheduling: bool, *, prefix_caching: bool = False, num_blo
     e.is_mm_encoder_only = vc.is_mm_encoder_only
     e.is_pooling_model = vc.model_config.runner_type == "pooling"
     e.request_block_hasher = block_hasher(sched) if prefix_caching else None
+    # 0.34.0: the front end's prompt block hashes are taken when it sends them (core.py:233-252,
+    # 1287); these requests carry none, so none is configured and the engine's hasher makes them.
+    e.prefix_hash_config = None
     e.step_fn = e.step if e.batch_queue is None else e.step_with_batch_queue
     e.async_scheduling = vc.scheduler_config.async_scheduling
     e.aborts_queue = queue.Queue()

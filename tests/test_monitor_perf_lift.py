@@ -24,7 +24,7 @@ from schedspec.monitor import shadow  # noqa: E402
 from schedspec.monitor.monitor import POST_ATTR, Monitor  # noqa: E402
 from schedspec.reference import vllm_lift  # noqa: E402
 from schedspec.reference.state_json import state_to_json  # noqa: E402
-from schedspec.reference.vllm_adapter import VllmScheduler  # noqa: E402
+from schedspec.reference.vllm_adapter import VllmScheduler, runner_index  # noqa: E402
 from schedspec.spec.config import SchedulerConfig  # noqa: E402
 from schedspec.spec.input_processor import make_request  # noqa: E402
 
@@ -84,7 +84,7 @@ def test_engine_post_states_equal_a_full_lift(async_scheduling, prefix_caching):
             out, sampling = in_flight.popleft()
             ids = list(out.num_scheduled_tokens)
             sched.update_from_output(out, ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+                req_ids=ids, **runner_index(ModelRunnerOutput, ids),
                 sampled_token_ids=[[100 + step] if rid in sampling else [] for rid in ids],
                 logprobs=None, prompt_logprobs_dict={}, pooler_output=None))
             checked += 1

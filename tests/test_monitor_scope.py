@@ -37,6 +37,7 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 
 from mutants import Mutation, mutated  # noqa: E402
 from schedspec.monitor import scope  # noqa: E402
+from schedspec.reference import vllm_lift  # noqa: E402
 from schedspec.monitor.shadow import ShadowAsyncScheduler, ShadowScheduler  # noqa: E402
 
 __all__ = ["monitor", "shadow_monitor"]  # fixtures, imported for pytest
@@ -106,7 +107,7 @@ def add_and_schedule(sched, *reqs):
 
 @case("SPECULATIVE_DECODING", "dynamic_drafts")
 def _(mon, tmp_path, monkeypatch):
-    # A draft count chosen per batch size (S:323-329, 1709-1714): not modelled.
+    # A draft count chosen per batch size (S:323-329, 1764-1769): not modelled.
     from vllm.config import SpeculativeConfig
 
     s = build_scheduler(speculative_config=SpeculativeConfig(
@@ -128,9 +129,41 @@ def connector_scheduler(tmp_path, name: str = "ExampleConnector", role: str = "k
     return s
 
 
+@case("KV_LOAD_CAP")
+def _(mon, tmp_path, monkeypatch):
+    # 0.34.0's cap on asynchronous KV loads (max_num_inflight_kv_loads, C:78), which
+    # sorts requests a connector may load asynchronously into their own queue and starts
+    # their loads while the batch is full (S:1090-1113, 1325-1334, 2781-2786): not
+    # modelled.  Before 0.34.0 the field does not exist: set on a real scheduler's config.
+    from vllm.config import SchedulerConfig
+
+    if "max_num_inflight_kv_loads" in SchedulerConfig.__dataclass_fields__:
+        s = connector_scheduler(tmp_path, scheduler={"max_num_inflight_kv_loads": 1})
+    else:
+        s = connector_scheduler(tmp_path)
+        object.__setattr__(s.scheduler_config, "max_num_inflight_kv_loads", 1)
+    return watch(mon, add_and_step(s, request("a", 20, sched=s)))
+
+
+@case("PREFIX_HIT_LIMIT")
+def _(mon, tmp_path, monkeypatch):
+    # 0.34.0's prompt-logprobs request that reads the prefix cache up to its first scored
+    # prompt token (RQ:364-377 prefix_cache_hit_limit, prompt_logprob_start): not modelled
+    # (the spec reads all of a hit or none).  Before 0.34.0 no such request exists: the
+    # attribute is set on a real request.
+    s = build_scheduler(prefix_caching=True)
+    r = request("a", 40, sched=s, sampling={"prompt_logprobs": 1, "prompt_logprob_start": 16,
+                                           "skip_reading_prefix_cache": False})
+    if not hasattr(r, "prefix_cache_hit_limit"):
+        r = request("a", 40, sched=s)
+        r.prefix_cache_hit_limit = 16
+    assert r.prefix_cache_hit_limit == 16
+    return watch(mon, add_and_step(s, r))
+
+
 @case("KV_CONNECTOR", "failed_load")
 def _(mon, tmp_path, monkeypatch):
-    # A load the worker reports failed (S:2292-2294, 3688-3701): not modelled.
+    # A load the worker reports failed (S:2334-2336, 3839-3852): not modelled.
     s = connector_scheduler(tmp_path, "OneBlockAsyncConnector")
     s.add_request(request("a", 40, sched=s))
     out = s.schedule()
@@ -141,7 +174,7 @@ def _(mon, tmp_path, monkeypatch):
 def abort_mid_load(s) -> None:
     """"a" and "b" load a block each; "a" is aborted mid-load, "b" after its load was
     reported: vLLM keeps "a", finished, and its blocks until its load ends
-    (S:3016-3027, 3572-3577), and frees "b" at once."""
+    (S:3153-3164, 3722-3727), and frees "b" at once."""
     s.add_request(request("a", 40, sched=s))
     s.add_request(request("b", 40, sched=s))
     out = s.schedule()
@@ -189,7 +222,7 @@ def _(mon, tmp_path, monkeypatch):
     s.add_request(request("a", 20))
     out = s.schedule()
     # The connector can no longer obtain an encoder input of "a": vLLM finishes it
-    # with an error (S:2559-2562).
+    # with an error (S:2626-2629).
     s.ec_connector.take_unavailable_requests = lambda: {"a"}
     stats = watch(mon, lambda: s.update_from_output(out, runner_output(out, {"a": [7]})))
     assert s.requests.get("a") is None
@@ -323,7 +356,7 @@ def test_a_preemption_before_schedule_leaves_the_call_checked(monitor, prefix_ca
     """A preemption between two schedule() calls (a direct _preempt_request, as
     vLLM's test_preemption_re_records_prefix_cache_query makes, or
     reset_prefix_cache with reset_running_requests) is reported in the next
-    output too (S:228, 1799).  That call is compared on the preemptions it
+    output too (S:226, 1853).  That call is compared on the preemptions it
     makes itself: here, after c is preempted by hand, a and b each need a third
     block and one is free, so b preempts itself in the call."""
     s = build_scheduler(prefix_caching=prefix_caching, block_size=16, num_blocks=6,  # 5 usable blocks
@@ -349,8 +382,8 @@ def test_a_preemption_before_schedule_leaves_the_call_checked(monitor, prefix_ca
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["counts", "prefix"])
 def test_stale_output_dropped_after_reset_prefix_cache_is_compared(monitor, prefix_caching):
     """reset_prefix_cache(reset_running_requests=True) preempts with output still
-    in flight and drops that output when it returns (S:3193-3204, 2337-2339):
-    the waiting loop does not wait for it (S:1084) and update_from_output
+    in flight and drops that output when it returns (S:3333-3344, 2383-2385):
+    the waiting loop does not wait for it (S:1123) and update_from_output
     appends nothing.  Every call after it is compared (spec: drop_stale_output)."""
     s = build_scheduler(async_scheduling=True, prefix_caching=prefix_caching)
     s.add_request(request("a", 20, sched=s, max_tokens=8, sampling={"ignore_eos": True}))
@@ -369,7 +402,7 @@ def test_stale_output_dropped_after_reset_prefix_cache_is_compared(monitor, pref
 
 
 def test_prompt_logprobs_read_no_cached_prefix_and_are_compared(monitor):
-    """A request with prompt logprobs reads no cached prefix (RQ:314-325,
+    """A request with prompt logprobs reads no cached prefix (RQ:359-371,
     K:251-253) but its blocks are cached for others: b, with a's prompt and
     prompt logprobs, gets no hit; c, with the same prompt, hits a's blocks."""
     s = build_scheduler(prefix_caching=True)
@@ -377,7 +410,7 @@ def test_prompt_logprobs_read_no_cached_prefix_and_are_compared(monitor):
     s.add_request(request("a", tokens=tokens, sched=s))
     run_to_completion(s)
     b = request("b", tokens=tokens, sched=s, sampling={"prompt_logprobs": 1})
-    assert b.skip_reading_prefix_cache
+    assert vllm_lift.skips_prefix_cache(b)  # 0.34.0: prefix_cache_hit_limit 0 (request.py:364-377)
     s.add_request(b)
     assert step(s).scheduled_new_reqs[0].num_computed_tokens == 0
     s.add_request(request("c", tokens=tokens, sched=s))
@@ -389,8 +422,8 @@ def test_prompt_logprobs_read_no_cached_prefix_and_are_compared(monitor):
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["no_caching", "caching"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_pause_states_are_compared(monitor, async_scheduling, prefix_caching):
-    """set_pause_state (S:3073): PAUSED_NEW runs what is running and admits no
-    waiting request; PAUSED_ALL schedules nothing (S:723-725, 1050, 1066).
+    """set_pause_state (S:3213): PAUSED_NEW runs what is running and admits no
+    waiting request; PAUSED_ALL schedules nothing (S:739-741, 1066, 1102).
     Every call is compared, and unpausing admits the waiting request.  With
     prefix caching the comparison renames the spec's new block hashes to vLLM's
     (check.py `renamed`), which until 2026-12-04 rebuilt the state without its
@@ -413,7 +446,7 @@ def test_pause_states_are_compared(monitor, async_scheduling, prefix_caching):
 
 def test_drop_mode_survives_a_preemption_in_schedule_while_undrained(monitor):
     """Drop mode survives a preemption inside schedule() while its stale share has
-    not returned (S:1832-1834; spec/stale_output.py make_stale): after a reset, a
+    not returned (S:1886-1888; spec/stale_output.py make_stale): after a reset, a
     is resumed at once, then preempted by x's decode, both batches still in
     flight; both of a's outputs are then discarded."""
     s = build_scheduler(async_scheduling=True, num_blocks=4, max_num_batched_tokens=128)  # 3 usable blocks
@@ -489,10 +522,15 @@ def eagle_scheduler(drop: bool, mtp: bool = False):
     vc = vllm_config(prefix_caching=True, block_size=4, speculative_config=SpeculativeConfig(
         method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1))
     object.__setattr__(vc.speculative_config, "method", "mtp" if mtp else "eagle3")
-    if mtp:
-        object.__setattr__(vc.speculative_config, "draft_model_config",
-                           SimpleNamespace(hf_config=SimpleNamespace(num_nextn_predict_layers=2)))
+    if mtp:  # 0.33.0 counts the modules from num_nextn_predict_layers, 0.34.0 from n_predict
+        object.__setattr__(vc.speculative_config, "draft_model_config", SimpleNamespace(
+            hf_config=SimpleNamespace(num_nextn_predict_layers=2, n_predict=2, model_type="deepseek_mtp"),
+            architectures=[]))
     object.__setattr__(vc.speculative_config, "disable_lookahead_block_hashes", drop)
+    if hasattr(vc, "_resolve_num_hash_lookahead_tokens"):
+        # 0.34.0 resolves the lookahead hashes once, when the config is built (config/vllm.py:
+        # 633-654, 2261), not on each read as 0.33.0 (config/vllm.py:678): redone for the switch.
+        vc.num_hash_lookahead_tokens = vc._resolve_num_hash_lookahead_tokens()
     s = build_scheduler(vc)
     lookahead = 2 if mtp else 1
     assert s.use_eagle_block_drop is drop and s.num_hash_lookahead_tokens == (0 if drop else lookahead)
@@ -543,7 +581,7 @@ def test_a_spec_without_the_eagle_block_drop_diverges(monitor):
 
 def test_pipeline_parallelism_alone_is_in_scope(monitor):
     """PP changes no scheduling decision in 0.33.0 (the output's token payload
-    only, S:1945): a PP scheduler's calls are checked."""
+    only, S:1998): a PP scheduler's calls are checked."""
     from vllm.config import ParallelConfig
 
     s = build_scheduler(parallel_config=ParallelConfig(pipeline_parallel_size=2))
@@ -598,7 +636,7 @@ def _(mon, tmp_path, monkeypatch):
 
 def holder_under_paused_new():
     """A scheduler under PAUSED_NEW whose waiting request holds blocks, which vLLM
-    still admits (S:1064-1067): only a KV connector or streaming input leaves one
+    still admits (S:1100-1107): only a KV connector or streaming input leaves one
     there, so it is put in kv_holding_waiting by hand."""
     s = build_scheduler()
     s.add_request(request("a", 20, max_tokens=8))
@@ -614,7 +652,7 @@ def holder_under_paused_new():
 def _(mon, tmp_path, monkeypatch):
     # Modelled for 0.33.0 (spec/scheduler.py schedule_waiting): outside scope on an
     # older release, which this process is made to read as.
-    monkeypatch.setattr(scope, "newest_rules", lambda: False)
+    monkeypatch.setattr(scope, "newest_rules", lambda *feature: False)
     s = holder_under_paused_new()
     return watch(mon, lambda: s.schedule())
 
@@ -625,7 +663,7 @@ def _(mon, tmp_path, monkeypatch):
     # engine's off-cadence steps; positional and keyword both.  The spec models
     # throttling for 0.33.0 only (spec/prefill_throttle.py): outside scope on an
     # older release, which this process is made to read as.
-    monkeypatch.setattr(scope, "newest_rules", lambda: False)
+    monkeypatch.setattr(scope, "newest_rules", lambda *feature: False)
     s = build_scheduler()
     s.add_request(request("a", 20, max_tokens=8))
     step(s)
@@ -639,7 +677,7 @@ def _(mon, tmp_path, monkeypatch):
 
 @case("PREFILL_THROTTLING", "prefill_schedule_interval")
 def _(mon, tmp_path, monkeypatch):
-    monkeypatch.setattr(scope, "newest_rules", lambda: False)  # as above
+    monkeypatch.setattr(scope, "newest_rules", lambda *feature: False)  # as above
     s = build_scheduler(scheduler={"prefill_schedule_interval": 2})
     assert s.local_prefill_interval == 2
     return watch(mon, add_and_step(s, request("a", 20)))
@@ -649,7 +687,7 @@ def _(mon, tmp_path, monkeypatch):
 def _(mon, tmp_path, monkeypatch):
     # Modelled for 0.33.0 (spec/config.py long_prefill_threshold): outside scope on
     # an older release (0.31.0 and 0.32.0 have the field), which this process reads as.
-    monkeypatch.setattr(scope, "newest_rules", lambda: False)
+    monkeypatch.setattr(scope, "newest_rules", lambda *feature: False)
     s = build_scheduler(scheduler={"long_prefill_token_threshold": 8, "long_prefill_token_threshold_adaptive": True})
     return watch(mon, add_and_step(s, request("a", 40), request("b", 40)))
 
@@ -704,7 +742,7 @@ def hit_after_abort(s):
 
 
 def test_an_aux_output_connector_that_caps_nothing_leaves_its_calls_checked(monitor, monkeypatch):
-    """vLLM's aux output connector only caps prefix hits (S:1117-1121): with no
+    """vLLM's aux output connector only caps prefix hits (S:1156-1160): with no
     cap below a hit, every call is compared (scope.ConnectorWatch), a prefix hit
     included."""
     from vllm.config.aux_output import AuxOutputConfig
@@ -721,7 +759,7 @@ def test_an_aux_output_connector_that_caps_nothing_leaves_its_calls_checked(moni
 
 def sends_run(s) -> None:
     """"a" stops, "b" is aborted with "a" held: a KV producer keeps both, finished, until
-    the worker reports their sends (S:3040-3060, 3579-3582); "c" runs beside them."""
+    the worker reports their sends (S:3180-3200, 3730-3733); "c" runs beside them."""
     for rid in "abc":
         s.add_request(request(rid, 20, sched=s, max_tokens=2))
     out = s.schedule()
@@ -823,7 +861,7 @@ def _(mon, tmp_path, monkeypatch):
 @case("ENCODER_INPUTS", "identifier_sizes")
 def _(mon, tmp_path, monkeypatch):
     # One identifier with two sizes: vLLM's schedule() finishes the second request with an
-    # error (S:1981-2002).  Adding them is harmless, and checked.
+    # error (S:2027-2048).  Adding them is harmless, and checked.
     s = encoder_scheduler()
     s.add_request(request("a", 20, mm_features=[image("x", 4, 8)]))
     s.add_request(request("b", 20, mm_features=[image("x", 2, 6)]))
@@ -832,14 +870,14 @@ def _(mon, tmp_path, monkeypatch):
 
 @case("ENCODER_INPUTS", "older_release")
 def _(mon, tmp_path, monkeypatch):
-    monkeypatch.setattr(scope, "newest_rules", lambda: False)
+    monkeypatch.setattr(scope, "newest_rules", lambda *feature: False)
     s = encoder_scheduler()
     return watch(mon, add_and_schedule(s, request("a", 20, mm_features=[image("x", 4, 8)])))
 
 
 @case("MAMBA_ALIGNED_SPLIT", "attribute")
 def _(mon, tmp_path, monkeypatch):
-    # Chunks cut to Mamba blocks (S:859-863): a hybrid model's; vLLM's own test sets the flag.
+    # Chunks cut to Mamba blocks (S:875-879): a hybrid model's; vLLM's own test sets the flag.
     s = build_scheduler()
     s.need_mamba_block_aligned_split = True
     return watch(mon, add_and_schedule(s, request("a", 20)))
@@ -875,7 +913,7 @@ def _(mon, tmp_path, monkeypatch):
     from vllm.config import LoRAConfig
     from vllm.lora.request import LoRARequest
 
-    monkeypatch.setattr(scope, "newest_rules", lambda: False)
+    monkeypatch.setattr(scope, "newest_rules", lambda *feature: False)
     s = build_scheduler(lora_config=LoRAConfig(max_loras=1, max_lora_rank=8))
     return watch(mon, add_and_step(s, request("a", 20, lora_request=LoRARequest("adapter", 1, str(tmp_path)))))
 
@@ -885,7 +923,7 @@ def _(mon, tmp_path, monkeypatch):
     # A release before 0.33.0: the spec has 0.33.0's grammar wait only (spec/structured_output.py).
     from vllm.sampling_params import StructuredOutputsParams
 
-    monkeypatch.setattr(scope, "newest_rules", lambda: False)
+    monkeypatch.setattr(scope, "newest_rules", lambda *feature: False)
     s = build_scheduler()
     r = request("a", 20, sampling={"structured_outputs": StructuredOutputsParams(regex="[ab]+")})
     assert r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
@@ -894,7 +932,7 @@ def _(mon, tmp_path, monkeypatch):
 
 @case("GRAMMAR_ACCEPTANCE")
 def _(mon, tmp_path, monkeypatch):
-    # A compiled grammar judges the sampled tokens (S:2432-2443): the spec's grammar
+    # A compiled grammar judges the sampled tokens (S:2488-2499): the spec's grammar
     # accepts them all, a real one may not, so that update_from_output is not compared.
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -971,7 +1009,7 @@ def _(mon, tmp_path, monkeypatch):
     def calls():
         s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
         out = s.schedule()
-        # The connector reports the send done: vLLM frees the blocks (S:3579-3582).
+        # The connector reports the send done: vLLM frees the blocks (S:3730-3733).
         # The output names no held request, so only KV_CONNECTOR names this call.
         result = runner_output(out, {})
         result.kv_connector_output = KVConnectorOutput(finished_sending={"a"})
@@ -1058,7 +1096,7 @@ def _(mon, tmp_path, monkeypatch):
 @case("PATCHED_INTERNALS", "scheduler_method_replaced_and_used")
 def _(mon, tmp_path, monkeypatch):
     # A scheduler method of its own replaced by a stub the step calls: vLLM's
-    # _update_after_schedule (S:1783) made a no-op, so computed tokens never advance.
+    # _update_after_schedule (S:1837) made a no-op, so computed tokens never advance.
     s = build_scheduler()
     s.add_request(request("a", 20))
     monkeypatch.setattr(s, "_update_after_schedule", lambda output: None)
@@ -1143,10 +1181,10 @@ def test_a_connector_that_changes_nothing_leaves_its_calls_checked(monitor, tmp_
     """vLLM's ExampleConnector with nothing stored answers no external tokens and
     keeps no block: every call is compared (scope.ConnectorWatch), a schedule()
     that preempts included, where this producer's connector requires KV delivery
-    and has vLLM drop the preempted request's in-flight output (S:972-976; the
+    and has vLLM drop the preempted request's in-flight output (S:988-992; the
     config's requires_kv_delivery).  A spec that delivers it instead differs.  The
     watch leaves the connector as it found it.  A producer's: a consumer's under async
-    scheduling defers frees (S:189-195), which the spec does not model."""
+    scheduling defers frees (S:187-193), which the spec does not model."""
     s = connector_scheduler(tmp_path, role="kv_producer", num_blocks=num_blocks, async_scheduling=async_scheduling)
     assert s.requires_kv_delivery
     preempting = 0
@@ -1205,8 +1243,8 @@ def async_load_run(s, prompts: Mapping[str, int], max_tokens: int = 3, finish_af
 @pytest.mark.parametrize("finish_after", [1, 3])
 @pytest.mark.parametrize("connector", ["OneBlockAsyncConnector", "WholePromptAsyncConnector"])
 def test_async_loads_are_compared(monitor, tmp_path, prefix_caching, finish_after, connector):
-    """An asynchronous KV load (S:1286-1288, 1403-1451, 1514-1545), the request's wait
-    for it and its promotion once reported finished (S:3467-3531) are the spec's
+    """An asynchronous KV load (S:1336-1338, 1465-1513, 1576-1607), the request's wait
+    for it and its promotion once reported finished (S:3616-3681) are the spec's
     rules (spec/kv_connector.py): every call of a run to completion is compared, and
     agrees.  Two requests share a prefix, so under prefix caching the second one's
     local hit meets the first one's blocks, cached only when its load ends."""
@@ -1218,7 +1256,7 @@ def test_async_loads_are_compared(monitor, tmp_path, prefix_caching, finish_afte
 @pytest.mark.parametrize("reserve", [True, False], ids=["spec", "spec-without-reservation"])
 def test_an_async_load_is_admitted_only_within_the_in_flight_reservation(monitor, tmp_path, reserve):
     """A load is started only if its blocks fit beside what the prefills in flight
-    still need (S:1420-1430, 3404-3436): "b" waits while "a", mid-prefill (48
+    still need (S:1482-1492, 3538-3570): "b" waits while "a", mid-prefill (48
     tokens a step, the long-prefill cap), needs every free block.  Without the
     reservation the spec starts the load, and differs from vLLM."""
     s = connector_scheduler(tmp_path, "OneBlockAsyncConnector", num_blocks=13,  # 12 usable blocks
@@ -1246,9 +1284,9 @@ def test_an_async_load_is_admitted_only_within_the_in_flight_reservation(monitor
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("holders_first", [True, False], ids=["spec", "spec-with-one-queue"])
 def test_a_preempted_request_waits_behind_the_requests_holding_blocks(monitor, tmp_path, policy, holders_first):
-    """A request loading KV waits in its own queue, drained first (S:1062-1067,
-    2709-2714): a request preempted meanwhile goes to the front of the other
-    one (S:1842), behind it.  "c" loads for 40 steps while "a" and "b" grow until
+    """A request loading KV waits in its own queue, drained first (S:1091-1107,
+    2776-2787): a request preempted meanwhile goes to the front of the other
+    one (S:1896), behind it.  "c" loads for 40 steps while "a" and "b" grow until
     one is preempted.  A spec with one queue puts the preempted request first."""
     s = connector_scheduler(tmp_path, "OneBlockAsyncConnector", num_blocks=9, scheduler={"policy": policy})
     preempted_while_loading = []
@@ -1269,7 +1307,7 @@ def test_a_preempted_request_waits_behind_the_requests_holding_blocks(monitor, t
 
 @pytest.mark.parametrize("holders_admitted", [True, False], ids=["spec", "spec-admitting-nothing"])
 def test_paused_new_admits_the_requests_holding_blocks(monitor, holders_admitted):
-    """Under PAUSED_NEW the waiting loop still drains the holders' queue (S:1064-1067):
+    """Under PAUSED_NEW the waiting loop still drains the holders' queue (S:1100-1107):
     compared, and the spec that admits nobody paused differs."""
     s = holder_under_paused_new()
     mutation = Mutation("scheduler.schedule_waiting", 'kv_connector.holds_kv_blocks(s.requests[s.waiting[0]])',
@@ -1314,8 +1352,8 @@ def test_a_watch_that_never_names_a_connector_lets_each_case_diverge(monitor, tm
     ("OneBlockConnector", False), ("OneBlockConnector", True), ("UndecidedConnector", False),
 ])
 def test_a_connectors_answers_are_compared(monitor, tmp_path, connector, prefix_caching):
-    """A load within the step (S:1138-1218) and an undecided answer, which skips the
-    request (S:1146-1151), are the spec's rules (spec/kv_connector.py): every call
+    """A load within the step (S:1177-1257) and an undecided answer, which skips the
+    request (S:1185-1190), are the spec's rules (spec/kv_connector.py): every call
     of a run to completion is compared, the admission's included, and agrees."""
     s = connector_scheduler(tmp_path, connector, prefix_caching=prefix_caching)
     outs: list = []
@@ -1468,8 +1506,8 @@ def test_lora_is_in_scope(monitor):
 def test_data_parallel_prefill_throttling_is_in_scope(monitor, async_scheduling):
     """0.33.0's throttle_prefills (spec/prefill_throttle.py): an off-cadence step
     defers a waiting prefill and a running prefill chunk while a decode runs
-    (S:750-752, 822, 1290); a step that cannot admit everything waiting marks the
-    engine capacity-bound, and the next throttled step admits (S:1612-1616).
+    (S:766-768, 838, 1340); a step that cannot admit everything waiting marks the
+    engine capacity-bound, and the next throttled step admits (S:1685-1689).
     Every call is compared, the cadence's state included."""
     s = build_scheduler(async_scheduling=async_scheduling, max_num_batched_tokens=64)
     s.add_request(request("d", 10, max_tokens=40, sampling={"ignore_eos": True}))
@@ -1494,7 +1532,7 @@ def test_data_parallel_prefill_throttling_is_in_scope(monitor, async_scheduling)
 
 
 def test_adaptive_long_prefill_threshold_is_in_scope(monitor):
-    """0.33.0's adaptive threshold (S:764-772): the cap of 8 is floored at 64 // 2
+    """0.33.0's adaptive threshold (S:780-788): the cap of 8 is floored at 64 // 2
     eligible requests, so a and b each get 32 tokens, not 8; every call compared."""
     s = build_scheduler(max_num_batched_tokens=64, scheduler={"long_prefill_token_threshold": 8,
                                                               "long_prefill_token_threshold_adaptive": True})
@@ -1508,8 +1546,8 @@ def test_adaptive_long_prefill_threshold_is_in_scope(monitor):
 
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["no_caching", "caching"])
 def test_local_prefill_interval_is_in_scope(monitor, prefix_caching):
-    """prefill_schedule_interval 3 on an engine without data parallelism (S:404-408,
-    780-791): prefill is held until 3 executed steps have passed since the last
+    """prefill_schedule_interval 3 on an engine without data parallelism (S:403-407,
+    796-807): prefill is held until 3 executed steps have passed since the last
     step that carried one; a full prefix hit (one token left) is not held.
     Every call is compared, the cadence's state included."""
     s = build_scheduler(scheduler={"prefill_schedule_interval": 3}, prefix_caching=prefix_caching)
@@ -1568,7 +1606,7 @@ def test_shadow_classes_classify_as_installed_ones(shadow_monitor, monkeypatch):
     from vllm.config import LoRAConfig
     from vllm.lora.request import LoRARequest
 
-    monkeypatch.setattr(scope, "newest_rules", lambda: False)  # LoRA as on an earlier release
+    monkeypatch.setattr(scope, "newest_rules", lambda *feature: False)  # LoRA as on an earlier release
 
     lora = LoRAConfig(max_loras=1, max_lora_rank=8)
     for cls, async_scheduling in ((ShadowScheduler, False), (ShadowAsyncScheduler, True)):
@@ -1594,7 +1632,7 @@ def holder_added(s) -> None:
 
 def test_a_new_request_holding_kv_blocks_joins_the_holders_queue(monitor):
     """vLLM's add_request queues a request that holds KV blocks in kv_holding_waiting
-    (S:2709-2714), ahead of those added before it; the spec among the holders at the
+    (S:2776-2787), ahead of those added before it; the spec among the holders at the
     front of `waiting` (kv_connector.queue_span).  Compared call by call."""
     s = build_scheduler()
     stats = watch(monitor, lambda: holder_added(s))
@@ -1609,3 +1647,28 @@ def test_a_spec_queueing_a_holder_behind_the_others_diverges(monitor):
                            "(n, len(waiting))")], module="kv_connector"):
         stats = watch(monitor, lambda: holder_added(s))
     assert stats["divergences"], stats
+
+
+def test_a_failed_loads_residue_is_outside_scope():
+    """A failed asynchronous load recovered by recomputation leaves a request without
+    blocks in the holders' queue, and its reservation counted until it is admitted
+    (scope.failed_load_residue; seen in 0.34.0's
+    test_cached_reservations_admit_like_on_demand_sum): a state the spec cannot hold."""
+    from types import SimpleNamespace
+
+    class Req:  # hashable, as vLLM's Request (the keys of _parked_reservations)
+        def __init__(self, status: str, computed: int):
+            self.num_computed_tokens, self.status = computed, SimpleNamespace(name=status)
+
+        def is_finished(self) -> bool:
+            return self.status.name.startswith("FINISHED")
+
+    req = Req
+
+    loading, promoted, reset = req("WAITING_FOR_REMOTE_KVS", 16), req("WAITING", 16), req("WAITING", 0)
+    assert not scope.failed_load_residue(SimpleNamespace(kv_holding_waiting=[loading, promoted]))
+    assert scope.failed_load_residue(SimpleNamespace(kv_holding_waiting=[reset, loading]))
+    assert not scope.failed_load_residue(SimpleNamespace(_parked_reservations={loading: 3, promoted: 2}))
+    assert scope.failed_load_residue(SimpleNamespace(_parked_reservations={reset: 5}))
+    assert scope.failed_load_residue(SimpleNamespace(_inflight_prefills={reset}))
+    assert not scope.failed_load_residue(SimpleNamespace(_inflight_prefills={req("RUNNING", 0)}))

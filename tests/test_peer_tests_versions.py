@@ -24,7 +24,7 @@ from schedspec.base.errors import UsageError
 from helpers import python_of
 from schedspec.cli.vllm_version import env_python, installed_vllm
 from schedspec.monitor import peer_tests as pt
-from schedspec.spec.versions import RELEASES
+from schedspec.spec.versions import RELEASES, release_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,7 +143,8 @@ def test_cli_version_errors_are_one_line(tmp_path, capsys, monkeypatch):
 def test_scope_init_fields_per_release():
     from schedspec.monitor import scope
 
-    assert scope.init_fields("0.33.0") == scope.init_fields("0.31.0") == scope._INIT_FIELDS
+    assert scope.init_fields("0.34.0") == scope._INIT_FIELDS
+    assert scope.init_fields("0.33.0") == scope.init_fields("0.31.0") == scope._INIT_FIELDS - {"async_kv_waiting"}
     assert "kv_holding_waiting" not in scope.init_fields("0.30.0")
     assert {"hash_block_size", "kv_holding_waiting"}.isdisjoint(scope.init_fields("0.25.0"))
     assert "current_step" not in scope.init_fields("0.20.0") and "current_step" in scope.init_fields("0.25.0")
@@ -164,6 +165,22 @@ out["installed_attributes"] = sorted(k for k in shadow.RELEASE_ATTRIBUTES if k i
 shadow.uninstall()
 out["after_uninstall"] = sorted(k for k in shadow.RELEASE_ATTRIBUTES if k in Scheduler.__dict__)
 out["finished"] = [d.request_id for d in shadow.finished_requests([("a", 0), ("b", 1)])]
+# The Triton bridge the pytest plugin applies (pytest_load_initial_conftests): from 0.34.0
+# the CPU platform's config hook runs with HAS_TRITON read as true, and only while it runs.
+from schedspec.reference import vllm_adapter
+from schedspec.spec.versions import release_key
+from vllm.platforms.cpu import CpuPlatform
+if release_key(shadow.RELEASE) >= release_key(vllm_adapter.TRITON_CHECKED_SINCE):
+    vllm_adapter.bridge_cpu_platform_check()
+out["triton_bridged"] = getattr(CpuPlatform.__dict__["check_and_update_config"].__func__, "schedspec_bridge", False)
+if out["triton_bridged"]:  # a VllmConfig as vLLM's tests build one, through the bridged hook
+    from schedspec.reference.vllm_adapter import model_dir
+    from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+    VllmConfig(model_config=ModelConfig(model=model_dir(64), skip_tokenizer_init=True, max_model_len=64),
+               scheduler_config=SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=4,
+                                                is_encoder_decoder=False))
+    import vllm.triton_utils
+    out["has_triton_after"] = bool(vllm.triton_utils.HAS_TRITON)
 print("PROBE " + json.dumps(out))
 '''
 
@@ -182,6 +199,8 @@ def test_shadow_bridges_in_each_release(release):
     assert got["attributes"] == (["hash_block_size"] if old else [])
     assert got["installed_attributes"] == got["attributes"] and got["after_uninstall"] == []
     assert got["finished"] == ["a", "b"]
+    assert got["triton_bridged"] is (release_key(release) >= release_key("0.34.0"))
+    assert got.get("has_triton_after", False) is False
     from schedspec.monitor import scope
 
     assert got["init_fields"] == sorted(scope.init_fields(release))

@@ -120,7 +120,7 @@ def drawn_states(draw):
 
 def refund_state():
     """PRIORITY: `a` is granted, then `b`'s allocation fails and preempts `a`, whose
-    grant is refunded (S:951-957), so `c` gets 3 tokens instead of 2.  Random
+    grant is refunded (S:967-973), so `c` gets 3 tokens instead of 2.  Random
     draws reach a refund but rarely one whose budget matters later."""
     c = SchedulerConfig(max_num_batched_tokens=8, max_num_scheduled_tokens=4, max_num_seqs=4, max_model_len=12,
                         block_size=2, num_gpu_blocks=8, policy="priority")
@@ -145,7 +145,7 @@ def input_budget_state():
 
 def input_budget_shared_state():
     """The input budget (4) is shared by the grants of a step: `a` takes 3 of it,
-    so `b` gets 1 though the token budget (8) has 5 left (S:846, 1004).  The
+    so `b` gets 1 though the token budget (8) has 5 left (S:862, 1020).  The
     draws that make the input budget bind seldom have a second request behind
     the first (scripts/mutation-score.sh found the gap)."""
     c = SchedulerConfig(max_num_batched_tokens=4, max_num_scheduled_tokens=8, max_num_seqs=4, max_model_len=16,
@@ -158,7 +158,7 @@ def input_budget_shared_state():
 
 
 def input_budget_left_state(left: int):
-    """The waiting loop runs while both budgets are above 0 (S:1050): `a` takes
+    """The waiting loop runs while both budgets are above 0 (S:1066): `a` takes
     4 - `left` of the input budget (4), so with one input token left `w` is
     admitted for 1 token, and with none left it is not, though the token budget
     (8) is not spent."""
@@ -173,7 +173,7 @@ def input_budget_left_state(left: int):
 
 def exact_fit_state():
     """Chunked prefill off, and the waiting prompt is exactly the step's budget: it is
-    admitted (S:1337-1344 stops only on n > budget)."""
+    admitted (S:1387-1394 stops only on n > budget)."""
     c = SchedulerConfig(max_num_batched_tokens=8, max_num_scheduled_tokens=7, max_num_seqs=4, max_model_len=8,
                         block_size=2, num_gpu_blocks=12, enable_chunked_prefill=False)
     reqs = {"w": Request("w", 7, 1, 0, 0.0, RequestStatus.WAITING, 0, 0)}
@@ -183,7 +183,7 @@ def exact_fit_state():
 
 
 def full_isl_watermark_state():
-    """The full-ISL gate counts the watermark too (K:531-548): `w`'s whole sequence
+    """The full-ISL gate counts the watermark too (K:552-569): `w`'s whole sequence
     (10 blocks) fits the 10 free blocks, but not with the watermark's 1 on top,
     while its first chunk (3 blocks + 1) would.  Random draws rarely meet that window."""
     c = SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=2, max_model_len=12, block_size=1,
@@ -197,7 +197,7 @@ def full_isl_watermark_state():
 
 def first_admission_watermark_state():
     """The first admission of a step (nothing running) ignores the watermark
-    (K:518-525): `w`'s 8 blocks fit the 9 free ones, but not with the watermark's
+    (K:539-546): `w`'s 8 blocks fit the 9 free ones, but not with the watermark's
     3 on top.  Only a prompt near the size of the whole pool meets this window,
     so random draws do not (scripts/mutation-score.sh found the gap)."""
     c = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=9, block_size=1,
@@ -230,9 +230,11 @@ def features(state: SchedulerState, spec_out) -> set[str]:
             f.add(f"victim before the cursor:{c.policy}")
         if len(pre) > 1:
             f.add("several preemptions")
-    if spec_out["scheduled_resumed_reqs"]:
+    # A resumption: an admission from PREEMPTED, sent among the new requests from 0.34.0.
+    if any(state.requests[r].status == RequestStatus.PREEMPTED
+           for r in spec_out["scheduled_new_reqs"] + spec_out["scheduled_resumed_reqs"]):
         f.add("resumed")
-    if spec_out["scheduled_new_reqs"]:
+    if any(state.requests[r].status != RequestStatus.PREEMPTED for r in spec_out["scheduled_new_reqs"]):
         f.add("admitted")
     if state.waiting and not spec_out["scheduled_new_reqs"] + spec_out["scheduled_resumed_reqs"] and not pre:
         if len(state.running) >= c.max_num_active_reqs:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import pytest
 import z3
@@ -31,7 +32,7 @@ from schedspec.proofs.symbolic import BLOCK_SIZES, WATERMARKS, Evaluator, SymCon
 from mutants import Mutation, mutated
 from schedspec.spec import config as spec_config
 from schedspec.spec.config import ConfigError, SchedulerConfig
-from schedspec.spec.versions import RELEASES, fields_lacking
+from schedspec.spec.versions import ADAPTIVE_THRESHOLD, RELEASES, fields_lacking, models
 
 # A base where every relation the two sides make is tight: B = L = seqs = active
 # = threshold, and the pool holds exactly one max_model_len sequence.
@@ -279,11 +280,11 @@ LOOP_SPEC_MUTANTS = {
         "config.validate_spec_decode", "c.num_hash_lookahead_tokens > 0 and not c.enable_prefix_caching",
         "c.num_hash_lookahead_tokens > 1 and not c.enable_prefix_caching"),
     "hash_lookahead_in_every_release": Mutation(
-        "config.validate_spec_decode", "c.num_hash_lookahead_tokens > 0 and c.vllm_version != DEFAULT_RELEASE",
-        "c.num_hash_lookahead_tokens > 1 and c.vllm_version != DEFAULT_RELEASE"),
+        "config.validate_spec_decode", "c.num_hash_lookahead_tokens > 0 and not models(c, HASH_LOOKAHEAD)",
+        "c.num_hash_lookahead_tokens > 1 and not models(c, HASH_LOOKAHEAD)"),
     "drafts_in_every_release": Mutation("config.validate_spec_decode",
-                                        "c.num_speculative_tokens > 0 and c.vllm_version != DEFAULT_RELEASE",
-                                        "c.num_speculative_tokens > 1 and c.vllm_version != DEFAULT_RELEASE"),
+                                        "c.num_speculative_tokens > 0 and not models(c, SPEC_DECODE)",
+                                        "c.num_speculative_tokens > 1 and not models(c, SPEC_DECODE)"),
     "prefill_lookahead_without_drafts": Mutation("config.validate_drafter",
                                                  "c.num_prefill_lookahead_tokens > 0 and c.num_speculative_tokens == 0",
                                                  "c.num_prefill_lookahead_tokens > 1 and c.num_speculative_tokens == 0"),
@@ -336,27 +337,28 @@ THRESHOLD_NE = (0, 1, 2, 3, 4, 8)
 
 
 def threshold_cases(version):
-    for T, B, NE in itertools.product(THRESHOLD_T, THRESHOLD_B, THRESHOLD_NE):
-        for adaptive in (False, True) if version == release.DEFAULT_RELEASE else (False,):
-            yield T, B, NE, adaptive
+    for T, B, NE, chunked in itertools.product(THRESHOLD_T, THRESHOLD_B, THRESHOLD_NE, (True, False)):
+        for adaptive in (False, True) if models(version, ADAPTIVE_THRESHOLD) else (False,):
+            yield T, B, NE, adaptive, chunked
 
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_threshold_in_force_agrees_with_the_spec(version):
     release.set_release(version)
     try:
-        T, adaptive, B, NE = z3.Int("T"), z3.Bool("adaptive"), z3.Int("B"), z3.Int("NE")
-        ev = Evaluator([LI.threshold_in_force(T, adaptive, B, NE)])
+        T, adaptive, B, NE, chunked = z3.Int("T"), z3.Bool("adaptive"), z3.Int("B"), z3.Int("NE"), z3.Bool("chunked")
+        ev = Evaluator([LI.threshold_in_force(T, adaptive, B, NE, chunked)])
         base = SchedulerConfig(**TIGHT, vllm_version=version)
         grown = 0
-        for t, b, ne, ad in threshold_cases(version):
+        for t, b, ne, ad, ch in threshold_cases(version):
             config = dataclasses.replace(base, long_prefill_token_threshold=t, max_num_batched_tokens=b,
-                                         long_prefill_token_threshold_adaptive=ad)
-            (mine,) = ev([(T, z3.IntVal(t)), (adaptive, z3.BoolVal(ad)), (B, z3.IntVal(b)), (NE, z3.IntVal(ne))])
-            assert mine == spec_config.long_prefill_threshold(config, ne), (version, t, b, ne, ad, mine)
+                                         long_prefill_token_threshold_adaptive=ad, enable_chunked_prefill=ch)
+            (mine,) = ev([(T, z3.IntVal(t)), (adaptive, z3.BoolVal(ad)), (B, z3.IntVal(b)), (NE, z3.IntVal(ne)),
+                          (chunked, z3.BoolVal(ch))])
+            assert mine == spec_config.long_prefill_threshold(config, ne), (version, t, b, ne, ad, ch, mine)
             grown += ad and ne >= 2 and mine > t
         # the adaptive branch is reached where the release has it
-        assert version != release.DEFAULT_RELEASE or grown >= 20, grown
+        assert not models(version, ADAPTIVE_THRESHOLD) or grown >= 20, grown
     finally:
         release.set_release(release.DEFAULT_RELEASE)
 
@@ -375,5 +377,5 @@ THRESHOLD_SPEC_MUTANTS = {
 @pytest.mark.parametrize("name", sorted(THRESHOLD_SPEC_MUTANTS))
 def test_the_threshold_comparison_sees_a_spec_change(name):
     with mutated([THRESHOLD_SPEC_MUTANTS[name]]):
-        with pytest.raises(AssertionError, match=r"^\('0\.33\.0', "):
+        with pytest.raises(AssertionError, match=r"^\('" + re.escape(release.DEFAULT_RELEASE) + "', "):
             test_threshold_in_force_agrees_with_the_spec(release.DEFAULT_RELEASE)

@@ -141,3 +141,19 @@ def test_the_witness_meets_the_conditions_and_finishes_within_the_bound():
     assert not liveness.unmet_conditions(scenario.scheduler_config())
     bad, seen = lemma_violations(scenario)
     assert not bad and seen["preemptions"] >= 2
+
+
+def test_the_chunked_off_livelock_needs_no_zero_threshold_from_0_34_0():
+    # 0.33.0 capped grants by the threshold with chunked prefill off too, so a threshold
+    # at most the budget cut a resumption into chunks that fit; from 0.34.0 it is ignored
+    # there (versions.LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL) and the livelock
+    # comes back.  The same scenario on vLLM itself: tests/test_counterexample_vllm.py.
+    s = load_scenario(COUNTEREXAMPLES / "liveness-finishes-threshold.json")
+    assert s.scheduler_config().long_prefill_token_threshold > 0
+    assert liveness.unmet_conditions(s.scheduler_config()) == [
+        "chunked prefill on or a step budget >= max_model_len - 1"]
+    new = dataclasses.replace(s, config={**s.config, "vllm_version": "0.34.0"})
+    old = dataclasses.replace(s, config={**s.config, "vllm_version": "0.33.0"})
+    assert evaluate(new, SpecScheduler(), get_goal("liveness:finishes"), 3) is not None
+    assert evaluate(old, SpecScheduler(), get_goal("liveness:finishes"), 3) is None
+    assert run_scenario(old, SpecScheduler())["summary"]["unfinished"] == []

@@ -60,7 +60,7 @@ from schedspec.spec.request import last_token_in_flight
 def running_rounds(state, throttle=False):
     """Yield (snapshot before, kind, current id, victim id, work after) per round of the
     running loop, as schedule_running / allocate_or_preempt run it: n is computed once
-    per request, then each round is one allocation attempt (S:912-980); kind: skip /
+    per request, then each round is one allocation attempt (S:928-996); kind: skip /
     success / fail.  The end snapshot goes to `snapshot_end`.  `throttle`: the step is
     `schedule(throttle_prefills=True)`'s."""
     s = S.ScheduleWork(state, throttle)
@@ -430,7 +430,7 @@ def wait_eval(bs, variant="correct"):
 
 
 def compare_waiting(state, variant: str = "correct", stats=None, throttle=False) -> list:
-    """The waiting loop after a running loop without preemption (S:1050), one `admit`
+    """The waiting loop after a running loop without preemption (S:1066), one `admit`
     per iteration, every request of before.waiting as the ghost."""
     s = S.ScheduleWork(state, throttle)
     S.schedule_running(s)
@@ -444,7 +444,7 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
     tbE, ibE, Tr = s.token_budget, s.input_budget - D, sum(s.scheduled.values())
     bad = []
 
-    # heads skipped: a grammar compiling or failed (S:1079-1082), stale output (S:1084), LoRA (S:1089-1101)
+    # heads skipped: a grammar compiling or failed (S:1118-1121), stale output (S:1123), LoRA (S:1128-1140)
     skipped: list = []
     loras = LORA.running_loras(s.requests[x] for x in s.running)
     skipped_lora: set = set()  # skipped because their adapter was one too many
@@ -494,7 +494,7 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
                 hit_at_admission[head] = hit
             stopped = not ok
             if ok:
-                loras.update(LORA.running_loras((s.requests[head],)))  # S:1563-1565
+                loras.update(LORA.running_loras((s.requests[head],)))  # S:1627-1629
         s1 = wstate(stopped)
         for x in W:
             (frame, inv_i, inv_j, guard), s2, x2 = ev(cfg, len(W), s0, before[x], h)
@@ -549,7 +549,7 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
                 stats["admitted above the watermark"] = stats.get("admitted above the watermark", 0) + 1
         if bad:
             return bad
-    s.waiting.extendleft(reversed(skipped))  # skipped requests keep their place (S:1606-1610)
+    s.waiting.extendleft(reversed(skipped))  # skipped requests keep their place (S:1675-1681)
     # the exit: the encoding's guard is false where the spec's loop ended
     for x in W:
         (_, inv_i, inv_j, guard), _, _ = ev(cfg, len(W), wstate(stopped), wreq(x), wreq(x))
@@ -667,7 +667,7 @@ def with_stale_output(state, parity: int):
     flight for every other PREEMPTED waiting request (one stale token each).  The
     reference engine applies the one batch in flight right after the schedule()
     that preempts, so its schedule() never sees stale output; vLLM's batch queue
-    can (S:1084 is there for it).  None if no preempted request waits."""
+    can (S:1123 is there for it).  None if no preempted request waits."""
     preempted = [w for w in state.waiting if state.requests[w].status == RequestStatus.PREEMPTED]
     if not preempted:
         return None
@@ -836,7 +836,9 @@ def test_running_iteration_agrees_with_spec_async():
     corpus_async(check)
     # (measured: 6250 grants, 443 failed allocations, 2920 grants with placeholders,
     # 432 guard skips, 241 max_model_len-cap skips, 48 victims with placeholders)
-    assert stats.get("success", 0) >= 3000 and stats.get("fail", 0) >= 200, stats
+    # (0.34.0's corpus: an unchunked prompt is no longer cut by the threshold, so fewer
+    # allocations fail than under 0.33.0's, 121 against 200+)
+    assert stats.get("success", 0) >= 3000 and stats.get("fail", 0) >= 100, stats
     assert stats.get("grant with placeholders", 0) >= 1500, stats
     assert stats.get("skip: async max_tokens guard", 0) >= 200, stats
     assert stats.get("skip: max_model_len cap", 0) >= 100, stats
@@ -856,7 +858,7 @@ def test_waiting_iteration_agrees_with_spec_async():
     corpus_async(check)
     # (measured: 1985 admissions, 866 stops, 146 stale heads skipped, 113 admissions behind one)
     assert stats.get("admit", 0) >= 1000 and stats.get("stop", 0) >= 400, stats
-    assert stats.get("skip", 0) >= 70 and stats.get("admitted behind a skipped request", 0) >= 50, stats
+    assert stats.get("skip", 0) >= 50 and stats.get("admitted behind a skipped request", 0) >= 30, stats
 
 
 def test_waiting_iteration_agrees_with_spec_grammar():
@@ -926,7 +928,7 @@ def test_waiting_iteration_agrees_with_spec_lora():
 
     corpus_lora(check)
     assert stats.get("skipped: LoRA", 0) >= 75, stats
-    assert stats.get("admitted behind a skipped request", 0) >= 30 and stats.get("admit", 0) >= 350, stats
+    assert stats.get("admitted behind a skipped request", 0) >= 25 and stats.get("admit", 0) >= 350, stats
 
 
 def test_lora_mutant_is_caught():
@@ -1091,7 +1093,7 @@ def compare_update(state, variant: str = "correct", stats=None) -> list:
     for rid, r in state.requests.items():
         m = mid.requests[rid]
         if rid in out.preempted_req_ids:
-            # preempt: progress and placeholders reset, the output in flight goes stale (S:1799-1843)
+            # preempt: progress and placeholders reset, the output in flight goes stale (S:1853-1897)
             exp = (0, 0, r.num_in_flight_tokens, r.num_in_flight_tokens)
         else:
             running = rid in state.running
@@ -1385,8 +1387,8 @@ def disagreeing(check, found):
 
 def test_iterations_agree_with_spec_held():
     """The running and waiting loops of steps that hold prefill (LoopConfig.hold):
-    running prefill chunks skipped with budget left (S:822), admission stopped at
-    the first request with prefill left (S:1290), a one-token request still admitted."""
+    running prefill chunks skipped with budget left (S:838), admission stopped at
+    the first request with prefill left (S:1340), a one-token request still admitted."""
     stats: dict = {}
     found: list = []
     checked = agreeing(held_check(stats, found), found)
@@ -1475,7 +1477,7 @@ def test_a_grown_adaptive_threshold_needs_the_premise_scheduled_at_least_batched
 
 
 def paused_check(stats, found, variant="correct"):
-    """Both loops on the corpus states with the engine paused (set_pause_state, S:3073):
+    """Both loops on the corpus states with the engine paused (set_pause_state, S:3213):
     PAUSED_NEW admits nobody here (no request holds KV blocks), PAUSED_ALL schedules nothing."""
 
     def check(state):
@@ -1570,7 +1572,7 @@ class FinishEval:
 
 
 def compare_finish(state, variant: str = "correct", stats=None) -> list:
-    """The finish loop (remove_finished, S:3031-3061) one request at a time, every
+    """The finish loop (remove_finished, S:3170-3201) one request at a time, every
     request of `state` finishing in turn (running ones first): the pool's free and
     in-use blocks after each are finish_iteration's."""
     ev, bad = FinishEval(variant), []
@@ -1698,7 +1700,7 @@ def prefix_drafts_check(stats, found, variant="correct"):
 
 def test_iterations_agree_with_spec_prefix_drafts():
     """Prefix caching with speculative decoding: a head whose hit leaves it one token
-    is a new decode, padded to 1 + k even with no running request granted (S:1317)."""
+    is a new decode, padded to 1 + k even with no running request granted (S:1367)."""
     stats: dict = {}
     found: list = []
     corpus_prefix(agreeing(prefix_drafts_check(stats, found), found))
@@ -1726,7 +1728,7 @@ def test_prefix_mutant_is_caught(variant):
 # Rules of prefix caching in the spec, broken: the agreement must tell each from the
 # encoding (a crash of the spec counts, as it would for a mutmut mutant).
 PREFIX_SPEC_MUTANTS = {
-    # kv_cache.allocate_slots' full-ISL gate with the free hit blocks subtracted (K:531-548)
+    # kv_cache.allocate_slots' full-ISL gate with the free hit blocks subtracted (K:552-569)
     "gate_frees_evictable_hits": Mutation("kv_cache.allocate_slots",
                                           "full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks",
                                           "full - num_evictable_hit_blocks + watermark_blocks > num_free_blocks"),
@@ -1811,7 +1813,7 @@ def caching_drafts_configs(draw):
     c = dataclasses.replace(c, num_speculative_tokens=k)
     if c.long_prefill_token_threshold and (c.long_prefill_token_threshold < 1 + k
                                            or c.long_prefill_token_threshold_adaptive):
-        # the premise threshold_admits_padded_decode: below it vLLM raises (S:1579)
+        # the premise threshold_admits_padded_decode: below it vLLM raises (S:1643)
         c = dataclasses.replace(c, long_prefill_token_threshold=0, long_prefill_token_threshold_adaptive=False)
     validate_config(c)
     return c
@@ -1884,7 +1886,7 @@ def compare_cached_deliveries(variant: str = "correct", seen=None, examples: int
 
 
 def test_delivery_caching_agrees_with_spec():
-    """deliver_output's caching (S:2403-2415) with drafts: the blocks a delivery caches
+    """deliver_output's caching (S:2450-2471) with drafts: the blocks a delivery caches
     are those of its computed tokens out of flight, after its rejected drafts and the
     tokens past a stop are rolled back, as deliver_tokens says; the lemma's premises
     hold of every delivery."""

@@ -52,7 +52,7 @@ def test_group_b_starves_the_prompt():
 def test_long_prefill_threshold_only_with_more_than_one_eligible_request():
     c = config(long_prefill_token_threshold=10)
     out, _ = S.schedule(add(SchedulerState(c), "a", 40))
-    assert out.scheduled == {"a": 40}  # alone: the whole budget (S:757-763)
+    assert out.scheduled == {"a": 40}  # alone: the whole budget (S:773-779)
     out, _ = S.schedule(add(add(SchedulerState(c), "a", 40), "b", 40))
     assert out.scheduled == {"a": 10, "b": 10}
 
@@ -132,7 +132,7 @@ def test_fcfs_preempts_the_tail_and_blocks_admissions():
     state = add(preemption_state("fcfs"), "late", 1)
     out, _, after = step(state)
     assert out.preempted_req_ids == ("r1",) and out.scheduled == {"r0": 1}
-    assert out.admitted == ()  # any preemption cancels every admission (S:1050)
+    assert out.admitted == ()  # any preemption cancels every admission (S:1066)
     v = after.requests["r1"]
     assert (v.status, v.num_computed_tokens, v.num_preemptions, after.num_blocks("r1")) == (P, 0, 1, 0)
     assert v.num_output_tokens == 1  # outputs are kept and replayed on resume
@@ -140,7 +140,7 @@ def test_fcfs_preempts_the_tail_and_blocks_admissions():
 
 
 def test_self_preemption_fcfs_breaks():
-    # The tail of running cannot grow and is itself the FCFS victim (S:976-978).
+    # The tail of running cannot grow and is itself the FCFS victim (S:992-994).
     c = config(max_num_batched_tokens=64, max_model_len=32, block_size=4, num_gpu_blocks=9)
     a = Request("a", 24, 100, status=R, num_computed_tokens=24, num_output_tokens=1)
     b = Request("b", 4, 100, arrival_time=1, status=R, num_computed_tokens=4, num_output_tokens=1)
@@ -184,7 +184,7 @@ def test_priority_self_preemption_continues_with_the_next():
     state = SchedulerState(config=c, requests={"a": a, "b": b}, running=("a", "b"), waiting=(), kv_cache=BlockCounts(1, {"a": 6, "b": 1}))
     out, after = S.schedule(state)
     assert out.preempted_req_ids == ("a",)
-    assert out.scheduled == {"b": 1}  # R continues after self-preemption (S:982-992)
+    assert out.scheduled == {"b": 1}  # R continues after self-preemption (S:998-1008)
 
 
 # --- waiting loop

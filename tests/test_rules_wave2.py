@@ -6,6 +6,7 @@ replays such scenarios on vLLM itself."""
 
 from __future__ import annotations
 
+from schedspec.reference.coverage import resumptions
 from schedspec.reference.engine import run_scenario
 from schedspec.base.loader import load_impl
 from schedspec.reference.scenario import scenario_from_json
@@ -72,7 +73,8 @@ TWO_80 = [{"id": "r0", "prompt_len": 80, "max_tokens": 20}, {"id": "r1", "prompt
 
 def test_resumed_request_hits_its_own_cached_blocks():
     t = run({**PREEMPT, "enable_prefix_caching": True}, TWO_80)
-    resumed = [s for s in t["steps"] if s["resumed"] == ["r1"]]
+    resumed = [s for s, back in zip(t["steps"], resumptions(t["steps"])) if back == ["r1"]]
+    assert all(s["resumed"] == [] and "r1" in s["new"] for s in resumed)  # sent as new from 0.34.0
     assert len(resumed) == 1
     hit = resumed[0]["prefix_hits"]["r1"]
     # r0's decodes evicted r1's freed blocks tail first (they were freed in reverse),
@@ -106,7 +108,7 @@ def test_async_decode_is_scheduled_while_its_token_is_in_flight():
             [{"id": "a", "prompt_len": 10, "max_tokens": 3}])
     assert [s["scheduled"] for s in t["steps"][:3]] == [[["a", 10]], [["a", 1]], [["a", 1]]]
     assert [s["applied_step"] for s in t["steps"][:3]] == [None, 0, 1]
-    # max_tokens 3: the async guard schedules no 4th token (S:800-812); the last
+    # max_tokens 3: the async guard schedules no 4th token (S:816-828); the last
     # batch is applied by a step that schedules nothing.
     assert t["summary"]["requests"]["a"]["num_output_tokens"] == 3
     assert all(n == 1 for s in t["steps"][1:] for _, n in s["scheduled"])
@@ -138,7 +140,7 @@ def test_async_output_of_an_aborted_request_is_dropped():
 
 
 def test_stale_output_in_flight_keeps_a_preempted_request_waiting():
-    """S:1084: a preempted request whose old output is still in flight is skipped, not
+    """S:1123: a preempted request whose old output is still in flight is skipped, not
     admitted, even with room to spare.  With two batches in flight that output always
     returns in the step of the preemption, so only a deeper pipeline (here: three
     schedule() calls before any output) reaches this rule."""
@@ -164,7 +166,9 @@ def test_stale_output_in_flight_keeps_a_preempted_request_waiting():
     _, st = S.update_from_output(st, batch1, {})
     _, st = S.update_from_output(st, batch2, {})
     batch3, st = S.schedule(st)
-    assert batch3.scheduled_resumed_reqs == ("r1",) and batch3.num_scheduled_tokens == (("r1", 81),)
+    # sent among the new requests from 0.34.0 (versions.RESUMED_SENT_AS_NEW)
+    assert batch3.scheduled_new_reqs == ("r1",) and batch3.scheduled_resumed_reqs == ()
+    assert batch3.num_scheduled_tokens == (("r1", 81),)
 
 
 def test_wave2_traces_follow_the_trace_schema():

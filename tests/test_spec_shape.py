@@ -19,33 +19,33 @@ MAX_FUNCTION_LINES = 60
 # (its state field and call sites) for the 91 lines of vLLM 0.33.0 it models (within 10 %);
 # 977 since KV connector hits: their rules are in kv_connector.py, the core gained 10 lines
 # (a request field, the skip, the external tokens in admission and allocation) for the 97
-# lines of vLLM 0.33.0 it models (S:1130-1218, K:559-566).
+# lines of vLLM 0.33.0 it models (S:1169-1257, K:580-587).
 # 1002 since asynchronous KV loads, KV delivery and a drafter's rows: their rules are in
 # kv_connector.py, stale_output.py and the budgets; the core gained 25 lines for the about
-# 254 lines of vLLM 0.33.0 they model (S:1062-1067, 1286-1288, 1403-1451, 1514-1545,
-# 2697-2714, 3404-3436, 3467-3531, 3556-3577; K:607-612; S:721, 797, 847, 955, 1003, 1068,
-# 1295, 1571; S:972-976, 1832-1834), within 10 %.
+# 254 lines of vLLM 0.33.0 they model (S:1091-1107, 1336-1338, 1465-1513, 1576-1607,
+# 2764-2787, 3538-3570, 3616-3681, 3706-3727; K:628-633; S:737, 813, 863, 971, 1019, 1110,
+# 1345, 1635; S:988-992, 1886-1888), within 10 %.
 # 1003 since lookahead block hashes and a new request holding KV blocks: their rules are in
 # kv_cache_utils.py and kv_connector.py (queue_span); the core gained 1 line (a request
-# field) for the about 28 lines of vLLM 0.33.0 they model (KU:974-1016, E:226-230,
-# S:2709-2715), within 10 %.  A request finished mid-load (kv_connector.py hold_loading,
-# free_held; about 25 lines of vLLM 0.33.0: S:2996-3000, 3016-3027, 3038, 3572-3577) left
-# the core at 1003.  The EAGLE block drop (spec_decode.py eagle_block_drop, T:829-837) is
+# field) for the about 28 lines of vLLM 0.33.0 they model (KU:970-1012, E:242-252,
+# S:2776-2788), within 10 %.  A request finished mid-load (kv_connector.py hold_loading,
+# free_held; about 25 lines of vLLM S:3132-3136, 3153-3164, 3177, 3722-3727) left
+# the core at 1003.  The EAGLE block drop (spec_decode.py eagle_block_drop, T:834-842) is
 # called on the line that looks the prefix up: no core line.  1005 since a multi-module MTP
 # drafter's prefill lookahead (spec_decode.py reserve_prefill_lookahead, cacheable_tokens):
 # +2 lines (the waiting loop's skip) for the about 35 lines of vLLM 0.33.0 it models
-# (S:678-697, 885-889, 1388-1398; kv_cache_coordinator.py:118, 150-159, 350-356), within 10 %.
+# (S:695-714, 901-905, 1438-1460; kv_cache_coordinator.py:118, 150-159, 350-356), within 10 %.
 # 1009 since a KV producer's sends (kv_connector.py hold, hold_sending, dropped_output,
 # free_sent): +4 lines (a request field, update_from_output's precondition on the reports,
 # its holding line, has_requests' docstring) for the about 60 lines of vLLM 0.33.0 they
-# model (S:2316-2335, 2868, 3040-3060, 3157-3165, 3383-3402, 3579-3582), within 10 %.
+# model (S:2362-2381, 3001, 3180-3200, 3297-3305, 3517-3536, 3730-3733), within 10 %.
 # 1038 since encoder inputs (encoder_inputs.py, encoder_cache.py; kv_cache_utils.py
 # mm_block_keys): +29 lines (the budget, plan and items of ScheduleWork, the output's two
 # fields, the calls at each site and their guards (a request without items skips them),
 # a request field, the state's cache, the output-block hash keys) for the 406 code lines
-# of vLLM 0.33.0 they model (S:265-293, 865-884, 957-968, 1028-1036, 1372-1386,
-# 1456-1461, 1595-1604, 1739, 1818, 2004-2209, 2387-2389, 2828-2858, 3051;
-# encoder_cache_manager.py:19-331; KU:522-585; multimodal/utils.py:122-142), within 10 %.
+# of vLLM 0.33.0 they model (S:267-295, 881-900, 973-984, 1044-1052, 1422-1436,
+# 1518-1523, 1664-1673, 1794, 1872, 2050-2258, 2433-2435, 2961-2991, 3191;
+# encoder_cache_manager.py:19-331; KU:518-581; multimodal/utils.py:122-142), within 10 %.
 MAX_CORE_LINES = 1038
 
 

@@ -41,7 +41,7 @@ MUTANTS = {
         M("scheduler.schedule", "not s.preempted", "True"),
     ],
     "starvation_condition": [
-        # Admissions cut to 2 tokens; not with drafts, where a padded admission must keep 1 + k (S:1579).
+        # Admissions cut to 2 tokens; not with drafts, where a padded admission must keep 1 + k (S:1643).
         M("scheduler.num_new_tokens_waiting", "min(n, budget)",
           "(min(n, budget) if s.config.num_speculative_tokens else min(n, budget, 2))"),
     ],
@@ -77,7 +77,7 @@ MUTANTS = {
     "preempted_restart_from_zero": [
         M("scheduler.preempt", "r.num_preemptions += 1", "pass"),
     ],
-    # Async scheduling: vLLM asserts placeholders never go below 0 (S:2769).
+    # Async scheduling: vLLM asserts placeholders never go below 0 (S:2904).
     "placeholders_never_negative": [
         M("scheduler.deliver_output", "if had_placeholders:\n    r.num_output_placeholders -= len(tokens)",
           "r.num_output_placeholders -= len(tokens)"),
@@ -108,20 +108,20 @@ MUTANTS = {
         M("block_pool.PoolWork.free", "(last if b in self.block_hash else first).append(b)",
           "(last if b in self.block_hash else []).append(b)"),
     ],
-    # An item over the encoder budget left must not be encoded (ECM:164-165).
+    # An item over the encoder budget left must not be encoded (ECM:163-164).
     "encoder_budget_respected": [
         M("encoder_cache.EncoderCacheWork.can_allocate", "num_embeds > encoder_compute_budget", "False"),
     ],
-    # The items a request plans in one step count against the cache together (ECM:167).
+    # The items a request plans in one step count against the cache together (ECM:166).
     "encoder_cache_within_capacity": [
         M("encoder_cache.EncoderCacheWork.can_allocate", "num_embeds + num_embeds_to_schedule", "num_embeds"),
     ],
-    # A chunk starting inside an item it cannot encode must schedule nothing (S:2171-2176).
+    # A chunk starting inside an item it cannot encode must schedule nothing (S:2220-2225).
     "encoder_inputs_available": [
         M("encoder_inputs.plan", "min(n, f.offset - num_computed_tokens) if num_computed_tokens < f.offset else 0",
           "min(n, f.offset - num_computed_tokens) if num_computed_tokens < f.offset else n"),
     ],
-    # A full-prompt hit must leave a token to compute (K:295-302): without the cap, a
+    # A full-prompt hit must leave a token to compute (K:318-324): without the cap, a
     # block-aligned prompt is "all cached" and only a forced token is scheduled.
     "prefix_hit_within_shared_prefix": [
         M("block_pool.PoolWork.get_computed_blocks", "block_hashes[:(num_tokens - 1) // block_size]",

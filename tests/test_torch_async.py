@@ -163,7 +163,7 @@ def _first_deep_divergence(torch_cls):
 def test_stale_skip_with_three_batches_in_flight():
     """With three batches in flight a preempted request's stale output can still
     be in flight at the next schedule(); the waiting loop must skip it
-    (S:1084-1089).  Torch and the spec agree call by call, the skip acts, and
+    (S:1123-1128).  Torch and the spec agree call by call, the skip acts, and
     the mutant without it diverges."""
     from schedspec.gpu.impl import TorchScheduler
     acted = 0

@@ -8,6 +8,7 @@ from schedspec.gpu.batch import run_batch, run_one
 from schedspec.gpu.campaign import TORCH_FLAGS
 from schedspec.gpu.limits import MAX_MODEL_LEN, MAX_STEPS
 from schedspec.reference.compare import compare_traces
+from schedspec.reference.coverage import resumptions
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import generate_scenario, scenario_rng
 from schedspec.base.loader import ImplementationError, load_impl
@@ -145,7 +146,7 @@ def test_prefix_hit_on_resumption_and_eviction():
     resumed_hits = 0
     for blocks in (10, 13, 17):
         t = _agrees(_prefix(f"tight-{blocks}", reqs, max_steps=120, num_gpu_blocks=blocks, max_model_len=36))
-        resumed = {rid for st in t["steps"] for rid in st["resumed"]}
+        resumed = {rid for back in resumptions(t["steps"]) for rid in back}
         resumed_hits += sum(1 for st in t["steps"] for rid, n in st["prefix_hits"].items() if rid in resumed and n)
     assert resumed_hits > 0
 

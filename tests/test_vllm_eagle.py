@@ -37,7 +37,7 @@ from schedspec.spec.state import SchedulerState
 from monitor_helpers import Both
 from mutants import Mutation, mutated
 
-SEED = 31
+SEED = 38  # draws EAGLE-family drafters that tell each rule apart, for 0.33.0 and 0.34.0 alike
 NUM_SCENARIOS = 240
 
 # The spec without each rule: every hit kept whole; chunks ending anywhere; every

@@ -2,7 +2,7 @@
 against vLLM 0.33.0's scheduler: a request's multimodal items are encoded whole, in
 the step whose chunk first reaches them, within the step's encoder budget and the
 encoder cache's room, shared by identifier; a chunk stops before an item it cannot
-encode (S:2018-2209, E = v1/core/encoder_cache_manager.py).
+encode (S:2064-2258, E = v1/core/encoder_cache_manager.py).
 
 - The rules on hand-built states.
 - Side by side with vLLM on random scenarios that draw the feature (all four flag
@@ -67,7 +67,7 @@ def test_a_chunk_stops_before_an_item_the_budget_cannot_take():
 
 def test_a_chunk_starting_inside_an_item_it_cannot_encode_schedules_nothing():
     # Prefix caching: "b"'s hit ends inside item "z", which nobody encoded: "b" gets no
-    # tokens this step (S:2171-2176), and the loop goes on to the next request.
+    # tokens this step (S:2220-2225), and the loop goes on to the next request.
     c = config(enable_prefix_caching=True, max_num_encoder_input_tokens=16, encoder_cache_size=16)
     tokens = list(range(100, 124))
     s = SchedulerState(c)
@@ -124,7 +124,8 @@ def test_the_front_end_refuses_what_vllm_would_never_hand_on():
                          ([(i, 1, f"i{i}") for i in range(9)], "mm_features")):
         with pytest.raises(ConfigError, match=field):
             make_request(c, "a", 20, 2, mm_features=items)
-    with pytest.raises(ConfigError, match="mm_features.*0.33.0 only"):
+    with pytest.raises(ConfigError, match="mm_features: schedspec models encoder inputs for vLLM 0.33.0 and later, "
+                                          "not 0.30.0"):
         make_request(SchedulerConfig(vllm_version="0.30.0"), "a", 20, 2, mm_features=[(0, 2, "x")])
     with pytest.raises(ConfigError, match="num_hash_lookahead_tokens"):
         make_request(config(enable_prefix_caching=True, num_hash_lookahead_tokens=1), "a", 20, 2,

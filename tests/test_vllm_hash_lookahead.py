@@ -44,7 +44,7 @@ def config(**kw) -> SchedulerConfig:
 
 
 def hit(state: SchedulerState, c: SchedulerConfig, tokens: list[int]) -> int:
-    """The tokens a new request with prompt `tokens` finds cached (K:266-301)."""
+    """The tokens a new request with prompt `tokens` finds cached (K:288-324)."""
     probe = make_request(c, "probe", len(tokens), 1, prompt_token_ids=tokens)
     pool = state.kv_cache.work()
     return len(pool.get_computed_blocks(probe.block_hashes, probe.num_tokens, c.block_size)) * c.block_size

@@ -51,8 +51,8 @@ def add(s: SchedulerState, rid: str, prompt_len: int, max_tokens: int = 20, toke
 
 
 def test_held_tokens_are_computed_and_take_new_blocks():
-    """13 of 30 tokens held: admission computes 17 (S:1216-1218), and the request holds
-    the blocks of all 30 (8 of 4 tokens), none of them hits (K:559-566)."""
+    """13 of 30 tokens held: admission computes 17 (S:1255-1257), and the request holds
+    the blocks of all 30 (8 of 4 tokens), none of them hits (K:580-587)."""
     s = add(SchedulerState(config()), "a", 30, kv_connector_tokens=13)
     free = s.num_free_blocks
     out, s = S.schedule(s)
@@ -84,7 +84,7 @@ def test_a_request_that_skips_the_prefix_cache_loads_nothing():
 
 
 def test_an_undecided_connector_skips_the_request_in_its_place():
-    """a's connector cannot tell: a is skipped, b behind it admitted, a kept first (S:1146-1151)."""
+    """a's connector cannot tell: a is skipped, b behind it admitted, a kept first (S:1185-1190)."""
     s = add(SchedulerState(config()), "a", 8)
     s = add(s, "b", 8)
     s = dataclasses.replace(s, requests={**s.requests, "a": s.requests["a"].evolve(kv_connector_tokens=None)})
@@ -110,7 +110,8 @@ def test_a_resumed_request_loads_again():
 def test_the_front_end_refuses_a_whole_prompt_and_an_older_release():
     with pytest.raises(ConfigError, match="kv_connector_tokens: = 8, must be < prompt_len"):
         make_request(config(), "a", 8, 4, kv_connector_tokens=8)
-    with pytest.raises(ConfigError, match="kv_connector_tokens: schedspec models KV connector hits for vLLM 0.33.0"):
+    with pytest.raises(ConfigError, match="kv_connector_tokens: schedspec models KV connectors for vLLM 0.33.0 "
+                                          "and later, not 0.30.0"):
         make_request(config(vllm_version="0.30.0"), "a", 8, 4, kv_connector_tokens=3)
 
 

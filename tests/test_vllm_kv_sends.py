@@ -1,7 +1,7 @@
 """KV connector sends (spec/kv_connector.py hold_sending, free_sent) against vLLM
 0.33.0's scheduler: a request whose KV the connector sends once it finishes (a KV
 producer's, `kv_connector_send_steps` in a scenario) keeps its blocks, finished,
-until the worker reports the send (S:3040-3060, 3383-3402, 3579-3582).
+until the worker reports the send (S:3180-3200, 3517-3536, 3730-3733).
 
 - The rules on hand-built states: held at every kind of finish, freed by the report,
   a batch returning for it dropped, a report for a request not held refused.
@@ -56,7 +56,7 @@ def test_a_request_whose_kv_is_sent_keeps_its_blocks_until_the_send_is_reported(
     # "b" is gone; "a" stays, finished, with its blocks, out of every queue.
     assert "b" not in s.requests and s.requests["a"].status == RequestStatus.FINISHED_LENGTH_CAPPED
     assert s.num_blocks("a") == held and "a" not in s.running + s.waiting
-    # The engine keeps stepping for it once the finished ids are handed on (S:3157-3165).
+    # The engine keeps stepping for it once the finished ids are handed on (S:3297-3305).
     out, s = S.schedule(s)
     assert not out.num_scheduled_tokens and not s.finished_req_ids and s.has_requests()
     free = s.num_free_blocks

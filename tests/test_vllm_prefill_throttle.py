@@ -63,7 +63,7 @@ def throttle_scenarios(n: int = NUM_SCENARIOS):
 
 def test_the_interval_holds_prefill_until_it_has_passed():
     """Interval 3: d's prefill is executed step 1; p arrives and waits through steps
-    2 and 3, which only decode, and is admitted on step 4 = 1 + 3 (S:780-791)."""
+    2 and 3, which only decode, and is admitted on step 4 = 1 + 3 (S:796-807)."""
     s = add(SchedulerState(config()), "d", 8)
     _, s = step(s)
     assert s.prefill_cadence.num_executed_steps == 1 and s.prefill_cadence.last_prefill_step == 1
@@ -88,7 +88,7 @@ def test_nothing_is_held_without_a_decode_or_at_interval_one():
     one = add(one, "b", 8)
     out, one = step(one)
     assert "b" in out.scheduled and one.prefill_cadence == P.PrefillCadence()
-    # Only prefill chunks running: the step is never held (S:750-752, 789).
+    # Only prefill chunks running: the step is never held (S:766-768, 805).
     s = add(SchedulerState(config(max_num_batched_tokens=8)), "long", 40)
     for _ in range(3):
         out, s = step(s)
@@ -96,7 +96,7 @@ def test_nothing_is_held_without_a_decode_or_at_interval_one():
 
 
 def test_a_throttled_step_holds_a_running_chunk_and_admissions():
-    """throttle_prefills (S:750-752): the decode runs alone; c's next chunk and w wait."""
+    """throttle_prefills (S:766-768): the decode runs alone; c's next chunk and w wait."""
     s = add(SchedulerState(config(prefill_schedule_interval=1)), "d", 8)
     _, s = step(s)
     s = add(s, "c", 100)
@@ -110,7 +110,7 @@ def test_a_throttled_step_holds_a_running_chunk_and_admissions():
 
 
 def test_a_capacity_bound_engine_is_not_throttled():
-    """#44558 (S:1612-1616): a step that ran out of budget with requests waiting
+    """#44558 (S:1685-1689): a step that ran out of budget with requests waiting
     marks the engine capacity-bound; the next throttled step admits anyway."""
     s = add(SchedulerState(config(prefill_schedule_interval=1, max_num_batched_tokens=32)), "d", 4)
     _, s = step(s)
@@ -124,7 +124,7 @@ def test_a_capacity_bound_engine_is_not_throttled():
 
 def test_requests_skipped_count_as_deferred_and_not_as_capacity():
     """A request skipped by the waiting loop (here: its grammar compiling) is
-    deferred (S:1056, 2711) and does not make the engine capacity-bound."""
+    deferred (S:1078, 2778) and does not make the engine capacity-bound."""
     s = add(SchedulerState(config(prefill_schedule_interval=1)), "g", 8, structured_output=True)
     assert s.prefill_cadence.deferred_waiting == ("g",)
     s = add(s, "a", 8)
@@ -137,7 +137,7 @@ def test_requests_skipped_count_as_deferred_and_not_as_capacity():
 
 def test_a_full_prefix_hit_is_not_held():
     """With only its last token left after a hit, an admission is a decode: a held
-    step admits it (S:1290) and is not stamped as carrying prefill (S:1590)."""
+    step admits it (S:1340) and is not stamped as carrying prefill (S:1654)."""
     c = config(enable_prefix_caching=True)
     tokens = list(range(300, 317))  # 4 full blocks and one token
     s = S.add_request(SchedulerState(c), make_request(c, "d", 17, 20, prompt_token_ids=tokens))
@@ -205,7 +205,7 @@ def test_the_file_contract():
     with pytest.raises(ConfigError, match=r"^config\.prefill_schedule_interval"):
         config_from_dict({"prefill_schedule_interval": 0})
     with pytest.raises(ConfigError, match=r"^config\.prefill_schedule_interval: = 2: schedspec models prefill "
-                                          r"throttling for vLLM 0\.33\.0 only"):
+                                          r"throttling for vLLM 0\.33\.0 and later, not 0\.30\.0"):
         config_from_dict({"prefill_schedule_interval": 2, "vllm_version": "0.30.0"})
 
 
@@ -243,7 +243,7 @@ def test_torch_refuses_an_interval():
     assert "does not model prefill throttling" in run_scenario(s, load_impl("torch", device="cpu"))["error"]
 
 
-# -- the adaptive long-prefill threshold (spec/config.py long_prefill_threshold, S:764-772) --
+# -- the adaptive long-prefill threshold (spec/config.py long_prefill_threshold, S:780-788) --
 
 
 def test_the_adaptive_threshold_is_a_fair_share_of_the_input_budget():
@@ -257,7 +257,7 @@ def test_the_adaptive_threshold_is_a_fair_share_of_the_input_budget():
     out, _ = step(s)
     assert dict(out.num_scheduled_tokens) == {"a": 32, "b": 32}
     with pytest.raises(ConfigError, match=r"^config\.long_prefill_token_threshold_adaptive: = true: schedspec "
-                                          r"models the adaptive long-prefill threshold for vLLM 0\.33\.0 only"):
+                                          r"models the adaptive long-prefill threshold for vLLM 0\.33\.0 and later, not 0\.31\.0"):
         config_from_dict({"long_prefill_token_threshold": 8, "long_prefill_token_threshold_adaptive": True,
                           "vllm_version": "0.31.0"})
 

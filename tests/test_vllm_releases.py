@@ -77,6 +77,31 @@ out["block_hashes"] = len(state.requests["c"].block_hashes)
 out["waiting_lifted"] = list(state.waiting)
 out["has_kv_holding_waiting"] = hasattr(impl.sched, "kv_holding_waiting")
 out["lift_version"] = state.config.vllm_version
+# The model runner's output (runner_index): req_id_to_index up to 0.33.0.
+out["runner_index"] = sorted(va.runner_index(v["ModelRunnerOutput"], ["x"]))
+# The Triton check (triton_presumed): HAS_TRITON as found once the config is built.
+import vllm.triton_utils
+out["has_triton_after"] = bool(vllm.triton_utils.HAS_TRITON)
+# A preempted request admitted again (lift_output): among the resumed requests up to
+# 0.33.0, among the new ones from 0.34.0 (spec/versions.py RESUMED_SENT_AS_NEW).
+from schedspec.reference.engine import run_scenario
+from schedspec.reference.example_files import EXAMPLES_DIR
+from schedspec.reference.scenario import scenario_from_json
+data = json.loads((EXAMPLES_DIR / "preemption.json").read_text())
+data["config"]["vllm_version"] = release
+trace = run_scenario(scenario_from_json(data), impl)
+out["r1_admitted"] = [("new" if "r1" in st["new"] else "resumed") for st in trace["steps"]
+                      if "r1" in st["new"] or "r1" in st["resumed"]]
+# A request that skips prefix-cache reads (vllm_lift._shared_of): its flag lifts.
+pcfg = dataclasses.replace(cfg, enable_prefix_caching=True)
+impl.reset(pcfg)
+impl.add_request(make_request(pcfg, "d", 20, 3, prompt_token_ids=tuple(range(3, 23))))
+r = impl.sched.requests["d"]
+if hasattr(r, "prefix_cache_hit_limit"):
+    r.prefix_cache_hit_limit = 0
+else:
+    r.skip_reading_prefix_cache = True
+out["skip_lifted"] = impl.observe().requests["d"].skip_reading_prefix_cache
 print("PROBE " + json.dumps(out))
 '''
 
@@ -139,6 +164,15 @@ def test_the_adapters_bridges_on_each_release(release):
     assert got["scheduled"] == [["c", 40]] and got["block_hashes"] == 40 // 16
     assert got["waiting_lifted"] == []
     assert got["has_kv_holding_waiting"] is not before(release, "0.31.0")
+    # The model runner's output (runner_index): req_id_to_index up to 0.33.0.
+    assert got["runner_index"] == ([] if not before(release, "0.34.0") else ["req_id_to_index"])
+    # The Triton check (triton_presumed): never left presented as present.
+    assert got["has_triton_after"] is False
+    # A resumed request (lift_output): sent as new from 0.34.0; the first admission is new.
+    assert got["r1_admitted"][0] == "new" and len(got["r1_admitted"]) >= 2
+    assert set(got["r1_admitted"][1:]) == {"resumed" if before(release, "0.34.0") else "new"}
+    # Prefix-cache reads skipped (vllm_lift._shared_of): prefix_cache_hit_limit 0 from 0.34.0.
+    assert got["skip_lifted"] is True
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -7,7 +7,7 @@
   (all four flag combinations): after every call, drafter's included, lift(vLLM)
   equals the spec's state, and the traces agree.
 - The finding: a padded admission cut by long_prefill_token_threshold crashes
-  vLLM 0.33.0 (S:1579); the spec raises at the same step.
+  vLLM 0.33.0 (S:1643); the spec raises at the same step.
 - The scenario file's rules for the new fields.
 """
 
@@ -116,7 +116,7 @@ def test_no_padding_alone_or_when_it_does_not_fit_the_budget():
     assert out.scheduled == {"b": 1} and out.scheduled_spec_decode_tokens == ()
     tight = S.add_request(decoding(config(max_num_scheduled_tokens=6)), Request("b", 1, 5, arrival_time=1.0))
     out, _ = S.schedule(tight)
-    assert out.scheduled == {"a": 4}  # 1 + 3 rows do not fit in the 2 left: admission stops (S:1326-1328)
+    assert out.scheduled == {"a": 4}  # 1 + 3 rows do not fit in the 2 left: admission stops (S:1376-1378)
 
 
 def test_the_drafter_skips_a_prefill_chunk():
@@ -155,7 +155,7 @@ PADDING_CUT = {
 
 def test_a_padded_admission_cut_by_the_threshold_crashes_the_spec():
     steps = []
-    with pytest.raises(AssertionError, match="S:1579"):
+    with pytest.raises(AssertionError, match="S:1643"):
         run_scenario(scenario_from_json(PADDING_CUT), SpecScheduler(), on_step=lambda t: steps.append(t.step))
     assert steps == [0, 1]  # step 2 admits b next to a's decode
 
@@ -176,7 +176,7 @@ def waiting(c: SchedulerConfig, *prompts: int) -> SchedulerState:
 
 @pytest.mark.parametrize("slots, expected", [(0, (("0", 10), ("1", 10))), (3, (("0", 10), ("1", 4)))])
 def test_a_drafters_rows_are_charged_to_the_input_budget(slots, expected):
-    """A parallel drafter's K - 1 rows per scheduled request (S:1295, 1571): of 20
+    """A parallel drafter's K - 1 rows per scheduled request (S:1345, 1635): of 20
     input tokens, the first admission leaves 20 - 13 = 7, the second gets 7 - 3.
     vLLM's own test_draft_slots_budgeted_per_scheduled_request, on the spec."""
     c = config(max_num_batched_tokens=20, num_speculative_tokens=4, max_num_new_slots_for_drafting=slots)
@@ -186,7 +186,7 @@ def test_a_drafters_rows_are_charged_to_the_input_budget(slots, expected):
 
 def test_no_admission_when_only_the_drafters_rows_are_left():
     """The waiting loop stops once the input budget is down to the drafter's rows
-    (S:1068): 13 + 3 of 16 leave nothing for a second request."""
+    (S:1110): 13 + 3 of 16 leave nothing for a second request."""
     c = config(max_num_batched_tokens=16, num_speculative_tokens=4, max_num_new_slots_for_drafting=3)
     out, _ = S.schedule(waiting(c, 10, 10))
     assert out.num_scheduled_tokens == (("0", 10),)

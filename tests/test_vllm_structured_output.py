@@ -74,7 +74,7 @@ def test_a_failed_grammar_is_noted_once_and_finished_with_an_error():
     s = S.grammar_compiled(waiting_state(c), ["a"], failed=True)
     out, after = S.schedule(s)
     assert after.grammar_compile_error_reqs == ("a",) and "a" in after.waiting
-    out2, again = S.schedule(after)  # reached again before the update: noted once (a dict key, S:3541)
+    out2, again = S.schedule(after)  # reached again before the update: noted once (a dict key, S:3691)
     assert again.grammar_compile_error_reqs == ("a",)
     finished, done = S.update_from_output(again, out, {"b": [100], "d": [100]})
     assert ("a", RequestStatus.FINISHED_ERROR) == finished[-1]

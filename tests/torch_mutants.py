@@ -92,21 +92,21 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "async_no_placeholders": [(ST, "ph=new.ph + both(sample, batch.async_sched[:, None]))", "ph=new.ph)")],
     # a preemption keeps the request's placeholders: it resumes wanting tokens that will never come.
     "async_preempt_keeps_placeholders": [(ST, "            ph = torch.where(vmask, 0, ph)\n", "")],
-    # stale output (from before a preemption) dropped instead of appended (docs/rules.md §9.3, S:2316-2323).
+    # stale output (from before a preemption) dropped instead of appended (docs/rules.md §9.3, S:2362-2369).
     "async_stale_output_dropped": [(ST, "    tokens = tokens & mine\n",
                                     "    tokens = tokens & mine & (state.stale == 0)\n")],
-    # the output of a request aborted while its batch was in flight is still applied (S:2327-2335).
+    # the output of a request aborted while its batch was in flight is still applied (S:2373-2381).
     "async_aborted_output_applied": [(ST, "    mine = gt(grant, 0) & live\n",
                                       "    mine = gt(grant, 0) & (live | (state.status == ABORTED))\n")],
     # an empty batch does not take a place in flight: the next batch is applied a step early.
     "async_empty_batch_not_queued": [(ST, "stays = is_async & called & (old | tokens | live_any)",
                                       "stays = is_async & called & (tokens | live_any)")],
-    # blocks completed by a returned token not hashed on delivery (S:2407-2415).  With two batches
+    # blocks completed by a returned token not hashed on delivery (S:2454-2471).  With two batches
     # in flight the allocation of the next step has hashed them already, or the pool's hashes
     # differ without a trace field showing it; the observed pool shows it (test_torch_async.py).
     "async_no_hashing_on_delivery": [(ST, "    hashing = fresh & had_ph & was_running\n",
                                       "    hashing = fresh & had_ph & was_running & False\n")],
-    # the waiting loop does not skip a request whose stale output is in flight (S:1084-1089); the
+    # the waiting loop does not skip a request whose stale output is in flight (S:1123-1128); the
     # two-batch engine never reaches it (formats.md), a deeper pipeline does (test_torch_async.py).
     "async_no_stale_skip": [(ST, "        in_wait = in_wait & eq(stale, 0)\n", "        pass\n")],
 }

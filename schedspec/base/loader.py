@@ -83,7 +83,7 @@ def load_impl(name: str, device: str | None = None, status=None) :
     target = BUILTIN_IMPLS.get(base, base)
     module_name, _, cls_name = target.partition(":")
     if base == "vllm" and status is not None:
-        status("loading vLLM 0.33.0 (about 20 s) ...")
+        status("loading vLLM (about 20 s) ...")
     t0 = time.perf_counter()
     try:
         module = _import(module_name, name)

@@ -62,10 +62,10 @@ def load_impl_or_fail(name: str, device: str | None = None):
 
     base, release = split_impl(name)  # vllm==X: this process runs release X (vllm_version.py)
     try:
-        # base/loader.py names 0.33.0 in its status line; under vllm==X it loads X.
+        # base/loader.py's status line names no release; under vllm==X it loads X.
         shown_release = release or (installed_vllm() if base == "vllm" else None)
         say = status if shown_release is None else \
-            (lambda m: status(m.replace("vLLM 0.33.0", f"vLLM {shown_release}")))
+            (lambda m: status(m.replace("vLLM ", f"vLLM {shown_release} ", 1)))
         impl = load_impl(name, device=device, status=say)
     except ImplementationError as e:
         raise UsageError(str(e)) from None

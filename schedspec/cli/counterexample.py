@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from schedspec.base.errors import UsageError, fail
+from schedspec.spec.versions import DEFAULT_RELEASE
 
 from schedspec.base.progress import Progress
 
@@ -121,7 +122,7 @@ def describe(goal, k: int, result, path: str, impl_name: str, command: str = "")
             f"{result.tried} scenario(s) drawn; shrunk from {len(result.original.requests)} requests and "
             f"{result.original.max_steps} steps). Reproduce: {show} shows it ({goal.shows}); "
             f"`{replay_command(goal, k, path)}` checks the goal on the spec, "
-            f"`{replay_command(goal, k, path, 'vllm')}` on vLLM 0.33.0.")
+            f"`{replay_command(goal, k, path, 'vllm')}` on vLLM {DEFAULT_RELEASE}.")
 
 
 def cmd_counterexample(args) -> int:

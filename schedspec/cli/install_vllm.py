@@ -1,5 +1,6 @@
-"""`schedspec install-vllm`: install the real vLLM 0.33.0 scheduler (CPU only)
-into the running interpreter, with scripts/install-vllm.sh; `--version X`
+"""`schedspec install-vllm`: install the real vLLM scheduler of the newest modelled
+release (spec/versions.py DEFAULT_RELEASE, scripts/install-vllm.sh DEFAULT_VLLM_VERSION;
+CPU only) into the running interpreter, with scripts/install-vllm.sh; `--version X`
 installs release X into its own virtualenv instead ($SCHEDSPEC_CACHE/vllm-envs/X,
 default ~/.cache/schedspec/vllm-envs/X), with schedspec installed editable into
 it, for `--impl vllm==X` (cli/vllm_version.py)."""
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 from schedspec.base.errors import UsageError
+from schedspec.spec.versions import DEFAULT_RELEASE, RELEASES
 
 SCRIPT_NAME = "install-vllm.sh"
 
@@ -53,10 +55,10 @@ def cmd_install_vllm(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "install-vllm", help="install vLLM 0.33.0 (CPU only) for --impl vllm",
-        description="Install torch 2.13.0 (CPU), vllm 0.33.0 and the scheduler's import "
+        "install-vllm", help=f"install vLLM {DEFAULT_RELEASE} (CPU only) for --impl vllm",
+        description=f"Install torch 2.13.0 (CPU), vllm {DEFAULT_RELEASE} and the scheduler's import "
                     "dependencies into this Python (scripts/install-vllm.sh). Idempotent.")
     p.add_argument("--version", metavar="X", default=None,
-                   help="install vLLM release X (0.20.0 ... 0.33.0) into its own virtualenv under "
+                   help=f"install vLLM release X ({RELEASES[0]} ... {RELEASES[-1]}) into its own virtualenv under "
                         "$SCHEDSPEC_CACHE/vllm-envs/X (default ~/.cache/schedspec/vllm-envs/X), for --impl vllm==X")
     p.set_defaults(func=cmd_install_vllm)

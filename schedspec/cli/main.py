@@ -13,9 +13,10 @@ from typing import Any
 from schedspec.base.errors import UsageError, fail, shown
 from schedspec.base.args import int_arg
 from schedspec.base.progress import Progress
+from schedspec.spec.versions import DEFAULT_RELEASE, RELEASES
 from schedspec.reference.example_files import EXAMPLES_DIR, example_names, resolve_scenario_path
 
-from . import changes, counterexample, diff, explore, install_vllm, peer_tests, prove, sweep, vectors
+from . import changes, counterexample, diff, explore, install_vllm, keep_up, peer_tests, prove, sweep, vectors
 from .common import (Parser, add_time_model_arguments, load_impl_or_fail, load_scenario_or_fail,
                      run_parsed)
 from .device_flag import add_device_argument, device_for
@@ -23,7 +24,7 @@ from .vllm_version import add_vllm_version_argument
 
 # Each further command lives in its own module and registers itself; heavy
 # imports (z3, torch, vLLM) wait until it runs.
-COMMAND_MODULES = (diff, install_vllm, counterexample, prove, sweep, explore, vectors, peer_tests, changes)
+COMMAND_MODULES = (diff, install_vllm, counterexample, prove, sweep, explore, vectors, peer_tests, changes, keep_up)
 
 
 def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, device: str | None = None,
@@ -48,7 +49,7 @@ def _run_trace(scenario, impl_name: str, baseline: str | None, on_step=None, dev
     try:
         return run_scenario(scenario, impl, on_step=on_step, progress=track, sink=sink)
     except Exception as e:  # noqa: BLE001 - an implementation that raises: one line, exit 1
-        # Not a user error: the scheduler itself failed (vLLM 0.33.0 asserts on one
+        # Not a user error: the scheduler itself failed (vLLM asserts on one
         # speculative-decoding case, docs/rules.md; the spec raises there too).
         fail(f"{impl_name} raised at step {at[0]} of {shown(scenario.name)}: {type(e).__name__}: "
              f"{shown(str(e), 200) or '(no message)'}", code=1)
@@ -262,7 +263,7 @@ def cmd_examples(args) -> int:
     from schedspec.reference.metrics import compute_metrics
     from schedspec.reference.scenario import load_scenario
 
-    print("schedspec: the seed examples on the executable spec of vLLM 0.33.0's V1 scheduler\n")
+    print(f"schedspec: the seed examples on the executable spec of vLLM {DEFAULT_RELEASE}'s V1 scheduler\n")
     for name in example_names():
         scenario = load_scenario(EXAMPLES_DIR / f"{name}.json")
         trace = run_scenario(scenario, SpecScheduler())
@@ -285,13 +286,14 @@ def cmd_examples(args) -> int:
     return 0
 
 
-DESCRIPTION = """Run, validate and check scheduler scenarios against an executable
-specification of vLLM 0.33.0's V1 scheduler, and compare implementations
-step by step.  A user error is one line on stderr and exit status 2."""
+DESCRIPTION = f"""Run, validate and check scheduler scenarios against an executable
+specification of vLLM's V1 scheduler ({DEFAULT_RELEASE} unless --vllm-version names one of
+{', '.join(RELEASES)}), and compare implementations step by step.  A user error is
+one line on stderr and exit status 2."""
 
 SCENARIO_HELP = ("a scenario file (JSON, see docs/formats.md) or the name of a shipped example "
                  "(`schedspec examples` lists them)")
-IMPL_HELP = ("the scheduler to run: spec (default, the executable specification), vllm (vLLM 0.33.0's "
+IMPL_HELP = ("the scheduler to run: spec (default, the executable specification), vllm (the installed vLLM's "
              "own scheduler; loading it takes about 20 s), vllm==X (release X, from its own environment: "
              "schedspec install-vllm --version X), torch, or module:Class for your own class")
 
@@ -301,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = Parser(prog="schedspec", description=DESCRIPTION)
     parser.add_argument("--version", action="version",
-                        version=f"schedspec {__version__} (specification of vLLM 0.33.0's V1 scheduler)")
+                        version=f"schedspec {__version__} (specification of vLLM's V1 scheduler, {RELEASES[0]} to "
+                                f"{RELEASES[-1]})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="run a scenario, print the per-step timeline and the metrics",
@@ -327,8 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_vllm_version_argument(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("validate", help="check a scenario file and whether vLLM 0.33.0 accepts its config",
-                       description="Check a scenario file against its format and vLLM 0.33.0's config "
+    p = sub.add_parser("validate", help="check a scenario file and whether vLLM accepts its config",
+                       description="Check a scenario file against its format and the modelled vLLM release's config "
                                    "rules without running it.")
     p.add_argument("scenario", help=SCENARIO_HELP)
     add_vllm_version_argument(p)

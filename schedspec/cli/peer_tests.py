@@ -1,7 +1,7 @@
 """`schedspec peer-tests`: vLLM's own scheduler tests (tests/v1/core) on this
-machine, plain and under the spec's shadow monitor; release 0.33.0's, or with
-`--version X` release X's (its sdist, its tests, its interpreter from
-`schedspec install-vllm --version X`, the spec modelling X).
+machine, plain and under the spec's shadow monitor; the newest modelled release's
+(spec/versions.py DEFAULT_RELEASE), or with `--version X` release X's (its sdist, its
+tests, its interpreter from `schedspec install-vllm --version X`, the spec modelling X).
 
     schedspec peer-tests                       # the five scheduler test files, plain and shadowed
     schedspec peer-tests --version 0.30.0      # vLLM 0.30.0's own tests against the spec gated to 0.30.0
@@ -9,7 +9,7 @@ machine, plain and under the spec's shadow monitor; release 0.33.0's, or with
     schedspec peer-tests --plain-for failures  # shadowed, then plain only what failed or diverged (CI)
     schedspec peer-tests --all                 # all of tests/v1/core
     schedspec peer-tests --files test_scheduler.py -k "test_add_requests or test_schedule"
-    schedspec peer-tests --sdist vllm-0.33.0.tar.gz --json-out peer.json
+    schedspec peer-tests --sdist vllm-0.34.0.tar.gz --json-out peer.json
 
 The source distribution comes from the package index pip is configured with
 (sha256 verified) and is kept in the cache (SCHEDSPEC_CACHE or --cache).
@@ -99,9 +99,9 @@ def cmd_peer_tests(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "peer-tests", help="run vLLM's own scheduler tests (0.33.0's, or --version X's), plain and under "
-                           "the shadow monitor",
-        description=f"Fetch vLLM's source distribution (0.33.0, or --version X) from the package index pip "
+        "peer-tests", help=f"run vLLM's own scheduler tests ({VLLM_VERSION}'s, or --version X's), plain and "
+                           "under the shadow monitor",
+        description=f"Fetch vLLM's source distribution ({VLLM_VERSION}, or --version X) from the package index pip "
                     f"is configured with, extract {TEST_ROOT} (and only the helpers it imports), and run its "
                     "tests with pytest, offline on the CPU, under that release's interpreter: once plain and "
                     "once with every scheduler call checked against the spec modelling that release. "

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Sequence
 
 from schedspec.base.errors import UsageError, shown
-from schedspec.spec.versions import DEFAULT_RELEASE, RELEASES
+from schedspec.gpu.limits import OLDEST_RELEASE as TORCH_OLDEST
+from schedspec.spec.versions import DEFAULT_RELEASE, RELEASES, release_key, spec_release_for
 
 PREFIX = "vllm=="
 # Set in the re-executed process: a second re-exec would be a loop.
@@ -46,10 +47,30 @@ def check_release(version: str, what: str) -> str:
     return version
 
 
+def check_vllm(version: str, what: str) -> str:
+    """A vLLM version schedspec can run: a modelled release, or a later one (or a
+    development build) that it compares with the newest modelled release at or below it."""
+    if spec_release_for(version) is None:
+        raise UsageError(f"{what}: {shown(version)} is not a vLLM release schedspec models, nor one after "
+                         f"{RELEASES[0]}; use one of {', '.join(RELEASES)}")
+    return version
+
+
+def unmodelled_note(version: str) -> str | None:
+    """The one-line note for a vLLM that is not a modelled release, or None."""
+    spec = spec_release_for(version)
+    if version in RELEASES or spec is None:
+        return None
+    return (f"schedspec: note: vLLM {version} is not a release schedspec models; it is compared with the spec "
+            f"at {spec}, the newest modelled release at or below it (`schedspec keep-up {version}` reports "
+            "what the spec would have to learn)")
+
+
 def split_impl(name: str) -> tuple[str, str | None]:
-    """`vllm==0.30.0` -> ("vllm", "0.30.0"); any other name -> (name, None)."""
+    """`vllm==0.30.0` -> ("vllm", "0.30.0"); any other name -> (name, None).  X may be a
+    release schedspec does not model yet (`check_vllm`)."""
     if name.startswith(PREFIX):
-        return "vllm", check_release(name[len(PREFIX):], f"--impl {name}")
+        return "vllm", check_vllm(name[len(PREFIX):], f"--impl {name}")
     return name, None
 
 
@@ -85,7 +106,7 @@ def reexec_if_needed(argv: Sequence[str]) -> None:
     version = requested_release(argv)
     if version is None:
         return
-    check_release(version, f"--impl vllm=={version}")
+    check_vllm(version, f"--impl vllm=={version}")
     if installed_vllm() == version:
         return
     if os.environ.get(REEXEC_ENV) == version:
@@ -112,18 +133,21 @@ def apply(args) -> None:
     names = [n for n in (getattr(args, "impl", None), getattr(args, "against", None)) if isinstance(n, str)]
     for name in names:
         base, version = split_impl(name)
-        if version is None and name == "vllm" and installed_vllm() in RELEASES:
+        if version is None and name == "vllm" and spec_release_for(installed_vllm() or "") is not None:
             version = installed_vllm()  # plain `vllm`: the release this interpreter has
         if version is not None:
-            versions.add(version)
+            note = unmodelled_note(version)
+            if note:
+                print(note, file=sys.stderr)
+            versions.add(spec_release_for(version))
     asked = getattr(args, "vllm_version", None)
     if asked is not None:
         versions.add(check_release(asked, "--vllm-version"))
     if len(versions) > 1:
         raise UsageError(f"the command names vLLM releases {' and '.join(sorted(versions))}; one process "
                          "models one release (`schedspec changes A B` compares two)")
-    if versions and versions != {DEFAULT_RELEASE} and "torch" in names:
-        raise UsageError(f"--impl torch models vLLM {DEFAULT_RELEASE} only, not {versions.pop()}")
+    if "torch" in names and versions and release_key(min(versions, key=release_key)) < release_key(TORCH_OLDEST):
+        raise UsageError(f"--impl torch models vLLM {TORCH_OLDEST} and later, not {versions.pop()}")
     set_default_vllm_version(versions.pop() if versions else DEFAULT_RELEASE)
 
 
@@ -133,5 +157,5 @@ def add_vllm_version_argument(parser) -> None:
                              f"(default {DEFAULT_RELEASE}; {', '.join(RELEASES)}); --impl vllm==X sets it too")
 
 
-__all__ = ["add_vllm_version_argument", "apply", "check_release", "env_dir", "env_python", "installed_vllm",
+__all__ = ["add_vllm_version_argument", "apply", "check_release", "check_vllm", "unmodelled_note", "env_dir", "env_python", "installed_vllm",
            "reexec_if_needed", "requested_release", "split_impl"]

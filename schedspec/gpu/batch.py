@@ -32,7 +32,8 @@ from schedspec.reference.scenario import Scenario
 from schedspec.reference.trace_io import TraceWriter
 from schedspec.spec.config import ConfigError, SchedulerConfig
 from schedspec.spec.input_processor import checked_lengths
-from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
+from schedspec.spec.versions import (LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL, RESUMED_SENT_AS_NEW,
+                                     UNHASHED_FREE_BLOCKS_FIRST, has)
 from .device import resolve_device
 from .hashes import hash_ids, is_private, private_hash_rows
 from .limits import MAX_FLOAT32_DIV_LEN, limit_violation
@@ -86,20 +87,25 @@ def config_row(config: SchedulerConfig) -> dict[str, Any]:
         # the token budget and the input budget act as one (gpu/step.py)
         "token_budget": min(scheduled, B),
         "max_num_active_reqs": seqs,
-        "long_prefill_token_threshold": config.long_prefill_token_threshold,
+        # the cap in force with more than one eligible request: none with chunked
+        # prefill off from 0.34.0 (spec/config.py long_prefill_threshold)
+        "long_prefill_token_threshold": 0 if not config.enable_chunked_prefill and
+        has(config, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL) else config.long_prefill_token_threshold,
         "enable_chunked_prefill": config.enable_chunked_prefill,
+        "resumed_as_new": has(config, RESUMED_SENT_AS_NEW),
         "priority_policy": config.policy == "priority",
         "block_size": config.block_size,
         # of the total that includes the null block (K:210)
         "watermark_blocks": int(config.watermark * config.num_gpu_blocks),
         "reserve_full_isl": config.scheduler_reserve_full_isl,
         "max_model_len": config.max_model_len,
-        "num_usable_blocks": config.num_gpu_blocks - 1,  # block 0 is the null block, never free (P:191)
+        "num_usable_blocks": config.num_gpu_blocks - 1,  # block 0 is the null block, never free (P:164)
     }
 
 
 _SCENARIO_DTYPES = {"token_budget": I64, "max_num_active_reqs": I64, "long_prefill_token_threshold": I64,
-                    "enable_chunked_prefill": torch.bool, "priority_policy": torch.bool, "block_size": I64,
+                    "enable_chunked_prefill": torch.bool, "resumed_as_new": torch.bool, "priority_policy": torch.bool,
+                    "block_size": I64,
                     "watermark_blocks": I64, "reserve_full_isl": torch.bool, "max_model_len": I64,
                     "num_usable_blocks": I64}
 _REQUEST_DTYPES = {"valid": torch.bool, "num_prompt_tokens": I32, "max_tokens": I32, "output_len": I32,

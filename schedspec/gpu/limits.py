@@ -68,6 +68,9 @@ The brief's sizes, R = 4096 and max_model_len = 1M (2**20), are well inside.
 
 from __future__ import annotations
 
+# The oldest release whose rules the torch implementation has: it applies every gate of
+# spec/versions.py up to 0.33.0 as in force, and asks those after it (gpu/batch.py config_row).
+OLDEST_RELEASE = "0.33.0"
 MAX_MODEL_LEN = 2**30
 MAX_CONFIG_INT = 2**62 - 1
 MAX_STEPS = 2**31 - 1
@@ -101,6 +104,9 @@ def limit_violation(config, max_steps: int) -> str | None:
     if config.prefill_schedule_interval > 1:
         return (f"config.prefill_schedule_interval: = {config.prefill_schedule_interval}: the torch implementation "
                 "does not model prefill throttling; use --impl spec or vllm")
+    if config.cache_aware_admission_window:
+        return (f"config.cache_aware_admission_window: = {config.cache_aware_admission_window}: the torch "
+                "implementation does not model cache-aware admission; use --impl spec or vllm")
     if config.enable_prefix_caching and config.num_gpu_blocks > MAX_PREFIX_BLOCKS:
         return (f"config.num_gpu_blocks: = {config.num_gpu_blocks} exceeds the torch implementation's "
                 f"limit {MAX_PREFIX_BLOCKS} with prefix caching (2**31 - 1; int32 block tables, gpu/limits.py)")

@@ -1,6 +1,6 @@
 """The KV block pool block by block, for `enable_prefix_caching`, as tensors
 (docs/rules.md §6; P = vllm/v1/core/block_pool.py, K = kv_cache_manager.py,
-T = single_type_kv_cache_manager.py of vLLM 0.33.0).
+T = single_type_kv_cache_manager.py of vLLM 0.34.0).
 
 With prefix caching, which block holds which tokens decides the hits and what an
 allocation evicts, so the pool is kept block by block.  Per scenario (row), block
@@ -10,13 +10,13 @@ slot k is vLLM's block id k + 1 (the null block 0 is never free):
 - `bhash` (S, W): the block's hash id (-1: none), an integer interned on the host
   per scenario (gpu/hashes.py); `cstamp` when it was cached under it.  vLLM's map
   hash -> blocks lists the blocks of one hash in caching order and a lookup takes
-  the first (P:63-72): here the block of that hash with the smallest `cstamp`;
+  the first (P:66-69): here the block of that hash with the smallest `cstamp`;
 - `fkey` (S, W): the block's place in the free queue (HELD when not in it).  The
   queue in pop order is: freed blocks without a hash, the last freed first
-  (P:816-849 prepends them), keys < 0 from a decreasing counter; never-used blocks
+  (P:799-839 prepends them), keys < 0 from a decreasing counter; never-used blocks
   in id order, key = block id; freed hashed blocks, oldest first (appended: LRU),
   keys >= BACK from an increasing counter.  One free call releases a request's
-  blocks tail first (T:591-599), so a request's last blocks are evicted first;
+  blocks tail first (T:596-604), so a request's last blocks are evicted first;
 - `table` (S, R, H): each request's block table (slot indices, -1 past its end);
   `ncached` (S, R): how many of its first blocks are cached (vLLM's
   num_cached_block).
@@ -159,7 +159,7 @@ def _recompute_heads(pool: Pool, rows: torch.Tensor) -> None:
 
 
 def _evict(pool: Pool, s: torch.Tensor, b: torch.Tensor) -> None:
-    """Blocks (s, b) leave the cache (P:769-790): their hash, if any, is dropped."""
+    """Blocks (s, b) leave the cache (P:751-772): their hash, if any, is dropped."""
     h = take(pool.bhash, s, b)
     hashed = nonzero(h >= 0)
     if hashed.numel() == 0:
@@ -178,10 +178,10 @@ def _evict(pool: Pool, s: torch.Tensor, b: torch.Tensor) -> None:
 
 def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch.Tensor,
         starts: torch.Tensor) -> Pool:
-    """Allocation (P:706-740): request `slots[:, j]` (S, K) takes `counts[:, j]`
+    """Allocation (P:681-722): request `slots[:, j]` (S, K) takes `counts[:, j]`
     new blocks from the head of the free queue, j in order, as its block-table
     positions `starts[:, j]` on.  A popped block loses its hash (eviction,
-    P:769-790).  The caller has checked that the blocks are there."""
+    P:751-772).  The caller has checked that the blocks are there."""
     # One entry per (scenario, j) that takes blocks, in (s, j) order, then one per
     # block: its entry, its place among the entry's blocks and among its scenario's.
     ef = nonzero(counts > 0)  # flat (s, j) of the entries
@@ -238,8 +238,8 @@ def pop(num_usable: torch.Tensor, pool: Pool, counts: torch.Tensor, slots: torch
 
 def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch.Tensor,
           ranked: bool = False) -> Pool:
-    """Hash the requests' full blocks up to `upto` (S, R) blocks (T:477-541,
-    P:230-300): block i of request r, from its `ncached` on, is cached under the
+    """Hash the requests' full blocks up to `upto` (S, R) blocks (T:482-546,
+    P:203-273): block i of request r, from its `ncached` on, is cached under the
     request's i-th hash id unless it has it already (a hit block).  `key` (S, R)
     orders the requests' caching within a scenario, smaller first, as the step
     allocates them; the keys of a scenario's requests with blocks to cache are
@@ -299,7 +299,7 @@ def cache(block_hashes: torch.Tensor, pool: Pool, upto: torch.Tensor, key: torch
 def free(pool: Pool, mask: torch.Tensor, rank: torch.Tensor, num_blocks: torch.Tensor,
          unhashed_first: torch.Tensor) -> tuple[Pool, torch.Tensor]:
     """Free the blocks of the requests in `mask` (S, R), one free call per request
-    in `rank` order (T:591-599, P:816-849): each request's blocks tail first; a
+    in `rank` order (T:596-604, P:799-839): each request's blocks tail first; a
     block whose last holder leaves joins the queue, at the front without a hash,
     at the back with one (0.20.0: every freed block at the back,
     `unhashed_first` false).  Returns the pool and the blocks freed per row."""
@@ -342,7 +342,7 @@ def free(pool: Pool, mask: torch.Tensor, rank: torch.Tensor, num_blocks: torch.T
 
 
 def lookup(pool: Pool, hashes: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """get_computed_blocks (K:295-307): the longest run of cached blocks from the
+    """get_computed_blocks (K:318-329): the longest run of cached blocks from the
     start of `hashes` (S, H), over at most `limit` (S,) blocks.  Returns the hit
     count (S,) and the blocks (S, H), valid below the count."""
     H = min(hashes.shape[1], max(int(limit.max()), 1) if limit.numel() else 1)
@@ -355,7 +355,7 @@ def lookup(pool: Pool, hashes: torch.Tensor, limit: torch.Tensor) -> tuple[torch
 
 
 def touch(pool: Pool, blocks: torch.Tensor, valid: torch.Tensor) -> Pool:
-    """The hit blocks get one more holder; the free ones leave the queue (P:792-810)."""
+    """The hit blocks get one more holder; the free ones leave the queue (P:774-792)."""
     s, j = nonzero_rc(valid)
     b = take(blocks, s, j)
     was_free = (take(pool.fkey, s, b) < HELD).to(I64)

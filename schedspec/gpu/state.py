@@ -45,6 +45,7 @@ class Batch:
     max_num_active_reqs: torch.Tensor  # int64
     long_prefill_token_threshold: torch.Tensor  # int64
     enable_chunked_prefill: torch.Tensor  # bool
+    resumed_as_new: torch.Tensor  # bool: a resumed request is admitted as new (versions.RESUMED_SENT_AS_NEW)
     priority_policy: torch.Tensor  # bool
     block_size: torch.Tensor  # int64
     watermark_blocks: torch.Tensor  # int64: int(watermark * num_gpu_blocks)
@@ -103,7 +104,7 @@ class State:
     next_front_key: torch.Tensor  # int64: the next (more negative) FCFS front key
     pool: Pool | None = None  # the block-level pool, with Batch.block_hashes
     # Async scheduling (with Batch.async_sched; None otherwise), vLLM's request
-    # counters (RQ:162-173, docs/rules.md §9), all 0 between synchronous steps:
+    # counters (RQ:169-180, docs/rules.md §9), all 0 between synchronous steps:
     ph: torch.Tensor | None = None  # (S, R) int32: num_output_placeholders
     inflight: torch.Tensor | None = None  # (S, R) int32: num_in_flight_tokens
     stale: torch.Tensor | None = None  # (S, R) int32: num_stale_output_tokens
@@ -126,7 +127,7 @@ class Decision:
     """What one schedule() decided, per request slot (S, R), plus per scenario."""
 
     num_scheduled_tokens: torch.Tensor  # int32, 0 = not scheduled (refunded grants are 0)
-    admitted: torch.Tensor  # int8: 0 no, 1 new, 2 resumed
+    admitted: torch.Tensor  # int8: 0 no, 1 new (a resumed one too where resumed_as_new), 2 resumed
     preempt_order: torch.Tensor  # int32: index of the preemption in this step, -1 = none
     num_running: torch.Tensor  # (S,) int64: len(running) after schedule (slots held)
     hit_tokens: torch.Tensor | None = None  # int32: prefix-cache hit of an admission (prefix_hits)

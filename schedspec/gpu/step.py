@@ -1,6 +1,6 @@
 """One engine step of S scenarios at once: aborts, arrivals, schedule(), the fake
 model of formats.md, update_from_output().  Written from the rule book
-(docs/rules.md §0.1: S:839 = line 839 of vLLM 0.33.0's vllm/v1/core/sched/scheduler.py,
+(docs/rules.md §0.1: S:839 = line 839 of vLLM 0.34.0's vllm/v1/core/sched/scheduler.py,
 K = vllm/v1/core/kv_cache_manager.py, AS = sched/async_scheduler.py, E =
 v1/engine/core.py), core scope: prefix caching on or off, async scheduling on or
 off.  With prefix caching (a batch with `block_hashes`) the pool is kept block
@@ -14,7 +14,7 @@ Every function maps (Batch, State, ...) to new tensors; nothing loops over
 scenarios or requests.  The one loop is in the running loop of `schedule`: one
 pass per preemption (see there).
 
-Budgets: vLLM keeps a token budget and an input budget (S:719-722).  Without
+Budgets: vLLM keeps a token budget and an input budget (S:735-738).  Without
 speculative decoding both start at their limits, both lose each grant and both
 get each refund, and the loop tests both for > 0 and caps `n` by both, so they
 act as one budget, `min(max_num_scheduled_tokens, max_num_batched_tokens)`,
@@ -91,7 +91,7 @@ def finish(batch: Batch, state: State, mask: torch.Tensor, status: int | torch.T
         # CPU and is several times slower on a mixed mask.
         freed = (state.num_blocks * mask).sum(1)
     status = torch.as_tensor(status, dtype=I8, device=mask.device)
-    if state.fin_flag is not None:  # finished_req_ids is now non-empty (S:3054)
+    if state.fin_flag is not None:  # finished_req_ids is now non-empty (S:3194)
         state = replace(state, fin_flag=state.fin_flag | any_rows(mask))
     return replace(
         state,
@@ -104,7 +104,7 @@ def finish(batch: Batch, state: State, mask: torch.Tensor, status: int | torch.T
 
 
 def abort(batch: Batch, state: State, mask: torch.Tensor, step) -> tuple[State, torch.Tensor]:
-    """finish_requests(..., FINISHED_ABORTED) (S:2964): waiting, running and
+    """finish_requests(..., FINISHED_ABORTED) (S:3100): waiting, running and
     preempted requests; an already finished one is left alone.  The step's
     aborts free their blocks in the scenario's abort order."""
     hit = mask & _live(state.status)
@@ -138,11 +138,11 @@ def waiting_key(batch: Batch, state: State) -> torch.Tensor:
 
 
 def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision, State]:
-    """Scheduler.schedule() (S:699-1784) then `_update_after_schedule` (S:1845-1877),
+    """Scheduler.schedule() (S:716-1838) then `_update_after_schedule` (S:1899-1931),
     for the scenarios in `active` (S,).  With async scheduling in the batch, the
-    advance also counts the grants in flight and, per AsyncScheduler (AS:24-56),
+    advance also counts the grants in flight and, per AsyncScheduler (AS:18-45),
     gives each granted request that is not mid-prefill one output placeholder:
-    `is_prefill_chunk = ncomp < num_tokens + ph` after the advance (S:1863-1865)."""
+    `is_prefill_chunk = ncomp < num_tokens + ph` after the advance (S:1917-1919)."""
     decision, new = _schedule(batch, state, active)
     if state.ph is None:
         return decision, new
@@ -157,8 +157,8 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
 
 
 def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision, State]:
-    """Scheduler.schedule() (S:699-1784) then the optimistic advance of
-    num_computed_tokens (S:1845-1872), for the scenarios in `active` (S,).
+    """Scheduler.schedule() (S:716-1838) then the optimistic advance of
+    num_computed_tokens (S:1899-1926), for the scenarios in `active` (S,).
 
     Per-request arithmetic is int32 (token and block counts of one request are
     below 2**31, gpu/limits.py); prefix sums over requests and per-scenario
@@ -182,7 +182,8 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
 
     running = eq(status, RUNNING)
     # R: the long-prefill cap applies only with more than one eligible request,
-    # counted once at the start (S:757-763).
+    # counted once at the start, and from 0.34.0 only with chunked prefill on, which
+    # batch.py's config_row folds into the threshold (S:770-779).
     num_eligible = count_rows(running) + count_rows(_in_waiting(status))
     threshold = torch.where(num_eligible > 1, batch.long_prefill_token_threshold, 0)[:, None]
     # cap 1 as a minimum: threshold 0 caps nothing (threshold <= max_model_len < 2**31)
@@ -198,9 +199,9 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     next_front_key = state.next_front_key
     preempted = torch.zeros(S, dtype=torch.bool, device=dev)
     # Async: a decode is scheduled again while its token is in flight, the need
-    # counting the placeholders (S:839); a request whose last allowed token is
+    # counting the placeholders (S:855); a request whose last allowed token is
     # already in flight is passed over, not stopped (the max_tokens guard,
-    # S:800-814: ncomp + 2 - ph >= prompt + max_tokens).  The guard is fixed for
+    # S:816-830: ncomp + 2 - ph >= prompt + max_tokens).  The guard is fixed for
     # the step: only a preemption changes ncomp and ph, and takes the request off running.
     ph, stale = state.ph, state.stale
     target = num_tokens
@@ -209,13 +210,13 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
         target = num_tokens + ph
         schedulable = ~(gt(ph, 0) & ge(ncomp + 2 - ph, batch.num_prompt_tokens + batch.max_tokens))
 
-    # ---- The running loop (S:793-1036). ----
+    # ---- The running loop (S:809-1052). ----
     # One pass grants every running request from the cursor on, in running order:
     # request j gets min(its need, what the budget has left), i.e. the differences
     # of the prefix sums of the needs clipped at the budget.  Its blocks come out
     # of the pool in the same order; the first request whose blocks do not fit
-    # (K:584) stops the pass: the grants before it stand, one victim is preempted
-    # (S:912-980), and the next pass retries that request with the same n.  So
+    # (K:605) stops the pass: the grants before it stand, one victim is preempted
+    # (S:928-996), and the next pass retries that request with the same n.  So
     # the loop runs once plus once per preemption in the step.
     # The pass's prefix sums (of needs, of blocks) are at most R * max_model_len:
     # int32 when that fits (gpu/limits.py), with the budget and the free blocks
@@ -232,8 +233,8 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
             break
         # Per slot, then once into running order: the need (zero off the running
         # list) and the room left in the blocks held (0 off the running list).
-        need_s = torch.minimum(target - ncomp, cap1)  # S:839, cap 1 (S:844)
-        # cap 3: room for the sampled token (S:852); async: 0 for a decode whose token in flight reaches L
+        need_s = torch.minimum(target - ncomp, cap1)  # S:855, cap 1 (S:860)
+        # cap 3: room for the sampled token (S:868); async: 0 for a decode whose token in flight reaches L
         need_s = torch.minimum(need_s, L - ncomp - 1) * (running if schedulable is None else running & schedulable)
         room_s = held * bs - ncomp * running
         order, num_running = _order(state.run_pos, running)
@@ -245,15 +246,15 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
             need = need * ((pos >= cursor[:, None]) & todo[:, None])
             at_cursor = pos == cursor[:, None]
             need = torch.where(at_cursor & (retry_n[:, None] > 0), retry_n[:, None], need)
-        # cap 2, the budget (S:846): the loop also stops once it reaches 0 (S:795).
+        # cap 2, the budget (S:862): the loop also stops once it reaches 0 (S:811).
         cum = need.cumsum(1, dtype=sums)
         b = budget.clamp(max=sums_max).to(sums)[:, None]
         n = (torch.minimum(cum, b) - torch.minimum(cum - need, b)).to(I32)
-        # allocate_slots for a running request: no watermark, no full-ISL gate (K:518).
-        # cdiv(ncomp + n, bs) - held == cdiv(n - room, bs); nothing for n = 0 (S:891).
+        # allocate_slots for a running request: no watermark, no full-ISL gate (K:539).
+        # cdiv(ncomp + n, bs) - held == cdiv(n - room, bs); nothing for n = 0 (S:907).
         blocks = ceil_div(n - room_s.gather(1, order), bsf).clamp_(min=0) * gt(n, 0)
         # The block prefix sums only grow, so the requests whose blocks fit are
-        # a prefix of the pass: `keep`; the first one outside it fails (K:584).
+        # a prefix of the pass: `keep`; the first one outside it fails (K:605).
         keep = le(blocks.cumsum(1, dtype=sums), free.clamp(max=sums_max).to(sums)[:, None])
         num_kept = count_rows(keep).long()
         has_fail = (num_kept < R) & todo
@@ -283,20 +284,20 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
         ff = first_fail.clamp(max=R - 1)
         retry = n.gather(1, ff[:, None])[:, 0]
         cursor = torch.where(has_fail, ff, cursor).to(I32)
-        # FCFS: the tail of running (S:970).  PRIORITY: the largest (priority,
+        # FCFS: the tail of running (S:986).  PRIORITY: the largest (priority,
         # arrival_time), the first in running order on a tie, from all of running,
-        # so possibly already scheduled this step, or the request itself (S:932-936).
+        # so possibly already scheduled this step, or the request itself (S:948-952).
         victim_key = torch.where(in_running, batch.victim_rank.gather(1, order) * (R + 1) + (R - pos), -1)
         victim_pos = torch.where(batch.priority_policy, victim_key.argmax(1), (num_running - 1).clamp(min=0))
         victim = order.gather(1, victim_pos[:, None])[:, 0]
         self_preempt = victim_pos == ff
-        # Removing a victim ahead of the cursor shifts the list left (the fix #49206, S:948).
+        # Removing a victim ahead of the cursor shifts the list left (the fix #49206, S:964).
         cursor = torch.where(has_fail & (victim_pos < cursor), cursor - 1, cursor)
         vmask = torch.zeros((S, R), dtype=torch.bool, device=dev).scatter_(1, victim[:, None], has_fail[:, None])
-        # A victim already scheduled this step gives its grant back (S:951-957).
+        # A victim already scheduled this step gives its grant back (S:967-973).
         budget = budget + torch.where(vmask, grant, 0).sum(1)
         grant = torch.where(vmask, 0, grant)
-        # _preempt_request (S:1799-1843): free the blocks, restart from zero, to waiting.
+        # _preempt_request (S:1853-1897): free the blocks, restart from zero, to waiting.
         if pool is not None:
             pool, freed = free_blocks(pool, vmask, state.run_pos, held, batch.unhashed_first)
             free = free + freed
@@ -306,7 +307,7 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
         ncomp = torch.where(vmask, 0, ncomp)
         if ph is not None:
             # Its tokens in flight become stale (they are still delivered, docs/rules.md §9.3), and
-            # its placeholders go (S:1835-1836).
+            # its placeholders go (S:1889-1890).
             stale = torch.where(vmask, state.inflight, stale)
             ph = torch.where(vmask, 0, ph)
         status = torch.where(vmask, PREEMPTED, status).to(I8)
@@ -320,20 +321,20 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
         preempted = preempted | has_fail
         retry_n = torch.where(has_fail & ~self_preempt, retry, 0)
         # Self-preemption: FCFS breaks (the request was the tail, nothing follows);
-        # PRIORITY continues with the request now at the cursor (R, S:982-992).
+        # PRIORITY continues with the request now at the cursor (R, S:998-1008).
         loop_done = loop_done | (has_fail & self_preempt & ~batch.priority_policy)
         it += 1
 
-    # ---- The waiting loop (S:1050-1614), skipped after any preemption (S:1050). ----
+    # ---- The waiting loop (S:1066-1687), skipped after any preemption (S:1066). ----
     in_wait = _in_waiting(status)
     if stale is not None:
         # Async: a request whose stale output is still in flight is skipped; it
-        # keeps its place (S:1084-1089, S:1606-1610).  Skipping changes no budget
+        # keeps its place (S:1123-1128, S:1675-1681).  Skipping changes no budget
         # or slot, so the skipped requests simply drop out of the admission order.
         in_wait = in_wait & eq(stale, 0)
     num_running = count_rows(running)
     if not _any(any_rows(in_wait) & active):  # no active scenario has a waiting request
-        ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1858)
+        ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1912)
         decision = Decision(num_scheduled_tokens=grant, admitted=torch.zeros_like(status),
                             preempt_order=preempt_order, num_running=num_running,
                             hit_tokens=None if pool is None else torch.zeros_like(grant))
@@ -356,30 +357,30 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     k = pos
     queued = k < num_waiting[:, None]
     w_tokens = num_tokens.gather(1, worder)  # num_computed_tokens is 0: no prefix cache
-    want = torch.minimum(w_tokens, cap1) * queued  # S:1332
+    want = torch.minimum(w_tokens, cap1) * queued  # S:1382
     cum = want.cumsum(1, dtype=I64)
     b = budget[:, None]
     left = b - torch.minimum(cum - want, b)  # budget left when admission k is tried
-    n = torch.minimum(want, left).to(I32)  # S:1346
-    ok = queued & (left > 0)  # S:1062, S:1068
-    ok &= num_running[:, None] + k < batch.max_num_active_reqs[:, None]  # the run-slot check (S:1071)
-    # chunked prefill off: the whole request must fit, else admission stops (S:1337-1344).
+    n = torch.minimum(want, left).to(I32)  # S:1396
+    ok = queued & (left > 0)  # S:1091, S:1110
+    ok &= num_running[:, None] + k < batch.max_num_active_reqs[:, None]  # the run-slot check (S:1093)
+    # chunked prefill off: the whole request must fit, else admission stops (S:1387-1394).
     ok &= batch.enable_chunked_prefill[:, None] | (want <= left)
     blocks = ceil_div(n, bsf)
     free_k = free[:, None] - (blocks.cumsum(1, dtype=I64) - blocks)
-    # The watermark: admissions only, not while running is empty (K:518-525).
+    # The watermark: admissions only, not while running is empty (K:539-546).
     wm = batch.watermark_blocks[:, None] * (num_running[:, None] + k > 0)
-    # The full-ISL gate: the whole sequence must fit (K:531-548).
+    # The full-ISL gate: the whole sequence must fit (K:552-569).
     full = ceil_div(w_tokens, bsf)
     ok &= ~batch.reserve_full_isl[:, None] | (full + wm <= free_k)
-    ok &= blocks + wm <= free_k  # K:584
+    ok &= blocks + wm <= free_k  # K:605
     ok &= (active & ~preempted)[:, None]
     admit = ok.to(I8).cumprod(1).bool()
     n_adm = n * admit
     blocks_adm = blocks * admit
     num_admitted = admit.sum(1)
     amask = torch.zeros_like(admit).scatter_(1, worder, admit)
-    admitted = (amask * (2 - (status == WAITING).to(I8))).to(I8)
+    admitted = (amask * (2 - ((status == WAITING) | batch.resumed_as_new[:, None]).to(I8))).to(I8)
     grant = grant.scatter_add(1, worder, n_adm)
     held = held.scatter_add(1, worder, blocks_adm)
     free = free - blocks_adm.sum(1)
@@ -387,7 +388,7 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     run_pos = torch.where(amask, run_pos_adm, state.run_pos)
     status = torch.where(amask, RUNNING, status).to(I8)
 
-    # _update_after_schedule: the optimistic advance (S:1858).
+    # _update_after_schedule: the optimistic advance (S:1912).
     ncomp = ncomp + grant
     decision = Decision(num_scheduled_tokens=grant, admitted=admitted, preempt_order=preempt_order,
                         num_running=num_running + num_admitted)
@@ -399,8 +400,8 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
 
 def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, num_waiting, num_tokens, cap1,
                       bs, L, budget, free, pool, grant, held, ncomp, status, num_running, rest):
-    """The waiting loop with the block-level pool (S:1050-1614, K:295-307,
-    K:380-627): admission k of every scenario at once, k = 0, 1, ... while some
+    """The waiting loop with the block-level pool (S:1066-1687, K:318-329,
+    K:401-648): admission k of every scenario at once, k = 0, 1, ... while some
     scenario goes on, since admission k's hit depends on what admissions 0..k-1
     cached, evicted and touched.  A scenario stops at its first admission that
     fails (budget, run slot, chunked prefill off, blocks)."""
@@ -420,31 +421,31 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
     rows = torch.arange(S, device=dev)
     k = 0
     while True:
-        # S:1062-1074: budget left, a request waiting, a run slot free.
+        # S:1091-1113: budget left, a request waiting, a run slot free.
         cont = cont & (k < num_waiting) & (budget > 0) & (nrun < batch.max_num_active_reqs)
         if not _any(cont):
             break
         r = worder[:, min(k, R - 1)]
         ntok = num_tokens[rows, r].to(I64)
-        # The hit (S:1110-1127): num_computed_tokens is 0 for every waiting request
+        # The hit (S:1149-1166): num_computed_tokens is 0 for every waiting request
         # here; at most num_tokens - 1 tokens, whole blocks.
         hits, hblocks = lookup(pool, batch.block_hashes[rows, r], floor_div(ntok - 1, bsf) * cont)
         hits = hits.to(I64)
         hvalid = i[:, : hblocks.shape[1]] < hits[:, None]
         evictable = ((pool.ref.gather(1, hblocks.clamp(min=0)) == 0) & hvalid).sum(1)
         comp = hits * bsz
-        want = torch.minimum(ntok - comp, cap)  # S:1306, S:1332
-        ok = cont & (batch.enable_chunked_prefill | (want <= budget))  # S:1337-1344
-        n = torch.minimum(want, budget)  # S:1346
-        wm = batch.watermark_blocks * (nrun > 0)  # K:518-525
-        full = (ceil_div(torch.minimum(ntok, Lz), bsf) - hits).clamp(min=0)  # K:531-548
+        want = torch.minimum(ntok - comp, cap)  # S:1356, S:1382
+        ok = cont & (batch.enable_chunked_prefill | (want <= budget))  # S:1387-1394
+        n = torch.minimum(want, budget)  # S:1396
+        wm = batch.watermark_blocks * (nrun > 0)  # K:539-546
+        full = (ceil_div(torch.minimum(ntok, Lz), bsf) - hits).clamp(min=0)  # K:552-569
         ok &= ~batch.reserve_full_isl | (full + evictable + wm <= free)
-        new = (ceil_div(torch.minimum(comp + n, Lz), bsf) - hits).clamp(min=0)  # K:550-588
+        new = (ceil_div(torch.minimum(comp + n, Lz), bsf) - hits).clamp(min=0)  # K:571-609
         ok &= new + evictable + wm <= free
         cont = ok
         if not _any(ok):
             break
-        # allocate_slots (K:590-627): touch the hits, they open the block table,
+        # allocate_slots (K:611-648): touch the hits, they open the block table,
         # then the new blocks; then cache what the grant fills.
         hv = hvalid & ok[:, None]
         pool = touch(pool, hblocks, hv)
@@ -467,7 +468,8 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
         ncomp = ncomp.clone()
         ncomp[rows, r] = torch.where(ok, comp.to(I32), ncomp[rows, r])
         hit_tokens[rows, r] = torch.where(ok, comp.to(I32), hit_tokens[rows, r])
-        admitted[rows, r] = torch.where(ok, (2 - (status[rows, r] == WAITING).to(I8)).to(I8), admitted[rows, r])
+        admitted[rows, r] = torch.where(ok, (2 - ((status[rows, r] == WAITING) | batch.resumed_as_new[rows]).to(I8)).to(I8),
+                                        admitted[rows, r])
         run_pos = run_pos.clone()
         run_pos[rows, r] = torch.where(ok, state.next_run_pos + nrun - num_running, run_pos[rows, r])
         status = status.clone()
@@ -476,7 +478,7 @@ def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, nu
         nrun = nrun + ok
         k += 1
     num_admitted = nrun - num_running
-    ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1858)
+    ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1912)
     decision = Decision(num_scheduled_tokens=grant, admitted=admitted, preempt_order=rest["preempt_order"],
                         num_running=nrun, hit_tokens=hit_tokens)
     return decision, replace(
@@ -497,7 +499,7 @@ def fake_model(batch: Batch, state: State, decision: Decision) -> tuple[torch.Te
 
 
 def update(batch: Batch, state: State, sampled: torch.Tensor, eos: torch.Tensor, step) -> State:
-    """update_from_output (S:2259-2551) with one token per sampling request:
+    """update_from_output (S:2301-2618) with one token per sampling request:
     append it, then check_stop (U:98): EOS first, then length."""
     sampled = sampled & _live(state.status)  # output of a finished request is ignored
     return _append_and_stop(batch, state, sampled, eos, step)
@@ -511,7 +513,7 @@ def _append_and_stop(batch: Batch, state: State, sampled: torch.Tensor, eos: tor
     first = first + (step_t - first) * (sampled & (first < 0))  # a select by arithmetic, as in `finish`
     state = replace(state, num_output_tokens=num_output, first_token_step=first)
     stopped, length = check_stop(batch, sampled, eos, num_output)
-    # The stopped requests free their blocks in scheduled (running) order (S:2541-2551).
+    # The stopped requests free their blocks in scheduled (running) order (S:2607-2618).
     return finish(batch, state, stopped, length.to(I8) + STOPPED, step, state.run_pos)
 
 
@@ -554,20 +556,20 @@ def engine_step(batch: Batch, state: State, step: int, active: torch.Tensor,
 
 def deliver(batch: Batch, state: State, grant: torch.Tensor, tokens: torch.Tensor, eos: torch.Tensor,
             key: torch.Tensor, step) -> tuple[State, torch.Tensor, torch.Tensor]:
-    """update_from_output (S:2259-2551) of a batch that may be older than the
+    """update_from_output (S:2301-2618) of a batch that may be older than the
     last schedule() (async), given as its grants (S, R), the requests that got a
     token (`tokens`, one each; `eos`: that token is EOS) and its grant order `key`.
     Returns the state, the requests that got their token and those it stopped.
 
     Per granted request still live (a finished or aborted one is passed over,
-    S:2327-2335): its tokens leave flight (S:2316); with stale output (a
+    S:2373-2381): its tokens leave flight (S:2362); with stale output (a
     preemption since, docs/rules.md §9.3) they leave the stale count too and the token is
-    appended with no other change (S:2316-2323); otherwise a returned token
-    replaces a placeholder (S:2767-2769) and, if the request is RUNNING, hashes
+    appended with no other change (S:2362-2369); otherwise a returned token
+    replaces a placeholder (S:2902-2904) and, if the request is RUNNING, hashes
     the blocks now full up to ncomp - in_flight, the tokens whose output has
-    returned (S:2407-2415).  Then check_stop (EOS, then length, U:98-140); the
-    stopped requests free their blocks in grant order (S:2541-2551).  With one
-    token per request nothing is discarded after a stop (S:2756-2763)."""
+    returned (S:2454-2471).  Then check_stop (EOS, then length, U:98-140); the
+    stopped requests free their blocks in grant order (S:2607-2618).  With one
+    token per request nothing is discarded after a stop (S:2891-2898)."""
     live = _live(state.status)
     mine = gt(grant, 0) & live
     tokens = tokens & mine
@@ -596,8 +598,8 @@ def deliver(batch: Batch, state: State, grant: torch.Tensor, tokens: torch.Tenso
 def engine_step_async(batch: Batch, state: State, step: int, active: torch.Tensor,
                       aborts: bool = True, arrivals: bool = True):
     """The engine step of a batch with async scheduling (formats.md "Engine step k
-    with async_scheduling", EngineCore.step_with_batch_queue, E:708-822, with a
-    queue of two batches, V:588-598), for every scenario of it at once; the
+    with async_scheduling", EngineCore.step_with_batch_queue, E:758-871, with a
+    queue of two batches, V:560-566), for every scenario of it at once; the
     synchronous scenarios of the batch apply their batch in the step that
     scheduled it, as `engine_step` does.
 
@@ -618,7 +620,7 @@ def engine_step_async(batch: Batch, state: State, step: int, active: torch.Tenso
     live_any = any_rows(_live(state.status))  # has_requests() after schedule() (no finish there)
     called = active & (~is_async | live_any | state.fin_flag)
     decision, state = schedule(batch, state, called)
-    state = replace(state, fin_flag=state.fin_flag & ~called)  # schedule() flushes finished ids (S:1876)
+    state = replace(state, fin_flag=state.fin_flag & ~called)  # schedule() flushes finished ids (S:1930)
     grant = decision.num_scheduled_tokens
     tokens = any_rows(gt(grant, 0))
     old = state.pend_valid & active  # a batch in flight from an earlier step

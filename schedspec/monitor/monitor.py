@@ -33,6 +33,7 @@ from schedspec.reference.vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, KV_S
     loads_in_flight, mark_held, \
     lift_state, lift_status, sampled_tokens
 from schedspec.spec import scheduler as spec
+from schedspec.spec import versions
 from schedspec.spec.kv_connector import holds_kv_blocks
 from schedspec.spec.state import SchedulerOutput
 
@@ -319,8 +320,11 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
 
     def prepare():
         pre = monitor.pre_state(sched)
+        # 0.33.0's V2 model runner sends resumed requests as new ones (their status before
+        # the call tells them apart); 0.34.0 has no such switch and sends them so always, as
+        # its spec does (vllm_adapter.VllmScheduler.schedule).
         status_before = {rid: waiting_status(r) for rid, r in sched.requests.items()} \
-            if sched.use_v2_model_runner else None
+            if getattr(sched, "use_v2_model_runner", False) else None
         if preempted:  # not a scenario event: the run cannot be rebuilt as a file from here on
             monitor.unrebuildable(sched, "a preemption outside schedule() (reset_prefix_cache or a direct call)")
         return Prepared(pre, "schedule", status_before=status_before, earlier=tuple(preempted),
@@ -334,7 +338,7 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
         earlier = p.args["earlier"]
         if earlier:
             # A preemption since the last schedule() (reset_prefix_cache, a direct
-            # call) is reported in this output too (S:228, 1799), but was not this
+            # call) is reported in this output too (S:226, 1853), but was not this
             # call's decision: the lifted pre-state already holds its effect.  The
             # call is judged on the preemptions it made, in order, after those.
             if vllm_out.preempted_req_ids[:len(earlier)] != earlier:
@@ -380,20 +384,22 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
 
     def features():
         extra = []
-        if getattr(scheduler_output, "scheduled_spec_decode_tokens", None) and not scope.newest_rules():
-            extra.append(scope.SPECULATIVE_DECODING)  # drafts verified: 0.33.0's rules only
+        if getattr(scheduler_output, "scheduled_spec_decode_tokens", None) and \
+                not scope.newest_rules(versions.SPEC_DECODE):
+            extra.append(scope.SPECULATIVE_DECODING)  # drafts verified: modelled from 0.33.0 on
         if getattr(model_runner_output, "pooler_output", None):
             extra.append(scope.POOLING)
         if scope.connector_output_acts(getattr(model_runner_output, "kv_connector_output", None), sched):
             extra.append(scope.KV_CONNECTOR)
-        if getattr(model_runner_output, "ec_connector_output", None) is not None and not scope.newest_rules():
-            # 0.33.0: what it reports reaches scheduling only through the connector's own
+        if getattr(model_runner_output, "ec_connector_output", None) is not None and \
+                not scope.newest_rules(versions.ENCODER_INPUTS):
+            # From 0.33.0: what it reports reaches scheduling only through the connector's own
             # answers, which the watch judges (scope.ConnectorWatch).
             extra.append(scope.EC_CONNECTOR)
-        if getattr(sched, "grammar_compile_error_reqs", None) and not scope.newest_rules():
+        if getattr(sched, "grammar_compile_error_reqs", None) and not scope.newest_rules(versions.STRUCTURED_OUTPUT):
             extra.append(scope.STRUCTURED_OUTPUT)
         held = [sched.requests[rid] for rid in ids if rid in sched.requests]
-        # The spec's grammar accepts every token; a real one may reject them (S:2432-2443).
+        # The spec's grammar accepts every token; a real one may reject them (S:2488-2499).
         tokens = read["sampled"] = sampled_tokens(model_runner_output, ids)
         if any(getattr(r, "structured_output_request", None) is not None and tokens.get(r.request_id)
                for r in held):
@@ -410,7 +416,7 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
                   if rid in sched.requests and rid not in held}
         kv_out = getattr(model_runner_output, "kv_connector_output", None)
         return Prepared(pre, "update_from_output", output=output, held=held, errors=errors,
-                        # In the order vLLM iterates the set (S:3566): several loads freed in
+                        # In the order vLLM iterates the set (S:3716): several loads freed in
                         # one update reach the free queue in that order.
                         sampled=read["sampled"],
                         finished_recving=tuple(getattr(kv_out, "finished_recving", None) or ()),
@@ -419,7 +425,7 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
     def judge(p: Prepared, _result):
         finished = [(rid, lift_status(r.status)) for rid, r in p.args["held"].items() if r.is_finished()]
         # Then those finished for a failed grammar: vLLM takes them from a set, so
-        # they are listed in the spec's order (S:2552-2574).
+        # they are listed in the spec's order (S:2619-2641).
         finished += [(rid, lift_status(r.status)) for rid, r in p.args["errors"].items() if r.is_finished()]
         # The connector's answers at the finishes of this call are the spec's kv_connector_sends.
         p.pre = with_connector_answers(p.pre, sched)
@@ -474,7 +480,7 @@ def add_request_check(monitor: Monitor, sched: Any, original: Callable[[], Any],
 
 def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], request_ids: Any,
                  finished_status: Any) -> Any:
-    """`finish_requests()`: vLLM walks the ids as a set (S:2979-2984), so the spec
+    """`finish_requests()`: vLLM walks the ids as a set (S:3115-3120), so the spec
     is given them in that set's order, which decides the free order."""
 
     def order():
@@ -488,8 +494,8 @@ def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], requ
         ids = order()
         found = scope.features(sched, [sched.requests[rid] for rid in ids if rid in sched.requests])
         # A request finished while its KV load is in flight keeps its blocks until
-        # the load ends (S:3016-3027): modelled for 0.33.0 only (spec/kv_connector.py).
-        if not scope.newest_rules() and loads_in_flight(sched, ids):
+        # the load ends (S:3153-3164): modelled from 0.33.0 on (spec/kv_connector.py).
+        if not scope.newest_rules(versions.KV_CONNECTOR) and loads_in_flight(sched, ids):
             found = tuple(dict.fromkeys(found + (scope.DELAYED_FREE,)))
         return found
 

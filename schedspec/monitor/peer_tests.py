@@ -1,7 +1,8 @@
 """vLLM's own scheduler tests (tests/v1/core), run on this machine, plain and
 under the shadow monitor (`schedspec peer-tests [--version X]`).
 
-Release X is any of spec/versions.py RELEASES (default 0.33.0): its own sdist,
+Release X is any of spec/versions.py RELEASES (default DEFAULT_RELEASE, the
+newest): its own sdist,
 its own tests/v1/core, run by its own interpreter (the one this process has when
 its vLLM is X, else the environment of `schedspec install-vllm --version X`), so
 the monitor lifts vLLM X's schedulers and the spec models X (the lifted
@@ -46,9 +47,11 @@ the source distribution at run time.
 What fails plain on a CPU-only machine with the scheduler's vLLM install
 (vLLM's tests or this machine, never the spec; the table lists each cause):
 the multimodal models' code (llava, Qwen2.5-VL) imports torchvision, which has
-no build for the CPU torch here (llava's also mistral_common); Model Runner V2 needs Triton, so vLLM falls
-back to the V1 runner, which rejects async scheduling with pipeline
-parallelism; the end-to-end tests (LLM engines) need model weights, and
+no build for the CPU torch here (llava's also mistral_common); up to 0.33.0
+Model Runner V2 needs Triton, so vLLM falls back to the V1 runner, which rejects
+async scheduling with pipeline parallelism (0.34.0 has no V1 runner, and its CPU
+platform's refusal of an x86 machine without Triton, made before any scheduler
+exists, is bridged by the pytest plugin: pytest_plugin.py); the end-to-end tests (LLM engines) need model weights, and
 prefix_cache/test_hybrid_prefix_cache_hit_rate.py imports anthropic.  Every failure a user can act on (no
 network, a hash mismatch, a file the index lacks, a bad --sdist) is a
 UsageError with one line.
@@ -83,7 +86,7 @@ from schedspec.base.errors import UsageError, shown
 from schedspec.base.progress import Progress
 from schedspec.spec.versions import DEFAULT_RELEASE, RELEASES
 
-VLLM_VERSION = DEFAULT_RELEASE  # "0.33.0": the release run without --version
+VLLM_VERSION = DEFAULT_RELEASE  # the newest modelled release: the one run without --version
 PROJECT = "vllm"
 SDIST_NAME = f"vllm-{VLLM_VERSION}.tar.gz"
 TEST_ROOT = "tests/v1/core"
@@ -101,11 +104,12 @@ HTML_ACCEPTS = ("application/vnd.pypi.simple.v1+html", "text/html")
 # Modules vLLM's tests (or the model code they reach) import that a scheduler-only
 # vLLM install (requirements-vllm.txt) lacks: import name -> pinned requirement.
 # tblib: tests/conftest.py; compressed-tensors (and its loguru): the hybrid
-# (mamba/GDN) model code behind Qwen3-Next, pinned as vLLM 0.33.0 pins it.
+# (mamba/GDN) model code behind Qwen3-Next, pinned as vLLM 0.33.0 and 0.34.0 pin it
+# (requirements/common.txt:45).
 TEST_DEPENDENCIES = {"tblib": "tblib==3.2.2", "compressed_tensors": "compressed-tensors==0.17.0",
                      "loguru": "loguru==0.7.3"}
 # Bridge (test dependencies): 0.20.0 pins compressed-tensors 0.15.0.1
-# (0.20.0 requirements/common.txt); 0.25.0 to 0.33.0 pin 0.17.0.
+# (0.20.0 requirements/common.txt); 0.25.0 to 0.34.0 pin 0.17.0.
 TEST_DEPENDENCIES_BY_RELEASE = {"0.20.0": {**TEST_DEPENDENCIES, "compressed_tensors": "compressed-tensors==0.15.0.1"}}
 # pytest itself, for a release's environment (install-vllm installs vLLM only):
 # the versions this project's own environment runs.

@@ -68,16 +68,26 @@ def pytest_load_initial_conftests(early_config) -> None:
     (VLLM_TARGET_DEVICE=cpu, as peer-tests runs), select vLLM's CPU platform
     where the release does not itself.  Bridge (platform): up to 0.25.0 a PyPI
     wheel on Linux infers no platform ("Failed to infer device type"), see
-    reference/vllm_adapter.py select_cpu_platform; from 0.28.0 nothing is done."""
+    reference/vllm_adapter.py select_cpu_platform; from 0.28.0 nothing is done.
+    Bridge (Triton check): from 0.34.0 the CPU platform's config hook refuses an x86
+    machine without Triton, before any scheduler exists (0.34.0
+    platforms/cpu.py:239-243); each VllmConfig a test builds runs that hook with
+    HAS_TRITON read as true for the hook's duration only (vllm_adapter.triton_presumed),
+    in plain runs and monitored ones alike."""
     if os.environ.get("VLLM_TARGET_DEVICE") != "cpu" or installed_vllm() is None:
         return
+    from schedspec.reference.vllm_adapter import TRITON_CHECKED_SINCE, TARGET_DEVICE_READ_SINCE
     from schedspec.spec.versions import RELEASES, release_key
 
     version = installed_vllm()
-    if version in RELEASES and release_key(version) < release_key("0.28.0"):
+    if version in RELEASES and release_key(version) < release_key(TARGET_DEVICE_READ_SINCE):
         from schedspec.reference.vllm_adapter import select_cpu_platform
 
         select_cpu_platform(version)
+    if version in RELEASES and release_key(version) >= release_key(TRITON_CHECKED_SINCE):
+        from schedspec.reference.vllm_adapter import bridge_cpu_platform_check
+
+        bridge_cpu_platform_check()
 
 
 def pytest_configure(config) -> None:

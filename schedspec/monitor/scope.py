@@ -7,10 +7,10 @@ would show as a divergence, never as a silent skip.  Each feature has a test
 that builds it and sees the call classified (tests/test_monitor_scope.py).
 
 Scheduler-wide features come from the config the scheduler was built with
-(S:87-500); request features from each request the call can touch.  Features
+(S:87-516); request features from each request the call can touch.  Features
 fixed at a request's creation are read once per request.
 
-Releases 0.20.0 to 0.33.0 (`schedspec peer-tests --version X`): an attribute a
+Releases 0.20.0 to 0.34.0 (`schedspec peer-tests --version X`): an attribute a
 release's Scheduler or Request does not have is read as the value that means
 the feature is absent there, each such read marked "Bridge" with the release
 that brought the attribute; the fields every Scheduler.__init__ sets are the
@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 from schedspec.reference import vllm_lift
 from schedspec.reference.vllm_lift import lift_pause_state
+from schedspec.spec import versions
 
 # Feature names, as reports and the peer-tests table print them.
 SPECULATIVE_DECODING = "speculative decoding"
@@ -56,16 +57,20 @@ SPY_CHANGED_STEP = "a spy on a scheduler method changed the step"
 KV_BLOCK_SIZE = "KV group block size != scheduler block size"
 PREFIX_REPLAY = "prefix replay window"
 MAMBA_ALIGNED_SPLIT = "Mamba block-aligned chunks"
+KV_LOAD_CAP = "cap on in-flight KV loads"
+PREFIX_HIT_LIMIT = "prefix-cache hit limit (prompt logprobs)"
 
-# Statuses the spec has no rule for (RQ:370-386).
+# Statuses the spec has no rule for (RQ:422-438).
 BLOCKED_STATUSES = {
     "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": STRUCTURED_OUTPUT,
     "WAITING_FOR_REMOTE_KVS": KV_CONNECTOR,
     "WAITING_FOR_STREAMING_REQ": STREAMING_INPUT,
 }
 
-# Of those, the ones the spec models for the newest release (spec/structured_output.py).
-MODELLED_BLOCKED_STATUSES = frozenset({"WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR", "WAITING_FOR_REMOTE_KVS"})
+# Of those, the ones the spec models from some release on: status -> the feature
+# (spec/versions.py FEATURES_SINCE; spec/structured_output.py, spec/kv_connector.py).
+MODELLED_BLOCKED_STATUSES = {"WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": versions.STRUCTURED_OUTPUT,
+                             "WAITING_FOR_REMOTE_KVS": versions.KV_CONNECTOR}
 
 _STATIC = "schedspec_scope"  # the attribute a request's creation-time features are kept in
 
@@ -82,19 +87,31 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
             or getattr(sched, "num_prefill_lookahead", 0)) and not spec_decode_in_scope(sched):
         out.append(SPECULATIVE_DECODING)
     # The scheduler's own num_hash_lookahead_tokens decides nothing here: the block pool
-    # puts it in KV events only (P:325-370), and the scheduler re-hashes streaming requests
-    # with it (S:1111-1114), outside scope anyway; each request's hasher is judged per call.
+    # puts it in KV events only (P:298-343), and the scheduler re-hashes streaming requests
+    # with it (S:1150-1153), outside scope anyway; each request's hasher is judged per call.
     # A connector the watch can judge call by call is named only where it acts (ConnectorWatch).
     for attr, feature in CONNECTOR_ATTRS:
         conn = getattr(sched, attr, None)
         if (conn is not None and not connector_watchable(conn, feature)) or \
                 (feature == KV_CONNECTOR and getattr(sched, "defer_block_free", False)):
             out.append(feature)
-    # KV loads that failed, or whose start waits for the step in flight (S:1467-1477,
-    # 2292-2302): not modelled (spec/kv_connector.py).
+    # KV loads that failed, or whose start waits for the step in flight (S:1529-1539,
+    # 2334-2344): not modelled (spec/kv_connector.py).
     if getattr(sched, "failed_recving_kv_req_ids", None) or getattr(sched, "defer_async_loads", False) \
             or getattr(sched, "deferred_loads", None):
         out.append(KV_CONNECTOR)
+    if failed_load_residue(sched):
+        out.append(KV_CONNECTOR)
+    # Bridge (max_num_inflight_kv_loads): 0.34.0's cap on asynchronous KV loads, with the
+    # queue of requests that may load asynchronously it sorts them into (0.34.0
+    # scheduler.py:2781-2786) and the loads it starts while the batch is full
+    # (:1090-1113, 1325-1334); it acts only through a KV connector.  Not modelled unless
+    # the spec's config has the field (vllm_lift.SCHEDULER_CONFIG_FIELDS).
+    if (getattr(sched.scheduler_config, "max_num_inflight_kv_loads", None) is not None
+            and getattr(sched, "connector", None) is not None
+            and "max_num_inflight_kv_loads" not in vllm_lift.SCHEDULER_CONFIG_FIELDS) \
+            or getattr(sched, "async_kv_waiting", None):
+        out.append(KV_LOAD_CAP)
     if getattr(sched, "is_encoder_decoder", False):
         out.append(ENCODER_DECODER)
     if not encoder_cache_modelled(sched):
@@ -107,11 +124,11 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         # the spec in the scheduler's.  EngineCore never builds this, a unit test can.
         out.append(KV_BLOCK_SIZE)
     if getattr(sched, "is_mm_encoder_only", False):
-        # Samples nothing and stops a request once its prompt is computed (S:1340, 2419-2430).
+        # Samples nothing and stops a request once its prompt is computed (S:1390, 2475-2486).
         out.append(MM_ENCODER_ONLY)
     if getattr(sched, "prefix_replay_tokens", 0):
         out.append(PREFIX_REPLAY)
-    if getattr(sched, "need_mamba_block_aligned_split", False):  # chunks cut to Mamba blocks (S:859-863, 1349-1370)
+    if getattr(sched, "need_mamba_block_aligned_split", False):  # chunks cut to Mamba blocks (S:875-879, 1399-1420)
         out.append(MAMBA_ALIGNED_SPLIT)
     if hash_block_size(sched) != sched.block_size:
         out.append(HASH_BLOCK_SIZE)
@@ -123,24 +140,50 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(POOLING)
     # Prefill throttling: modelled for 0.33.0 (spec/prefill_throttle.py); 0.30.0 has the
     # data-parallel gate with its own queue of skipped requests.
-    if (throttle_prefills or getattr(sched, "local_prefill_interval", 1) > 1) and not newest_rules():
+    if (throttle_prefills or getattr(sched, "local_prefill_interval", 1) > 1) \
+            and not newest_rules(versions.PREFILL_THROTTLE):
         out.append(PREFILL_THROTTLING)
     # Bridge (adaptive_long_prefill_threshold): from 0.31.0; none before.  Modelled for
     # 0.33.0 (spec/config.py long_prefill_threshold).
     if getattr(sched, "adaptive_long_prefill_threshold", False) and sched.scheduler_config.long_prefill_token_threshold \
-            and not newest_rules():
+            and not newest_rules(versions.ADAPTIVE_THRESHOLD):
         out.append(ADAPTIVE_THRESHOLD)
     # Under PAUSED_NEW vLLM still admits the waiting requests holding blocks
-    # (S:1064-1067), which only a KV connector or streaming input leaves in the
+    # (S:1100-1107), which only a KV connector or streaming input leaves in the
     # waiting queues: modelled for 0.33.0 (spec/scheduler.py schedule_waiting).
     if lift_pause_state(sched) == "PAUSED_NEW" and getattr(sched, "kv_holding_waiting", None) \
-            and not newest_rules():
+            and not newest_rules(versions.KV_CONNECTOR):
         out.append(PAUSE)
     if getattr(sched, "num_waiting_for_streaming_input", 0):
         out.append(STREAMING_INPUT)
     if patched(sched):
         out.append(PATCHED_INTERNALS)
     return out
+
+
+def _holds_kv_blocks(r: Any) -> bool:
+    """vLLM's `_holds_kv_blocks` (0.34.0 scheduler.py:2764-2774), as the spec's
+    kv_connector.holds_kv_blocks."""
+    return r.num_computed_tokens > 0 or r.status.name == "WAITING_FOR_REMOTE_KVS"
+
+
+def failed_load_residue(sched: Any) -> bool:
+    """What a failed asynchronous KV load recovered by recomputation leaves behind
+    (failed loads are not modelled, spec/kv_connector.py): its computed tokens are
+    reset (0.34.0 scheduler.py:3846-3849) and its blocks freed when it is promoted
+    (:3625-3646), yet it stays in the holders' queue, and its reservation stays
+    counted until it is admitted (:3679, 1604-1662; 0.33.0: in `_inflight_prefills`,
+    scheduler.py:1542, 1593, 1871).  The spec tells both by holding blocks
+    (kv_connector.num_holding, reserved_blocks), so a waiting request in either
+    that holds none is a state it cannot hold.  Each of these is a handful of
+    requests at most."""
+    if any(not _holds_kv_blocks(r) for r in getattr(sched, "kv_holding_waiting", None) or ()):
+        return True
+    for reserving in (getattr(sched, "_parked_reservations", None), getattr(sched, "_inflight_prefills", None)):
+        if reserving and any(r.status.name != "RUNNING" and not r.is_finished() and not _holds_kv_blocks(r)
+                             for r in reserving):
+            return True
+    return False
 
 
 # The scheduler's attribute for each connector, and the feature it is named by.
@@ -150,16 +193,18 @@ CONNECTOR_ATTRS = (("connector", KV_CONNECTOR), ("ec_connector", EC_CONNECTOR),
 
 def connector_watchable(conn: Any, feature: str) -> bool:
     """A connector whose calls can be judged one by one (ConnectorWatch): on vLLM
-    0.33.0, whose code paths with each connector were read, and an object the
-    watch can wrap methods on.  A KV connector also without divergent hybrid hits
-    (S:667-671; its paths: S:925-927, 1130-1214, 1467-1500, 3349-3401).  An aux output
+    0.33.0 or later, whose code paths with each connector were read (0.34.0's differ
+    only where max_num_inflight_kv_loads is set, KV_LOAD_CAP: may_load_async, 0.34.0
+    scheduler.py:2781-2786), and an object the watch can wrap methods on.  A KV
+    connector also without divergent hybrid hits (S:684-688; its paths: S:941-943,
+    1169-1253, 1529-1562, 3483-3535).  An aux output
     connector of any class, a test's Mock included: the scheduler reads only its answers
-    to max_cache_hit and cap_external_hit (S:1117-1121, 1189-1197), which the watch
+    to max_cache_hit and cap_external_hit (S:1156-1160, 1228-1236), which the watch
     judges (a Mock's answer, not an int, is named); every other call's result is
-    ignored (request_loading S:1538-1541, request_finished S:1815-1816 and 3036-3037,
-    reset S:3224-3225) or goes to the output alone (take_output, S:2449-2452;
-    build_connector_meta, S:1760-1765)."""
-    if not (newest_rules() and hasattr(conn, "__dict__")):
+    ignored (request_loading S:1600-1603, request_finished S:1869-1870 and 3036-3037,
+    reset S:3358-3359) or goes to the output alone (take_output, S:2505-2508;
+    build_connector_meta, S:1814-1819)."""
+    if not (newest_rules(versions.KV_CONNECTOR) and hasattr(conn, "__dict__")):
         return False
     if feature == KV_CONNECTOR:
         return getattr(conn, "supports_divergent_local_hybrid_hits", True) is False
@@ -171,27 +216,27 @@ class ConnectorWatch:
 
     The spec models what a KV connector answers at an admission
     (spec/kv_connector.py): tokens loaded within the step or asynchronously, or
-    None, which skips the request (S:1138-1151, 1514-1545).  The watch records each
+    None, which skips the request (S:1177-1190, 1576-1607).  The watch records each
     answer on the vLLM request (vllm_lift.KV_CONNECTOR_ATTR, what the lift reads as
     kv_connector_tokens: the local hit it was asked beyond plus the tokens
     answered; KV_ASYNC_ATTR, read as kv_connector_async) and in `external` (the
     tokens loaded this call, which lift_output needs).  Beyond that answer
-    vLLM 0.33.0 hands the connector only results (S:1467-1486, 1756-1757), with
+    vLLM 0.33.0 hands the connector only results (S:1529-1548, 1810-1811), with
     nothing the step depends on.  Likewise an aux output connector only caps
-    prefix hits (S:1117-1121, 1189-1197); the rest is metadata for the workers.
-    An encoder-cache connector acts on requests with encoder inputs (S:829-835,
-    2190, 2681-2688), themselves outside scope, and otherwise only through what
+    prefix hits (S:1156-1160, 1228-1236); the rest is metadata for the workers.
+    An encoder-cache connector acts on requests with encoder inputs (S:845-851,
+    2239, 2748-2755), themselves outside scope, and otherwise only through what
     it reports.  So such a call is compared, and the watch names a connector only when one
     of its answers did something the spec does not model:
-      - KV: `has_pending_block_frees()` true (no preemption, S:925-927); an answer at a
+      - KV: `has_pending_block_frees()` true (no preemption, S:941-943); an answer at a
         finish that is not a (bool, params) pair (a bool one is the spec's
         kv_connector_sends, recorded on the request as vllm_lift.KV_SENDS_ATTR), or a
-        partial tail it keeps (S:3383-3401).  Its `requires_kv_delivery`
-        (preemptions drop output in flight, S:972-976) is the config's (lift_config);
+        partial tail it keeps (S:3517-3535).  Its `requires_kv_delivery`
+        (preemptions drop output in flight, S:988-992) is the config's (lift_config);
       - aux output: a cap below the request's prefix hit, or an external hit cut;
       - encoder cache: requests whose encoder input it can no longer obtain,
-        finished with an error (S:2559-2562), or a finished request whose blocks
-        it keeps (S:3046-3049).
+        finished with an error (S:2626-2629), or a finished request whose blocks
+        it keeps (S:3186-3189).
     Each watched method is wrapped on the connector object for the call only and
     calls through, so a test's own replacement still sees every call."""
 
@@ -249,7 +294,7 @@ class ConnectorWatch:
         """A synchronous answer, as the spec reads it (spec/kv_connector.py)."""
         request, num_local = call_args[0], call_args[1] if len(call_args) > 1 else 0
         ext = result[0]
-        if request.skip_reading_prefix_cache:  # its answer is replaced by none (S:1143-1144)
+        if vllm_lift.skips_external_kv(request):  # its answer is replaced by none (S:1182-1183)
             ext = 0
         # What the store holds, as far as the answer tells: the local hit plus the
         # tokens answered; for none, any hold within the local hit (one already known is kept).
@@ -283,8 +328,8 @@ SEND_ANSWERS = ("request_finished", "request_finished_all_groups")
 
 
 def sends_answer(result: Any) -> bool | None:
-    """A KV connector's answer at a finish as the spec reads it (kv_connector_sends, S:3040-3060,
-    3383-3402): whether it keeps the blocks to send them; None for an answer of another shape."""
+    """A KV connector's answer at a finish as the spec reads it (kv_connector_sends, S:3180-3200,
+    3517-3536): whether it keeps the blocks to send them; None for an answer of another shape."""
     if isinstance(result, tuple) and len(result) == 2 and type(result[0]) is bool:
         return result[0]
     return None
@@ -298,15 +343,15 @@ def connector_answer_changes_step(sched: Any, name: str, result: Any, call_args:
         if not (isinstance(result, tuple) and len(result) == 2 and len(call_args) == 2 and type(call_args[1]) is int):
             return True
         ext, load_async = result
-        if getattr(request, "skip_reading_prefix_cache", False):
-            return False  # its answer is replaced by none (S:1143-1144)
+        if vllm_lift.skips_external_kv(request):
+            return False  # its answer is replaced by none (S:1182-1183)
         # Modelled: a number of tokens loaded within the step or asynchronously, or None
         # (spec/kv_connector.py).
         return not (ext is None or (type(ext) is int and ext >= 0 and type(load_async) is bool))
     if name == "has_pending_block_frees" or name == "register_finished_partial_tail":
         return result is not False
     if name == "max_cache_hit":
-        # vLLM looks the hit up under this cap instead of num_tokens - 1 (K:266-301).
+        # vLLM looks the hit up under this cap instead of num_tokens - 1 (K:288-324).
         return type(result) is not int or prefix_hit(sched, request, result) != \
             prefix_hit(sched, request, request.num_tokens - 1)
     if name == "take_unavailable_requests":
@@ -319,7 +364,7 @@ def connector_answer_changes_step(sched: Any, name: str, result: Any, call_args:
 
 def prefix_hit(sched: Any, request: Any, max_cache_hit_length: int) -> int:
     """The tokens of `request`'s prefix hit in vLLM's pool as it stands, up to
-    `max_cache_hit_length` (K:266-301); a lookup, nothing changed."""
+    `max_cache_hit_length` (K:288-324); a lookup, nothing changed."""
     kv = sched.kv_cache_manager
     if not kv.prefix_cache_lookup_enabled(request):
         return 0
@@ -328,7 +373,7 @@ def prefix_hit(sched: Any, request: Any, max_cache_hit_length: int) -> int:
 
 def connector_output_acts(output: Any, sched: Any = None) -> bool:
     """A model runner's KV connector output that update_from_output acts on beyond
-    the spec (S:2292-2302, 2581-2582, 3556-3582): failed loads, invalid blocks, a
+    the spec (S:2334-2344, 2648-2649, 3706-3733): failed loads, invalid blocks, a
     finished load of a request no longer waiting for it but for one finished
     mid-load, which the lift holds (vllm_lift.mark_held), or a finished send of a
     request not held for one (vllm_lift.KV_SENDS_ATTR).  Those loads and sends are
@@ -336,7 +381,7 @@ def connector_output_acts(output: Any, sched: Any = None) -> bool:
     scheduling state."""
     if output is None:
         return False
-    if not newest_rules():
+    if not newest_rules(versions.KV_CONNECTOR):
         return True
     if any(getattr(output, f, None) for f in ("failed_recving", "invalid_block_ids")):
         return True
@@ -351,40 +396,49 @@ def connector_output_acts(output: Any, sched: Any = None) -> bool:
                for rid in getattr(output, "finished_recving", None) or ())
 
 
-_newest_rules: list[bool] = []
+_newest_rules: dict[str | None, bool] = {}
 
 
-def newest_rules() -> bool:
-    """Whether this process's release is the one whose speculative-decoding, LoRA and
-    prefill-throttling rules the spec has (0.33.0: spec/spec_decode.py, spec/lora.py,
-    spec/prefill_throttle.py)."""
-    if not _newest_rules:
-        from schedspec.spec.versions import DEFAULT_RELEASE
-
-        _newest_rules.append(release() == DEFAULT_RELEASE)
-    return _newest_rules[0]
+def newest_rules(feature: str | None = None) -> bool:
+    """Whether the spec models `feature` (spec/versions.py FEATURES_SINCE: speculative
+    decoding, LoRA, prefill throttling, KV connectors, ...) for this process's release;
+    with no feature, whether it models every one of them.  Each is modelled from the
+    release the differential tests first ran it against (0.33.0) on."""
+    known = _newest_rules.get(feature)
+    if known is None:
+        version = release()
+        try:
+            versions.release_key(version)
+        except ValueError:  # not a release number: none of them is modelled
+            known = False
+        else:
+            known = all(versions.models(version, f) for f in ((feature,) if feature else versions.FEATURES_SINCE))
+        _newest_rules[feature] = known
+    return known
 
 
 def spec_decode_in_scope(sched: Any) -> bool:
     """Speculative decoding as the spec models it (spec/spec_decode.py): vLLM 0.33.0,
-    a fixed number of drafts per step; any prefill lookahead (S:678-697, and the
+    a fixed number of drafts per step; any prefill lookahead (S:695-714, and the
     tokens the KV manager does not cache for it, kv_cache_coordinator.py:118), the
     EAGLE block drop or not (S:330-345), any KV lookahead, and any rows of the
     drafter's own in the target batch (max_num_new_slots_for_drafting,
     speculative.py:2058-2098)."""
     spec = sched.vllm_config.speculative_config
-    return (newest_rules() and spec is not None and sched.num_spec_tokens > 0
+    return (newest_rules(versions.SPEC_DECODE) and spec is not None and sched.num_spec_tokens > 0
             and getattr(sched, "dynamic_sd_lookup", None) is None)
 
 
-# Fields Scheduler.__init__ always sets, first to last (S:98-500).
+# Fields Scheduler.__init__ always sets, first to last (S:98-516).
 _INIT_FIELDS = frozenset({"vllm_config", "scheduler_config", "kv_cache_config", "requests", "running", "waiting",
-                          "kv_holding_waiting", "finished_req_ids", "kv_cache_manager", "block_size",
-                          "hash_block_size", "use_pp", "current_step"})
+                          "kv_holding_waiting", "async_kv_waiting", "finished_req_ids", "kv_cache_manager",
+                          "block_size", "hash_block_size", "use_pp", "current_step"})
 # Bridge (init fields): the release that brought each of them; an older
-# release's Scheduler.__init__ does not set it (0.30.0 has no kv_holding_waiting,
-# 0.25.0 no hash_block_size, 0.20.0 no current_step).
-_INIT_FIELDS_SINCE = {"kv_holding_waiting": "0.31.0", "hash_block_size": "0.28.0", "current_step": "0.25.0"}
+# release's Scheduler.__init__ does not set it (0.33.0 has no async_kv_waiting, 0.34.0
+# scheduler.py:235-238; 0.30.0 no kv_holding_waiting, 0.25.0 no hash_block_size, 0.20.0
+# no current_step).
+_INIT_FIELDS_SINCE = {"async_kv_waiting": "0.34.0", "kv_holding_waiting": "0.31.0", "hash_block_size": "0.28.0",
+                      "current_step": "0.25.0"}
 _init_fields: list = []
 
 
@@ -540,16 +594,16 @@ def spied(sched: Any) -> tuple[str, ...]:
 def encoder_cache_modelled(sched: Any) -> bool:
     """Whether the spec can judge the encoder cache (spec/encoder_cache.py, 0.33.0): vLLM's
     own manager, no encoder-cache connector, no request refused for an item whose size
-    disagrees with its cached entry (S:1981-2002), and one size per identifier among the
+    disagrees with its cached entry (S:2027-2048), and one size per identifier among the
     entries and the items of the requests (one identifier, one item); trivially so when
     no request has items."""
     requests = getattr(sched, "requests", {})
     if not any(getattr(r, "mm_features", None) for r in requests.values()):
         return True
     m = getattr(sched, "encoder_cache_manager", None)
-    if not newest_rules() or type(m).__name__ != "EncoderCacheManager" or type(m).__module__ != \
+    if not newest_rules(versions.ENCODER_INPUTS) or type(m).__name__ != "EncoderCacheManager" or type(m).__module__ != \
             "vllm.v1.core.encoder_cache_manager" or getattr(sched, "encoder_cache_mismatch_reqs", None) \
-            or getattr(sched, "ec_connector", None) is not None:  # it loads and saves items (S:2190-2196)
+            or getattr(sched, "ec_connector", None) is not None:  # it loads and saves items (S:2239-2245)
         return False
     sizes = dict(m.num_embeds_by_hash)
     return all(sizes.setdefault(f.identifier, f.mm_position.length) == f.mm_position.length
@@ -571,13 +625,14 @@ def mm_features_modelled(r: Any) -> bool:
 
 
 def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
-    """Features fixed when the request is made (RQ:61-241)."""
+    """Features fixed when the request is made (RQ:64-254)."""
     out = []
-    if r.mm_features and not (newest_rules() and mm_features_modelled(r)):
+    if r.mm_features and not (newest_rules(versions.ENCODER_INPUTS) and mm_features_modelled(r)):
         out.append(ENCODER_INPUTS)
-    if r.lora_request is not None and not newest_rules():  # LoRA: 0.33.0's rules (spec/lora.py)
+    if r.lora_request is not None and not newest_rules(versions.LORA):  # spec/lora.py
         out.append(LORA)
-    if r.structured_output_request is not None and not newest_rules():  # 0.33.0's rules (spec/structured_output.py)
+    if r.structured_output_request is not None and not newest_rules(versions.STRUCTURED_OUTPUT):
+        # spec/structured_output.py
         out.append(STRUCTURED_OUTPUT)
     if r.pooling_params is not None:
         out.append(POOLING)
@@ -588,6 +643,11 @@ def static_request_features(r: Any, prefix_caching: bool) -> tuple[str, ...]:
     params = r.sampling_params
     if params is not None and params.repetition_detection is not None:
         out.append(REPETITION_DETECTION)
+    # Bridge (prefix_cache_hit_limit): from 0.34.0 a prompt-logprobs request may read
+    # the prefix cache up to its first scored prompt token (0.34.0 v1/request.py:364-377,
+    # get_max_cache_hit_length :352-356); the spec models no limit (None) or none read (0).
+    if getattr(r, "prefix_cache_hit_limit", None) not in (None, 0):
+        out.append(PREFIX_HIT_LIMIT)
     if prefix_caching:
         if r.__dict__.get("_block_hasher") is None:
             out.append(NO_BLOCK_HASHER)
@@ -609,22 +669,23 @@ def request_features(r: Any, hash_block_size: int) -> tuple[str, ...]:
         r.__dict__[_STATIC] = static
     status = r.status
     # The spec hashes every full block once the lookahead tokens its hasher covers
-    # exist (RQ:285-288, KU:953-1030): a request whose hashes lag behind that, or
+    # exist (RQ:300-303, KU:949-1028): a request whose hashes lag behind that, or
     # whose hasher the lift cannot read, is outside scope.  One without a hasher
     # is never hashed.
     lagging = prefix_caching and (r.block_hashes or getattr(r, "_block_hasher", None) is not None) and \
         (static[2] is None or len(r.block_hashes) != max(len(r.all_token_ids) - static[2], 0) // hash_block_size)
     # Drafts follow 0.33.0's rules (spec/spec_decode.py) with or without a drafter
     # configured; the scheduler's own features say when its drafter is outside scope.
-    drafts = r.spec_token_ids and not newest_rules()
+    drafts = r.spec_token_ids and not newest_rules(versions.SPEC_DECODE)
     if not (static[1] or drafts or lagging or status.name in _UNUSUAL):
         return ()  # the common case, in four attribute reads
     out = list(static[1])
-    if status.name in BLOCKED_STATUSES and not (status.name in MODELLED_BLOCKED_STATUSES and newest_rules()):
+    if status.name in BLOCKED_STATUSES and not (status.name in MODELLED_BLOCKED_STATUSES
+                                                and newest_rules(MODELLED_BLOCKED_STATUSES[status.name])):
         out.append(BLOCKED_STATUSES[status.name])
     elif r.is_finished() and not ((r.__dict__.get(vllm_lift.HELD_LOAD_ATTR) or r.__dict__.get(vllm_lift.KV_SENDS_ATTR))
-                                  and newest_rules()):
-        # Finished (RQ:392) but still held: a delayed free, but for a request finished
+                                  and newest_rules(versions.KV_CONNECTOR)):
+        # Finished (RQ:444) but still held: a delayed free, but for a request finished
         # mid-load or held for its KV's send, which the spec holds too for 0.33.0
         # (spec/kv_connector.py).
         out.append(DELAYED_FREE)
@@ -641,14 +702,14 @@ _UNUSUAL = frozenset(BLOCKED_STATUSES) | {"FINISHED_STOPPED", "FINISHED_LENGTH_C
 
 
 def decode_stagger(sched: Any) -> tuple[str, ...]:
-    """For schedule(): a running request held back until a later step (S:816-820).
+    """For schedule(): a running request held back until a later step (S:832-836).
     Pipeline parallelism itself changes no scheduling decision in 0.33.0 (it
-    shapes the output's token payload, S:1945, and how many batches the engine
+    shapes the output's token payload, S:1998, and how many batches the engine
     keeps in flight); with async scheduling on the V2 model runner it staggers
     a request's decodes `pp_size` steps apart (async_scheduler.py:50-56)."""
     if "current_step" not in sched.__dict__:
         return ()
-    step = sched.current_step + 1  # schedule() counts this call first (S:700)
+    step = sched.current_step + 1  # schedule() counts this call first (S:717)
     for r in sched.running:
         if getattr(r, "next_decode_eligible_step", 0) > step:
             return (PP_DECODE_STAGGER,)

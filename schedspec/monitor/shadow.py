@@ -199,7 +199,7 @@ def forgetting(fn):
 
 
 METHODS = ("_preempt_request", "schedule", "update_from_output", "add_request", "finish_requests")
-# Public methods that only read the scheduler (S:2920-2930, 3147-3183, 3259-3346).
+# Public methods that only read the scheduler (S:3050-3064, 3287-3323, 3393-3480).
 READ_ONLY = {"get_request_counts", "has_unfinished_requests", "get_kv_cache_usage", "has_request", "get_num_unfinished_requests",
              "has_finished_requests", "has_requests", "make_stats", "make_spec_decoding_stats",
              "get_kv_connector", "get_ec_connector", "get_kv_event_publisher_config", "get_grammar_bitmask"}

@@ -15,8 +15,9 @@ from schedspec.spec import scheduler as spec_scheduler
 from schedspec.spec.request import EOS_TOKEN_ID, RequestStatus
 from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
+from schedspec.spec.versions import RESUMED_SENT_AS_NEW
 
-from . import encoding
+from . import encoding, release
 from .symbolic import Evaluator, SymState, slot_assignment, substitution
 
 NON_EOS = 100
@@ -99,8 +100,11 @@ class StepEvaluator:
                                                key=lambda s: d[key][s])]
 
         grants = ordered("scheduled", "grant_seq")
-        new = [r for r in ordered("admitted", "grant_seq") if not d["resumed"][slot_of[r]]]
-        resumed = [r for r in ordered("admitted", "grant_seq") if d["resumed"][slot_of[r]]]
+        # The encoding marks an admission from PREEMPTED; the output lists it as the release
+        # sends it: among the new requests from 0.34.0 (versions.RESUMED_SENT_AS_NEW).
+        as_new = release.applies(RESUMED_SENT_AS_NEW)
+        new = [r for r in ordered("admitted", "grant_seq") if as_new or not d["resumed"][slot_of[r]]]
+        resumed = [r for r in ordered("admitted", "grant_seq") if not as_new and d["resumed"][slot_of[r]]]
         out = {
             "num_scheduled_tokens": [(r, d["num_scheduled_tokens"][slot_of[r]]) for r in grants],
             "scheduled_new_reqs": new,

@@ -4,16 +4,16 @@ A step changes the encoder budget and the encoder cache (spec/encoder_inputs.py,
 spec/encoder_cache.py; S = vllm/v1/core/sched/scheduler.py, ECM =
 v1/core/encoder_cache_manager.py) only through these operations, each one rule:
 
-- begin:   a request's plan starts from the budget left (S:2018-2060, `plan`);
-- hit:     an item found cached is referenced, leaving the freeable list if it was on it (ECM:112-140);
+- begin:   a request's plan starts from the budget left (S:2064-2106, `plan`);
+- hit:     an item found cached is referenced, leaving the freeable list if it was on it (ECM:111-139);
 - choose:  an item of n embeddings is planned: n within the plan's budget, n plus the
            request's items planned so far within the cache's free slots after evicting
-           k freeable ones (ECM:149-210);
+           k freeable ones (ECM:148-209);
 - commit:  the request is scheduled: its planned items are allocated and charged, and
-           the budget becomes the plan's (S:1028-1036, 2004-2016; the plan's, not the
-           budget a preemption meanwhile refunded, S:1030);
-- preempt: a victim granted this step gives back the embeddings it was to encode (S:957-968);
-- unref:   a last reference dropped makes an entry freeable (ECM:260-299).
+           the budget becomes the plan's (S:1044-1052, 2050-2062; the plan's, not the
+           budget a preemption meanwhile refunded, S:1046);
+- preempt: a victim granted this step gives back the embeddings it was to encode (S:973-984);
+- unref:   a last reference dropped makes an entry freeable (ECM:259-298).
 
 **Aggregates** (`Agg`): the budget B and cache size C, the budget left `eb`, the
 embeddings of the items that the step's standing grants encode `E`, the cache's used
@@ -31,13 +31,13 @@ offset order (they lie apart).  From an arbitrary iteration state (computed toke
 `c`, chunk `n`, the drafter's read-ahead `shift`, whether the loop was cut, and `nxt`,
 below which every item handled so far ends and at or above which every other starts),
 one iteration handles the next item `f`: outside the window (skipped), unsplittable
-(the chunk stops before it, S:2093-2107), found (a hit or a repeat, S:2112-2152), not
-fitting (the chunk stops before it, or is nothing when it starts inside, S:2154-2176),
+(the chunk stops before it, S:2139-2151), found (a hit or a repeat, S:2156-2201), not
+fitting (the chunk stops before it, or is nothing when it starts inside, S:2203-2225),
 or chosen.  Whether an item is found or fits is an input: any cache may answer either.
 The invariant, for an arbitrary item `g` (the ghost): handled and reached by the chunk
 implies available (chosen or found); not handled implies it starts at or after `nxt`;
 a cut leaves the chunk empty or every unhandled item at or past its end.  At the loop's exit, and
-after the drafter's reserve shortens the chunk (S:886-889), every item the chunk
+after the drafter's reserve shortens the chunk (S:902-905), every item the chunk
 reaches is available.  That a found item stays cached to the step's end (it is
 referenced, and only unreferenced entries are evicted: `choose`'s k <= FR) and a chosen
 one is allocated when the request is granted is checked on the spec's runs
@@ -53,6 +53,8 @@ from typing import Any, Callable
 
 import z3
 
+from schedspec.spec.versions import MM_CHUNK_INSIDE_ITEM_WAITS
+
 from . import release
 from .loop_invariants import fixed_witness_description, replay_witness, vacuity_result
 from .claim_obligations import Claim, claim_obligations, discharge_parts
@@ -66,14 +68,14 @@ BoolTerm = Any  # a z3 Bool (an Int otherwise): `_fresh` makes each field's vari
 class EncRules:
     """The spec's rules ("correct") and known-bad changes, one rule each."""
 
-    budget_check: bool = True  # ECM:164-165: an item over the plan's budget is not chosen
-    planned_counted: bool = True  # ECM:167: the request's items planned so far count against the cache
-    evict_freeable_only: bool = True  # ECM:175-183: only unreferenced entries are evicted
-    commit_takes_plan: bool = True  # S:1030: the budget becomes the plan's (False: a refund kept)
-    preempt_refund_leaves: bool = True  # S:957-968: a refunded victim's embeddings leave E
-    cut_margin: int = 0  # S:2166-2170: the chunk stops `cut_margin` tokens past the item's start
-    nothing_inside_item: bool = True  # S:2171-2176: 0 when the chunk starts inside the item
-    unsplit_cut: bool = True  # S:2093-2107: an unsplittable item stops the chunk before it
+    budget_check: bool = True  # ECM:163-164: an item over the plan's budget is not chosen
+    planned_counted: bool = True  # ECM:166: the request's items planned so far count against the cache
+    evict_freeable_only: bool = True  # ECM:174-182: only unreferenced entries are evicted
+    commit_takes_plan: bool = True  # S:1046: the budget becomes the plan's (False: a refund kept)
+    preempt_refund_leaves: bool = True  # S:973-984: a refunded victim's embeddings leave E
+    cut_margin: int = 0  # S:2215-2219: the chunk stops `cut_margin` tokens past the item's start
+    nothing_inside_item: bool = True  # S:2220-2225: 0 when the chunk starts inside the item
+    unsplit_cut: bool = True  # S:2139-2151: an unsplittable item stops the chunk before it
 
 
 ENC_VARIANTS: dict[str, EncRules] = {
@@ -196,9 +198,12 @@ def plan_iteration(w: Win, x: dict, R: EncRules):
            z3.Implies(isg, z3.And(of == w.og, lf == w.lg, z3.Not(w.pg))),
            z3.Implies(z3.And(z3.Not(isg), z3.Not(w.pg)), w.og >= of + lf)]
     c, n = w.c, w.n
-    inwin = z3.And(of < c + n + w.shift, of + lf > c)  # get_mm_features_in_window (S:2063-2070)
-    unsplit = z3.And(inwin, w.unsplit, c <= of, c + n < of + lf)
-    n_unsplit = z3.If(of - c - w.shift > 0, of - c - w.shift, 0) if R.unsplit_cut else n
+    inwin = z3.And(of < c + n + w.shift, of + lf > c)  # get_mm_features_in_window (S:2109-2116)
+    # From 0.34.0 a chunk starting inside the item is held too, to nothing (S:2144-2161;
+    # versions.MM_CHUNK_INSIDE_ITEM_WAITS); before, only one starting at or before it.
+    starts = z3.BoolVal(True) if release.applies(MM_CHUNK_INSIDE_ITEM_WAITS) else c <= of
+    unsplit = z3.And(inwin, w.unsplit, starts, c + n < of + lf)
+    n_unsplit = z3.If(c < of, z3.If(of - c - w.shift > 0, of - c - w.shift, 0), 0) if R.unsplit_cut else n
     no_room = z3.And(inwin, z3.Not(unsplit), z3.Not(found), z3.Not(fits))
     stop = of - c + R.cut_margin
     n_no_room = z3.If(c < of, z3.If(n < stop, n, stop), 0 if R.nothing_inside_item else n)

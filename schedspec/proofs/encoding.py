@@ -4,8 +4,8 @@ and `add_request` and an abort (`finish_requests`), over a `SymState`.
 The step is spec/scheduler.py unrolled over the slots: the running loop visits
 running positions 0, 1, ... of the state before the step; a preemption clears a
 slot's `alive` flag instead of deleting it from a list, which is the same as
-vLLM's cursor fix (S:948): the cursor always moves on to the next live request
-in the original order.  The inner allocate/preempt loop (S:912-980) runs at most
+vLLM's cursor fix (S:964): the cursor always moves on to the next live request
+in the original order.  The inner allocate/preempt loop (S:928-996) runs at most
 once per running request, so unrolling it that many times is exact.  Queue
 positions after the step are recomputed from an order key per slot (`_compact`).
 
@@ -22,7 +22,8 @@ from typing import Sequence
 
 import z3
 
-from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES
+from schedspec.spec.versions import (INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL,
+                                     LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES)
 
 from . import release
 from .symbolic import PREEMPTED, RUNNING, WAITING, SymSlot, SymState, key_lt, priority_key_le
@@ -77,7 +78,7 @@ class SymDecision:
 
 
 class _Work:
-    """schedule()'s working copy (S:699-1784): per-slot arrays and the scalars."""
+    """schedule()'s working copy (S:716-1838): per-slot arrays and the scalars."""
 
     def __init__(self, st: SymState, rules: Rules, running_slots, waiting_slots, asks=None, pools=None):
         c = st.config
@@ -96,8 +97,8 @@ class _Work:
         self.aseq = [z3.IntVal(0)] * n
         self.pre = [z3.BoolVal(False)] * n
         self.pseq = [z3.IntVal(0)] * n
-        self.token_budget = c.token_budget + rules.token_budget_extra  # S:719
-        # S:722; before 0.28.0 the token budget alone (versions.INPUT_BUDGET): an
+        self.token_budget = c.token_budget + rules.token_budget_extra  # S:735
+        # S:738; before 0.28.0 the token budget alone (versions.INPUT_BUDGET): an
         # input budget that starts equal to it and moves with it caps nothing more.
         self.input_budget = c.max_num_batched_tokens if release.applies(INPUT_BUDGET) else self.token_budget
         self.free = st.num_free_blocks
@@ -105,10 +106,14 @@ class _Work:
         self.pcount = z3.IntVal(0)
         self.acount = z3.IntVal(0)
         eligible = st.num_running + st.num_waiting
-        # The long-prefill cap applies only with more than one eligible request (S:757-763).
+        # The long-prefill cap applies only with more than one eligible request (S:773-779).
         # Before 0.31.0 it caps every grant (versions.LONG_PREFILL_THRESHOLD_NEEDS_TWO).
         min_eligible = rules.threshold_min_eligible if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO) else 1
-        self.threshold = z3.If(eligible >= min_eligible, c.long_prefill_token_threshold, 0)
+        # From 0.34.0 only with chunked prefill on (versions.LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL).
+        in_force = eligible >= min_eligible
+        if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+            in_force = z3.And(in_force, c.enable_chunked_prefill)
+        self.threshold = z3.If(in_force, c.long_prefill_token_threshold, 0)
         # The victim order never changes during a step: precompute who beats whom.
         self.beats = {}
         for s in self.RS:
@@ -119,8 +124,8 @@ class _Work:
                 if rules.fcfs_victim_head:
                     fcfs = a.pos < b.pos
                 else:
-                    fcfs = a.pos > b.pos  # FCFS: the tail (S:970)
-                # PRIORITY: the largest (priority, arrival_time), first in running order (S:932-936).
+                    fcfs = a.pos > b.pos  # FCFS: the tail (S:986)
+                # PRIORITY: the largest (priority, arrival_time), first in running order (S:948-952).
                 prio = z3.Or(z3.Not(priority_key_le(a, b)),
                              z3.And(priority_key_le(a, b), priority_key_le(b, a), a.pos < b.pos))
                 self.beats[s, t] = z3.If(c.is_priority, prio, fcfs)
@@ -136,8 +141,8 @@ class _Work:
         self.input_budget = self.input_budget - z3.If(cond, n, 0)
 
     def preempt(self, isv, s):
-        """S:1799-1843 for victim slot s when `isv`; a priority victim already
-        granted this step gives its grant back (S:951-957)."""
+        """S:1853-1897 for victim slot s when `isv`; a priority victim already
+        granted this step gives its grant back (S:967-973)."""
         refund = z3.And(isv, self.sched[s])
         self.token_budget = self.token_budget + z3.If(refund, self.grant[s], 0)
         self.input_budget = self.input_budget + z3.If(refund, self.grant[s], 0)
@@ -152,7 +157,7 @@ class _Work:
         self.pseq[s] = z3.If(isv, self.pcount, self.pseq[s])
 
     def running_loop(self):
-        """S:793-1036."""
+        """S:809-1052."""
         c, st, rules, RS = self.c, self.st, self.rules, self.RS
         active = z3.BoolVal(True)
         for k in range(len(RS)):
@@ -162,30 +167,30 @@ class _Work:
             num_tokens = _pick(at_k, [st.slots[s].num_tokens for s in RS])
             blocks_held = _pick(at_k, [self.blocks[s] for s in RS])
             alive = _pick(at_k, [self.alive[s] for s in RS])
-            # The loop condition: a request left and budget left (S:795).
+            # The loop condition: a request left and budget left (S:811).
             enter = z3.And(active, exists, self.token_budget > 0)
             active = z3.And(active, z3.Or(z3.Not(exists), self.token_budget > 0))
             enter = z3.And(enter, alive)
-            stop = z3.And(enter, self.input_budget <= 0)  # S:797
+            stop = z3.And(enter, self.input_budget <= 0)  # S:813
             active = z3.And(active, z3.Not(stop))
             go = z3.And(enter, self.input_budget > 0)
-            # [seams: async max_tokens guard, PP cadence, spec tokens/placeholders (S:800-839)]
-            n = num_tokens - ncomp + rules.running_need_extra  # S:839
-            n = z3.If(z3.And(0 < self.threshold, self.threshold < n), self.threshold, n)  # S:844
-            n = z3_min(n, self.token_budget, self.input_budget)  # S:846
+            # [seams: async max_tokens guard, PP cadence, spec tokens/placeholders (S:816-855)]
+            n = num_tokens - ncomp + rules.running_need_extra  # S:855
+            n = z3.If(z3.And(0 < self.threshold, self.threshold < n), self.threshold, n)  # S:860
+            n = z3_min(n, self.token_budget, self.input_budget)  # S:862
             if rules.running_cap is not None:
                 n = z3_min(n, z3.IntVal(rules.running_cap))
-            n = z3_min(n, c.max_model_len - ncomp - rules.model_len_margin)  # S:852
-            skip = (n == 0) if rules.skip_zero_grant else (n < 0)  # S:891-909
+            n = z3_min(n, c.max_model_len - ncomp - rules.model_len_margin)  # S:868
+            skip = (n == 0) if rules.skip_zero_grant else (n < 0)  # S:907-925
             go = z3.And(go, z3.Not(skip))
-            # allocate_slots for a RUNNING request: no watermark, no full-ISL gate (K:518-588).
+            # allocate_slots for a RUNNING request: no watermark, no full-ISL gate (K:539-609).
             need = z3_max0(c.cdiv(z3_min(z3_min(ncomp, c.max_model_len) + n, c.max_model_len)) - blocks_held)
             # The blocks this request's allocate_slots asks for (every retry asks the same).
             for i, s in enumerate(RS):
                 self.asks.append((s, z3.And(go, at_k[i]), need))
             done = z3.BoolVal(False)
             ok = z3.BoolVal(False)
-            for _ in range(len(RS)):  # S:912-980: each failure removes one live request
+            for _ in range(len(RS)):  # S:928-996: each failure removes one live request
                 attempt = z3.And(go, z3.Not(done))
                 fits = (need < self.free) if rules.fail_when_exact_fit else (need <= self.free)
                 success = z3.And(attempt, fits)
@@ -207,13 +212,13 @@ class _Work:
                 self.do_grant(here, s, n, running_loop=True)
             self.free = self.free - z3.If(granted, need, 0)
             self.pools.append((list(self.blocks), self.free))
-            # FCFS stops at a self-preemption; PRIORITY moves on (S:982-992), from 0.33.0
+            # FCFS stops at a self-preemption; PRIORITY moves on (S:998-1008), from 0.33.0
             # (versions.PRIORITY_SELF_PREEMPTION_CONTINUES; before, PRIORITY stops too).
             moves_on = c.is_priority if release.applies(PRIORITY_SELF_PREEMPTION_CONTINUES) else False
             active = z3.And(active, z3.Not(z3.And(go, z3.Not(ok), z3.Not(moves_on))))
 
     def waiting_loop(self):
-        """S:1050-1614: admissions in queue order; never preempts."""
+        """S:1066-1687: admissions in queue order; never preempts."""
         c, st, rules, WS = self.c, self.st, self.rules, self.WS
         num_preempted = self.pcount
         active = z3.BoolVal(True) if rules.admit_after_preemption else (num_preempted == 0)
@@ -228,20 +233,20 @@ class _Work:
             num_tokens = _pick(at_q, [st.slots[s].num_tokens for s in WS])
             status = _pick(at_q, [st.slots[s].status for s in WS])
             blocks_held = _pick(at_q, [self.blocks[s] for s in WS])
-            # [seams: blocked statuses, LoRA, prefix-cache and connector hits (S:1075-1300)]
-            request_token_budget = z3_min(self.token_budget, self.input_budget)  # S:1295
-            n = num_tokens - ncomp  # S:1306
-            n = z3.If(z3.And(0 < self.threshold, self.threshold < n), self.threshold, n)  # S:1332
-            no_fit = z3.And(z3.Not(c.enable_chunked_prefill), n > request_token_budget)  # S:1337-1344
-            n = z3_min(n, request_token_budget + rules.admission_budget_extra)  # S:1346
+            # [seams: blocked statuses, LoRA, prefix-cache and connector hits (S:1114-1350)]
+            request_token_budget = z3_min(self.token_budget, self.input_budget)  # S:1345
+            n = num_tokens - ncomp  # S:1356
+            n = z3.If(z3.And(0 < self.threshold, self.threshold < n), self.threshold, n)  # S:1382
+            no_fit = z3.And(z3.Not(c.enable_chunked_prefill), n > request_token_budget)  # S:1387-1394
+            n = z3_min(n, request_token_budget + rules.admission_budget_extra)  # S:1396
             if rules.admission_cap is not None:
                 n = z3_min(n, z3.IntVal(rules.admission_cap))
             L = c.max_model_len
             watermark = z3.If(z3.And(num_running > 0, z3.Or(status == WAITING, status == PREEMPTED)),
-                              c.watermark_blocks, 0)  # K:518-525
-            full = z3_max0(c.cdiv(z3_min(num_tokens, L)) - blocks_held)  # K:531-548
+                              c.watermark_blocks, 0)  # K:539-546
+            full = z3_max0(c.cdiv(z3_min(num_tokens, L)) - blocks_held)  # K:552-569
             gate_fail = z3.And(c.scheduler_reserve_full_isl, full + watermark > self.free)
-            need = z3_max0(c.cdiv(z3_min(z3_min(ncomp, L) + n, L)) - blocks_held)  # K:550-588
+            need = z3_max0(c.cdiv(z3_min(z3_min(ncomp, L) + n, L)) - blocks_held)  # K:571-609
             admit = z3.And(enter, z3.Not(no_fit), z3.Not(gate_fail), need + watermark <= self.free)
             active = z3.And(active, admit)
             for i, s in enumerate(WS):
@@ -293,7 +298,7 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
         w.waiting_loop()
 
     slots = st.slots
-    # Queues after schedule(): survivors keep their order, admissions follow (S:1547-1549).
+    # Queues after schedule(): survivors keep their order, admissions follow (S:1609-1611).
     run_member = [z3.Or(w.alive[s], w.admitted[s]) if rules.admitted_to_running else w.alive[s]
                   for s in range(N)]
     run_key = [z3.If(w.admitted[s], N + w.aseq[s], slots[s].pos) for s in range(N)]
@@ -308,7 +313,7 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
     wait_key = [z3.If(w.pre[s], fcfs_pre_key[s],
                       z3.If(w.admitted[s], 3 * N + w.aseq[s], slots[s].pos)) for s in range(N)]
 
-    # The request fields after schedule() and _update_after_schedule (S:1858-1865).
+    # The request fields after schedule() and _update_after_schedule (S:1912-1919).
     mid = []
     for s in range(N):
         r = slots[s]
@@ -323,7 +328,7 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
         mid.append(r.evolve(num_computed_tokens=ncomp, status=status, num_preemptions=npre,
                             num_blocks=w.blocks[s]))
 
-    # The fake model (formats.md step 4) and update_from_output (S:2259-2551).
+    # The fake model (formats.md step 4) and update_from_output (S:2301-2618).
     sampled, finished, fstatus, after = [], [], [], []
     free = w.free
     for s in range(N):
@@ -365,7 +370,7 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
 
 
 def add_request(st: SymState, s: int, request: SymSlot, cond=True, rules: Rules | str = "correct") -> SymState:
-    """S:2931-2962: when `cond`, slot `s` (absent before) receives `request`, a new
+    """S:3065-3098: when `cond`, slot `s` (absent before) receives `request`, a new
     WAITING request with no progress, at the back (FCFS) or at its queue_key place
     (PRIORITY).  `request` supplies the scenario fields (lengths, priority, ...)."""
     if isinstance(rules, str):
@@ -398,7 +403,7 @@ def add_request(st: SymState, s: int, request: SymSlot, cond=True, rules: Rules 
 
 
 def abort(st: SymState, s: int, cond=True, rules: Rules | str = "correct") -> SymState:
-    """finish_requests([id], FINISHED_ABORTED) for the request in slot `s` (S:2964-3029):
+    """finish_requests([id], FINISHED_ABORTED) for the request in slot `s` (S:3100-3168):
     it leaves its queue and its blocks return to the pool."""
     cond = z3.And(z3.BoolVal(cond) if isinstance(cond, bool) else cond, st.slots[s].present)
     gone = st.slots[s]

@@ -22,16 +22,16 @@ every step in which a request is present lowers R by at least 1:
 
 1. `head_kept`: a head is granted n ≥ 1 tokens and is not preempted.  It is
    served first, so both budgets are whole (≥ 1) and its capped need is ≥ 1
-   (S:839-856; no `max_tokens` guard in the synchronous engine).  If its
-   allocation fails, FCFS preempts from the tail (S:970), so the head is the
+   (S:855-872; no `max_tokens` guard in the synchronous engine).  If its
+   allocation fails, FCFS preempts from the tail (S:986), so the head is the
    victim only once every other running request is gone; the waiting requests
    hold no blocks (flags off), so the head then has the whole usable pool, which
    holds `max_model_len` tokens.  So it is never preempted and c_h grows by n.
 2. `idle_admission`: with `running` empty the waiting head is admitted with
    n ≥ 1 tokens: run slots and both budgets are free, the pool is empty (no
-   watermark on a first admission, K:518-525; the full-ISL gate asks at most
+   watermark on a first admission, K:539-546; the full-ISL gate asks at most
    ⌈max_model_len / block_size⌉ blocks), and with chunked prefill off the whole
-   need, at most `max_model_len − 1`, fits the budget (S:1337-1344).
+   need, at most `max_model_len − 1`, fits the budget (S:1387-1394).
 3. `ranking`: from 1 and 2, R' ≤ R − 1 + (the W of the step's arrivals), also
    when the head finishes and the next request becomes the head.  Summed over
    the run: the steps with a request present number at most Σ W_i, and the
@@ -122,20 +122,20 @@ def claim_head_kept(z3, bs: int, variant: str):
         L >= 2, U >= cdiv_const(L, bs), TB >= 1, IB >= 1, th >= 0, R0 >= 1,  # a valid config (vLLM's checks)
         0 <= c, c < nt, nt <= L - 1,  # an unfinished running request of the synchronous engine
         held_others >= 0, z3.Implies(R0 == 1, held_others == 0), free >= 0,
-        # flags off: a waiting request holds no block (preemption frees all, K:626-636)
+        # flags off: a waiting request holds no block (preemption frees all, K:647-657)
         held_waiting == (held_waiting if variant == "waiting_hold_blocks" else 0), held_waiting >= 0,
     ]
     need = nt - c
-    n = z3.If(z3.And(0 < th, th < need), th, need)  # S:844
+    n = z3.If(z3.And(0 < th, th < need), th, need)  # S:860
     n = z3.If(n < TB, n, TB)
     n = z3.If(n < IB, n, IB)
-    n = z3.If(n < L - c - 1, n, L - c - 1)  # S:852
-    blocks = cdiv_const(z3.If(c + n < L, c + n, L), bs) - b_h  # K:550-553
+    n = z3.If(n < L - c - 1, n, L - c - 1)  # S:868
+    blocks = cdiv_const(z3.If(c + n < L, c + n, L), bs) - b_h  # K:571-574
     if variant == "victim_head":
         # The head is the first victim: it keeps running only if it fits what is free now.
         kept = blocks <= free
     else:
-        # FCFS takes victims from the tail (S:970): the head is the victim only after the
+        # FCFS takes victims from the tail (S:986): the head is the victim only after the
         # R0 - 1 others have freed their blocks.
         kept = blocks <= free + held_others
     return z3.Implies(z3.And(premises), z3.And(n >= 1, kept))
@@ -148,22 +148,22 @@ def claim_idle_admission(z3, bs: int, variant: str):
     L, U, TB, IB, th, M = I("L"), I("U"), I("token_budget"), I("input_budget"), I("threshold"), I("max_num_active")
     nt, wm = I("num_tokens"), I("watermark_blocks")
     chunked, full_isl = B("chunked"), B("full_isl")
-    budget = z3.If(TB < IB, TB, IB)  # S:1295
+    budget = z3.If(TB < IB, TB, IB)  # S:1345
     condition = z3.Or(chunked, budget >= L - 1)
     premises = [
         L >= 2, U >= cdiv_const(L, bs), TB >= 1, IB >= 1, th >= 0, M >= 1, wm >= 0, wm < U,
-        z3.Or(chunked, IB >= L),  # vLLM's check with chunked prefill off (C:318)
+        z3.Or(chunked, IB >= L),  # vLLM's check with chunked prefill off (C:362)
         1 <= nt, nt <= L - 1,  # a waiting request: nothing computed (flags off), num_tokens < L
         condition if variant != "no_admission_budget" else True,
     ]
-    n = z3.If(z3.And(0 < th, th < nt), th, nt)  # S:1306, S:1332
-    fits_budget = z3.Or(chunked, n <= budget)  # S:1337-1344
-    n = z3.If(n < budget, n, budget)  # S:1346
+    n = z3.If(z3.And(0 < th, th < nt), th, nt)  # S:1356, S:1382
+    fits_budget = z3.Or(chunked, n <= budget)  # S:1387-1394
+    n = z3.If(n < budget, n, budget)  # S:1396
     # The pool is empty; the watermark applies to admissions only once a request is
-    # scheduled in the step (K:518-525), and none is.
+    # scheduled in the step (K:539-546), and none is.
     watermark = wm if variant == "watermark_when_idle" else 0
-    gate = z3.Implies(full_isl, cdiv_const(z3.If(nt < L, nt, L), bs) + watermark <= U)  # K:531-548
-    fits_pool = cdiv_const(z3.If(n < L, n, L), bs) + watermark <= U  # K:584-588
+    gate = z3.Implies(full_isl, cdiv_const(z3.If(nt < L, nt, L), bs) + watermark <= U)  # K:552-569
+    fits_pool = cdiv_const(z3.If(n < L, n, L), bs) + watermark <= U  # K:605-609
     return z3.Implies(z3.And(premises), z3.And(fits_budget, gate, fits_pool, n >= 1))
 
 

@@ -1,10 +1,10 @@
 """Per-step properties for ANY number of requests, by loop invariants (z3).
 
 `schedule()` is two loops over arbitrarily long lists: the running loop
-(S:793-1036, spec/scheduler.py `schedule_running` with `allocate_or_preempt`)
-and the waiting loop (S:1050-1614, `schedule_waiting` / `admit`), then
+(S:809-1052, spec/scheduler.py `schedule_running` with `allocate_or_preempt`)
+and the waiting loop (S:1066-1687, `schedule_waiting` / `admit`), then
 `_update_after_schedule` and `update_from_output`, whose removal of finished
-requests is a third loop (S:2541-2551, `remove_finished`).  The bounded
+requests is a third loop (S:2607-2618, `remove_finished`).  The bounded
 encoding (encoding.py) unrolls them over a fixed number of slots; here each
 loop is one *iteration* from an arbitrary *iteration state*, as Dafny, Verus or
 Why3 would state it:
@@ -17,10 +17,10 @@ By induction on the number of iterations the property then holds after any
 number of iterations, so for any number of running and waiting requests.
 
 **Iteration state.**  Aggregates of the whole list (never one variable per
-request): budgets left (`tb`, `ib`, S:719/722; `ib` is the input budget a grant
+request): budgets left (`tb`, `ib`, S:735/738; `ib` is the input budget a grant
 may still take, the spec's `input_budget` less a drafter's rows `D`, which is
-what both loops test and cap by, S:797, 846-848, 1295), tokens granted (`T`), the
-drafter's rows charged for them (`Dc`, `D` per grant, S:721, 1003),
+what both loops test and cap by, S:813, 862-864, 1345), tokens granted (`T`), the
+drafter's rows charged for them (`Dc`, `D` per grant, S:737, 1019),
 preemptions so far (`P`), `len(running)` (`Rn`), the cursor (`cur`), free and
 held blocks (`F`, `H`), the FCFS break flag (`stopped`), blocks allocated
 (`AL`) and the block demand of the requests visited / not yet visited (`DV`,
@@ -41,7 +41,7 @@ refund out of `T`, a victim's blocks out of `H`, the current request's demand
 out of `Drest`), the sum is split as `share + rest` with `rest >= 0`: true of
 any list whose elements are non-negative, so sound for every N.
 
-**The victim** (S:932-970): FCFS the tail of `running`, PRIORITY the largest
+**The victim** (S:948-986): FCFS the tail of `running`, PRIORITY the largest
 (priority, arrival_time), first in running order.  Within one step this order
 of the requests of `before.running` never changes, so it is a fixed ranking
 `rank` (0 = the first victim): FCFS `rank = R0 - 1 - position`, PRIORITY by
@@ -51,11 +51,11 @@ request of least rank, is the one of rank `P`, which the iteration assumes of
 `v` (the agreement test checks on concrete runs that the spec's own
 `choose_victim` returns exactly it).
 
-**Scope.** A paused engine or not (`LoopConfig.pa` / `pn`, free flags, S:3073): PAUSED_ALL
-starts the step with no token budget (S:719, 723-725), so nothing is scheduled, every
+**Scope.** A paused engine or not (`LoopConfig.pa` / `pn`, free flags, S:3213): PAUSED_ALL
+starts the step with no token budget (S:735, 739-741), so nothing is scheduled, every
 running request is skipped on purpose (`running_never_starved` names it), and the waiting
-loop is not entered (S:1050); PAUSED_NEW admits only requests holding KV blocks
-(S:1064-1067), none here, where the KV connector is not encoded.  No encoder inputs (a request's items can only shorten its chunk, or skip it;
+loop is not entered (S:1066); PAUSED_NEW admits only requests holding KV blocks
+(S:1100-1107), none here, where the KV connector is not encoded.  No encoder inputs (a request's items can only shorten its chunk, or skip it;
 their own budget and cache are proved in encoder_invariants.py); prefix caching on or
 off (an admission starts from its hit, `WaitReq.hb` / `he`; `H` counts a shared block
 once, so a preempted or finished request frees `RunSplit.Fv` / `fr` <= its blocks;
@@ -63,35 +63,35 @@ each request's cached blocks `cb`, which a grant and a delivery extend, `cache_e
 `deliver_tokens`);
 prefill throttling on or off (`LoopConfig.hold`, the step's `defer_prefills`, free, so
 either gate, data-parallel or local, is covered; vLLM 0.33.0 only): a held step skips
-every running prefill chunk (S:822; whether a request is one, `is_prefill_chunk` as the
+every running prefill chunk (S:838; whether a request is one, `is_prefill_chunk` as the
 last update left it, is free) and stops admission at the first request with more than
-its last token to compute (S:1290), one more named exception to `running_never_starved`
+its last token to compute (S:1340), one more named exception to `running_never_starved`
 and to `running_before_waiting`; async scheduling on or off (`LoopConfig.asy`, a
 symbolic flag, so every claim covers both engines): output placeholders in a
-running request's need (S:839), the async max_tokens guard (S:800-814: 0
+running request's need (S:855), the async max_tokens guard (S:816-830: 0
 tokens, skipped), the waiting loop's skip of a request with stale output in
-flight (S:1084), the placeholder `update_after_schedule` adds
-(async_scheduler.py:24-56) and the delivery of an older batch (S:2259-2551);
+flight (S:1123), the placeholder `update_after_schedule` adds
+(async_scheduler.py:24-56) and the delivery of an older batch (S:2301-2618);
 `placeholders_never_negative`, a property of the async engine alone, is proved
 with async on.  Structured output: a waiting head whose grammar is compiling or
-failed is skipped and keeps its place (S:1079-1082), so `grammar_wait_respected`
+failed is skipped and keeps its place (S:1118-1121), so `grammar_wait_respected`
 holds for any number of requests.  LoRA (`LoopConfig.lora`, symbolic; 0.33.0 only,
 release.models_lora): a waiting head whose adapter would be one too many is skipped
-and keeps its place (S:1089-1101), so `max_loras_respected` holds for any number of
+and keeps its place (S:1128-1140), so `max_loras_respected` holds for any number of
 requests and adapters; the iteration state counts the batch's adapters (`Lc`), and
 whether the head's adapter is new to the batch is an input of each iteration.
 Speculative decoding (`LoopConfig.sd`, symbolic; 0.33.0 only,
 release.models_spec_decode): a running request's drafts count in its need
-(num_tokens_with_spec, S:839) and the grant sends those that fit (S:1009-1025);
-allocations reserve the drafter's lookahead slots (K:550-553); a one-token
-admission beside a decode is padded to 1 + num_speculative_tokens (S:1308-1330:
+(num_tokens_with_spec, S:855) and the grant sends those that fit (S:1025-1041);
+allocations reserve the drafter's lookahead slots (K:571-574); a one-token
+admission beside a decode is padded to 1 + num_speculative_tokens (S:1358-1380:
 one token left, a running request granted, and no prefill chunk granted, which the
-running loop's state records as `PS`, vLLM's prefill_scheduled, S:1000); a drafter that adds rows to
+running loop's state records as `PS`, vLLM's prefill_scheduled, S:1016); a drafter that adds rows to
 the batch (`max_num_new_slots_for_drafting`, `D`, a parallel drafter's K - 1)
 has them charged to the input budget with every grant and refunded with a
-victim's grant (S:721, 797, 846-848, 955, 1003, 1295).  A multi-module MTP
+victim's grant (S:737, 813, 862-864, 971, 1019, 1345).  A multi-module MTP
 drafter's prefill lookahead (`num_prefill_lookahead_tokens` > 1, which cuts
-chunks short of the prefill's end, S:678-697) is outside: the claims are stated
+chunks short of the prefill's end, S:695-714) is outside: the claims are stated
 for drafters that read at most one token ahead (n-gram, the EAGLE family), and
 the agreement test draws no other.  The claims about schedule()'s
 loops (SPEC_DECODE) are proved with it on or off; the four whose lemmas model
@@ -118,7 +118,8 @@ from typing import Any, Callable
 import z3
 
 from schedspec.spec.config import PRIORITY, SchedulerConfig
-from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES
+from schedspec.spec.versions import (INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL,
+                                     LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES)
 
 from . import release
 from .encoding import z3_max0, z3_min
@@ -140,56 +141,56 @@ class LoopRules:
     grant_ignores_input_budget: bool = False  # running grant not capped by the input budget
     running_cap: int | None = None  # an extra cap on every running grant (a request left short)
     running_need_extra: int = 0  # the running need over-estimated
-    skip_zero_grant: bool = True  # S:891-909: n == 0 is skipped, never granted
-    model_len_margin: int = 1  # cap 3: max_model_len - num_computed_tokens - margin (S:852)
-    fcfs_victim_head: bool = False  # FCFS victim = head of running instead of its tail (S:970)
+    skip_zero_grant: bool = True  # S:907-925: n == 0 is skipped, never granted
+    model_len_margin: int = 1  # cap 3: max_model_len - num_computed_tokens - margin (S:868)
+    fcfs_victim_head: bool = False  # FCFS victim = head of running instead of its tail (S:986)
     n_once_per_request: bool = True  # False: n recomputed after each preemption (a refund raises it)
     fail_when_exact_fit: bool = False  # allocation "fails" although it fits exactly
-    cursor_fix: bool = True  # S:948: a victim behind the cursor moves the cursor back
-    refund: bool = True  # S:951-957: a granted victim gives its grant back
+    cursor_fix: bool = True  # S:964: a victim behind the cursor moves the cursor back
+    refund: bool = True  # S:967-973: a granted victim gives its grant back
     preempt_frees_blocks: bool = True
-    fcfs_break: bool = True  # S:982-992: FCFS stops after a self-preemption
-    admit_after_preemption: bool = False  # S:1050 gate removed
-    run_slot_check_strict: bool = True  # S:1071-1073: len(running) >= max stops admission
+    fcfs_break: bool = True  # S:998-1008: FCFS stops after a self-preemption
+    admit_after_preemption: bool = False  # S:1066 gate removed
+    run_slot_check_strict: bool = True  # S:1093-1096: len(running) >= max stops admission
     admission_budget_extra: int = 0  # admission chunk capped at budget + extra
     chunked_off_fit_strict: bool = False  # chunked off: stop when the need is >= the budget (not >)
-    watermark_on_first_admission: bool = False  # the watermark also when nothing runs (K:518-525)
-    gate_without_watermark: bool = False  # the full-ISL gate leaves the watermark out (K:531-548)
+    watermark_on_first_admission: bool = False  # the watermark also when nothing runs (K:539-546)
+    gate_without_watermark: bool = False  # the full-ISL gate leaves the watermark out (K:552-569)
     # prefix caching: hit blocks nobody holds leave the free queue, so the pool check and
-    # the full-ISL gate count them (K:531-548, 582-588; T:238-266)
+    # the full-ISL gate count them (K:552-569, 603-609; T:243-271)
     evictable_hits_checked: bool = True
     finish_frees_blocks: bool = True
     # async scheduling (spec/scheduler.py, spec/request.py), each the spec's rule when True/default
-    placeholders_in_need: bool = True  # S:839: need = num_tokens + num_output_placeholders - computed
-    last_token_guard: bool = True  # S:800-814: last_token_in_flight -> 0 tokens, skipped
+    placeholders_in_need: bool = True  # S:855: need = num_tokens + num_output_placeholders - computed
+    last_token_guard: bool = True  # S:816-830: last_token_in_flight -> 0 tokens, skipped
     last_token_guard_stops: bool = False  # the guard ends the running loop instead of skipping (a `break`)
-    stale_head: str = "skip"  # S:1084: a waiting head with stale output in flight is skipped; "stop" / "admit"
+    stale_head: str = "skip"  # S:1123: a waiting head with stale output in flight is skipped; "stop" / "admit"
     placeholder_added: str = "not_prefill"  # async_scheduler.py:24-56: one placeholder unless mid-prefill;
     #                                          "never" / "always"
-    inflight_added: bool = True  # S:1845-1877: update_after_schedule adds the grant to num_in_flight_tokens
-    stale_decremented: bool = True  # S:2316-2338: a stale delivery lowers num_stale_output_tokens
+    inflight_added: bool = True  # S:1899-1931: update_after_schedule adds the grant to num_in_flight_tokens
+    stale_decremented: bool = True  # S:2362-2384: a stale delivery lowers num_stale_output_tokens
     # structured output
-    grammar_skip: bool = True  # S:1079-1082: a head whose grammar compiles (or failed) is skipped
+    grammar_skip: bool = True  # S:1118-1121: a head whose grammar compiles (or failed) is skipped
     # LoRA
-    lora_cap_extra: int = 0  # S:1089-1101: skipped when the batch has max_loras (+ extra) adapters
+    lora_cap_extra: int = 0  # S:1128-1140: skipped when the batch has max_loras (+ extra) adapters
     # speculative decoding
-    drafts_in_need: int = 1  # S:839: num_tokens_with_spec counts each draft once (2: twice)
-    victim_drafts_dropped: bool = True  # S:951-957: a preempted request's drafts leave the step's output
-    padded_budget_checked: bool = True  # S:1326-1328: a padded new decode that does not fit stops admission
+    drafts_in_need: int = 1  # S:855: num_tokens_with_spec counts each draft once (2: twice)
+    victim_drafts_dropped: bool = True  # S:967-973: a preempted request's drafts leave the step's output
+    padded_budget_checked: bool = True  # S:1376-1378: a padded new decode that does not fit stops admission
     placeholders_per_draft: bool = True  # async_scheduler.py:40-45: a placeholder per draft sent too
-    drafter_rows_charged: bool = True  # S:955, 1003: a grant's drafter rows leave the input budget (and return)
-    prefill_scheduled_noted: bool = True  # S:1000: a grant to a prefill chunk sets prefill_scheduled
-    padding_checks_prefill: bool = True  # S:1308-1330: no padding once a prefill chunk is scheduled
-    padding_after_hit: bool = True  # S:1317: a hit (computed tokens) pads without a running grant
-    # pause (S:719, 723-725, 1064-1067)
+    drafter_rows_charged: bool = True  # S:971, 1019: a grant's drafter rows leave the input budget (and return)
+    prefill_scheduled_noted: bool = True  # S:1016: a grant to a prefill chunk sets prefill_scheduled
+    padding_checks_prefill: bool = True  # S:1358-1380: no padding once a prefill chunk is scheduled
+    padding_after_hit: bool = True  # S:1367: a hit (computed tokens) pads without a running grant
+    # pause (S:735, 739-741, 1100-1107)
     paused_all_budget_zero: bool = True  # PAUSED_ALL: the step starts with token budget 0
     paused_new_admits_none: bool = True  # PAUSED_NEW: no admission (of a request holding no KV blocks)
     # prefill throttling
-    held_chunk_skipped: bool = True  # S:822: a step that holds prefill skips a running prefill chunk
-    held_admission_stops: bool = True  # S:1290: ... and stops admission at a request with prefill left
+    held_chunk_skipped: bool = True  # S:838: a step that holds prefill skips a running prefill chunk
+    held_admission_stops: bool = True  # S:1340: ... and stops admission at a request with prefill left
     # prefix caching: which blocks are cached
-    grant_caches_computed: bool = True  # K:621-625: a grant caches up to its computed tokens (False: all it knows)
-    delivery_caches_computed: bool = True  # S:2403-2415: a delivery caches up to computed tokens out of flight
+    grant_caches_computed: bool = True  # K:642-646: a grant caches up to its computed tokens (False: all it knows)
+    delivery_caches_computed: bool = True  # S:2450-2471: a delivery caches up to computed tokens out of flight
     #                                        (False: all it knows, the tokens just sampled too)
 
 
@@ -279,7 +280,7 @@ def _B():
 class LoopConfig:
     """What the loops read of the config, for one block size.  `th` is the
     long-prefill threshold in force this step (0 with one eligible request,
-    S:757-763); `hold` this step's `defer_prefills` (prefill throttling, either
+    S:773-779); `hold` this step's `defer_prefills` (prefill throttling, either
     gate, spec/prefill_throttle.py; free, so every claim covers held steps and
     others); `pa` / `pn` the engine's pause_state PAUSED_ALL / PAUSED_NEW (free too);
     `wm` the watermark's blocks; `U` the usable blocks; `ML`
@@ -293,9 +294,9 @@ class LoopConfig:
     `pc` (prefix caching) and `LH` (num_hash_lookahead_tokens) are read by the
     cached-block counts (cache_extent); the hits are inputs (WaitReq)."""
 
-    TB0: Any  # max_num_scheduled_tokens (S:719)
-    IB0: Any  # max_num_batched_tokens (S:722)
-    M: Any  # max_num_active_reqs (S:1071-1073)
+    TB0: Any  # max_num_scheduled_tokens (S:735)
+    IB0: Any  # max_num_batched_tokens (S:738)
+    M: Any  # max_num_active_reqs (S:1093-1096)
     L: Any  # max_model_len
     th: Any
     wm: Any
@@ -303,7 +304,7 @@ class LoopConfig:
     ML: Any
     K: Any
     LA: Any
-    D: Any  # a drafter's rows per scheduled request, charged to the input budget (S:721)
+    D: Any  # a drafter's rows per scheduled request, charged to the input budget (S:737)
     PL: Any  # a drafter's prefill lookahead: 0 (n-gram) or 1 (EAGLE family); MTP's > 1 is outside
     LH: Any  # num_hash_lookahead_tokens: a block is hashed once this many tokens after it are known
     chunked: Any = _B()
@@ -312,7 +313,7 @@ class LoopConfig:
     asy: Any = _B()  # async scheduling (the AsyncScheduler): placeholders, in-flight and stale tokens
     lora: Any = _B()  # a LoRA config: max_loras set (spec/config.py)
     sd: Any = _B()  # speculative decoding: num_speculative_tokens >= 1 (spec/spec_decode.py)
-    hold: Any = _B()  # the step holds prefill (ScheduleWork.defer_prefills, S:750-752, 780-791)
+    hold: Any = _B()  # the step holds prefill (ScheduleWork.defer_prefills, S:766-768, 796-807)
     pa: Any = _B()  # pause_state PAUSED_ALL: the step starts with no token budget
     pn: Any = _B()  # pause_state PAUSED_NEW: admission only of requests holding KV blocks
     pc: Any = _B()  # enable_prefix_caching: full blocks are hashed and cached (spec/block_pool.py)
@@ -334,19 +335,21 @@ class LoopConfig:
         # Speculative decoding (0.33.0 only, spec/config.py validate_spec_decode and
         # validate_drafter): a lookahead and a prefill lookahead only beside drafts, at
         # most one drafter row per draft.
+        # From 0.34.0 at most one row (no parallel drafting: versions.CHECKS_SINCE).
         off = z3.And(self.K == 0, self.LA == 0, self.D == 0, self.PL == 0)
-        sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0, 0 <= self.D, self.D <= self.K,
+        rows = self.D <= 1 if release.checks_config("drafter_rows_at_most_one") else z3.BoolVal(True)
+        sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0, 0 <= self.D, self.D <= self.K, rows,
                                    0 <= self.PL, self.PL <= 1), off) \
             if release.models_spec_decode() \
             else z3.And(z3.Not(self.sd), off)
         # wm <= U: a watermark below 1 (spec/config.py) leaves int(watermark * num_gpu_blocks)
         # at most num_gpu_blocks - 1 blocks.
-        # A step holds prefill only where schedspec models prefill throttling (0.33.0).
+        # A step holds prefill only where schedspec models prefill throttling (from 0.33.0).
         hold = z3.BoolVal(True) if release.models_prefill_throttle() else z3.Not(self.hold)
         # Block hashes that cover tokens past the block: only with prefix caching, and
-        # modelled for 0.33.0 only (spec/config.py validate_spec_decode).
+        # modelled from 0.33.0 on (spec/config.py validate_spec_decode).
         hashes = z3.And(self.LH >= 0, z3.Implies(self.LH > 0, z3.And(
-            self.pc, z3.BoolVal(release.release() == release.DEFAULT_RELEASE))))
+            self.pc, z3.BoolVal(release.models_hash_lookahead()))))
         return z3.And(lora, sd, hold, hashes, z3.Not(z3.And(self.pa, self.pn)),
                       self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.wm <= self.U,
@@ -368,18 +371,21 @@ class LoopConfig:
     @property
     def TBs(self):
         """The token budget the step starts with: max_num_scheduled_tokens, or 0 while
-        the engine is PAUSED_ALL (S:719, 723-725)."""
+        the engine is PAUSED_ALL (S:735, 739-741)."""
         return z3.If(self.pa, 0, self.TB0)
 
 
-def threshold_in_force(T, adaptive, IB0, NE):
-    """config.long_prefill_threshold (S:754-772) as a term: the configured threshold
-    `T`, none (0) while at most one request is eligible (from 0.31.0), and with the
-    adaptive flag at least max_num_batched_tokens // eligible.  Compared with the spec's
-    on concrete configs by tests/test_proofs_agreement_config.py."""
+def threshold_in_force(T, adaptive, IB0, NE, chunked):
+    """config.long_prefill_threshold (S:770-788) as a term: the configured threshold
+    `T`, none (0) with chunked prefill off (from 0.34.0) or while at most one request is
+    eligible (from 0.31.0), and with the adaptive flag at least max_num_batched_tokens //
+    eligible.  Compared with the spec's on concrete configs by
+    tests/test_proofs_agreement_config.py."""
     adapted = z3.If(z3.And(T > 0, adaptive), z3.If(T >= IB0 / NE, T, IB0 / NE), T)
     if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
-        return z3.If(NE <= 1, 0, adapted)
+        adapted = z3.If(NE <= 1, 0, adapted)
+    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+        adapted = z3.If(chunked, adapted, 0)
     return adapted
 
 
@@ -421,15 +427,15 @@ def config_values(config: SchedulerConfig, threshold: int, hold: bool = False,
 
 def cache_extent(c: LoopConfig, done, nt):
     """How many of a request's blocks are cached once `done` of its num_tokens `nt`
-    are computed: cache_blocks hashes its full blocks up to min(done, nt) (K:621-625)
+    are computed: cache_blocks hashes its full blocks up to min(done, nt) (K:642-646)
     that have a hash, and a block has one once LH tokens after it are known
-    (E:226-230, P:230-300); none without prefix caching.  A multi-module drafter's
+    (E:242-252, P:203-273); none without prefix caching.  A multi-module drafter's
     re-prefilled tail (spec_decode.cacheable_tokens) is 0 here: PL <= 1."""
     return z3.If(c.pc, z3_max0(z3_min(done, nt - c.LH)) / c.bs, 0)
 
 
 def cached_after(c: LoopConfig, cb, done, nt):
-    """num_cached_block after cache_blocks(done): it only grows (T:477-541)."""
+    """num_cached_block after cache_blocks(done): it only grows (T:482-546)."""
     ext = cache_extent(c, done, nt)
     return z3.If(ext > cb, ext, cb)
 
@@ -463,42 +469,42 @@ class RunReq:
     pf: Any = _B()
 
     def held(self, c: LoopConfig):
-        """S:822: a step that holds prefill skips this request (0 tokens)."""
+        """S:838: a step that holds prefill skips this request (0 tokens)."""
         return z3.And(c.hold, self.pf)
 
     def thcap(self, c: LoopConfig, n):
         return z3.If(z3.And(0 < c.th, c.th < n), c.th, n)
 
     def lif(self):
-        """spec/request.py last_token_in_flight (S:800-814): the last token max_tokens
+        """spec/request.py last_token_in_flight (S:816-830): the last token max_tokens
         allows is already in a batch in flight."""
         return z3.And(self.ph > 0, self.nc + 2 - self.ph >= self.lim)
 
     def need(self):
         """get_need (spec/properties.py): drafts and placeholders count as tokens to
-        compute (S:839); 0 under the async max_tokens guard."""
+        compute (S:855); 0 under the async max_tokens guard."""
         return z3.If(self.lif(), 0, self.nt + self.d + self.ph - self.nc)
 
     def cap(self, c: LoopConfig):
         """get_capped_need (spec/properties.py): the need after the threshold and
-        model-length caps (S:839-856), no budget cap."""
+        model-length caps (S:855-872), no budget cap."""
         return z3_max0(z3_min(self.thcap(c, self.need()), c.L - self.nc - 1))
 
     def dem(self, c: LoopConfig):
         """get_block_demand(before, rid, capped need): new blocks for the whole capped
-        need and the drafter's lookahead (K:550-553)."""
+        need and the drafter's lookahead (K:571-574)."""
         return z3_max0(c.cdiv(z3_min(self.nc + self.cap(c) + c.LA, c.L)) - self.b0)
 
     def b_after(self, c: LoopConfig, n):
         """Blocks held after a grant of n: those of computed + n tokens; with
         speculative decoding those of the lookahead too, and never fewer than it
-        held (the slots of rejected drafts stay, S:2371-2380)."""
+        held (the slots of rejected drafts stay, S:2417-2426)."""
         return z3.If(c.sd, z3.If(self.b0 > c.cdiv(z3_min(self.nc + n + c.LA, c.L)), self.b0,
                                  c.cdiv(z3_min(self.nc + n + c.LA, c.L))),
                      c.cdiv(z3_min(self.nc + n, c.L)))
 
     def drafts_sent(self, n):
-        """spec_decode.schedule_drafts (S:1009-1025): the drafts past the tokens it
+        """spec_decode.schedule_drafts (S:1025-1041): the drafts past the tokens it
         has that fit in grant n."""
         return z3.If(self.d > 0, z3_max0(n + self.nc - self.nt - self.ph), 0)
 
@@ -508,7 +514,7 @@ class RunReq:
         fcfs_rank = self.rank == R0 - 1 - self.pos0
         # Async: computed < num_tokens + placeholders (the state invariant
         # computed_tokens_below_num_tokens), and computed < max_model_len, which every
-        # grant keeps (cap 3, S:852) and loop:computed_tokens_bounded proves kept; the
+        # grant keeps (cap 3, S:868) and loop:computed_tokens_bounded proves kept; the
         # synchronous engine has no placeholders.
         counts = z3.If(c.asy, z3.And(self.ph >= 0, self.nc < self.nt + self.ph, self.nc < c.L),
                        z3.And(self.ph == 0, self.nc < self.nt))
@@ -548,7 +554,7 @@ class RunState:
     pend: Any  # the grant being allocated for the request at the cursor after a failure, else -1
     Dc: Any  # the drafter's rows charged to the input budget: D per grant
     stopped: Any = _B()
-    # prefill_scheduled: a grant went to a prefill chunk (S:1000; a refund keeps it), which
+    # prefill_scheduled: a grant went to a prefill chunk (S:1016; a refund keeps it), which
     # rules out padding a new decode (spec_decode.pads_new_decode)
     PS: Any = _B()
 
@@ -578,7 +584,7 @@ class RunSplit:
     UA_oth: Any
     Dc_oth: Any  # Dc of the granted requests other than the victim
     # the victim's blocks nobody else holds, which its preemption frees: all of them
-    # without prefix caching; with it, a block shared through a hit stays (T:293-305)
+    # without prefix caching; with it, a block shared through a hit stays (T:298-310)
     Fv: Any
 
 
@@ -592,12 +598,12 @@ def _equal(a: RunReq, b: RunReq):
 
 def moves_on(c: LoopConfig):
     """Does the running loop go on after a self-preemption?  Under PRIORITY from
-    0.33.0 (S:982-992, versions.PRIORITY_SELF_PREEMPTION_CONTINUES); never before."""
+    0.33.0 (S:998-1008, versions.PRIORITY_SELF_PREEMPTION_CONTINUES); never before."""
     return c.prio if release.applies(PRIORITY_SELF_PREEMPTION_CONTINUES) else z3.BoolVal(False)
 
 
 def run_guard(s: RunState):
-    """S:795-797: a request left under the cursor, budget left; and no FCFS break."""
+    """S:811-813: a request left under the cursor, budget left; and no FCFS break."""
     return z3.And(z3.Not(s.stopped), s.cur < s.Rn, s.tb > 0, s.ib > 0)
 
 
@@ -610,11 +616,11 @@ def run_J(c: LoopConfig, k: RunConsts, s: RunState, r: RunReq):
         z3.Implies(z3.Not(r.inr), z3.And(r.rank < s.P, r.seq == r.rank, z3.Not(r.g), r.b == 0, r.n == 0)),
         z3.Implies(r.g, z3.And(r.inr, r.pos < s.cur, 1 <= r.n, r.n <= cap, r.b == r.b_after(c, r.n))),
         z3.Implies(z3.And(r.inr, z3.Not(r.g)), z3.And(r.b == r.b0, r.n == 0)),
-        # visited and not granted: skipped, its capped need was 0 (S:891-909) or the
-        # step holds prefill and it is a prefill chunk (S:822)
+        # visited and not granted: skipped, its capped need was 0 (S:907-925) or the
+        # step holds prefill and it is a prefill chunk (S:838)
         z3.Implies(z3.And(r.inr, r.pos < s.cur, z3.Not(r.g)), z3.Or(cap == 0, r.held(c))),
         # a grant short of the capped need used the last of a budget (no refund since: P == 0)
-        # (with a drafter's rows ib is then -D, S:1003)
+        # (with a drafter's rows ib is then -D, S:1019)
         z3.Implies(z3.And(r.g, r.n < cap), z3.Or(s.P > 0, s.tb <= 0, s.ib <= 0)),
         # the grant pending for the request at the cursor is within its capped need
         z3.Implies(z3.And(s.pend >= 1, r.inr, r.pos == s.cur), s.pend <= cap),
@@ -647,7 +653,7 @@ def run_I(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq):
 
 
 def run_entry(c: LoopConfig, k: RunConsts, x: RunReq, rules: LoopRules = LoopRules()):
-    """(premises, the state and ghost at S:793) from a before-state satisfying the state invariant."""
+    """(premises, the state and ghost at S:809) from a before-state satisfying the state invariant."""
     tb0 = c.TBs if rules.paused_all_budget_zero else c.TB0
     s = RunState(tb0, c.IB - c.D, z3.IntVal(0), z3.IntVal(0), k.R0, z3.IntVal(0), k.F0, k.H0, z3.IntVal(0),
                  z3.IntVal(0), k.D0, z3.IntVal(0), k.CAx, z3.IntVal(0), z3.IntVal(-1), z3.IntVal(0),
@@ -663,9 +669,9 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
                   rules: LoopRules = LoopRules()):
     """One round of the running loop from `s`: the request at the cursor `cr` is
     skipped, granted, or its allocation fails and victim `v` is preempted
-    (S:839-992).  Returns (frame assumptions, new state, new ghost x, facts about
+    (S:855-1008).  Returns (frame assumptions, new state, new ghost x, facts about
     the round for the claims)."""
-    # choose_victim (S:932-970): the live request of least rank, which run_J makes rank P.
+    # choose_victim (S:948-986): the live request of least rank, which run_J makes rank P.
     victim = z3.If(c.prio, v.rank == s.P, v.pos == 0) if rules.fcfs_victim_head else (v.rank == s.P)
     frame = [cr.inr, cr.pos == s.cur, v.inr, victim,
              cr.static_facts(c, k.R0), v.static_facts(c, k.R0),
@@ -686,9 +692,9 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     ahead_v = z3.And(x_unvisited, z3.Not(_same(x, v)), v.pos < x.pos)
 
     guard = run_guard(s)
-    # num_new_tokens_running (S:839-856): the need, threshold, both budgets, model length.
-    # Async: placeholders count as tokens to compute (S:839); a request whose last
-    # allowed token is in flight gets 0 before any cap (S:800-814), so it is skipped.
+    # num_new_tokens_running (S:855-872): the need, threshold, both budgets, model length.
+    # Async: placeholders count as tokens to compute (S:855); a request whose last
+    # allowed token is in flight gets 0 before any cap (S:816-830), so it is skipped.
     ph = cr.ph if rules.placeholders_in_need else z3.IntVal(0)
     need_tokens = cr.nt + rules.drafts_in_need * cr.d + ph - cr.nc + rules.running_need_extra
     budgets = [s.tb] if rules.grant_ignores_input_budget else [s.tb, s.ib]
@@ -699,12 +705,12 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     guarded = z3.Or(lif, cr.held(c)) if rules.held_chunk_skipped else lif
     n = z3.If(guarded, 0, n)
     # allocate_or_preempt retries with the same n after preempting another request
-    # (S:912-980): n is computed once per request, not once per round.
+    # (S:928-996): n is computed once per request, not once per round.
     if rules.n_once_per_request:
         n = z3.If(s.pend >= 1, s.pend, n)
     skip = (n == 0) if rules.skip_zero_grant else z3.BoolVal(False)
-    # allocate_slots for a running request (K:550-588): no watermark, no gate; the
-    # drafter's lookahead slots too (K:550-553).
+    # allocate_slots for a running request (K:571-609): no watermark, no gate; the
+    # drafter's lookahead slots too (K:571-574).
     need = z3_max0(c.cdiv(z3_min(z3_min(cr.nc, c.L) + n + c.LA, c.L)) - cr.b)
     fits = (need < s.F) if rules.fail_when_exact_fit else (need <= s.F)
     # the bad variant: the guard ends the loop (a `break`) instead of skipping the request
@@ -719,7 +725,7 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
     refund = z3.And(fail, v.g) if rules.refund else z3.BoolVal(False)
 
     tb = s.tb - z3.If(success, n, 0) + z3.If(refund, v.n, 0)
-    # a grant takes its drafter's rows from the input budget too, a refund gives them back (S:955, 1003)
+    # a grant takes its drafter's rows from the input budget too, a refund gives them back (S:971, 1019)
     rows = c.D if rules.drafter_rows_charged else z3.IntVal(0)
     ib = s.ib - z3.If(success, n + rows, 0) + z3.If(refund, v.n + rows, 0)
     T = s.T + z3.If(success, n, 0) - z3.If(z3.And(fail, v.g), v.n, 0)
@@ -758,8 +764,8 @@ def run_iteration(c: LoopConfig, k: RunConsts, s: RunState, x: RunReq, cr: RunRe
                  seq=z3.If(gone, s.P, x.seq),
                  ds=z3.If(gone, 0 if rules.victim_drafts_dropped else x.ds,
                           z3.If(x_grant, x.drafts_sent(n), x.ds)),
-                 # a grant caches the full blocks it computes (K:621-625); a preemption frees
-                 # them all and forgets the count (T:591-599)
+                 # a grant caches the full blocks it computes (K:642-646); a preemption frees
+                 # them all and forgets the count (T:596-604)
                  cb=z3.If(gone, 0, z3.If(x_grant, cached_after(c, x.cb, done, x.nt), x.cb)))
     facts = {"guard": guard, "n": n, "need": need, "skip": skipping, "success": success, "fail": fail,
              "self_preempt": self_pre, "cr_granted_before": cr.g, "guarded": lif,
@@ -776,7 +782,7 @@ class WaitReq:
     and no blocks: spec/invariants.py waiting_requests_hold_nothing), q its queue
     position; adm: admitted this step, n its grant, b its blocks.  With prefix
     caching its admission starts from a hit: hb cached blocks (whole blocks, capped
-    at nt - 1 tokens, K:251-270), he of them held by nobody (in the free queue); 0
+    at nt - 1 tokens, K:251-292), he of them held by nobody (in the free queue); 0
     without.  Like ln and pd, they are inputs of the iteration that visits it (an
     earlier admission of the step can cache blocks it then hits)."""
 
@@ -790,7 +796,7 @@ class WaitReq:
     adm: Any = _B()
     st: Any = _B()  # async: num_stale_output_tokens > 0 (its output from before a preemption in flight)
     gw: Any = _B()  # waits for its grammar: WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, compiling or failed
-    ls: Any = _B()  # LoRA: skipped this step, its adapter one too many (S:1089-1101)
+    ls: Any = _B()  # LoRA: skipped this step, its adapter one too many (S:1128-1140)
     ln: Any = _B()  # LoRA: its adapter is not in the batch yet (an input of the iteration that visits it)
     # Speculative decoding: admitted now it would be a new decode padded with drafts
     # (spec_decode.pads_new_decode): for the head, wait_iteration's frame defines it;
@@ -800,7 +806,7 @@ class WaitReq:
     def static_facts(self, c: LoopConfig, W0):
         # No grammar where schedspec does not model structured output (release.py).
         grammar = z3.BoolVal(True) if release.models_structured_output() else z3.Not(self.gw)
-        # pads_new_decode's conditions on the request and config (S:1308-1330): one
+        # pads_new_decode's conditions on the request and config (S:1358-1380): one
         # token left to compute after its hit, and the padded rows and a sampled token
         # within max_model_len; the batch's (no prefill chunk scheduled, some running
         # request granted or a hit) are in wait_iteration's frame.
@@ -810,11 +816,11 @@ class WaitReq:
                       z3.Implies(z3.Not(c.lora), z3.Not(self.ln)), grammar, padded, hits)
 
     def hit(self, c: LoopConfig):
-        """The tokens its prefix hit computes: num_computed_tokens at admission (S:1110-1127)."""
+        """The tokens its prefix hit computes: num_computed_tokens at admission (S:1149-1166)."""
         return self.hb * c.bs
 
     def computed(self, c: LoopConfig):
-        """num_computed_tokens after the step: the hit and the grant if admitted (S:1845-1877)."""
+        """num_computed_tokens after the step: the hit and the grant if admitted (S:1899-1931)."""
         return z3.If(self.adm, self.hit(c) + self.n, 0)
 
     def n_max(self, c: LoopConfig):
@@ -826,10 +832,10 @@ class WaitReq:
 class WaitState:
     """tbE / ibE: the budgets at the loop's entry; Tr: tokens the running loop
     granted; A: admissions so far; K (async): requests skipped for stale output
-    in flight (S:1084), for a grammar still compiling (S:1079-1082) or for
-    LoRA (S:1089-1101), so the head is before.waiting[A + K]; Lc: the distinct
-    adapters of the running requests (S:1038-1047), one more per admission
-    that brings a new one (S:1563-1565)."""
+    in flight (S:1123), for a grammar still compiling (S:1118-1121) or for
+    LoRA (S:1128-1140), so the head is before.waiting[A + K]; Lc: the distinct
+    adapters of the running requests (S:1054-1063), one more per admission
+    that brings a new one (S:1627-1629)."""
 
     tb: Any
     ib: Any
@@ -849,9 +855,9 @@ class WaitState:
 
 
 def wait_guard(c: LoopConfig, s: WaitState, W0, rules: LoopRules = LoopRules()):
-    """S:1050-1073: budget, a request waiting, a run slot; no earlier stop."""
+    """S:1066-1096: budget, a request waiting, a run slot; no earlier stop."""
     slot = (s.Rn < c.M) if rules.run_slot_check_strict else (s.Rn <= c.M)
-    # PAUSED_NEW admits only a head holding KV blocks (S:1064-1067): none without the KV connector
+    # PAUSED_NEW admits only a head holding KV blocks (S:1100-1107): none without the KV connector
     paused = c.pn if rules.paused_new_admits_none else z3.BoolVal(False)
     return z3.And(z3.Not(s.stopped), s.A + s.K < W0, s.tb > 0, s.ib > 0, slot, z3.Not(paused))
 
@@ -877,11 +883,11 @@ def wait_I(c: LoopConfig, s: WaitState, W0):
 
 
 def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rules: LoopRules = LoopRules()):
-    """One admission attempt of the head `h` (S:1295-1461): admitted with its
+    """One admission attempt of the head `h` (S:1345-1523): admitted with its
     chunk, or admission stops (a `break`: the chunked-off rule, the full-ISL gate,
     the pool with the watermark).  Returns (frame, state, ghost, facts)."""
-    # The admission starts from the head's prefix hit, c0 computed tokens (S:1110-1127; 0
-    # without prefix caching).  pads_new_decode (S:1308-1330): one token left after it, no
+    # The admission starts from the head's prefix hit, c0 computed tokens (S:1149-1166; 0
+    # without prefix caching).  pads_new_decode (S:1358-1380): one token left after it, no
     # prefill chunk granted by the running loop, some running request granted (Tr > 0:
     # scheduled_running, which admissions do not join) or a hit, the padded rows within
     # max_model_len.
@@ -893,51 +899,51 @@ def wait_iteration(c: LoopConfig, s: WaitState, W0, x: WaitReq, h: WaitReq, rule
                                            x.gw == h.gw, x.ls == h.ls, x.pd == h.pd, x.hb == h.hb, x.he == h.he,
                                            x.cb == h.cb))]
     guard = wait_guard(c, s, W0, rules)
-    # Async (S:1084): a head whose output from before its preemption is still in
+    # Async (S:1123): a head whose output from before its preemption is still in
     # flight is skipped and keeps its place; it takes no budget and no run slot.
     stale = h.st if rules.stale_head != "admit" else z3.BoolVal(False)
-    # Structured output (S:1079-1082): a head whose grammar is compiling, or failed,
+    # Structured output (S:1118-1121): a head whose grammar is compiling, or failed,
     # is skipped the same way (a compiled one was promoted to WAITING: gw false).
     grammar = h.gw if rules.grammar_skip else z3.BoolVal(False)
     skip_grammar = z3.And(guard, grammar)
-    # LoRA (S:1089-1101): a head whose adapter is new to a batch that has max_loras
+    # LoRA (S:1128-1140): a head whose adapter is new to a batch that has max_loras
     # adapters already is skipped the same way.
     lora = z3.And(c.lora, h.ln, s.Lc == c.ML + rules.lora_cap_extra)
     skip_lora = z3.And(guard, lora)
     blocked = z3.Or(stale, grammar, lora)
     skip = z3.Or(z3.And(guard, stale) if rules.stale_head == "skip" else z3.BoolVal(False), skip_grammar, skip_lora)
     stale_stop = z3.And(guard, stale, z3.Not(grammar), z3.Not(lora)) if rules.stale_head == "stop" else z3.BoolVal(False)
-    budget = z3_min(s.tb, s.ib)  # S:1295
-    # S:1306 (the tokens left after the hit); a padded new decode asks 1 + K and stops admission
-    # rather than be cut by the budget (S:1308-1330); then the threshold (S:1332).
+    budget = z3_min(s.tb, s.ib)  # S:1345
+    # S:1356 (the tokens left after the hit); a padded new decode asks 1 + K and stops admission
+    # rather than be cut by the budget (S:1358-1380); then the threshold (S:1382).
     ask = z3.If(h.pd, 1 + c.K, h.nt - c0)
     pad_stop = z3.And(h.pd, ask > budget) if rules.padded_budget_checked else z3.BoolVal(False)
     n0 = z3.If(z3.And(0 < c.th, c.th < ask), c.th, ask)
     no_fit = z3.Or(pad_stop, z3.And(z3.Not(c.chunked),
-                                    (n0 >= budget) if rules.chunked_off_fit_strict else (n0 > budget)))  # S:1337-1344
-    n = z3_min(n0, budget + rules.admission_budget_extra)  # S:1346
-    # allocate_slots for an admission (K:518-588): the watermark unless nothing runs, the gate;
-    # the hit blocks are held already (K:531-566), those nobody holds count against the pool.
+                                    (n0 >= budget) if rules.chunked_off_fit_strict else (n0 > budget)))  # S:1387-1394
+    n = z3_min(n0, budget + rules.admission_budget_extra)  # S:1396
+    # allocate_slots for an admission (K:539-609): the watermark unless nothing runs, the gate;
+    # the hit blocks are held already (K:552-587), those nobody holds count against the pool.
     wm = c.wm if rules.watermark_on_first_admission else z3.If(s.Rn > 0, c.wm, 0)
     he = h.he if rules.evictable_hits_checked else z3.IntVal(0)
     full = z3_max0(c.cdiv(z3_min(h.nt, c.L)) - h.hb - h.b)
     gate_fail = z3.And(c.full_isl, (full + he if rules.gate_without_watermark else full + he + wm) > s.F)
-    need = z3_max0(c.cdiv(z3_min(c0 + n + c.LA, c.L)) - h.hb - h.b)  # the lookahead too (K:550-553)
+    need = z3_max0(c.cdiv(z3_min(c0 + n + c.LA, c.L)) - h.hb - h.b)  # the lookahead too (K:571-574)
     # A step that holds prefill stops at a request with more than its last token to
-    # compute (S:1290), a padded new decode never (it has one token left).
+    # compute (S:1340), a padded new decode never (it has one token left).
     held_stop = z3.And(c.hold, h.nt - c0 > 1) if rules.held_admission_stops else z3.BoolVal(False)
     admit = z3.And(guard, z3.Not(blocked), z3.Not(held_stop), z3.Not(no_fit), z3.Not(gate_fail),
                    need + he + wm <= s.F)
     stop = z3.Or(stale_stop, z3.And(guard, z3.Not(blocked), z3.Not(admit)))
-    rows = c.D if rules.drafter_rows_charged else z3.IntVal(0)  # S:1003
+    rows = c.D if rules.drafter_rows_charged else z3.IntVal(0)  # S:1019
     s2 = WaitState(s.tb - z3.If(admit, n, 0), s.ib - z3.If(admit, n + rows, 0), s.T + z3.If(admit, n, 0), s.Tr,
                    s.tbE, s.ibE, s.Rn + z3.If(admit, 1, 0), s.A + z3.If(admit, 1, 0), s.K + z3.If(skip, 1, 0),
                    s.F - z3.If(admit, need + h.he, 0), s.H + z3.If(admit, need + h.he, 0),
                    s.Lc + z3.If(z3.And(admit, h.ln), 1, 0), s.Dc + z3.If(admit, c.D, 0), z3.Or(s.stopped, stop),
                    s.PS)
     xa = z3.And(admit, x.q == h.q)
-    # the hit blocks are cached already (T:268-324), then the grant caches the full blocks it
-    # computes (K:621-625)
+    # the hit blocks are cached already (T:273-329), then the grant caches the full blocks it
+    # computes (K:642-646)
     done = c0 + n if rules.grant_caches_computed else h.nt
     x2 = replace(x, adm=z3.Or(x.adm, xa), n=z3.If(xa, n, x.n), b=z3.If(xa, x.b + h.hb + need, x.b),
                  ls=z3.Or(x.ls, z3.And(skip_lora, x.q == h.q)),
@@ -959,7 +965,7 @@ class FinishState:
 
 def finish_iteration(c: LoopConfig, s: FinishState, b, fr, H_oth, rules: LoopRules = LoopRules()):
     """One finished request, holding `b` blocks, leaves; those of them nobody else
-    holds (`fr`: all without prefix caching) return to the pool (S:3031-3061)."""
+    holds (`fr`: all without prefix caching) return to the pool (S:3170-3201)."""
     frame = [b >= 0, 0 <= fr, fr <= b, H_oth >= 0, s.H == fr + H_oth]
     freed = fr if rules.finish_frees_blocks else z3.IntVal(0)
     return frame, FinishState(s.F + freed, s.H - fr)
@@ -1034,7 +1040,7 @@ def _wait_pre(V: LoopVars):
 
 
 def part_wait_entry(V: LoopVars, R: LoopRules):
-    """From the running loop's exit with no preemption (S:1050) to the waiting
+    """From the running loop's exit with no preemption (S:1066) to the waiting
     loop's invariant; the bad variant admits after a preemption too.  LoRA's
     premise `before_within_max_loras`: before.running uses at most max_loras
     adapters (max_loras_respected of the step before; the running loop only
@@ -1110,7 +1116,7 @@ def exit_running_full_needs(V: LoopVars, R: LoopRules):
     """running_before_waiting, running part: the running loop left budget and
     preempted nothing (the waiting loop's premise), so every request of
     before.running with a positive capped need got all of it, but a prefill chunk
-    a step holding prefill skips on purpose (S:822; the property's exception too)."""
+    a step holding prefill skips on purpose (S:838; the property's exception too)."""
     s, x = V.s, V.x
     pre = _run_pre(V) + [z3.Not(run_guard(s)), s.P == 0, s.tb > 0, s.ib > 0, x.cap(V.c) > 0, z3.Not(x.held(V.c))]
     return pre, z3.And(x.inr, x.g, x.n == x.cap(V.c))
@@ -1154,7 +1160,7 @@ def exit_preemption_failure(V: LoopVars, R: LoopRules):
 
 def exit_no_admission_after_preemption(V: LoopVars, R: LoopRules):
     """... and no request is admitted in that step: the waiting loop is entered
-    only with P == 0 (S:1050); the bad variant enters it always."""
+    only with P == 0 (S:1066); the bad variant enters it always."""
     entered = z3.BoolVal(True) if R.admit_after_preemption else (V.s.P == 0)
     return _run_pre(V) + [z3.Not(run_guard(V.s)), V.s.P > 0], z3.Not(entered)
 
@@ -1173,7 +1179,7 @@ def exit_kv_conserved(V: LoopVars, R: LoopRules):
 
 
 def placeholders_after(c: LoopConfig, nc2, nt, ph, granted, rules: LoopRules, ds=0):
-    """update_after_schedule (S:1845-1877, async_scheduler.py:24-56): with async
+    """update_after_schedule (S:1899-1931, async_scheduler.py:24-56): with async
     scheduling a granted request that is not mid-prefill (computed tokens, advanced
     by the grant, reach num_tokens + placeholders) gets one output placeholder, and
     one per draft `ds` it sent the model this step (async_scheduler.py:40-45)."""
@@ -1185,7 +1191,7 @@ def placeholders_after(c: LoopConfig, nc2, nt, ph, granted, rules: LoopRules, ds
 
 def padded_drafts(c: LoopConfig, wx):
     """The drafts an admitted request sends: num_speculative_tokens -1 rows when its
-    admission is a padded new decode (S:1308-1330, 1579), else none."""
+    admission is a padded new decode (S:1358-1380, 1643), else none."""
     return z3.If(z3.And(wx.adm, wx.pd), c.K, 0)
 
 
@@ -1195,9 +1201,9 @@ def exit_computed_bounded(V: LoopVars, R: LoopRules):
     with async on, strictly below (the state invariant
     computed_tokens_below_num_tokens: the placeholder added to a request that
     completes its known tokens; in the synchronous engine the token it samples,
-    U:98-140, gives it); and computed < max_model_len (cap 3, S:852), the premise
+    U:98-140, gives it); and computed < max_model_len (cap 3, S:868), the premise
     `static_facts` assumes of the next step.  A preempted request restarts from 0
-    with no placeholders (S:1799-1843)."""
+    with no placeholders (S:1853-1897)."""
     c, x, wx = V.c, V.x, V.wx
     nc_after = z3.If(x.g, x.nc + x.n, z3.If(x.inr, x.nc, 0))
     ph_after = z3.If(x.inr, placeholders_after(c, nc_after, x.nt, x.ph, x.g, R, x.drafts_sent(x.n)), 0)
@@ -1211,13 +1217,13 @@ def exit_computed_bounded(V: LoopVars, R: LoopRules):
 
 
 def lemma_delivery_keeps_bound(V: LoopVars, R: LoopRules):
-    """update_from_output of a batch (with async, an older one, S:2259-2551)
+    """update_from_output of a batch (with async, an older one, S:2301-2618)
     keeps computed < num_tokens + placeholders, computed < max_model_len and
     placeholders >= 0 for a request it does not finish: it delivers k <= 1 token
-    (no speculative decoding), which replaces a placeholder (S:2763-2770) or, for
+    (no speculative decoding), which replaces a placeholder (S:2898-2905) or, for
     a request preempted meanwhile (stale), is appended with progress and
-    placeholders unchanged (S:2316-2338); computed tokens fall only by tokens
-    discarded past a stop (S:2756-2762), which finishes the request."""
+    placeholders unchanged (S:2362-2384); computed tokens fall only by tokens
+    discarded past a stop (S:2891-2897), which finishes the request."""
     c, x, k = V.c, V.x, V.dk
     nt2 = x.nt + k
     ph2 = x.ph - z3.If(z3.And(x.ph > 0, k > 0), k, 0)
@@ -1230,12 +1236,12 @@ def exit_never_starved(V: LoopVars, R: LoopRules):
     received >= 1 token, given the named premises: the capped needs of the
     requests ahead of it sum to less than the step budget (`ahead_within_budget`);
     `not_last_token_in_flight`: the async max_tokens guard does not skip it
-    (S:800-814); `below_max_model_len_cap`: computed + 1 < max_model_len, so the
-    max_model_len cap (S:852) leaves it a token (under async, computed tokens run
+    (S:816-830); `below_max_model_len_cap`: computed + 1 < max_model_len, so the
+    max_model_len cap (S:868) leaves it a token (under async, computed tokens run
     ahead of num_tokens by the placeholders).  Both hold always in the
     synchronous engine (lemma below).  `not_held_prefill_chunk`: the step does
-    not hold prefill, or x is not a prefill chunk (S:822, prefill throttling).
-    `engine_not_paused_all`: a PAUSED_ALL engine schedules nothing (S:719, 723-725)."""
+    not hold prefill, or x is not a prefill chunk (S:838, prefill throttling).
+    `engine_not_paused_all`: a PAUSED_ALL engine schedules nothing (S:735, 739-741)."""
     s, x, k, c = V.s, V.x, V.k, V.c
     pre = _run_pre(V) + [z3.Not(run_guard(s)), x.inr, k.CAx < c.B, z3.Not(x.lif()), x.nc + 1 < c.L,
                          z3.Not(x.held(c)), z3.Not(c.pa)]
@@ -1264,7 +1270,7 @@ def lemma_cap_positive_sync(V: LoopVars, R: LoopRules):
 def lemma_cap_positive(V: LoopVars, R: LoopRules):
     """The named exceptions are the only ones: outside them a running request's
     capped need is >= 1 (async on or off), so they are exactly the cases where the
-    running loop skips it (n == 0, S:891-909) with budget left."""
+    running loop skips it (n == 0, S:907-925) with budget left."""
     c, x = V.c, V.x
     return [c.constraints(), x.static_facts(c, V.k.R0), z3.Not(x.lif()), x.nc + 1 < c.L], x.cap(c) >= 1
 
@@ -1273,7 +1279,7 @@ def lemma_caps_nonincreasing(V: LoopVars, R: LoopRules):
     """`ahead_within_budget` is kept from step to step: a request that got its whole
     capped need c has a capped need <= c in the next step (its prefill chunk
     shrinks, or it samples and needs one token), so the sum ahead of x never grows
-    (requests join running only at its tail, S:1547-1549, and leave by preemption
+    (requests join running only at its tail, S:1609-1611, and leave by preemption
     or finish).  The next step's threshold in force `th2` is the same, or a lower
     positive one: an adaptive threshold that falls as requests arrive
     (config.long_prefill_threshold); one that grows is the next lemma's case."""
@@ -1282,7 +1288,7 @@ def lemma_caps_nonincreasing(V: LoopVars, R: LoopRules):
     nc2 = x.nc + cap
     # Async: update_after_schedule's placeholder, then the batch update_from_output
     # applies delivers k <= 1 token that replaces a placeholder (a sampling batch in
-    # flight always carries one, async_scheduler.py:24-56, S:2763-2770).  Sync: the
+    # flight always carries one, async_scheduler.py:24-56, S:2898-2905).  Sync: the
     # step samples one token when the prefill is complete.
     ph2 = placeholders_after(c, nc2, x.nt, x.ph, z3.BoolVal(True), R, x.drafts_sent(cap))
     deliveries = z3.If(c.asy, z3.And(0 <= k, k <= 1, k <= ph2), k == z3.If(nc2 >= x.nt, 1, 0))
@@ -1298,7 +1304,7 @@ def lemma_caps_nonincreasing(V: LoopVars, R: LoopRules):
 
 def lemma_grown_threshold_within_budget(V: LoopVars, R: LoopRules):
     """An adaptive threshold that grows (config.long_prefill_threshold: max(threshold,
-    max_num_batched_tokens // eligible), S:754-772) keeps `ahead_within_budget`
+    max_num_batched_tokens // eligible), S:770-788) keeps `ahead_within_budget`
     when max_num_scheduled_tokens >= max_num_batched_tokens (the named premise
     `scheduled_at_least_batched`): the kA requests ahead of x and x are eligible, so
     the next step's threshold is at most max_num_batched_tokens // (kA + 1), and
@@ -1313,8 +1319,8 @@ def lemma_grown_threshold_within_budget(V: LoopVars, R: LoopRules):
     # the kA requests ahead of it eligible in both.
     pre = [c.constraints(), threshold_constraints(c, V.T, V.adaptive), c.TB0 >= c.IB0,
            V.kA >= 1, V.NE >= V.kA + 1, V.NE2 >= V.kA + 1,
-           c.th == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE),
-           V.th2 == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE2),
+           c.th == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE, c.chunked),
+           V.th2 == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE2, c.chunked),
            V.SA2 >= 0, V.SA2 <= V.kA * V.th2]
     # Only a grown threshold is this lemma's case (before 0.33.0 none grows: no adaptive flag).
     return pre, z3.Implies(V.th2 > c.th, V.SA2 < c.B)
@@ -1325,7 +1331,7 @@ def lemma_grown_threshold_within_budget(V: LoopVars, R: LoopRules):
 
 def drafts_J(c: LoopConfig, r: RunReq):
     """What the step's output holds for a request of before.running: drafts only
-    for a request granted this step (a victim's leave with its grant, S:951-957),
+    for a request granted this step (a victim's leave with its grant, S:967-973),
     as many as spec_decode.schedule_drafts takes of its grant."""
     return r.ds == z3.If(r.g, r.drafts_sent(r.n), 0)
 
@@ -1344,7 +1350,7 @@ def exit_drafts_known(V: LoopVars, R: LoopRules):
     """drafts_sent_are_known, running part: when the running loop ends, a request
     of before.running has drafts in the output only if it is scheduled and still
     running, and no more than it has (its grant never passes num_tokens_with_spec
-    + placeholders, S:839), so they are a prefix of its own (the spec slices
+    + placeholders, S:855), so they are a prefix of its own (the spec slices
     them: spec_decode.schedule_drafts)."""
     x = V.x
     return _run_pre(V) + [drafts_J(V.c, x), z3.Not(run_guard(V.s))], z3.And(
@@ -1354,7 +1360,7 @@ def exit_drafts_known(V: LoopVars, R: LoopRules):
 def iter_padded_admission(V: LoopVars, R: LoopRules):
     """... and admission part: a padded new decode is granted exactly 1 +
     num_speculative_tokens tokens, the one token it lacks and one per -1 draft, so
-    its drafts are num_speculative_tokens paddings and vLLM's assertion S:1579
+    its drafts are num_speculative_tokens paddings and vLLM's assertion S:1643
     holds; given the premise `threshold_admits_padded_decode` (no long-prefill
     threshold, or one of at least 1 + num_speculative_tokens: below it the
     threshold cuts the padded decode and vLLM 0.33.0 raises, docs/rules.md)."""
@@ -1372,22 +1378,22 @@ def counters_J(ph, inf, stl, running):
     in-flight and stale tokens are >= 0 and stale <= in flight (the property);
     and stale output is all of its output in flight, of a waiting request with
     no placeholders: a preemption makes all of it stale and resets the
-    placeholders (S:1799-1843), and the waiting loop never admits it while any is
-    left (S:1084), so nothing new goes in flight meanwhile."""
+    placeholders (S:1853-1897), and the waiting loop never admits it while any is
+    left (S:1123), so nothing new goes in flight meanwhile."""
     return z3.And(ph >= 0, inf >= 0, stl >= 0, stl <= inf,
                   z3.Implies(stl > 0, z3.And(stl == inf, ph == 0, z3.Not(running))))
 
 
 def inflight_after(inf, granted, n, rules: LoopRules):
-    """update_after_schedule (S:1845-1877): the grant goes in flight."""
+    """update_after_schedule (S:1899-1931): the grant goes in flight."""
     return inf + (z3.If(granted, n, 0) if rules.inflight_added else 0)
 
 
 def deliver(ph, inf, stl, bt, k, rules: LoopRules):
     """update_from_output for one request of the batch it applies, `bt` tokens
-    scheduled, k <= 1 sampled: a stale batch (stale > 0, S:2316-2338) lowers in
+    scheduled, k <= 1 sampled: a stale batch (stale > 0, S:2362-2384) lowers in
     flight and stale and keeps the placeholders; otherwise (deliver_output,
-    S:2763-2770) in flight falls by bt and a sampled token replaces a placeholder
+    S:2898-2905) in flight falls by bt and a sampled token replaces a placeholder
     if it has one."""
     stale = stl > 0
     inf2 = inf - bt
@@ -1423,7 +1429,7 @@ def exit_counters_running(V: LoopVars, R: LoopRules):
 
 def exit_counters_waiting(V: LoopVars, R: LoopRules):
     """A request of before.waiting (no placeholders: a preemption reset them),
-    admitted (never with stale output: the skip of S:1084, wait_J) or left."""
+    admitted (never with stale output: the skip of S:1123, wait_J) or left."""
     c, wx = V.c, V.wx
     n_now = z3.If(wx.adm, wx.n, 0)
     pre = _wait_pre(V) + [c.asy, counters_J(0, V.inf, V.stl, False), wx.st == (V.stl > 0)] + _batch(V, n_now)
@@ -1437,14 +1443,14 @@ def exit_counters_waiting(V: LoopVars, R: LoopRules):
 
 
 def deliver_tokens(c: LoopConfig, nc, nt, lim, cb, d, m, stop_at, inf, bt, ph, rules: LoopRules):
-    """deliver_output (S:2346-2415, 2756-2770) to a running request of the batch it
+    """deliver_output (S:2392-2471, 2891-2905) to a running request of the batch it
     applies: m >= 1 tokens sampled, d drafts sent with the batch.  The rejected drafts
-    roll computed tokens back (S:2371-2380); the tokens after the first that stops it
-    are discarded and roll them back too (S:2756-2762): an EOS or stop token at
+    roll computed tokens back (S:2417-2426); the tokens after the first that stops it
+    are discarded and roll them back too (S:2891-2897): an EOS or stop token at
     position `stop_at` (1-based; m or more for none), or num_tokens reaching
     max_model_len or `lim` (num_prompt_tokens + max_tokens, U:98-140).  Then, with
     placeholders or drafts configured, it caches the full blocks of its computed
-    tokens out of flight (S:2403-2415).  Returns (computed, num_tokens, cached)."""
+    tokens out of flight (S:2450-2471).  Returns (computed, num_tokens, cached)."""
     rejected = z3.If(z3.And(d > 0, nc > 0), d - (m - 1), 0)
     kept = z3_min(m, stop_at, z3_min(c.L, lim) - nt)
     nc2 = nc - rejected - (m - kept)
@@ -1610,7 +1616,7 @@ FEATURE_ONLY: dict[str, Callable[[], bool]] = {"max_loras_respected": release.mo
 # and which blocks a step caches, whose delivery lemma delivers several tokens
 # (deliver_tokens).  The other four are stated with it off (their premises add `not sd`): their
 # lemmas model the delivery of one sampled token, where speculative decoding
-# delivers accepted drafts and rolls back rejected ones (S:2346-2380), and their
+# delivers accepted drafts and rolls back rejected ones (S:2392-2426), and their
 # exits bound computed tokens by num_tokens + placeholders, which a synchronous
 # grant of drafts passes until that rollback.
 SPEC_DECODE = frozenset({"token_budget_respected", "max_num_seqs_respected", "running_before_waiting",

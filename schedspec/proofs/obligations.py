@@ -349,7 +349,7 @@ def _new_request(before: SymState, slot: int) -> tuple[SymSlot, list]:
     c = before.config
     valid = [1 <= new.num_prompt_tokens, new.num_prompt_tokens < c.max_model_len, new.max_tokens >= 1,
              new.output_len >= 0, z3.Not(before.slots[slot].present)]
-    # A new id (add_request rejects a duplicate, S:2931).
+    # A new id (add_request rejects a duplicate, S:3065).
     valid += [z3.Implies(s.present, s.rid_rank != new.rid_rank) for i, s in enumerate(before.slots) if i != slot]
     return new, valid
 

@@ -8,11 +8,11 @@ counts, block hashes, and the free queue in three parts, popped in this order:
 changes the pool only through four operations of `PoolWork`, each acting on one
 block of one request `a` (the *acting* request):
 
-- touch:   one prefix hit becomes a's next block (add_hits, T:268-324, P:792-810);
+- touch:   one prefix hit becomes a's next block (add_hits, T:273-329, P:774-792);
 - pop:     the queue's head becomes a's next block, its hash evicted
-           (allocate_new_blocks, P:706-740, 769-790);
-- cache:   a's block at index j gets a's hash at j (cache_blocks, P:230-300);
-- release: a's last block is released (free, tail first, T:591-599, P:816-849).
+           (allocate_new_blocks, P:681-722, 751-772);
+- cache:   a's block at index j gets a's hash at j (cache_blocks, P:203-273);
+- release: a's last block is released (free, tail first, T:596-604, P:799-839).
 
 `add_hits` is touches in hit order, `allocate_new_blocks(k)` k pops, `cache_blocks`
 one cache per new full block, `free` releases until a holds nothing.  The pool
@@ -37,7 +37,7 @@ the ghost's plus a non-negative rest, sound for any number of blocks.
 here only where used: `ra` / `rx`, the acting / ghost request's hash at the
 block's index in its list, and `hn`, a's hash at its next index.  A touch takes
 a block cached under `hn` (get_computed_blocks looks a's hashes up in order,
-T:792-800), a cache gives a's block the hash at its index; the invariant says a
+T:797-805), a cache gives a's block the hash at its index; the invariant says a
 hashed block carries the hash of its index in every list that holds it, and an
 unhashed held block has one holder (only hits share blocks, and hits are
 hashed).  So a cache never changes a hash that some holder relies on, and never
@@ -75,11 +75,11 @@ HELD, FRONT, FRESH, BACK = 0, 1, 2, 3
 class PoolRules:
     """The spec's rules ("correct") and known-bad changes, one rule each."""
 
-    hit_leaves_queue: bool = True  # P:792-810: touching a free hit takes it out of the queue
-    hit_is_cached: bool = True  # T:792-800: a hit is a block cached under the request's hash
-    pop_evicts_hash: bool = True  # P:769-790: a popped block loses its hash
-    release_decrements: bool = True  # T:591-599: free lowers each block's ref_cnt
-    hashed_to_back: bool = True  # P:816-849: a freed hashed block goes to the back (LRU)
+    hit_leaves_queue: bool = True  # P:774-792: touching a free hit takes it out of the queue
+    hit_is_cached: bool = True  # T:797-805: a hit is a block cached under the request's hash
+    pop_evicts_hash: bool = True  # P:751-772: a popped block loses its hash
+    release_decrements: bool = True  # T:596-604: free lowers each block's ref_cnt
+    hashed_to_back: bool = True  # P:799-839: a freed hashed block goes to the back (LRU)
     free_counted: bool = True  # num_free_blocks rises by each block freed
 
 
@@ -202,7 +202,7 @@ def _joins_a(p: Pool, b: Blk):
 
 
 def touch(p: Pool, g: Blk, t: Blk, sp: Split, rules: PoolRules = PoolRules()):
-    """One prefix hit t becomes a's next block; a free hit leaves the queue (P:792-810).
+    """One prefix hit t becomes a's next block; a free hit leaves the queue (P:774-792).
     Returns (frame, premises, pool, ghost, facts)."""
     # get_computed_blocks: a block cached under a's hash at the index it takes,
     # which a does not hold yet (hits are distinct blocks)
@@ -218,7 +218,7 @@ def touch(p: Pool, g: Blk, t: Blk, sp: Split, rules: PoolRules = PoolRules()):
 
 
 def pop(p: Pool, g: Blk, t: Blk, sp: Split, rules: PoolRules = PoolRules()):
-    """The queue's head t becomes a's next block, its hash evicted (P:706-740, 769-790)."""
+    """The queue's head t becomes a's next block, its hash evicted (P:681-722, 751-772)."""
     head = z3.Or(t.part == FRONT, z3.And(t.part == FRESH, p.NFr == 0), z3.And(t.part == BACK, p.NFr == 0, p.NFs == 0))
     pre = [head]
     fr, fs, bk = _counts(p, t.part, -1)
@@ -230,7 +230,7 @@ def pop(p: Pool, g: Blk, t: Blk, sp: Split, rules: PoolRules = PoolRules()):
 
 
 def cache(p: Pool, g: Blk, t: Blk, sp: Split, rules: PoolRules = PoolRules()):
-    """a's block t gets a's hash at its index (t.ra), now available (P:230-300); a
+    """a's block t gets a's hash at its index (t.ra), now available (P:203-273); a
     block already hashed keeps its hash (the same, by the invariant)."""
     pre = [t.ha]
     t2 = replace(t, hashed=z3.BoolVal(True), hsh=z3.If(t.hashed, t.hsh, t.ra), av=z3.Or(t.av, z3.Not(t.hashed)))
@@ -240,7 +240,7 @@ def cache(p: Pool, g: Blk, t: Blk, sp: Split, rules: PoolRules = PoolRules()):
 
 def release_tail(p: Pool, g: Blk, t: Blk, sp: Split, rules: PoolRules = PoolRules()):
     """a's last block t is released; at ref_cnt 0 it joins the queue, hashed at the
-    back, else at the front (P:816-849; 0.20.0 always at the back)."""
+    back, else at the front (P:799-839; 0.20.0 always at the back)."""
     pre = [t.ha, t.ia == p.la - 1]
     dec = 1 if rules.release_decrements else 0
     freed = t.ref - dec == 0
@@ -324,8 +324,8 @@ def iter_hit_available(V: PoolVars, R: PoolRules):
 def lookup_length(run, num_tokens, block_size):
     """How many hits the lookup returns: the request's cached hashes from the start
     (`run` of them before the first uncached one), over at most (num_tokens - 1)
-    // block_size blocks, so that a token is left to compute (K:295-307,
-    T:792-800).  The agreement test evaluates it on every lookup of the spec."""
+    // block_size blocks, so that a token is left to compute (K:318-329,
+    T:797-805).  The agreement test evaluates it on every lookup of the spec."""
     cap = (num_tokens - 1) / block_size
     return z3.If(run < cap, run, cap)
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import z3
 
-from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO
+from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL, LONG_PREFILL_THRESHOLD_NEEDS_TWO
 
 from . import release
 from .encoding import SymDecision, z3_max0, z3_min
@@ -42,9 +42,13 @@ def step_budget(st: SymState):
 
 def long_prefill_threshold(st: SymState):
     """spec/properties.py get_long_prefill_threshold."""
-    if not release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
-        return st.config.long_prefill_token_threshold
-    return z3.If(st.num_running + st.num_waiting > 1, st.config.long_prefill_token_threshold, 0)
+    c = st.config
+    in_force = z3.BoolVal(True)
+    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
+        in_force = st.num_running + st.num_waiting > 1
+    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+        in_force = z3.And(in_force, c.enable_chunked_prefill)
+    return z3.If(in_force, c.long_prefill_token_threshold, 0)
 
 
 def capped_need(st: SymState, r: SymSlot):

@@ -25,9 +25,10 @@ What a release changes in the proofs:
 from __future__ import annotations
 
 from schedspec.spec import versions
-from schedspec.spec.versions import (DEFAULT_RELEASE, GATES, INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO,
-                                     PRIORITY_SELF_PREEMPTION_CONTINUES, RELEASES, UNHASHED_FREE_BLOCKS_FIRST, checks,
-                                     field_minimum, has)
+from schedspec.spec.versions import (ADAPTIVE_THRESHOLD, DEFAULT_RELEASE, ENCODER_INPUTS, GATES, HASH_LOOKAHEAD, INPUT_BUDGET, LORA,
+                                     LONG_PREFILL_THRESHOLD_NEEDS_TWO, PREFILL_THROTTLE,
+                                     PRIORITY_SELF_PREEMPTION_CONTINUES, RELEASES, SPEC_DECODE, STRUCTURED_OUTPUT,
+                                     UNHASHED_FREE_BLOCKS_FIRST, checks, field_minimum, has, models)
 
 _release = [DEFAULT_RELEASE]
 
@@ -43,7 +44,7 @@ def release() -> str:
 
 
 def applies(gate: str) -> bool:
-    """Does the modelled release apply 0.33.0's rule `gate`?"""
+    """Does the modelled release apply rule `gate` as changed at its release?"""
     return has(_release[0], gate)
 
 
@@ -58,40 +59,40 @@ def fields_lacking() -> frozenset[str]:
 
 
 def models_lora() -> bool:
-    """Does schedspec model LoRA for the modelled release?  Only for 0.33.0: the
-    spec refuses max_loras for any other (spec/config.py validate_config)."""
-    return _release[0] == DEFAULT_RELEASE
+    """Does schedspec model LoRA for the modelled release?  From the release versions.FEATURES_SINCE names on."""
+    return models(_release[0], LORA)
 
 
 def models_structured_output() -> bool:
-    """Does schedspec model structured output for the modelled release?  Only for
-    0.33.0: the spec refuses a grammar for any other (spec/input_processor.py)."""
-    return _release[0] == DEFAULT_RELEASE
+    """Does schedspec model structured output for the modelled release?  From the release versions.FEATURES_SINCE names on."""
+    return models(_release[0], STRUCTURED_OUTPUT)
 
 
 def models_encoder_inputs() -> bool:
-    """Does schedspec model encoder inputs for the modelled release?  Only for 0.33.0:
-    the spec refuses mm_features for any other (spec/input_processor.py)."""
-    return _release[0] == DEFAULT_RELEASE
+    """Does schedspec model encoder inputs for the modelled release?  From the release versions.FEATURES_SINCE names on."""
+    return models(_release[0], ENCODER_INPUTS)
 
 
 def models_spec_decode() -> bool:
-    """Does schedspec model speculative decoding for the modelled release?  Only for
-    0.33.0: the spec refuses num_speculative_tokens for any other (spec/config.py)."""
-    return _release[0] == DEFAULT_RELEASE
+    """Does schedspec model speculative decoding for the modelled release?  From the release versions.FEATURES_SINCE names on."""
+    return models(_release[0], SPEC_DECODE)
 
 
 def models_prefill_throttle() -> bool:
     """Does schedspec model prefill throttling (a step that holds prefill) for the
-    modelled release?  Only for 0.33.0: for the others the spec never defers
-    (spec/prefill_throttle.py `modelled`)."""
-    return _release[0] == DEFAULT_RELEASE
+    modelled release?  From the release versions.FEATURES_SINCE names on."""
+    return models(_release[0], PREFILL_THROTTLE)
 
 
 def models_adaptive_threshold() -> bool:
     """Does schedspec model `long_prefill_token_threshold_adaptive` for the modelled
-    release?  Only for 0.33.0: the spec refuses it for any other (spec/config.py)."""
-    return _release[0] == DEFAULT_RELEASE
+    release?  From the release versions.FEATURES_SINCE names on."""
+    return models(_release[0], ADAPTIVE_THRESHOLD)
+
+
+def models_hash_lookahead() -> bool:
+    """Does schedspec model lookahead block hashes for the modelled release?"""
+    return models(_release[0], HASH_LOOKAHEAD)
 
 
 def scenario_config(config: dict) -> dict:
@@ -125,7 +126,7 @@ SAME_AS_RULE_OF = {
 
 # Bad variant -> does the modelled release have the feature it breaks?  Without
 # it the variant is the rules themselves (loop_invariants.py: a drafter's rows
-# exist only with speculative decoding, which schedspec models for 0.33.0).
+# exist only with speculative decoding, which schedspec models from 0.33.0 on).
 NEEDS_FEATURE = {"drafter_rows_not_charged": models_spec_decode}
 
 

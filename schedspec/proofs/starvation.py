@@ -9,7 +9,7 @@ admitted, at the tail of `running` (its later chunks).  The claims:
 - `no_run_slot`: D >= max_num_active_reqs => the waiting prompt receives 0 tokens;
 - `chunk_grant`: D < B, chunked prefill on, a free run slot, enough free blocks =>
   it receives min(P, cap) > 0, where cap = B - D, or min(B - D, threshold) when the
-  long-prefill threshold is in force (more than one eligible request, S:757-763);
+  long-prefill threshold is in force (more than one eligible request, S:773-779);
 - `prefill_steps`: under the same premises, with no decode finishing, after k steps
   the prompt has min(P, k*cap) computed tokens (induction on k), so its prefill
   completes in exactly ceil(P / cap) steps, and D stays constant;
@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO
+from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL, LONG_PREFILL_THRESHOLD_NEEDS_TWO
 
 from . import release
 from .obligation import Bound, Obligation, Result
@@ -185,15 +185,19 @@ def step_budget(o, s: AggState):
 
 
 def threshold_in_force(o, s: AggState, variant: str = "correct"):
-    """S:757-763: the cap applies only with more than one eligible request."""
+    """S:770-779: the cap applies only with more than one eligible request (from
+    0.31.0) and with chunked prefill on (from 0.34.0)."""
     eligible = s.D + s.W + o.If(s.prompt_running, 1, 0)
+    on = s.threshold > 0
+    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+        on = o.And(on, s.chunked)
     if variant == "threshold_one_eligible" or not release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
-        return s.threshold > 0  # the bad variant is the rule before 0.31.0
-    return o.And(s.threshold > 0, eligible > 1)
+        return on  # the bad variant is the rule before 0.31.0
+    return o.And(on, eligible > 1)
 
 
 def capped_need(o, s: AggState, variant: str = "correct"):
-    """The prompt's need after the long-prefill cap (S:844, S:1332)."""
+    """The prompt's need after the long-prefill cap (S:860, S:1382)."""
     return o.If(o.And(threshold_in_force(o, s, variant), s.threshold < s.P), s.threshold, s.P)
 
 
@@ -210,14 +214,14 @@ def aggregate_step(o, s: AggState, ch: AggChoice, variant: str = "correct") -> A
     )
     left = B - decode_tokens
 
-    # Later chunks: the prompt is in the running loop, after the decodes (S:793-1036).
+    # Later chunks: the prompt is in the running loop, after the decodes (S:809-1052).
     # Under PRIORITY a decode's failure may preempt another decode and the prompt
     # still be served; only the FCFS outcome (the tail, i.e. the prompt, is the
     # victim) is pinned down, so a preempted step leaves its grant open in [0, P].
     run_n = o.Min(need, left + slack)
     run_tokens = o.If(o.And(no_failure, left > 0, ch.prompt_alloc_ok), run_n, 0)
 
-    # First chunk: the waiting loop (S:1050-1614), skipped after any preemption.
+    # First chunk: the waiting loop (S:1066-1687), skipped after any preemption.
     run_slot = s.D < s.max_num_active_reqs
     if variant == "no_run_slot_check":
         run_slot = True
@@ -286,7 +290,7 @@ def per_request_step(o, s: PerRequestState, block_size: int) -> PerRequestOut:
     running loop over the decode slots (then the prompt when it runs), each with
     the three caps and its own allocation against the remaining pool, then the
     waiting loop for the prompt.  Exact for every output when no allocation fails;
-    on a failure it stops the step with `preempted` (S:1050 then skips admission,
+    on a failure it stops the step with `preempted` (S:1066 then skips admission,
     and under FCFS the prompt, the tail of running, is the first victim), which is
     exact for the prompt's grant."""
     tb, ib, free = s.token_budget, s.max_num_batched_tokens, s.num_free_blocks
@@ -294,6 +298,8 @@ def per_request_step(o, s: PerRequestState, block_size: int) -> PerRequestOut:
     decode_total = 0
     eligible = s.D + s.W + o.If(s.prompt_running, 1, 0)
     thr = o.If(eligible > 1, s.threshold, 0) if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO) else s.threshold
+    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+        thr = o.If(s.chunked, thr, 0)
     if not release.applies(INPUT_BUDGET):
         ib = tb  # the token budget alone (versions.INPUT_BUDGET)
 
@@ -307,7 +313,7 @@ def per_request_step(o, s: PerRequestState, block_size: int) -> PerRequestOut:
         stop = o.Or(stop, o.And(live, ib <= 0))
         live = o.And(live, ib > 0)
         n = cap(1, d.num_computed_tokens)
-        live = o.And(live, n > 0)  # n == 0 is skipped, not the end of the scan (S:891)
+        live = o.And(live, n > 0)  # n == 0 is skipped, not the end of the scan (S:907)
         ok = d.block_demand <= free
         grant = o.And(live, ok)
         fail = o.And(live, o.Not(ok))
@@ -330,7 +336,7 @@ def per_request_step(o, s: PerRequestState, block_size: int) -> PerRequestOut:
     pre = o.Or(pre, o.And(live, o.Not(run_ok)))
 
     # The prompt as the head of waiting (admission: watermark once something runs,
-    # the full-ISL gate, K:518-548).
+    # the full-ISL gate, K:539-569).
     enter = o.And(o.Not(s.prompt_running), o.Not(pre), tb > 0, ib > 0, s.D < s.max_num_active_reqs)
     n = o.If(o.And(thr > 0, thr < need), thr, need)
     budget = o.Min(tb, ib)
@@ -743,7 +749,7 @@ OBLIGATIONS: list[Obligation] = [
                                                   s.chunked),
                              "Expect: at step 1 the prompt gets 0 tokens although budget is left."),
         bad_variants=("no_run_slot_check",),
-        doc="With every run slot taken (S:1071-1073) the waiting prompt receives 0 tokens.",
+        doc="With every run slot taken (S:1093-1096) the waiting prompt receives 0 tokens.",
     ),
     Obligation(
         name="starvation.chunk_grant", property=PROPERTY, kind="theorem", bound=UNBOUNDED,

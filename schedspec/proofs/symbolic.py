@@ -165,14 +165,14 @@ class SymSlot:
 
 
 def key_lt(a: SymSlot, b: SymSlot):
-    """a.queue_key < b.queue_key: (priority, arrival_time, request_id) (RQ:357-367)."""
+    """a.queue_key < b.queue_key: (priority, arrival_time, request_id) (RQ:409-419)."""
     return z3.Or(a.priority < b.priority,
                  z3.And(a.priority == b.priority,
                         z3.Or(a.arrival < b.arrival, z3.And(a.arrival == b.arrival, a.rid_rank < b.rid_rank))))
 
 
 def priority_key_le(a: SymSlot, b: SymSlot):
-    """a.priority_key <= b.priority_key: (priority, arrival_time) (S:932-936)."""
+    """a.priority_key <= b.priority_key: (priority, arrival_time) (S:948-952)."""
     return z3.Or(a.priority < b.priority, z3.And(a.priority == b.priority, a.arrival <= b.arrival))
 
 

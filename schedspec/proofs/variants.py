@@ -20,7 +20,7 @@ class Rules:
     running_cap: int | None = None  # an extra cap on every running grant
     running_need_extra: int = 0  # the running need over-estimated by this much
     model_len_margin: int = 1  # cap 3: max_model_len - num_computed_tokens - margin
-    skip_zero_grant: bool = True  # S:891: a 0-token running grant is skipped
+    skip_zero_grant: bool = True  # S:907: a 0-token running grant is skipped
     threshold_min_eligible: int = 2  # the long-prefill cap applies with >= this many eligible
     # preemption
     fail_when_exact_fit: bool = False  # running allocation "fails" although it fits exactly
@@ -30,7 +30,7 @@ class Rules:
     preempt_counts: bool = True
     preempted_to_front: bool = True  # FCFS prepend / PRIORITY heap push
     # admission
-    admit_after_preemption: bool = False  # S:1050 gate removed
+    admit_after_preemption: bool = False  # S:1066 gate removed
     run_slot_check_strict: bool = True  # len(running) >= max_num_active_reqs stops admission
     admitted_to_running: bool = True  # an admitted request joins running
     waiting_first: bool = False  # the waiting loop runs before the running loop

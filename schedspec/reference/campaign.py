@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from schedspec.base.errors import UsageError, shown
 from schedspec.base.progress import Progress
-from schedspec.spec.config import ConfigError, SchedulerConfig, config_from_dict
+from schedspec.spec.config import FLOAT_FIELDS, ConfigError, SchedulerConfig, config_from_dict
 
 from .compare import Divergence
 from .engine import run_scenario
@@ -245,6 +245,10 @@ def campaign_flags(options: CampaignOptions):
 
 
 def _accepts(impl_name: str, impl, raw: dict[str, Any]) -> tuple[bool, str]:
+    from .scenario import default_vllm_version
+
+    # A config naming no release is of the command's release (--vllm-version, --impl vllm==X).
+    raw = raw if "vllm_version" in raw else {**raw, "vllm_version": default_vllm_version()}
     if impl_name == "spec":
         try:
             config_from_dict(raw)
@@ -252,7 +256,7 @@ def _accepts(impl_name: str, impl, raw: dict[str, Any]) -> tuple[bool, str]:
         except ConfigError as e:
             return False, str(e)
     try:
-        cfg = SchedulerConfig(**{k: (float(v) if k == "watermark" else v) for k, v in raw.items()})
+        cfg = SchedulerConfig(**{k: (float(v) if k in FLOAT_FIELDS else v) for k, v in raw.items()})
         impl.reset(cfg)
         return True, ""
     except (ConfigError, ValueError) as e:

@@ -26,6 +26,19 @@ def flag_label(prefix_caching: bool, async_scheduling: bool) -> str:
     return ("async" if async_scheduling else "sync") + (" + prefix caching" if prefix_caching else "")
 
 
+def resumptions(steps: list[dict]) -> list[list[str]]:
+    """For each step of a trace, the admissions that were resumptions: requests preempted
+    at an earlier step and admitted again.  From vLLM 0.34.0 a trace lists them among
+    `new`, before among `resumed` (docs/formats.md); this reads both."""
+    out, preempted = [], set()
+    for st in steps:
+        resumed = [rid for rid in st["new"] + st["resumed"] if rid in preempted]
+        out.append(resumed)
+        preempted = (preempted | set(st["preempted"])) - set(resumed)
+        preempted -= {rid for rid, _ in st["finished"]}
+    return out
+
+
 def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
     if "error" in trace:
         cov["rejected scenarios"] = cov.get("rejected scenarios", 0) + 1
@@ -67,7 +80,10 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
         bump("scenarios with the EAGLE block drop")
     if scenario.config.get("num_prefill_lookahead_tokens", 0) > 1:
         bump("scenarios with a multi-module MTP drafter")
-    for st in trace["steps"]:
+    if scenario.config.get("cache_aware_admission_window"):
+        bump("scenarios with cache-aware admission")
+    resumed_at = resumptions(trace["steps"])
+    for k, st in enumerate(trace["steps"]):
         for rid, reason in st["finished"]:
             if reason == "aborted":
                 if rid in prev_running:
@@ -81,10 +97,11 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
             bump("preemptions", len(st["preempted"]))
             if any(rid in st["preempted"] for rid, _ in st["scheduled"]):
                 bump("preempted and rescheduled in one step")
+        resumed = resumed_at[k]
         preempted_waiting |= set(st["preempted"])
-        preempted_waiting -= set(st["resumed"])
-        if st["resumed"]:
-            bump("resumptions", len(st["resumed"]))
+        preempted_waiting -= set(resumed)
+        if resumed:
+            bump("resumptions", len(resumed))
         prev_running = st["running"]
     for rid, s in trace["summary"]["requests"].items():
         reason = s["finish_reason"]
@@ -104,7 +121,7 @@ def encoder_coverage(t: Transition, cov: dict[str, int]) -> None:
     """Encoder inputs: items encoded, entries evicted, entries two requests or more
     reference, and chunks that end at an item not encoded and not cached (cut there by
     the encoder budget, the cache or disable_chunked_mm_input), or admissions and running
-    requests that scheduled nothing for it (S:2154-2176)."""
+    requests that scheduled nothing for it (S:2203-2225)."""
     out, before, after = t.output, t.before, t.after
     _bump(cov, "encoder inputs encoded", sum(len(ids) for _, ids in out.scheduled_encoder_inputs))
     _bump(cov, "encoder cache entries evicted", len(out.free_encoder_mm_hashes))
@@ -122,9 +139,9 @@ def encoder_coverage(t: Transition, cov: dict[str, int]) -> None:
 
 def spec_decode_coverage(t: Transition, cov: dict[str, int]) -> None:
     """Speculative decoding: steps with drafts, drafts sent to the model, padded
-    admissions (S:1308-1330, 1577-1582), requests keeping several tokens in one
+    admissions (S:1358-1380, 1641-1646), requests keeping several tokens in one
     step, and, synchronous engine, requests whose rejected drafts rolled
-    num_computed_tokens back (S:2371-2380), in drafts."""
+    num_computed_tokens back (S:2417-2426), in drafts."""
     out, before, after = t.output, t.before, t.after
     _bump(cov, "steps with speculative decoding")
     admitted = set(out.admitted)
@@ -224,7 +241,7 @@ class StepCoverage:
             _bump(cov, "steps with a request waiting for its grammar")
             if out.num_scheduled_tokens:
                 _bump(cov, "steps scheduling past a request waiting for its grammar")
-        resumed = set(out.scheduled_resumed_reqs)
+        resumed = {rid for rid in out.admitted if before.requests[rid].status == RequestStatus.PREEMPTED}
         for rid, r in t.after.requests.items():
             was = before.requests.get(rid)
             if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and (was is None or was.status != r.status):

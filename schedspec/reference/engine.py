@@ -128,7 +128,7 @@ class FakeModel:
 
 def batch_drafts(output: SchedulerOutput) -> tuple[dict[str, int], frozenset[str]]:
     """Each request's number of drafts in a batch, and the admissions among them,
-    whose drafts are -1 padding (S:1577-1582)."""
+    whose drafts are -1 padding (S:1641-1646)."""
     return ({rid: len(ids) for rid, ids in output.scheduled_spec_decode_tokens},
             frozenset(output.scheduled_new_reqs + output.scheduled_resumed_reqs))
 
@@ -159,7 +159,7 @@ class KVLoads:
     """Asynchronous KV loads in flight (formats.md, kv_connector_load_steps): a load
     seen started after a schedule() is reported finished to the update_from_output
     of the engine step `kv_connector_load_steps` - 1 steps later (1: the same step),
-    or to the first one after it, as the worker's finished_recving (S:2581, 3566-3571)."""
+    or to the first one after it, as the worker's finished_recving (S:2648, 3716-3721)."""
 
     def __init__(self, load_steps: Mapping[str, int]):
         self.load_steps = load_steps
@@ -182,9 +182,9 @@ class KVSends:
     """KV sends in flight (formats.md, kv_connector_send_steps): a request whose KV the
     connector sends, finished in engine step t, holds its blocks until the worker
     reports the send to the update_from_output of step t + kv_connector_send_steps, or
-    to the first one after it, as finished_sending (S:2581, 3579-3582).  Not one
-    finished mid-load: the load's report frees it (S:3572-3577), and vLLM asserts
-    that a report names a request it holds (S:3566, 3580)."""
+    to the first one after it, as finished_sending (S:2648, 3730-3733).  Not one
+    finished mid-load: the load's report frees it (S:3722-3727), and vLLM asserts
+    that a report names a request it holds (S:3716, 3731)."""
 
     def __init__(self, send_steps: Mapping[str, int]):
         self.send_steps = send_steps
@@ -255,7 +255,7 @@ def _async_step(impl: SchedulerImpl, step: int, model: FakeModel, in_flight: deq
     sampled: dict[str, list[int]] = {}
     for rid in sampling:
         r = mid.requests.get(rid)
-        if r is not None:  # finished or aborted meanwhile: vLLM drops its output (S:2327-2335)
+        if r is not None:  # finished or aborted meanwhile: vLLM drops its output (S:2373-2381)
             sampled[rid] = model.sample(rid, r, drafts.get(rid, 0), rid in admitted, async_drafts=True)
     stopped = _update(impl, batch, sampled, loads, step, sends, mid)
     return before, output, mid, impl.observe(), sampled, stopped, called, applied

@@ -38,7 +38,7 @@ without them is exactly the one `flags=FLAGS_OFF` gives:
 - under async scheduling, extra aborts one to three steps after arrival,
   while the request's batches are in flight.
 
-`release` (default 0.33.0) is the vLLM release the scenario is for: the
+`release` (default the newest modelled release) is the vLLM release the scenario is for: the
 config fields that release lacks (spec/versions.py `FIELDS_SINCE`) are left
 out, after every draw, so the scenario of an index differs between releases
 only by those fields and older releases run what they can instead of refusing
@@ -46,30 +46,30 @@ a quarter of the campaign.
 
 With `features={"spec_decode"}` (what a campaign draws when both its
 implementations model speculative decoding, `features_for`), drawn after the
-flags and only for 0.33.0: one scenario in three gets `num_speculative_tokens`
+flags and only from 0.33.0 on (versions.FEATURES_SINCE): one scenario in three gets `num_speculative_tokens`
 1..4 (sometimes up to 8), sometimes a lookahead, per-request draft and
 acceptance patterns, and more one-token prompts, which an admission next to a
 running decode pads to 1 + num_speculative_tokens rows.  Such a scenario keeps
 `long_prefill_token_threshold` at 0 or above num_speculative_tokens: below, a
 padded admission crashes vLLM 0.33.0 (docs/rules.md, speculative decoding).
 
-With "lora" in `features`, after speculative decoding and only for 0.33.0, one
+With "lora" in `features`, after speculative decoding and only from 0.33.0 on (versions.FEATURES_SINCE), one
 scenario in four gets `max_loras` 1..3 and up to two adapters more than that among
 its requests.
 
-With "structured_output" in `features`, after LoRA and only for 0.33.0, one
+With "structured_output" in `features`, after LoRA and only from 0.33.0 on (versions.FEATURES_SINCE), one
 scenario in four gives half its requests a grammar that compiles after 0..8 steps
 (sometimes up to 60), and one grammar in eight fails.
 
-With "prefill_throttle" in `features`, after structured output and only for 0.33.0,
+With "prefill_throttle" in `features`, after structured output and only from 0.33.0 on (versions.FEATURES_SINCE),
 one scenario in four gets `prefill_schedule_interval` 2..8: prefill held on the
 steps between, while something decodes (spec/prefill_throttle.py).
 
-With "adaptive_threshold" in `features`, after throttling and only for 0.33.0, one
+With "adaptive_threshold" in `features`, after throttling and only from 0.33.0 on (versions.FEATURES_SINCE), one
 scenario in two that has a `long_prefill_token_threshold` gets
 `long_prefill_token_threshold_adaptive`.
 
-With "kv_connector" in `features`, after adaptive thresholds and only for 0.33.0, one scenario in four gives
+With "kv_connector" in `features`, after adaptive thresholds and only from 0.33.0 on (versions.FEATURES_SINCE), one scenario in four gives
 about half its requests `kv_connector_tokens`: a remote store holding a block-aligned,
 mid-block or whole-prompt-but-one prefix, loaded beyond the local hit at admission
 (spec/kv_connector.py), which a shared prefix may already cover.  In half of those
@@ -81,20 +81,25 @@ until the send is reported).  One
 scenario in three has a connector requiring KV delivery (`requires_kv_delivery`:
 preemptions drop output in flight).
 
-With "encoder_inputs" in `features`, last and only for 0.33.0 without lookahead block
+With "encoder_inputs" in `features`, last and only from 0.33.0 on (versions.FEATURES_SINCE) without lookahead block
 hashes, one scenario in three gets encoder inputs: about 60 % of its requests one to
 three multimodal items from a pool of six identifiers (members of a prefix group mostly
 the group's), a small encoder budget and cache, and one in four
 `disable_chunked_mm_input`; drawn from a generator of its own, so a seed's scenarios
 are those drawn before, with items added.
 
-With "hash_lookahead" in `features`, after the parallel drafter and only for 0.33.0,
+With "hash_lookahead" in `features`, after the parallel drafter and only from 0.33.0 on (versions.FEATURES_SINCE),
 one scenario in four with prefix caching gets `num_hash_lookahead_tokens` 1..3: a
 block is hashed, so cached and found, only once that many tokens follow it.  With
 "eagle", one scenario in two with speculative decoding has an EAGLE-family drafter:
 `num_prefill_lookahead_tokens` 1 (EAGLE-3) or `num_speculative_tokens` (multi-module
 MTP, at most the block size with prefix caching); with prefix caching and no
 lookahead hashes, two in three of those get `use_eagle_block_drop`.
+
+With "cache_aware" in `features`, last, for 0.34.0 and later, FCFS with prefix caching:
+one scenario in three gets `cache_aware_admission_window` 2..64 and a usage threshold
+(0.0 in two draws of five, so it reorders on every step); drawn from a generator of its
+own, as encoder inputs are.
 
 `FLAGS_OFF` (the default) draws no flag and nothing more from `rng`: the proofs
 model neither flag, and the scenario streams pinned by their tests stay as they
@@ -121,7 +126,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from schedspec.spec.versions import DEFAULT_RELEASE, fields_lacking
+from schedspec.spec.versions import (ADAPTIVE_THRESHOLD, DEFAULT_RELEASE, ENCODER_INPUTS, HASH_LOOKAHEAD, KV_CONNECTOR, LORA,
+                                     PREFILL_THROTTLE, SPEC_DECODE, STRUCTURED_OUTPUT, checks, fields_lacking, models)
 
 from .scenario import Abort, RequestSpec, Scenario
 
@@ -147,7 +153,7 @@ def _max_model_len(rng: random.Random) -> int:
 
 
 def _valid_config(rng: random.Random) -> dict[str, Any]:
-    """A config vLLM 0.33.0 accepts, with every core knob drawn."""
+    """A config vLLM accepts (every modelled release), with every core knob drawn."""
     L = _max_model_len(rng)
     bs = rng.randint(1, 16)
     per_seq = math.ceil(L / bs)
@@ -248,8 +254,18 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
 
 # Scheduler features beyond the two flags, and the implementations that lack one.
 FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle", "adaptive_threshold",
-                      "kv_connector", "hash_lookahead", "eagle", "encoder_inputs"})
+                      "kv_connector", "hash_lookahead", "eagle", "encoder_inputs", "cache_aware"})
 IMPL_LACKS: dict[str, frozenset[str]] = {"torch": FEATURES}
+# The spec feature (versions.FEATURES_SINCE) a drawn feature needs; the others are
+# drawn where the release has their config fields.
+FEATURE_NEEDS = {"spec_decode": SPEC_DECODE, "eagle": SPEC_DECODE, "lora": LORA, "structured_output": STRUCTURED_OUTPUT,
+                 "prefill_throttle": PREFILL_THROTTLE, "adaptive_threshold": ADAPTIVE_THRESHOLD,
+                 "kv_connector": KV_CONNECTOR, "hash_lookahead": HASH_LOOKAHEAD, "encoder_inputs": ENCODER_INPUTS}
+
+
+def features_in(release: str) -> frozenset[str]:
+    """The features the spec models for `release`: what a search over it may draw."""
+    return frozenset(f for f in FEATURES if f not in FEATURE_NEEDS or models(release, FEATURE_NEEDS[f]))
 
 
 def features_for(*impl_names: str) -> frozenset[str]:
@@ -318,25 +334,30 @@ def generate_scenario(rng: random.Random, index: int,
         prefix_caching, async_scheduling = flags[0] if len(flags) == 1 else rng.choice(flags)
         config, requests, aborts = _engine_flags(rng, config, requests, aborts, prefix_caching,
                                                  async_scheduling)
-    if "spec_decode" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 3:
+    if "spec_decode" in features and models(release, SPEC_DECODE) and rng.random() < 1 / 3:
         config, requests = _spec_decode(rng, config, requests)
-    if "lora" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
+    if "lora" in features and models(release, LORA) and rng.random() < 1 / 4:
         config, requests = _lora(rng, config, requests)
-    if "structured_output" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
+    if "structured_output" in features and models(release, STRUCTURED_OUTPUT) and rng.random() < 1 / 4:
         requests = _structured_output(rng, requests)
-    if "prefill_throttle" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
+    if "prefill_throttle" in features and models(release, PREFILL_THROTTLE) and rng.random() < 1 / 4:
         config = {**config, "prefill_schedule_interval": rng.choice([2, 2, 3, 4, 8])}
-    if "adaptive_threshold" in features and release == DEFAULT_RELEASE and config.get("long_prefill_token_threshold") \
+    if "adaptive_threshold" in features and models(release, ADAPTIVE_THRESHOLD) and config.get("long_prefill_token_threshold") \
             and rng.random() < 1 / 2:
         config = {**config, "long_prefill_token_threshold_adaptive": True}
-    if "kv_connector" in features and release == DEFAULT_RELEASE and rng.random() < 1 / 4:
+    if "kv_connector" in features and models(release, KV_CONNECTOR) and rng.random() < 1 / 4:
         requests = _kv_connector(rng, config.get("block_size", 16), requests)
         if rng.random() < 1 / 3:  # a connector handing KV on (a producer): preemptions drop output in flight
             config = {**config, "requires_kv_delivery": True}
     if config.get("num_speculative_tokens", 0) >= 2 and rng.random() < 1 / 4:
-        # A parallel drafter: K - 1 rows of its own per scheduled request (speculative.py:2085-2092).
-        config = {**config, "max_num_new_slots_for_drafting": config["num_speculative_tokens"] - 1}
-    if "hash_lookahead" in features and release == DEFAULT_RELEASE and config.get("enable_prefix_caching") \
+        # A parallel drafter: K - 1 rows of its own per scheduled request (0.33.0
+        # speculative.py:2085-2092); gone from 0.34.0, whose draft model adds one row.
+        # (a draft model's row, which needs a batch larger than its lookahead)
+        k = config["num_speculative_tokens"]
+        rows = (1 if config.get("max_num_batched_tokens", 2048) > k else 0) \
+            if checks(release, "drafter_rows_at_most_one") else k - 1
+        config = {**config, "max_num_new_slots_for_drafting": rows}
+    if "hash_lookahead" in features and models(release, HASH_LOOKAHEAD) and config.get("enable_prefix_caching") \
             and rng.random() < 1 / 4:
         # Block hashes covering the tokens after the block (an EAGLE-family drafter's, config/vllm.py:677-692).
         config = {**config, "num_hash_lookahead_tokens": rng.choice([1, 1, 2, 3])}
@@ -346,13 +367,20 @@ def generate_scenario(rng: random.Random, index: int,
         lookahead = rng.choice([1, config["num_speculative_tokens"]])
         if config.get("enable_prefix_caching") and lookahead > config.get("block_size", 16):
             lookahead = 1
-        config = {**config, "num_prefill_lookahead_tokens": lookahead}
-        if config.get("enable_prefix_caching") and not config.get("num_hash_lookahead_tokens") \
-                and rng.random() < 2 / 3:
-            # With the legacy hashes: a prefix hit gives back its last block (T:829-837).
-            config = {**config, "use_eagle_block_drop": True}
-    if "encoder_inputs" in features and release == DEFAULT_RELEASE and not config.get("num_hash_lookahead_tokens"):
+        drop = config.get("enable_prefix_caching") and not config.get("num_hash_lookahead_tokens") \
+            and rng.random() < 2 / 3
+        # From 0.34.0 a drafter with a row of its own is a draft model, not EAGLE (the
+        # draws above are made all the same, so the rest of the scenario does not move).
+        if not (config.get("max_num_new_slots_for_drafting") == 1 and checks(release, "drafter_rows_at_most_one")):
+            config = {**config, "num_prefill_lookahead_tokens": lookahead}
+            if drop:
+                # With the legacy hashes: a prefix hit gives back its last block (T:834-842).
+                config = {**config, "use_eagle_block_drop": True}
+    if "encoder_inputs" in features and models(release, ENCODER_INPUTS) and not config.get("num_hash_lookahead_tokens"):
         config, requests = _encoder_inputs(random.Random("encoder:" + repr(rng.getstate()[1])), config, requests)
+    if "cache_aware" in features and "cache_aware_admission_window" not in fields_lacking(release) \
+            and config.get("enable_prefix_caching") and config.get("policy", "fcfs") == "fcfs":
+        config = _cache_aware(random.Random("cache-aware:" + repr(rng.getstate()[1])), config)
     # Dropped, not drawn differently: the rest of the scenario is the same for every release.
     config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
 
@@ -366,11 +394,20 @@ def generate_scenario(rng: random.Random, index: int,
     )
 
 
+def _cache_aware(rng: random.Random, config: dict[str, Any]) -> dict[str, Any]:
+    """Cache-aware admission (spec/cache_aware_admission.py), in one scenario of three
+    where it can act: a window, and a usage threshold that is often met."""
+    if rng.random() >= 1 / 3:
+        return config
+    return {**config, "cache_aware_admission_window": rng.choice([2, 3, 4, 8, 64]),
+            "cache_aware_admission_threshold": rng.choice([0.0, 0.0, 0.25, 0.5, 0.9])}
+
+
 def _budget_bound_priority(rng: random.Random, config: dict[str, Any], requests: list[RequestSpec],
                            aborts: list[Abort]):
     """The priority policy under a token budget of a few tokens and a tight pool,
     with mixed priorities: a victim already granted in the step gives its tokens
-    back and the budget then decides what the requests after it get (S:951-957).
+    back and the budget then decides what the requests after it get (S:967-973).
     Drawn after everything else, so the rest of the scenario stream is unchanged."""
     L, bs = config["max_model_len"], config["block_size"]
     per_seq = math.ceil(L / bs)
@@ -436,7 +473,7 @@ def _spec_decode(rng: random.Random, config: dict[str, Any], requests: list[Requ
     if rng.random() < 0.25:
         config["num_lookahead_tokens"] = rng.randint(1, k + 1)
     threshold = config.get("long_prefill_token_threshold", 0)
-    if 0 < threshold <= k:  # vLLM 0.33.0 asserts a padded admission is not cut (S:1579)
+    if 0 < threshold <= k:  # vLLM asserts a padded admission is not cut (S:1643)
         config["long_prefill_token_threshold"] = rng.choice([0, min(L, k + 1 + rng.randint(0, 4))])
         if config["long_prefill_token_threshold"] <= k:
             config["long_prefill_token_threshold"] = 0
@@ -459,7 +496,7 @@ def _spec_decode(rng: random.Random, config: dict[str, Any], requests: list[Requ
 
 def _lora(rng: random.Random, config: dict[str, Any], requests: list[RequestSpec]):
     """LoRA on a drawn scenario: max_loras 1..3 and more adapters than that among
-    the requests, so admissions are held back (S:1089-1101)."""
+    the requests, so admissions are held back (S:1128-1140)."""
     config = {**config, "max_loras": rng.choice([1, 1, 2, 3])}
     adapters = rng.randint(1, config["max_loras"] + 2)
     return config, [dataclasses.replace(r, lora_int_id=rng.randint(1, adapters)) if rng.random() < 0.75 else r

@@ -43,7 +43,7 @@ from .strict_json import (TYPE_WORDS, DuplicateKeys, Refused, StrictValidator, f
 
 SCENARIO_FORMAT = "schedspec.scenario/1"
 # The release a scenario models when its config names none: the command's
-# (`--impl vllm==X`, `--vllm-version X`; cli/vllm_version.py), else 0.33.0.
+# (`--impl vllm==X`, `--vllm-version X`; cli/vllm_version.py), else the newest release.
 _default_release = [DEFAULT_RELEASE]
 
 
@@ -87,6 +87,7 @@ CONFIG_BOUNDS: dict[str, tuple[int | None, int]] = {
     "num_hash_lookahead_tokens": (None, 1024),
     "max_loras": (None, 2**16),
     "prefill_schedule_interval": (None, 2**16),
+    "cache_aware_admission_window": (None, INT32_MAX),
 }
 REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
     "arrival_step": (0, INT32_MAX - 1),
@@ -171,7 +172,7 @@ class Scenario:
     def scheduler_config(self) -> SchedulerConfig:
         """The validated config; raises ConfigError if vLLM would reject it.  A
         config that names no `vllm_version` models the command's release
-        (`set_default_vllm_version`; 0.33.0 unless the command names one)."""
+        (`set_default_vllm_version`; the newest release unless the command names one)."""
         if not isinstance(self.config, dict) or "vllm_version" in self.config or \
                 _default_release[0] == DEFAULT_RELEASE:
             return config_from_dict(self.config)
@@ -550,7 +551,7 @@ def _check_grammars(scenario: Scenario) -> None:
 
 def _check_mm_identifiers(scenario: Scenario) -> None:
     """One identifier, one item: the encoder cache keeps one entry per identifier, and
-    vLLM finishes with an error a request whose item disagrees with it (S:1981-2002)."""
+    vLLM finishes with an error a request whose item disagrees with it (S:2027-2048)."""
     lengths: dict[str, int] = {}
     for i, r in enumerate(scenario.requests):
         for k, (_, n, h) in enumerate(r.mm_features):
@@ -634,7 +635,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def validate_scenario(scenario: Scenario) -> SchedulerConfig:
-    """Apply vLLM 0.33.0's config checks and front-end request checks; raise
+    """Apply the modelled release's config checks and front-end request checks; raise
     ConfigError naming the field of the first rejection."""
     from .prompts import prompt_token_ids
 
@@ -653,7 +654,7 @@ def validate_scenario(scenario: Scenario) -> SchedulerConfig:
 
 
 def scenario_problem(scenario: Scenario) -> str | None:
-    """None when `scenario` is one a file may hold and vLLM 0.33.0 would run:
+    """None when `scenario` is one a file may hold and the modelled vLLM release would run:
     schedspec's bounds, the rules a schema cannot say (pass 3) and vLLM's config
     and request checks (validate_scenario).  Otherwise the first problem, in the
     one-line words `schedspec validate` uses.  The one validity check of the

@@ -192,14 +192,20 @@ def config_to_json(c: SchedulerConfig) -> dict[str, Any]:
     return {name: getattr(c, name) for name in CONFIG_FIELDS}
 
 
+# The release a state without `vllm_version` models: those were written when schedspec
+# modelled 0.33.0 alone.
+LEGACY_RELEASE = "0.33.0"
+
+
 def config_from_json(obj: Any, where: str = "config", *, validate: bool = False) -> SchedulerConfig:
     """A config from its JSON object (every field required).  Each field is
     type-checked and held to its own domain (a minimum, the policy names, the
-    watermark's [0, 1)); with `validate`, also vLLM 0.33.0's start-up checks
+    watermark's [0, 1)); with `validate`, also the release's start-up checks
     between fields (spec/config.py `validate_config`).  Without it a config a
     scenario file may not hold still loads, as one lifted from a vLLM test that
     builds its scheduler directly (a pool smaller than one max_model_len sequence)."""
-    # vllm_version is optional: vectors written before it model 0.33.0 (spec/versions.py).
+    # vllm_version is optional: vectors written before it model 0.33.0 (spec/versions.py),
+    # not the default release, which has moved on since (LEGACY_RELEASE).
     # So are speculative decoding's fields: vectors written before it have none (0, off).
     # And prefill_schedule_interval (1, never held) and long_prefill_token_threshold_adaptive
     # (false), from before prefill throttling and the adaptive threshold.
@@ -210,7 +216,7 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
                 "prefill_schedule_interval", "long_prefill_token_threshold_adaptive", "requires_kv_delivery",
                 "max_num_new_slots_for_drafting", "num_hash_lookahead_tokens", "use_eagle_block_drop",
                 "num_prefill_lookahead_tokens", "max_num_encoder_input_tokens", "encoder_cache_size",
-                "disable_chunked_mm_input")
+                "disable_chunked_mm_input", "cache_aware_admission_window", "cache_aware_admission_threshold")
     raw = read_object(obj, where, tuple(f for f in CONFIG_FIELDS if f not in optional), CONFIG_FIELDS)
     values: dict[str, Any] = {}
     for name in CONFIG_FIELDS:
@@ -227,6 +233,11 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
             if not 0.0 <= w < 1.0:
                 _fail(path, f"= {excerpt(v)}, must be in [0, 1)")
             values[name] = w
+        elif name == "cache_aware_admission_threshold":
+            w = read_number(v, path)
+            if not 0.0 <= w <= 1.0:
+                _fail(path, f"= {excerpt(v)}, must be in [0, 1]")
+            values[name] = w
         elif name == "vllm_version":
             if not isinstance(v, str):
                 _fail(path, f"must be a string, got {excerpt(v)}")
@@ -237,6 +248,7 @@ def config_from_json(obj: Any, where: str = "config", *, validate: bool = False)
             values[name] = v
         else:  # a field added to SchedulerConfig that this codec does not know yet
             _fail(path, "this reader does not know the field's type")
+    values.setdefault("vllm_version", LEGACY_RELEASE)
     config = SchedulerConfig(**values)
     if validate:
         validate_config(config, where)  # its ConfigError is a ValueError worded `where.field: ...`

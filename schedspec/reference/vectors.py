@@ -42,12 +42,13 @@ from schedspec.spec.config import ConfigError, excerpt, field_path
 from schedspec.spec.output import SchedulerOutput
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import SchedulerState
+from schedspec.spec.versions import DEFAULT_RELEASE
 
 from .campaign import safe_stem
 from .engine import run_scenario
 from .impl import SpecScheduler, StateLoadable, takes_finished_recving, takes_finished_sending
 from .scenario import Scenario
-from .state_json import (STATUS_NAMES, StateJsonError, index_path, output_from_json, output_to_json, read_bool,
+from .state_json import (LEGACY_RELEASE, STATUS_NAMES, StateJsonError, index_path, output_from_json, output_to_json, read_bool,
                          read_list, read_object, read_str, read_str_list, request_from_json, request_to_json,
                          sampled_from_json, sampled_to_json, state_from_json, state_to_json, status_from_json,
                          status_to_json)
@@ -55,7 +56,7 @@ from .strict_json import (TYPE_WORDS, DuplicateKeys, Refused, StrictValidator, f
                           refuse_constant)
 
 VECTOR_FORMAT = "schedspec.state-vector/1"
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = DEFAULT_RELEASE  # what a config that names no release models
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "state-vector.schema.json"
 CALL_NAMES = ("add_request", "finish_requests", "schedule", "update_from_output")
 # A vector holds two whole states, with prefix caching every prompt's token ids
@@ -224,7 +225,7 @@ def apply_call(state: SchedulerState, call: Mapping[str, Any]) -> tuple[dict[str
 def vector_json(pre_state: SchedulerState, call: Mapping[str, Any], expected: Mapping[str, Any],
                 post_state: SchedulerState, source: Mapping[str, Any]) -> dict[str, Any]:
     """A vector from its parts; `format` first, as readers that sniff files expect."""
-    # The release the spec modelled: the pre-state's (spec/versions.py), 0.33.0 by default.
+    # The release the spec modelled: the pre-state's (spec/versions.py).
     return {"format": VECTOR_FORMAT, "vllm_version": pre_state.config.vllm_version, "source": dict(source),
             "pre_state": state_to_json(pre_state), "call": dict(call), "expected": dict(expected),
             "post_state": state_to_json(post_state)}
@@ -416,7 +417,7 @@ def validate_vector(obj: Any) -> None:
         pre = state_from_json(obj["pre_state"], "pre_state")
         if pre.config.vllm_version != obj["vllm_version"]:
             raise VectorError(f"vllm_version: = {excerpt(obj['vllm_version'])}, but pre_state.config models vLLM "
-                              f"{pre.config.vllm_version} (its vllm_version, default {VLLM_VERSION}); they must agree")
+                              f"{pre.config.vllm_version} (its vllm_version, default {LEGACY_RELEASE}); they must agree")
         call = call_from_json(obj["call"])
         result_from_json(call.name, obj["expected"], "expected")
         state_from_json(obj["post_state"], "post_state")

@@ -1,4 +1,4 @@
-"""The real vLLM 0.33.0 V1 scheduler behind schedspec's implementation protocol.
+"""The real vLLM V1 scheduler (0.20.0 ... 0.34.0) behind schedspec's implementation protocol.
 
 `VllmScheduler` drives `vllm.v1.core.sched.scheduler.Scheduler` (or
 `AsyncScheduler`, sched/async_scheduler.py), built the way
@@ -15,7 +15,7 @@ them, and `observe()` reports the block pool block by block, with vLLM's block
 ids and hashes (spec/block_pool.py).
 
 Releases: the adapter runs whichever release of spec/versions.py RELEASES this
-interpreter has (0.20.0 ... 0.33.0; `--impl vllm==X` runs X from its own
+interpreter has (0.20.0 ... 0.34.0; `--impl vllm==X` runs X from its own
 environment, cli/vllm_version.py) and refuses a config that models another one.
 Where vLLM's internal API moved between releases, one function bridges it,
 named "Bridge (...)" in its docstring with both sides' source lines, each
@@ -52,14 +52,15 @@ from typing import Any, Iterable, Mapping, Sequence
 from schedspec.spec.config import SchedulerConfig
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import SchedulerOutput, SchedulerState
-from schedspec.spec.versions import DEFAULT_RELEASE, FIELDS_SINCE, RELEASES, release_key
+from schedspec.spec.versions import DEFAULT_RELEASE, ENCODER_INPUTS, FIELDS_SINCE, RELEASES, STRUCTURED_OUTPUT, \
+    models, not_modelled, release_key, spec_release_for
 
 from .vllm_lift import SCHEDULER_CONFIG_FIELDS as LIFTED_SCHEDULER_CONFIG_FIELDS
 from .vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, KV_SENDS_ATTR, LiftError, lift_output, lift_state, \
     loads_in_flight, mark_held, waiting_status
 
 MODEL_CONFIG = Path(__file__).parent / "vllm_model" / "config.json"
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = DEFAULT_RELEASE  # the release `schedspec install-vllm` puts into .venv
 MAX_MODEL_LEN = 2**24  # prompts up to 16 M tokens: a 128 MiB token list per request at most
 
 # The spec's config fields that vLLM's SchedulerConfig takes under the same name:
@@ -106,15 +107,19 @@ def import_vllm() -> dict[str, Any]:
     from vllm.v1.request import RequestStatus as VRequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
 
-    # KV connector output (finished loads): asynchronous loads are modelled for 0.33.0 only.
+    # KV connector output (finished loads): asynchronous loads are modelled from 0.33.0 on.
     KVConnectorOutput = getattr(vllm_outputs, "KVConnectorOutput", None)
 
     installed = getattr(vllm, "__version__", None)
-    if installed not in RELEASES:
+    # A vLLM that is not a modelled release (a later one, a build of vLLM's main branch)
+    # runs as the newest modelled release at or below it: its bridges, and the spec's
+    # rules at that release (cli/vllm_version.py says so in one line).
+    release = spec_release_for(installed or "")
+    if release is None:
         raise ImportError(
-            f"schedspec models vLLM {', '.join(RELEASES)}, but vllm {installed or '?'} is installed; "
-            "run `schedspec install-vllm` (or `--version X` for release X)")
-    _vllm = dict(version=installed,
+            f"schedspec models vLLM {', '.join(RELEASES)} and compares later ones with the newest of those, but "
+            f"vllm {installed or '?'} is installed; run `schedspec install-vllm` (or `--version X` for release X)")
+    _vllm = dict(version=release, installed=installed,
         torch=torch, CacheConfig=CacheConfig, ModelConfig=ModelConfig,
         SchedulerConfig=VSchedulerConfig, VllmConfig=VllmConfig, SamplingParams=SamplingParams,
         check_enough_kv_cache_memory=check_enough_kv_cache_memory, Scheduler=Scheduler,
@@ -157,7 +162,7 @@ def select_cpu_platform(version: str) -> bool:
 def import_check_enough_kv_cache_memory():
     """Bridge (start-up check's home): EngineCore's check that the pool holds one
     max_model_len sequence is in v1/core/kv_cache_planning.py from 0.33.0
-    (KP:151), in v1/core/kv_cache_utils.py before (0.32.0: line 1104; same
+    (KP:196), in v1/core/kv_cache_utils.py before (0.32.0: line 1104; same
     signature: vllm_config, kv_cache_spec, available_memory)."""
     try:
         from vllm.v1.core.kv_cache_planning import check_enough_kv_cache_memory
@@ -169,7 +174,7 @@ def import_check_enough_kv_cache_memory():
 def request_block_hasher(v: Mapping[str, Any], vllm_config: Any, block_size: int, hash_fn: Any,
                          lookahead: int = 0):
     """Bridge (block hasher): EngineCore passes `num_hash_lookahead_tokens` from
-    0.33.0 (E:226-230); 0.32.0 and earlier have no such config attribute and
+    0.33.0 (E:242-252); 0.32.0 and earlier have no such config attribute and
     build the hasher from the block size and hash function alone (0.32.0
     core.py:238-240).  `lookahead`: the scenario's, which vLLM derives from an
     EAGLE-family drafter (config/vllm.py:677-692) the adapter does not build; the
@@ -203,6 +208,64 @@ def model_dir(max_model_len: int) -> str:
     return _model_dirs[mpe]
 
 
+# The first release (of RELEASES) whose CPU platform refuses an x86 machine without Triton.
+TRITON_CHECKED_SINCE = "0.34.0"
+
+
+@contextlib.contextmanager
+def triton_presumed():
+    """Bridge (Triton check): from 0.34.0 the CPU platform's config hook refuses an
+    x86 CPU without Triton ("vLLM on x86 CPUs requires Triton (triton-cpu)", 0.34.0
+    platforms/cpu.py:239-243: it reads `vllm.triton_utils.HAS_TRITON` when called),
+    because the x86 model runner's kernels are Triton ones; 0.33.0's hook has no such
+    check.  That hook runs while a VllmConfig is built, before any scheduler exists,
+    and the scheduler runs no kernel.  So for the duration of the hook alone, and
+    only where that release's vLLM found no Triton, HAS_TRITON reads true; it is
+    put back as found afterwards (nothing else reads it in the meantime: the
+    hook's other lines, cpu.py:245-546, do not).  Triton itself is never
+    installed or imported."""
+    import vllm
+
+    if release_key(vllm.__version__) < release_key(TRITON_CHECKED_SINCE):
+        yield
+        return
+    import vllm.triton_utils as triton_utils
+
+    if triton_utils.HAS_TRITON:
+        yield
+        return
+    triton_utils.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        triton_utils.HAS_TRITON = False
+
+
+def check_without_triton(hook):
+    """`hook` (a platform's check_and_update_config, or the function under its
+    classmethod) run under `triton_presumed`; for vLLM's own tests (monitor/pytest_plugin.py)."""
+
+    def check_and_update_config(*args, **kwargs):
+        with triton_presumed():
+            return hook(*args, **kwargs)
+
+    check_and_update_config.schedspec_bridge = True
+    return check_and_update_config
+
+
+def bridge_cpu_platform_check() -> bool:
+    """For code that builds its own VllmConfig (vLLM's tests, under peer-tests): the CPU
+    platform class's config hook, run under `triton_presumed` from now on, for this
+    process.  True when it was bridged now (not already)."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    hook = CpuPlatform.__dict__.get("check_and_update_config")
+    if not isinstance(hook, classmethod) or getattr(hook.__func__, "schedspec_bridge", False):
+        return False
+    CpuPlatform.check_and_update_config = classmethod(check_without_triton(hook.__func__))
+    return True
+
+
 @contextlib.contextmanager
 def platform_keeps_async_scheduling():
     """While a VllmConfig is built: the CPU platform hook switches async
@@ -210,14 +273,16 @@ def platform_keeps_async_scheduling():
     config/vllm.py:2067), and no other platform touches it.  The scheduler does
     not depend on the device, so the value VllmConfig resolved before the hook
     (an explicit value, checked at config/vllm.py:1668-1684, or None resolved
-    at 1685-1719) is put back, as a GPU platform would leave it."""
+    at 1685-1719) is put back, as a GPU platform would leave it.  The hook runs
+    under `triton_presumed` (0.34.0's Triton check)."""
     from vllm.platforms import current_platform
 
     hook = current_platform.check_and_update_config
 
     def check_and_update_config(vllm_config):
         resolved = vllm_config.scheduler_config.async_scheduling
-        hook(vllm_config)
+        with triton_presumed():
+            hook(vllm_config)
         vllm_config.scheduler_config.async_scheduling = resolved
 
     current_platform.check_and_update_config = check_and_update_config  # shadows the classmethod
@@ -247,17 +312,23 @@ def _one_line(e: BaseException) -> str:
     return f"vLLM {installed_version()} rejects the config: {text}"
 
 
+# Set by `schedspec keep-up X --against Y` in the process that runs vLLM X: configs of
+# release Y are run on X, to see what the spec at Y must learn.
+COMPARE_WITH_ENV = "SCHEDSPEC_COMPARE_WITH"
+
+
 def installed_version() -> str:
     return import_vllm()["version"]
 
 
 def scheduler_config_kwargs(v: Mapping[str, Any], c: SchedulerConfig) -> dict[str, Any]:
     """Bridge (fields): the config fields to hand to vLLM's SchedulerConfig.  A field
-    the installed release lacks (max_num_active_seqs before 0.31.0, watermark before
-    0.25.0: spec/versions.py FIELDS_SINCE) is left out when the config holds the
-    value that means the older behaviour; any other value is handed over, and that
-    release's pydantic refuses it ("Unexpected keyword argument"), as it refuses
-    the flag from a user."""
+    the installed release lacks (the cache-aware admission window and threshold
+    before 0.34.0, max_num_active_seqs before 0.31.0, watermark before 0.25.0:
+    spec/versions.py FIELDS_SINCE) is left out when the config holds the value that
+    means the older behaviour; any other value is handed over, and that release's
+    pydantic refuses it ("Unexpected keyword argument"), as it refuses the flag
+    from a user."""
     have = set(getattr(v["SchedulerConfig"], "__dataclass_fields__", ()))
     kwargs = {}
     for f in SCHEDULER_CONFIG_FIELDS:
@@ -265,7 +336,7 @@ def scheduler_config_kwargs(v: Mapping[str, Any], c: SchedulerConfig) -> dict[st
         if f in have or value != FIELDS_SINCE.get(f, (None, SchedulerConfig.__dataclass_fields__[f].default))[1]:
             kwargs[f] = value
     # Prefill throttling's interval, applied by the scheduler itself on this engine
-    # without data parallelism (S:404-408), and the adaptive long-prefill threshold;
+    # without data parallelism (S:403-407), and the adaptive long-prefill threshold;
     # only where set (the spec refuses both before 0.33.0, spec/config.py).
     if c.prefill_schedule_interval != 1:
         kwargs["prefill_schedule_interval"] = c.prefill_schedule_interval
@@ -276,7 +347,7 @@ def scheduler_config_kwargs(v: Mapping[str, Any], c: SchedulerConfig) -> dict[st
 
 def max_concurrent_batches(vllm_config: Any) -> int:
     """Bridge (batch queue size): VllmConfig.max_concurrent_batches from 0.25.0
-    (0.33.0 V:588-598); in 0.20.0 the executor answers (0.20.0
+    (V:560-566); in 0.20.0 the executor answers (0.20.0
     v1/executor/uniproc_executor.py:64-65 and multiproc_executor.py:475-478: 2 with
     async scheduling and no pipeline parallelism, else the pipeline size, 1 here)."""
     batches = getattr(vllm_config, "max_concurrent_batches", None)
@@ -295,6 +366,55 @@ def validation_errors() -> tuple[type[BaseException], ...]:
     from vllm import exceptions
 
     return (ValueError, *(c for c in (getattr(exceptions, "VLLMError", None),) if c is not None))
+
+
+def runner_index(output_cls: type, req_ids: Sequence[str]) -> dict[str, Any]:
+    """Bridge (output index): up to 0.33.0 a ModelRunnerOutput carries `req_id_to_index`
+    (0.33.0 v1/outputs.py:270-271), which update_from_output reads a request's row by;
+    0.34.0 dropped the field (v1/outputs.py:267-275) and builds the index from `req_ids`
+    itself (0.34.0 scheduler.py:2355-2358, read at :2387).  The keyword for the
+    installed release: the index, or none."""
+    if "req_id_to_index" in getattr(output_cls, "__dataclass_fields__", ()):
+        return {"req_id_to_index": {rid: i for i, rid in enumerate(req_ids)}}
+    return {}
+
+
+# The first release (of RELEASES) whose drafters' rows in the target batch follow
+# their method: no parallel n-gram drafter, a standalone draft model's one row.
+DRAFTER_ROWS_BY_METHOD_SINCE = "0.34.0"
+
+
+def drafter_kwargs(version: str, c: SchedulerConfig, model_config: Any) -> dict[str, Any]:
+    """Bridge (drafter rows): the SpeculativeConfig arguments of a drafter with
+    `c.num_speculative_tokens` drafts and `c.max_num_new_slots_for_drafting` rows of
+    its own per scheduled request in the target batch.  0 rows: an n-gram drafter,
+    as vLLM's tests build it (tests/v1/core/utils.py create_scheduler), no draft
+    model to load; async scheduling takes the GPU n-gram drafter (0.33.0
+    config/vllm.py:1655-1680).  Up to 0.33.0, K - 1 rows: a parallel drafter reusing
+    the query (0.33.0 speculative.py:2085-2092), as vLLM's own test builds one over
+    n-gram.  From 0.34.0 a drafter's rows are its method's (0.34.0
+    speculative.py:1742-1751): parallel drafting is dflash's and dspark's alone, with
+    no rows (:1688-1697), and 1 row is a standalone draft model's
+    (spec_decode/standalone_ar/config.py:23-26), built here over the target's own
+    config.json, whose weights are never loaded."""
+    k, slots = c.num_speculative_tokens, c.max_num_new_slots_for_drafting
+    method = "ngram_gpu" if c.async_scheduling else "ngram"
+    ngram = dict(model=method, method=method, num_speculative_tokens=k, prompt_lookup_max=k, prompt_lookup_min=1)
+    if release_key(version) < release_key(DRAFTER_ROWS_BY_METHOD_SINCE):
+        if slots not in (0, k - 1):
+            raise ValueError(f"config.max_num_new_slots_for_drafting: = {slots}: the vLLM adapter builds an "
+                             f"n-gram drafter, with 0 rows, or a parallel one, with num_speculative_tokens - 1 = "
+                             f"{k - 1}; use one of those")
+        return {**ngram, "parallel_drafting": True} if slots else ngram
+    if slots not in (0, 1):
+        raise ValueError(f"config.max_num_new_slots_for_drafting: = {slots}: vLLM {version}'s drafters add 0 rows "
+                         f"(n-gram, EAGLE, MTP, DFlash) or 1 (a standalone draft model); use one of those")
+    if not slots:
+        return ngram
+    from vllm.config import ParallelConfig
+
+    return dict(model=model_config.model, method="draft_model", num_speculative_tokens=k,
+                target_model_config=model_config, target_parallel_config=ParallelConfig())
 
 
 def finished_ids(done: Iterable[Any]) -> set[str]:
@@ -338,7 +458,7 @@ def AcceptingGrammar():  # noqa: N802 - builds an instance, as a class would
 
 class ReportedSet(set):
     """The worker's finished_recving or finished_sending: a set, as vLLM types it, that
-    vLLM iterates (S:3566, 3579) in the order given.  A plain set of strings iterates
+    vLLM iterates (S:3716, 3730) in the order given.  A plain set of strings iterates
     in an order that changes with the process's hash seed, and several frees in one
     update then reach the free queue, and later evictions, in that order."""
 
@@ -351,8 +471,8 @@ class ReportedSet(set):
 
 
 class VllmScheduler:
-    """vLLM 0.33.0's `Scheduler` (or `AsyncScheduler`) behind the implementation
-    protocol (reference/impl.py)."""
+    """vLLM's `Scheduler` (or `AsyncScheduler`), of the release this interpreter has,
+    behind the implementation protocol (reference/impl.py)."""
 
     name = "vllm"
 
@@ -367,7 +487,7 @@ class VllmScheduler:
         # and update_from_output() may be handed the older one.
         self._in_flight: dict[int, tuple[SchedulerOutput, Any]] = {}
         self._preempted: list[str] = []
-        # vLLM keeps finished ids in a set (S:3054); the order they finished in.
+        # vLLM keeps finished ids in a set (S:3194); the order they finished in.
         self._finish_order: list[str] = []
         self._token_seq = 0
 
@@ -383,9 +503,10 @@ class VllmScheduler:
             # vLLM's Request holds every prompt token id in a Python list.
             raise ValueError(f"config.max_model_len: = {c.max_model_len} is beyond what the vLLM adapter "
                              f"runs ({MAX_MODEL_LEN}): vLLM keeps every token id of a prompt in memory")
-        if c.vllm_version != v["version"]:
+        # `schedspec keep-up X --against Y` compares vLLM X with the spec at an older Y.
+        if c.vllm_version != v["version"] and c.vllm_version != os.environ.get(COMPARE_WITH_ENV):
             raise ValueError(f"config.vllm_version: = {c.vllm_version!r}, but this interpreter runs vLLM "
-                             f"{v['version']}; use --impl vllm=={c.vllm_version}")
+                             f"{v['installed']}; use --impl vllm=={c.vllm_version}")
         try:
             scheduler_config = v["SchedulerConfig"](is_encoder_decoder=False, **scheduler_config_kwargs(v, c))
             model_config = v["ModelConfig"](
@@ -403,19 +524,9 @@ class VllmScheduler:
             # (tests/v1/core/utils.py create_scheduler): no draft model to load.  Async
             # scheduling takes the GPU n-gram drafter only (config/vllm.py:1655-1680);
             # neither has rows or lookahead of its own (speculative.py:2058-2098).
-            # A drafter's rows in the target batch: K - 1 for a parallel drafter reusing the
-            # query (speculative.py:2085-2092), as vLLM's own test builds one over n-gram.
-            method = "ngram_gpu" if c.async_scheduling else "ngram"
-            slots = c.max_num_new_slots_for_drafting
-            if slots not in (0, c.num_speculative_tokens - 1):
-                raise ValueError(f"config.max_num_new_slots_for_drafting: = {slots}: the vLLM adapter builds "
-                                 f"an n-gram drafter, with 0 rows, or a parallel one, with num_speculative_tokens"
-                                 f" - 1 = {c.num_speculative_tokens - 1}; use one of those")
+            # A drafter's rows in the target batch: see `drafter_kwargs`.
             speculative_config = v["SpeculativeConfig"](
-                model=method, method=method, num_speculative_tokens=c.num_speculative_tokens,
-                prompt_lookup_max=c.num_speculative_tokens, prompt_lookup_min=1,
-                **({"parallel_drafting": True} if slots else {})) \
-                if c.num_speculative_tokens else None
+                **drafter_kwargs(v["version"], c, model_config)) if c.num_speculative_tokens else None
             with platform_keeps_async_scheduling():
                 vllm_config = v["VllmConfig"](
                     scheduler_config=scheduler_config,
@@ -432,17 +543,26 @@ class VllmScheduler:
                 # before the scheduler reads it, as vLLM's own
                 # test_block_drafters_cap_requests_instead_of_draft_slots does.  The request
                 # hashers take the scenario's lookahead (below), so the scheduler's own is
-                # off, and its block drop follows the scenario (S:330-345, T:829-837).
+                # off, and its block drop follows the scenario (S:330-345, T:834-842).
                 lookahead, k = c.num_prefill_lookahead_tokens, c.num_speculative_tokens
                 if lookahead not in (1, k):
                     raise ValueError(f"config.num_prefill_lookahead_tokens: = {lookahead}: the vLLM adapter builds "
                                      f"an EAGLE-3 drafter, reading 1, or a multi-module MTP one, reading "
                                      f"num_speculative_tokens = {k}; use one of those")
+                if c.max_num_new_slots_for_drafting and \
+                        release_key(v["version"]) >= release_key(DRAFTER_ROWS_BY_METHOD_SINCE):
+                    raise ValueError(f"config.num_prefill_lookahead_tokens: = {lookahead} with "
+                                     f"max_num_new_slots_for_drafting = {c.max_num_new_slots_for_drafting}: vLLM "
+                                     f"{v['version']}'s EAGLE-family drafters add no rows (see drafter_kwargs)")
                 spec = vllm_config.speculative_config
                 object.__setattr__(spec, "method", "eagle3" if lookahead == 1 else "mtp")
                 if lookahead > 1:
+                    # 0.33.0 counts the modules from num_nextn_predict_layers; 0.34.0 picks the
+                    # multi-module drafter from n_predict and the model type (0.34.0
+                    # config/speculative.py:1808-1827, spec_decode/mtp/config.py:31-40).
                     object.__setattr__(spec, "draft_model_config", SimpleNamespace(
-                        hf_config=SimpleNamespace(num_nextn_predict_layers=k)))
+                        hf_config=SimpleNamespace(num_nextn_predict_layers=k, n_predict=k,
+                                                  model_type="deepseek_mtp"), architectures=[]))
                 object.__setattr__(spec, "disable_lookahead_block_hashes", True)
                 object.__setattr__(spec, "disable_eagle_block_drop", not c.use_eagle_block_drop)
             # The engine core resolves the physical KV layout before sizing the
@@ -502,26 +622,37 @@ class VllmScheduler:
             hash_block_size=block_size,
             log_stats=True,
         )
-        built = (getattr(sched, "num_prefill_lookahead", 0), bool(getattr(sched, "use_eagle_block_drop", False)))
-        if built != (c.num_prefill_lookahead_tokens, c.use_eagle_block_drop):
-            raise RuntimeError(f"vLLM adapter: the drafter built reads {built[0]} prompt tokens ahead and "
-                               f"{'drops' if built[1] else 'keeps'} a prefix hit's last block; the scenario asks "
-                               f"{c.num_prefill_lookahead_tokens} and use_eagle_block_drop={c.use_eagle_block_drop}")
-        if c.num_lookahead_tokens or c.num_prefill_lookahead_tokens:
+        spec = vllm_config.speculative_config
+        built = (getattr(sched, "num_prefill_lookahead", 0), bool(getattr(sched, "use_eagle_block_drop", False)),
+                 # (a release without the property reads as the scenario's rows)
+                 getattr(spec, "max_num_new_slots_for_drafting", c.max_num_new_slots_for_drafting)
+                 if spec is not None else 0)
+        if built != (c.num_prefill_lookahead_tokens, c.use_eagle_block_drop, c.max_num_new_slots_for_drafting):
+            raise RuntimeError(f"vLLM adapter: the drafter built reads {built[0]} prompt tokens ahead, "
+                               f"{'drops' if built[1] else 'keeps'} a prefix hit's last block and adds {built[2]} "
+                               f"rows; the scenario asks {c.num_prefill_lookahead_tokens}, "
+                               f"use_eagle_block_drop={c.use_eagle_block_drop} and "
+                               f"max_num_new_slots_for_drafting={c.max_num_new_slots_for_drafting}")
+        if c.num_lookahead_tokens or c.num_prefill_lookahead_tokens or getattr(sched, "num_lookahead_tokens", 0):
             # A drafter with its own forward pass (EAGLE, a draft model) reserves
             # lookahead KV slots (config/vllm.py:626-653); building one needs its
             # weights' config, so the adapter sets the one value the scheduler reads
-            # from it, once, at construction (S:298), as such a drafter would.  (The
-            # EAGLE-family switch above made it num_speculative_tokens: the scenario's replaces it.)
+            # from it, once, at construction (S:300), as such a drafter would.  (The
+            # EAGLE-family switch above and 0.34.0's draft model made it
+            # num_speculative_tokens: the scenario's replaces it.)
             sched.num_lookahead_tokens = c.num_lookahead_tokens
+            if not hasattr(sched, "use_v2_model_runner") and hasattr(sched, "can_skip_drafts"):
+                # 0.34.0 derives from it, at construction, whether a step may skip drafting
+                # (0.34.0 scheduler.py:321), which only the output's skip_drafts reports.
+                sched.can_skip_drafts = c.num_lookahead_tokens > 0
             if hasattr(sched, "_spec_decode_step_blocks"):
                 # 0.33.0 sizes one speculative step's blocks from it at construction (S:372-381),
-                # which an asynchronous KV load leaves free (S:1427-1430): one full-attention group.
+                # which an asynchronous KV load leaves free (S:1489-1492): one full-attention group.
                 step_tokens = 1 + c.num_speculative_tokens + c.num_lookahead_tokens
                 sched._spec_decode_step_blocks = -(-step_tokens // block_size)
-        if v["version"] == DEFAULT_RELEASE:
+        if models(v["version"], ENCODER_INPUTS):
             # Encoder inputs: the model directory is a text-only one, for which vLLM sizes
-            # no encoder budget or cache (S:265-293); the adapter gives the scheduler the
+            # no encoder budget or cache (S:267-295); the adapter gives the scheduler the
             # scenario's, once, at construction, as vLLM's own scheduler tests do
             # (tests/v1/core/test_scheduler.py sets both attributes).
             from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
@@ -537,7 +668,7 @@ class VllmScheduler:
                                                       c.num_hash_lookahead_tokens)
 
         # vLLM keeps the ids preempted in a step in a set; record the order of
-        # `_preempt_request` calls instead (S:1799).
+        # `_preempt_request` calls instead (S:1853).
         original = sched._preempt_request
         preempted = self._preempted
 
@@ -627,15 +758,14 @@ class VllmScheduler:
     def _await_grammar(self, req, grammar: str) -> None:
         """Structured output without a backend: the request's grammar is a future the
         engine resolves (grammar_compiled), as the manager's compile pool would; the
-        status the front end gives such a request (RQ:116-117)."""
+        status the front end gives such a request (RQ:120-121)."""
         from concurrent.futures import Future
 
         from vllm.sampling_params import StructuredOutputsParams
         from vllm.v1.structured_output.request import StructuredOutputRequest
 
-        if self._v["version"] != DEFAULT_RELEASE:
-            raise ValueError(f"request {req.request_id}: schedspec models structured output for vLLM "
-                             f"{DEFAULT_RELEASE} only")
+        if not models(self._v["version"], STRUCTURED_OUTPUT):
+            raise ValueError(f"request {req.request_id}: {not_modelled(self._v['version'], STRUCTURED_OUTPUT)}")
         so = StructuredOutputRequest(params=StructuredOutputsParams(regex="[0-9]+"))
         future: Future = Future()
         so.grammar = future
@@ -673,16 +803,19 @@ class VllmScheduler:
     def schedule(self) -> SchedulerOutput:
         sched = self.sched
         pre_status = None
-        if sched.use_v2_model_runner:  # resumed requests then travel as new ones
+        # 0.33.0 with the V2 model runner sends resumed requests as new ones, told apart by
+        # their status before the call; 0.34.0 always does, and the spec too (spec/versions.py
+        # RESUMED_SENT_AS_NEW), so it needs none (0.34.0 scheduler.py:1619-1626, no switch).
+        if getattr(sched, "use_v2_model_runner", False):
             pre_status = {rid: waiting_status(r) for rid, r in sched.requests.items()}
-        # Requests holding blocks of a KV load: admitted without a prefix lookup (S:1262-1272).
+        # Requests holding blocks of a KV load: admitted without a prefix lookup (S:1301-1311).
         holders = [r.request_id for r in getattr(sched, "kv_holding_waiting", ())]
         self._preempted.clear()
         if self._kv_store is not None:
             self._kv_store.answers.clear()
         out = sched.schedule()
         # schedule() hands the finished ids to this batch and starts a new set
-        # (S:1876); keep only those finished since.
+        # (S:1930); keep only those finished since.
         self._finish_order = [rid for rid in self._finish_order if rid in sched.finished_req_ids]
         try:
             output = lift_output(out, self._preempted, prefix_caching=self._block_hasher is not None,
@@ -710,19 +843,19 @@ class VllmScheduler:
             # The model runner reports every request of the batch; one that
             # samples nothing (a prefill chunk, or dropped meanwhile) gets [].
             req_ids=req_ids,
-            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            **runner_index(self._v["ModelRunnerOutput"], req_ids),
             sampled_token_ids=[list(sampled_token_ids.get(rid, ())) for rid in req_ids],
             logprobs=None,
             prompt_logprobs_dict={},
             pooler_output=None,
-            # The KV loads and sends the worker reports finished (S:2581, 3566-3582), each
+            # The KV loads and sends the worker reports finished (S:2648, 3716-3733), each
             # set iterated in the engine's order, which the spec frees them in.
             kv_connector_output=self._v["KVConnectorOutput"](finished_recving=ReportedSet(finished_recving),
                                                               finished_sending=ReportedSet(finished_sending))
             if finished_recving or finished_sending else None,
         )
         # Releases before 0.28.0 have no grammar_compile_error_reqs (structured output
-        # is modelled on 0.33.0 only, and never drawn for an older release).
+        # is modelled from 0.33.0 on, and never drawn for an older release).
         errors = {rid: self.sched.requests.get(rid)
                   for rid in getattr(self.sched, "grammar_compile_error_reqs", ())}
         self.sched.update_from_output(vout, runner_output)
@@ -732,7 +865,7 @@ class VllmScheduler:
             if rid in was_finished or not r.is_finished():
                 continue
             finished.append((rid, RequestStatus[r.status.name]))
-        # Requests whose grammar failed: finished with an error, after the batch's (S:2552-2574).
+        # Requests whose grammar failed: finished with an error, after the batch's (S:2619-2641).
         finished += [(rid, RequestStatus[r.status.name]) for rid, r in errors.items()
                      if r is not None and r.is_finished() and rid not in held]
         self._finish_order.extend(rid for rid, _ in finished)

@@ -7,8 +7,8 @@ request: asked at an admission from `num_computed_tokens` local tokens, it answe
 the tokens it holds beyond them, loaded within the step (base.py
 get_num_new_matched_tokens).  It is a best-effort cache of a KV producer
 (requires_kv_delivery False, base.py:198-207), attached to a scheduler built
-without one, so that, as the spec has it, no free is deferred (S:187-195) and a
-preemption keeps its in-flight output (S:972-976).  It sends the KV of the requests
+without one, so that, as the spec has it, no free is deferred (S:185-193) and a
+preemption keeps its in-flight output (S:988-992).  It sends the KV of the requests
 in `sends` once they finish (request_finished answers delay_free); the engine loop
 reports those sends as the worker would.  Its worker side never runs.
 """
@@ -67,7 +67,7 @@ def attach_scenario_connector(sched: Any, vllm_config: Any, kv_cache_config: Any
                               requires_kv_delivery: bool = False) -> ScenarioStore:
     """Give `sched` the scenario connector, answering from the store returned; one
     that needs a preempted request's KV delivered if `requires_kv_delivery` (which
-    the scheduler reads from its connector when built, S:172-203)."""
+    the scheduler reads from its connector when built, S:170-201)."""
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
@@ -75,7 +75,7 @@ def attach_scenario_connector(sched: Any, vllm_config: Any, kv_cache_config: Any
 
     def answer(request, num_computed_tokens, block_size):
         n = store.answers[request.request_id] = max(0, store.holds.get(request.request_id, 0) - num_computed_tokens)
-        return n, n > 0 and request.request_id in store.async_loads  # vLLM asserts a load loads something (S:1288)
+        return n, n > 0 and request.request_id in store.async_loads  # vLLM asserts a load loads something (S:1338)
 
     vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="ScenarioConnector", kv_role="kv_producer")
     connector = answering_connector(answer, lambda r: r.request_id in store.sends)(

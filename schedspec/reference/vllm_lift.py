@@ -1,4 +1,4 @@
-"""`lift`: vLLM 0.33.0's scheduler objects as the spec's values.
+"""`lift`: vLLM's scheduler objects (0.20.0 ... 0.34.0) as the spec's values.
 
 A `Scheduler` (or `AsyncScheduler`) becomes a `SchedulerState`, a vLLM
 `Request` a spec `Request`, a vLLM `SchedulerOutput` a spec `SchedulerOutput`.
@@ -7,10 +7,12 @@ monitor (schedspec/monitor) checks every scheduler call from the lifted
 pre-state.  Nothing here imports vLLM at module load: the objects are read by
 their attributes, and vLLM's helpers are imported on first use.
 
-Releases 0.20.0 to 0.33.0 lift alike; where an older release lacks a structure
-(`kv_holding_waiting`, the stale-output counters, the second-hash map) or orders
-one differently (`skipped_waiting`, 0.20.0's free queue), a commented "Bridge"
-says so, with the release's source lines.
+Releases 0.20.0 to 0.34.0 lift alike; where a release lacks a structure
+(`kv_holding_waiting`, the stale-output counters, the second-hash map, 0.34.0's
+`resumed_req_ids` and `req_id_to_index`), has another (0.34.0's `async_kv_waiting`,
+its prefix-cache map of block ids, its `prefix_cache_hit_limit`) or orders one
+differently (`skipped_waiting`, 0.20.0's free queue), a commented "Bridge" says
+so, with the release's source lines.
 
 Scope: what the spec models (one full-attention KV group, no speculative
 tokens, encoder inputs, LoRA, connectors, ...).  A state outside it still
@@ -41,17 +43,20 @@ class LiftError(RuntimeError):
     """vLLM's objects say something the spec's values cannot hold."""
 
 
-# The fields vLLM's Request and the spec's share, name and meaning (RQ:84-216).
+# The fields vLLM's Request and the spec's share, name and meaning (RQ:88-226).
 SHARED_REQUEST_FIELDS = (
     "num_prompt_tokens", "max_tokens", "priority", "arrival_time", "num_computed_tokens", "num_output_tokens",
     "num_preemptions", "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
     "drop_stale_output", "is_prefill_chunk", "skip_reading_prefix_cache")
 
-# vLLM's SchedulerConfig fields the spec's config has under the same name.
-SCHEDULER_CONFIG_FIELDS = (
+# vLLM's SchedulerConfig fields the spec's config has under the same name.  Of
+# those 0.34.0 brought (C:78 max_num_inflight_kv_loads, C:223 and :237 the cache-aware
+# admission window and threshold), the ones the spec's config has.
+SCHEDULER_CONFIG_FIELDS = tuple(f for f in (
     "max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_seqs", "max_num_active_seqs",
     "enable_chunked_prefill", "long_prefill_token_threshold", "policy", "watermark",
-    "scheduler_reserve_full_isl")
+    "scheduler_reserve_full_isl", "max_num_inflight_kv_loads", "cache_aware_admission_window",
+    "cache_aware_admission_threshold") if f in SchedulerConfig.__dataclass_fields__)
 
 
 def is_async(sched: Any) -> bool:
@@ -71,7 +76,8 @@ def lift_config(sched: Any) -> SchedulerConfig:
     # Bridge (fields): a field the release lacks lifts as the value that means
     # its behaviour (spec/versions.py FIELDS_SINCE), e.g. no watermark = 0.0.
     fields = {f: getattr(sc, f) for f in SCHEDULER_CONFIG_FIELDS if hasattr(sc, f)}
-    fields.update({f: FIELDS_SINCE[f][1] for f in SCHEDULER_CONFIG_FIELDS if f not in fields})
+    fields.update({f: FIELDS_SINCE[f][1] if f in FIELDS_SINCE else SchedulerConfig.__dataclass_fields__[f].default
+                   for f in SCHEDULER_CONFIG_FIELDS if f not in fields})
     fields["policy"] = str(getattr(fields["policy"], "value", fields["policy"])).lower()
     return SchedulerConfig(
         **fields,
@@ -80,29 +86,29 @@ def lift_config(sched: Any) -> SchedulerConfig:
         num_gpu_blocks=sched.kv_cache_manager.block_pool.num_gpu_blocks,
         enable_prefix_caching=bool(sched.kv_cache_manager.enable_caching),
         async_scheduling=is_async(sched),
-        # Speculative decoding: the drafts per step and the drafter's KV lookahead (S:297-298).
+        # Speculative decoding: the drafts per step and the drafter's KV lookahead (S:299-300).
         num_speculative_tokens=getattr(sched, "num_spec_tokens", 0),
         num_lookahead_tokens=getattr(sched, "num_lookahead_tokens", 0),
-        # The prompt tokens past a chunk the drafter reads (S:315); bridge: 0.33.0 has it.
+        # The prompt tokens past a chunk the drafter reads (S:317); bridge: 0.33.0 has it.
         num_prefill_lookahead_tokens=getattr(sched, "num_prefill_lookahead", 0) or 0,
-        # The drafter's rows per request, read by schedule() from the config (S:720-721).
+        # The drafter's rows per request, read by schedule() from the config (S:736-737).
         max_num_new_slots_for_drafting=getattr(sched.vllm_config.speculative_config,
                                                "max_num_new_slots_for_drafting", 0) or 0,
         max_loras=sched.lora_config.max_loras if getattr(sched, "lora_config", None) else None,
         # The interval the scheduler applies itself: the config's on an engine without data
-        # parallelism, else 1 (S:404-408).  Bridge: no local interval in 0.30.0.
+        # parallelism, else 1 (S:403-407).  Bridge: no local interval in 0.30.0.
         prefill_schedule_interval=getattr(sched, "local_prefill_interval", 1),
-        # Bridge: from 0.31.0 (0.33.0 S:144-146); 0.30.0 has no adaptive threshold.
+        # Bridge: from 0.31.0 (S:142-144); 0.30.0 has no adaptive threshold.
         long_prefill_token_threshold_adaptive=bool(getattr(sched, "adaptive_long_prefill_threshold", False)),
-        # Bridge: 0.33.0 (S:172-203); earlier releases do not have it.
+        # Bridge: 0.33.0 (S:170-201); earlier releases do not have it.
         requires_kv_delivery=bool(getattr(sched, "requires_kv_delivery", False)),
-        # The engine's hasher's lookahead (E:226-230); each request's own hasher is lifted with it.
+        # The engine's hasher's lookahead (E:242-252); each request's own hasher is lifted with it.
         num_hash_lookahead_tokens=getattr(sched, "num_hash_lookahead_tokens", 0)
         if sched.kv_cache_manager.enable_caching else 0,
         # An EAGLE-family drafter's drop of a prefix hit's last block (S:330-345): the
         # KV cache manager was built with it (S:356).  Bridge: 0.33.0 names it so.
         use_eagle_block_drop=bool(getattr(sched, "use_eagle_block_drop", False)),
-        # Encoder inputs: the budget and the cache the scheduler was built with (S:280-293).
+        # Encoder inputs: the budget and the cache the scheduler was built with (S:282-295).
         max_num_encoder_input_tokens=getattr(sched, "max_num_encoder_input_tokens", 0),
         encoder_cache_size=getattr(getattr(sched, "encoder_cache_manager", None), "cache_size", 0),
         disable_chunked_mm_input=bool(getattr(sc, "disable_chunked_mm_input", False)),
@@ -112,7 +118,7 @@ def lift_config(sched: Any) -> SchedulerConfig:
 
 def hasher_lookahead(r: Any) -> int | None:
     """The tokens after each block that request `r`'s block hasher covers: the
-    `num_hash_lookahead_tokens` that vLLM's get_request_block_hasher (KU:953-1030)
+    `num_hash_lookahead_tokens` that vLLM's get_request_block_hasher (KU:949-1028)
     closed over; 0 for none or a hasher without it (before 0.33.0); None for a
     hasher of another kind, which the lift cannot read."""
     hasher = r.__dict__.get("_block_hasher")
@@ -128,7 +134,7 @@ def hasher_lookahead(r: Any) -> int | None:
 
 
 def lift_status(status: Any) -> RequestStatus:
-    """vLLM's status by name; both enums number them alike (RQ:370-386)."""
+    """vLLM's status by name; both enums number them alike (RQ:422-438)."""
     try:
         return _STATUS[status.name]
     except KeyError:
@@ -150,15 +156,48 @@ if set(REQUEST_FIELD_NAMES) != set(SHARED_REQUEST_FIELDS) | set(LIFTED_OTHERWISE
 _shared = attrgetter(*SHARED_REQUEST_FIELDS)
 
 
+_shared_but_skip = attrgetter(*SHARED_REQUEST_FIELDS[:-1])
+assert SHARED_REQUEST_FIELDS[-1] == "skip_reading_prefix_cache"  # _shared_of replaces the last
+
+
 def _shared_of(r: Any) -> tuple:
-    """The shared fields of vLLM request `r`.  Bridge (request counters): 0.25.0 and
-    earlier have no `num_in_flight_tokens`, `num_stale_output_tokens` nor
-    `drop_stale_output` (0.28.0 v1/request.py:155-168 brought them with stale-output
-    handling); they lift as 0 and False, what they are outside async scheduling."""
-    try:
-        return _shared(r)
-    except AttributeError:
-        return tuple(getattr(r, f, False if f == "drop_stale_output" else 0) for f in SHARED_REQUEST_FIELDS)
+    """The shared fields of vLLM request `r`, where one is not an attribute of it.
+
+    Bridge (prefix-cache reads): 0.34.0 replaced `skip_reading_prefix_cache` by
+    `prefix_cache_hit_limit`, the leading tokens a prefix hit may cover, 0 for a
+    request that skips cache reads, None for no limit (0.34.0 v1/request.py:245,
+    364-377); the spec's flag is a limit of 0.  (A limit above 0, a prompt-logprobs
+    request's, is outside the spec's scope: monitor/scope.py.)
+
+    Bridge (request counters): 0.25.0 and earlier have no `num_in_flight_tokens`,
+    `num_stale_output_tokens` nor `drop_stale_output` (0.28.0 v1/request.py:155-168
+    brought them with stale-output handling); they lift as 0 and False, what they
+    are outside async scheduling."""
+    if "prefix_cache_hit_limit" in r.__dict__:
+        try:
+            return _shared_but_skip(r) + (r.prefix_cache_hit_limit == 0,)
+        except AttributeError:
+            pass
+    return tuple(getattr(r, f, False if f in ("drop_stale_output", "skip_reading_prefix_cache") else 0)
+                 for f in SHARED_REQUEST_FIELDS)
+
+
+def skips_prefix_cache(r: Any) -> bool:
+    """vLLM request `r` reads nothing from the prefix cache (the spec's
+    skip_reading_prefix_cache); see `_shared_of` for 0.34.0's limit."""
+    if "prefix_cache_hit_limit" in getattr(r, "__dict__", ()):
+        return r.prefix_cache_hit_limit == 0
+    return bool(getattr(r, "skip_reading_prefix_cache", False))
+
+
+def skips_external_kv(r: Any) -> bool:
+    """vLLM request `r`'s KV connector answer is replaced by none at its admission:
+    0.34.0 asks `skip_reading_external_kv` (0.34.0 scheduler.py:1182; true for any
+    prefix_cache_hit_limit, v1/request.py:358-362), 0.33.0 `skip_reading_prefix_cache`
+    (0.33.0 scheduler.py:1143)."""
+    if "prefix_cache_hit_limit" in getattr(r, "__dict__", ()):
+        return r.prefix_cache_hit_limit is not None
+    return bool(getattr(r, "skip_reading_prefix_cache", False))
 
 
 LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last lifted Request)
@@ -167,16 +206,16 @@ LIFT_ATTR = "schedspec_lift"  # on a vLLM Request: (fixed fields, last key, last
 KV_CONNECTOR_ATTR = "schedspec_kv_connector_tokens"
 KV_ASYNC_ATTR = "schedspec_kv_connector_async"  # and whether it answered an asynchronous load
 # A request finished while its asynchronous load was in flight, which vLLM keeps, with its
-# blocks, until the load ends (S:3016-3027): the spec's request finished mid-load (spec/kv_connector.py).
+# blocks, until the load ends (S:3153-3164): the spec's request finished mid-load (spec/kv_connector.py).
 HELD_LOAD_ATTR = "schedspec_held_for_load"
-# Whether its KV connector answers delay_free when it finishes (S:3040-3060): the spec's
+# Whether its KV connector answers delay_free when it finishes (S:3180-3200): the spec's
 # kv_connector_sends, set where the connector's answer is known (the vLLM adapter's store).
 KV_SENDS_ATTR = "schedspec_kv_connector_sends"
 
 
 def loads_in_flight(sched: Any, request_ids: Iterable[str]) -> list:
     """The vLLM requests among `request_ids` waiting for an asynchronous KV load the
-    worker has not reported: finish_requests keeps those (S:3016-3027).  Read before
+    worker has not reported: finish_requests keeps those (S:3153-3164).  Read before
     the call; `mark_held` after it."""
     loaded = getattr(sched, "finished_recving_kv_req_ids", None) or ()
     requests = getattr(sched, "requests", {})
@@ -296,7 +335,7 @@ def lift_mm_features(r: Any) -> tuple:
 
 
 def lift_encoder_cache(sched: Any) -> EncoderCache:
-    """The encoder cache manager's bookkeeping (ECM:78-95): entries and who references them,
+    """The encoder cache manager's bookkeeping (ECM:77-94): entries and who references them,
     each request's referenced inputs, and the freeable entries in eviction order.
     Bridge: a release whose manager keeps no `num_embeds_by_hash` lifts it empty;
     the spec models encoder inputs for 0.33.0 only."""
@@ -316,10 +355,10 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def waiting_order(sched: Any) -> tuple[str, ...]:
-    """Pop order: block holders are drained first (S:1064-1066); iterating a
+    """Pop order: block holders are drained first (S:1100-1102); iterating a
     priority queue yields heap pop order (request_queue.py:193-197)."""
     # Bridge (kv_holding_waiting): the queue of waiting requests that hold blocks
-    # exists from 0.31.0 (0.33.0 S:1064-1066); 0.30.0 and earlier have `waiting` only.
+    # exists from 0.31.0 (S:1100-1102); 0.30.0 and earlier have `waiting` only.
     holding = getattr(sched, "kv_holding_waiting", ())
     waiting = list(sched.waiting)
     # Bridge (skipped_waiting): up to 0.28.0 requests skipped in a step wait in their
@@ -328,7 +367,31 @@ def waiting_order(sched: Any) -> tuple[str, ...]:
     skipped = list(getattr(sched, "skipped_waiting", ()))
     if skipped:
         waiting = sorted(skipped + waiting) if lift_config_policy(sched) == "priority" else skipped + waiting
+    # Bridge (async_kv_waiting): 0.34.0 keeps the requests a KV connector may load
+    # asynchronously in a third queue, with max_num_inflight_kv_loads set
+    # (0.34.0 scheduler.py:235-238, 2781-2786); `_next_waiting_queue` pops the head of
+    # it or of `waiting` whichever goes first (:2830-2840).  Merged in that order.
+    parked = list(getattr(sched, "async_kv_waiting", None) or ())
+    if parked:
+        waiting = merge_queues(waiting, parked, lift_config_policy(sched) == "priority")
     return tuple(r.request_id for r in holding) + tuple(r.request_id for r in waiting)
+
+
+def merge_queues(waiting: list, parked: list, priority: bool) -> list:
+    """`waiting` and `parked` (each in its pop order) as one pop order: the parked
+    head first where it goes first, by priority order (Request.__lt__) under
+    PRIORITY, by arrival time under FCFS; on a tie `waiting`'s head (0.34.0
+    scheduler.py:2830-2840)."""
+    out, i, j = [], 0, 0
+    while i < len(waiting) and j < len(parked):
+        a, b = parked[j], waiting[i]
+        if (a < b) if priority else (a.arrival_time < b.arrival_time):
+            out.append(a)
+            j += 1
+        else:
+            out.append(b)
+            i += 1
+    return out + waiting[i:] + parked[j:]
 
 
 def lift_config_policy(sched: Any) -> str:
@@ -359,11 +422,21 @@ def lift_hash_map(pool: Any) -> tuple[dict, dict]:
     and entries are the same (both compared by identity, in order, and an entry
     holding several blocks, a dict that can change in place, by its block ids
     too), extended when the old map is a prefix of the new one, read again
-    otherwise.  Each test is one pass of map() in C."""
-    cache = pool.cached_block_hash_to_block._cache  # noqa: SLF001 - vLLM's map has no public view
+    otherwise.  Each test is one pass of map() in C.
+
+    Bridge (map entries): up to 0.33.0 an entry is the block itself, or a dict of
+    block id -> block, in caching order, for a hash several blocks hold (0.33.0
+    block_pool.py:53-135).  0.34.0 keeps a block id per hash, the first of those
+    blocks, and the ids of a hash several blocks hold, in caching order, in a map of
+    its own, `_dup_ids` (0.34.0 block_pool.py:55-104), which the last lift is reused
+    only while it is unchanged (it is seldom anything but empty)."""
+    hmap = pool.cached_block_hash_to_block
+    cache = hmap._cache  # noqa: SLF001 - vLLM's map has no public view
+    dup_ids = hmap.__dict__.get("_dup_ids")
+    dups = tuple((key, tuple(ids)) for key, ids in dup_ids.items()) if dup_ids else ()
     last = pool.__dict__.get(POOL_ATTR)
     start, cached, block_hash, multi = 0, {}, {}, []
-    if last is not None:
+    if last is not None and last[5] == dups:
         n = len(last[0])
         if n <= len(cache) and all(map(is_, cache, last[0])) and all(map(is_, cache.values(), last[1])) \
                 and all(tuple(entry) == ids for entry, ids in last[2]):
@@ -371,9 +444,12 @@ def lift_hash_map(pool: Any) -> tuple[dict, dict]:
                 return last[3], last[4]
             start, cached, block_hash, multi = n, dict(last[3]), dict(last[4]), list(last[2])
     keys, entries = list(cache), list(cache.values())
+    several = dict(dups)
     for key, entry in zip(keys[start:], entries[start:]):
         h = key[:-4]  # the hash without its 4-byte group id
-        if type(entry) is dict:
+        if type(entry) is int:  # 0.34.0: a block id
+            blocks = several.get(key) or (entry,)
+        elif type(entry) is dict:
             blocks = tuple(entry)
             multi.append((entry, blocks))
         else:
@@ -381,7 +457,7 @@ def lift_hash_map(pool: Any) -> tuple[dict, dict]:
         cached[h] = blocks
         for b in blocks:
             block_hash[b] = h
-    pool.__dict__[POOL_ATTR] = (keys, entries, multi, cached, block_hash)
+    pool.__dict__[POOL_ATTR] = (keys, entries, multi, cached, block_hash, dups)
     return cached, block_hash
 
 
@@ -432,7 +508,7 @@ def table_ids(blks: list, last: tuple[list, tuple] | None) -> tuple[int, ...]:
 def lift_ref_cnt(req_to_blocks: Mapping[str, tuple[int, ...]], tables: list[list],
                  like: Mapping[int, int] | None) -> Mapping[int, int]:
     """Block id -> vLLM's ref_cnt, for the held blocks: a block in several tables
-    is one block, with one id and one count; the null block (P:191) is nobody's.
+    is one block, with one id and one count; the null block (P:164) is nobody's.
     `like` itself when equal: each (id, count) read is `like`'s, and `like` has no
     other key (it has as many as there are distinct ids), all in C."""
     ids = list(chain.from_iterable(req_to_blocks.values()))
@@ -479,7 +555,7 @@ def lift_block_pool(sched: Any, config: SchedulerConfig | None = None, like: Blo
         b, nxt = nxt, nxt.next_free_block
     # The spec keeps the queue as unhashed blocks, then hashed ones (spec/block_pool.py):
     # vLLM prepends what it frees without a hash and appends what it frees with one
-    # (P:816-849), and a free block gains no hash, so that is the only order in
+    # (P:799-839), and a free block gains no hash, so that is the only order in
     # which hashed and unhashed free blocks can sit.
     # Bridge (free order): 0.20.0 appends every freed block, hashed or not (spec/versions.py
     # UNHASHED_FREE_BLOCKS_FIRST): its queue is kept whole as the back, in order.
@@ -522,7 +598,7 @@ if POOL_PARTS != ("num_gpu_blocks", "free_front", "next_fresh", "free_back", "re
 def lift_state(sched: Any, config: SchedulerConfig | None = None,
                finish_order: Sequence[str] = (), like: SchedulerState | None = None) -> SchedulerState:
     """The scheduler's state.  vLLM keeps the ids finished since the last
-    schedule() in a set (S:225); `finish_order` gives the order they finished in
+    schedule() in a set (S:223); `finish_order` gives the order they finished in
     where the caller recorded it, the rest follow sorted.  `like`: see lift_request."""
     config = config or lift_config(sched)
     alike = like.requests if like is not None else {}
@@ -559,7 +635,7 @@ def lift_prefill_cadence(sched: Any, config: SchedulerConfig) -> PrefillCadence:
     last = sched.last_prefill_step
     return PrefillCadence(
         num_executed_steps=sched.num_executed_steps if local else 0,
-        last_prefill_step=last if local and last != -interval else None,  # -interval: none yet (S:421)
+        last_prefill_step=last if local and last != -interval else None,  # -interval: none yet (S:420)
         capacity_bound=bool(sched.prefill_capacity_bound),
         deferred_waiting=tuple(sorted(r.request_id for r in sched.deferred_waiting)))
 
@@ -578,7 +654,7 @@ def lift_pause_state(sched: Any) -> str:
 def waiting_status(r: Any) -> str:
     """vLLM request `r`'s status name before a schedule(), as lift_output's
     `status_before` needs it: for one waiting for remote KVs, the one its promotion
-    will give it, which tells a resumed request from a new one (S:3527-3531)."""
+    will give it, which tells a resumed request from a new one (S:3676-3681)."""
     name = r.status.name
     if name == "WAITING_FOR_REMOTE_KVS":
         return "PREEMPTED" if r.num_preemptions else "WAITING"
@@ -589,22 +665,26 @@ def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,
                 status_before: Mapping[str, str] | None = None,
                 external: Mapping[str, int] | None = None, holders: Iterable[str] = ()) -> SchedulerOutput:
     """vLLM's SchedulerOutput as the spec's.  `preempted` is the order of the
-    `_preempt_request` calls (vLLM keeps the ids in a set, S:1799).  With the V2
+    `_preempt_request` calls (vLLM keeps the ids in a set, S:1853).  With the V2
     model runner resumed requests travel as new ones; `status_before` (status
     names before the call) tells them apart.  `external`: the tokens a KV
     connector answered in the call, by request, which an admission's
-    num_computed_tokens counts beside its prefix hit (S:1216-1218).  `holders`: waiting
+    num_computed_tokens counts beside its prefix hit (S:1255-1257).  `holders`: waiting
     requests that held KV blocks before the call (a KV load's); their admission
-    looks nothing up (S:1262-1272), so it has no prefix hit."""
+    looks nothing up (S:1301-1311), so it has no prefix hit."""
     grants = tuple(out.num_scheduled_tokens.items())  # insertion order = grant order
     new = [d.req_id for d in out.scheduled_new_reqs]
     cached = out.scheduled_cached_reqs
-    resumed_ids = cached.resumed_req_ids
+    # Bridge (resumed requests): 0.34.0 sends every admission, a resumed one too, among
+    # the new requests (0.34.0 scheduler.py:1619-1626) and its CachedRequestData has no
+    # resumed_req_ids (0.34.0 sched/output.py:139-158); the spec's output for 0.34.0 has
+    # no resumed requests either (spec/versions.py RESUMED_SENT_AS_NEW).
+    resumed_ids = getattr(cached, "resumed_req_ids", None) or ()
     resumed = [rid for rid in cached.req_ids if rid in resumed_ids]
     running = [rid for rid in cached.req_ids if rid not in resumed_ids]
     # The tokens each admitted request found in the prefix cache: its
     # num_computed_tokens as admission set it, which the output records before
-    # _update_after_schedule advances it (S:1641-1677, 1937-1966).
+    # _update_after_schedule advances it (S:1714-1732, 1991-2014).
     hits_at = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
     hits_at.update((rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens) if rid in resumed_ids)
     if status_before is not None:
@@ -636,8 +716,13 @@ def lift_output(out: Any, preempted: Sequence[str], *, prefix_caching: bool,
 
 def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str, list[int]]:
     """The tokens the model sampled for each of `req_ids`, from a ModelRunnerOutput
-    (v1/outputs.py): [] for a request it reports nothing for."""
-    index = model_runner_output.req_id_to_index or {}
+    (v1/outputs.py): [] for a request it reports nothing for.  A request's row is its
+    position in the output's `req_ids`, as 0.34.0's update_from_output finds it
+    (0.34.0 scheduler.py:2355-2358); up to 0.33.0 the output's `req_id_to_index`,
+    which the scheduler read instead (0.33.0 scheduler.py:2341), is that where given."""
+    index = getattr(model_runner_output, "req_id_to_index", None)
+    if index is None:
+        index = {rid: i for i, rid in enumerate(model_runner_output.req_ids or ())}
     sampled = model_runner_output.sampled_token_ids
     out = {}
     for rid in req_ids:

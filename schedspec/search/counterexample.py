@@ -117,7 +117,7 @@ def profile_for(goal_name: str) -> dict[str, Any]:
 
 
 def draw_config(rng: random.Random, p: dict[str, Any]) -> dict[str, Any]:
-    """A small config vLLM 0.33.0 accepts, leaning the profile's way."""
+    """A small config vLLM accepts, leaning the profile's way."""
     L = rng.choice([4, 6, 8, 12, 16, 24, 32])
     bs = rng.choice([b for b in (1, 2, 4, 8) if b <= L])
     per_seq = math.ceil(L / bs)

@@ -7,9 +7,9 @@ this is the smallest block-level model that is step-exact.  Block ids are vLLM's
 1 .. num_gpu_blocks - 1 (0 is the null block), handed out in the same order, so a
 trace can name blocks.  The free queue in pop order is `free_front +
 [next_fresh, num_gpu_blocks) + free_back`: freed blocks without a hash are
-prepended, hashed ones appended (P:816-849), never-used ones sit between in id
+prepended, hashed ones appended (P:799-839), never-used ones sit between in id
 order.  So the back holds only hashed blocks, oldest-freed first (LRU): exactly
-the blocks a prefix hit can take out of the queue (P:792).
+the blocks a prefix hit can take out of the queue (P:774).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class BlockPool:
     free_back: tuple[int, ...] = ()
     ref_cnt: Mapping[int, int] = field(default_factory=dict)  # held blocks only (> 0)
     block_hash: Mapping[int, BlockHash] = field(default_factory=dict)  # every hashed block
-    # hash -> its blocks in insertion order; a lookup takes the first (P:63-72).
+    # hash -> its blocks in insertion order; a lookup takes the first (P:66-69).
     cached: Mapping[BlockHash, tuple[int, ...]] = field(default_factory=dict)
     req_to_blocks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     num_cached_block: Mapping[str, int] = field(default_factory=dict)
@@ -36,7 +36,7 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        """P:912: the free queue's length, cached blocks included."""
+        """P:903: the free queue's length, cached blocks included."""
         return len(self.free_front) + (self.num_gpu_blocks - self.next_fresh) + len(self.free_back)
 
     def free_queue(self) -> tuple[int, ...]:
@@ -84,14 +84,14 @@ class PoolWork:
         return len(self.req_to_blocks.get(request_id, ()))
 
     def allocate(self, request_id: str, hits: Sequence[int], num_new_blocks: int) -> None:
-        """The hits become the request's first blocks, then new blocks follow (K:590-627)."""
+        """The hits become the request's first blocks, then new blocks follow (K:611-648)."""
         if hits:
             self.add_hits(request_id, hits)
         self.allocate_new_blocks(request_id, num_new_blocks)
 
     def get_computed_blocks(self, block_hashes: tuple, num_tokens: int, block_size: int) -> list[int]:
         """The longest run of cached blocks from the start, over at most (num_tokens - 1)
-        // block_size blocks: one token is always left to compute (K:295-307, T:792-800)."""
+        // block_size blocks: one token is always left to compute (K:318-329, T:797-805)."""
         hits = []
         for h in block_hashes[:(num_tokens - 1) // block_size]:
             if not self.cached.get(h):
@@ -100,11 +100,11 @@ class PoolWork:
         return hits
 
     def num_evictable(self, blocks: Sequence[int]) -> int:
-        """Hit blocks that touching takes out of the free queue (T:256-261)."""
+        """Hit blocks that touching takes out of the free queue (T:261-266)."""
         return sum(1 for b in blocks if self.ref_cnt.get(b, 0) == 0)
 
     def _uncache(self, block: int) -> None:
-        """Evict a reused block's hash (P:769-790, 630-649)."""
+        """Evict a reused block's hash (P:751-772, 605-624)."""
         h = self.block_hash.pop(block, None)
         if h is not None:
             rest = tuple(b for b in self.cached[h] if b != block)
@@ -114,7 +114,7 @@ class PoolWork:
                 del self.cached[h]
 
     def add_hits(self, request_id: str, hits: Sequence[int]) -> None:
-        """Touch the hit blocks and make them the request's first blocks (T:268-324, P:792-810)."""
+        """Touch the hit blocks and make them the request's first blocks (T:273-329, P:774-792)."""
         self.own()
         for b in hits:
             if self.ref_cnt.get(b, 0) == 0:
@@ -125,7 +125,7 @@ class PoolWork:
         self.num_cached_block[request_id] = len(hits)
 
     def allocate_new_blocks(self, request_id: str, num_blocks: int) -> None:
-        """Pop `num_blocks` from the queue head, evicting any hash they carry (P:706-740)."""
+        """Pop `num_blocks` from the queue head, evicting any hash they carry (P:681-722)."""
         self.own()
         new = []
         for _ in range(num_blocks):
@@ -144,7 +144,7 @@ class PoolWork:
         self.req_to_blocks[request_id] = self.req_to_blocks.get(request_id, ()) + tuple(new)
 
     def cache_blocks(self, request_id: str, block_hashes: tuple, num_tokens: int, block_size: int) -> None:
-        """Hash the request's full blocks up to `num_tokens` (T:477-541, P:230-300)."""
+        """Hash the request's full blocks up to `num_tokens` (T:482-546, P:203-273)."""
         num_cached = self.num_cached_block.get(request_id, 0)
         num_full = min(num_tokens, len(block_hashes) * block_size) // block_size
         if num_cached >= num_full:
@@ -153,7 +153,7 @@ class PoolWork:
         blocks = self.req_to_blocks[request_id]
         for i in range(num_cached, num_full):
             b, h = blocks[i], block_hashes[i]
-            # No hash yet: pops evict, hits lie below num_cached; vLLM asserts it too, bar partial blocks (P:290-296).
+            # No hash yet: pops evict, hits lie below num_cached; vLLM asserts it too, bar partial blocks (P:263-269).
             assert b not in self.block_hash, (request_id, i, b)
             self.block_hash[b] = h
             self.cached[h] = self.cached.get(h, ()) + (b,)
@@ -161,7 +161,7 @@ class PoolWork:
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks, tail first, so its last blocks are evicted
-        first (T:591-599, P:816-849)."""
+        first (T:596-604, P:799-839)."""
         self.own()
         blocks = self.req_to_blocks.pop(request_id, ())
         self.num_cached_block.pop(request_id, None)

@@ -1,7 +1,7 @@
-"""Scheduler configuration: vLLM 0.33.0's defaults and its acceptance conditions.
+"""Scheduler configuration: vLLM's defaults and its acceptance conditions, per release.
 
 One frozen dataclass holds every `config` field of a scenario file
-(docs/formats.md).  `validate_config` accepts exactly what vLLM 0.33.0
+(docs/formats.md).  `validate_config` accepts exactly what the modelled vLLM release
 accepts for the core scope and says, for the first condition that fails, which
 field, which value, which condition and how to fix it.
 """
@@ -13,8 +13,10 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .versions import (DEFAULT_RELEASE, FIELDS_SINCE, LONG_PREFILL_THRESHOLD_NEEDS_TWO, RELEASES, checks,
-                       field_minimum, has, release_key)
+from .versions import (ADAPTIVE_THRESHOLD, DEFAULT_RELEASE, FIELDS_SINCE, HASH_LOOKAHEAD, KV_CONNECTOR,
+                       LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL, LONG_PREFILL_THRESHOLD_NEEDS_TWO, LORA,
+                       PREFILL_THROTTLE, RELEASES, SPEC_DECODE, checks, field_minimum, has, models, not_modelled,
+                       release_key)
 
 FCFS = "fcfs"
 PRIORITY = "priority"
@@ -22,7 +24,7 @@ POLICIES = (FCFS, PRIORITY)
 
 
 class ConfigError(ValueError):
-    """A configuration or request that vLLM 0.33.0 would reject."""
+    """A configuration or request that the modelled vLLM release would reject."""
 
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
@@ -32,17 +34,17 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class SchedulerConfig:
     # SchedulerConfig defaults (C = vllm/config/scheduler.py).
-    max_num_batched_tokens: int = 2048  # C:41
+    max_num_batched_tokens: int = 2048  # C:40
     max_num_scheduled_tokens: int | None = None  # None -> max_num_batched_tokens
-    max_num_seqs: int = 128  # C:43
+    max_num_seqs: int = 128  # C:42
     max_num_active_seqs: int | None = None  # None -> max_num_seqs
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0 = no per-request chunk cap
-    # Floor the cap at a fair share of the input budget (C:86-90; vLLM 0.33.0 here).
+    # Floor the cap at a fair share of the input budget (C:98-102; from vLLM 0.33.0).
     long_prefill_token_threshold_adaptive: bool = False
     policy: str = FCFS
-    watermark: float = 0.0  # C:196, in [0, 1)
-    scheduler_reserve_full_isl: bool = True  # C:190, the full-ISL admission gate
+    watermark: float = 0.0  # C:208, in [0, 1)
+    scheduler_reserve_full_isl: bool = True  # C:202, the full-ISL admission gate
     # Model- and machine-dependent in vLLM; formats.md fixes these defaults.
     max_model_len: int = 8192
     block_size: int = 16
@@ -60,14 +62,14 @@ class SchedulerConfig:
     # Prompt tokens past a prefill chunk the drafter reads (VllmConfig.
     # num_prefill_lookahead_tokens, config/vllm.py:654-675): 0 for n-gram, 1 for the EAGLE
     # family (which changes no step), num_speculative_tokens for multi-module MTP, whose
-    # chunks never end within it of the prefill's end (S:678-697) and whose last
+    # chunks never end within it of the prefill's end (S:695-714) and whose last
     # lookahead - 1 computed tokens are not cached (kv_cache_coordinator.py:118, 350-356).
     num_prefill_lookahead_tokens: int = 0
     # Rows the drafter adds to the target batch for each scheduled request
     # (SpeculativeConfig.max_num_new_slots_for_drafting, speculative.py:2058-2098: K - 1
     # for a parallel drafter reusing the query, 0 for n-gram), charged to the input budget.
     max_num_new_slots_for_drafting: int = 0
-    # Prefix caching: tokens after each block its hash also covers (vLLM 0.33.0's
+    # Prefix caching: tokens after each block its hash also covers (vLLM's
     # VllmConfig.num_hash_lookahead_tokens, config/vllm.py:677-692, which an
     # EAGLE-family drafter sets; given here as it is): a block is cached only once
     # they exist.  0: hashes of the block alone.
@@ -75,56 +77,60 @@ class SchedulerConfig:
     # Prefix caching with an EAGLE-family drafter (EAGLE, EAGLE-3, MTP) whose draft KV
     # at a position depends on the next token: a prefix hit gives back its last block,
     # to be recomputed (SpeculativeConfig.use_eagle_block_drop, speculative.py:2122-2149;
-    # T:829-837).  vLLM clears it when block hashes cover the lookahead token (S:342-345).
+    # T:834-842).  vLLM clears it when block hashes cover the lookahead token (S:342-345).
     use_eagle_block_drop: bool = False
     # LoRA (off by default, as in vLLM): the most distinct adapters running at once
     # (LoRAConfig.max_loras, config/lora.py); None: no LoRA config, no adapters.
     max_loras: int | None = None
     # Prefill throttling (prefill_throttle.py): prefill admitted once every N executed
-    # steps (C:203-209), applied by the scheduler on an engine without data
-    # parallelism (S:404-408), as this one is; 1 (vLLM's default) never holds prefill.
+    # steps (C:215-221), applied by the scheduler on an engine without data
+    # parallelism (S:403-407), as this one is; 1 (vLLM's default) never holds prefill.
     prefill_schedule_interval: int = 1
-    # Encoder inputs (S:265-293; vLLM's SchedulerConfig, C:146-167): the embeddings one step
+    # Encoder inputs (S:267-295; vLLM's SchedulerConfig, C:158-179): the embeddings one step
     # may encode and the encoder cache's capacity, both max_num_batched_tokens when
     # None; and whether a chunk may end inside an item (disable_chunked_mm_input).
     max_num_encoder_input_tokens: int | None = None
     encoder_cache_size: int | None = None
     disable_chunked_mm_input: bool = False
-    # A KV connector that needs a preempted request's KV delivered (vLLM 0.33.0's
+    # A KV connector that needs a preempted request's KV delivered (vLLM's
     # KVConnectorBase_V1.requires_kv_delivery, base.py:198-207): schedule()'s preemptions
-    # then drop the request's output in flight (S:972-976).  Off: none, or a best-effort one.
+    # then drop the request's output in flight (S:988-992).  Off: none, or a best-effort one.
     requires_kv_delivery: bool = False
+    # Cache-aware admission (cache_aware_admission.py; vLLM 0.34.0, C:223-244): the
+    # waiting requests it may reorder, 0 off; and the KV cache usage it needs first.
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
     # The vLLM release modelled: its rules (spec/versions.py gates) and its config checks.
     vllm_version: str = DEFAULT_RELEASE
 
     @property
     def token_budget(self) -> int:
-        """The per-step token budget `schedule()` starts from (S:719)."""
+        """The per-step token budget `schedule()` starts from (S:735)."""
         if self.max_num_scheduled_tokens is None:
             return self.max_num_batched_tokens
         return self.max_num_scheduled_tokens
 
     @property
     def encoder_compute_budget(self) -> int:
-        """The embeddings each `schedule()` may encode (S:280-282)."""
+        """The embeddings each `schedule()` may encode (S:282-284)."""
         return self.max_num_batched_tokens if self.max_num_encoder_input_tokens is None \
             else self.max_num_encoder_input_tokens
 
     @property
     def encoder_cache_capacity(self) -> int:
-        """The encoder cache's size in embeddings (S:283, 291-293)."""
+        """The encoder cache's size in embeddings (S:285, 293-295)."""
         return self.max_num_batched_tokens if self.encoder_cache_size is None else self.encoder_cache_size
 
     @property
     def max_num_active_reqs(self) -> int:
-        """The admission limit on len(running) (S:131-138)."""
+        """The admission limit on len(running) (S:129-136)."""
         if self.max_num_active_seqs is None:
             return self.max_num_seqs
         return self.max_num_active_seqs
 
     @property
     def num_usable_blocks(self) -> int:
-        """Block 0 is the null block and is never free (P:191)."""
+        """Block 0 is the null block and is never free (P:164)."""
         return self.num_gpu_blocks - 1
 
     @property
@@ -136,8 +142,11 @@ class SchedulerConfig:
 
 def long_prefill_threshold(c: SchedulerConfig, num_eligible: int) -> int:
     """The long-prefill cap of a step with `num_eligible` running and waiting requests
-    (S:754-772): none for a request alone (there is nobody to starve; from 0.31.0);
-    adaptive, at least a fair share of the input budget."""
+    (S:770-788): none with chunked prefill off (from 0.34.0); none for a request alone
+    (there is nobody to starve; from 0.31.0); adaptive, at least a fair share of the
+    input budget."""
+    if not c.enable_chunked_prefill and has(c, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+        return 0
     if num_eligible <= 1 and has(c, LONG_PREFILL_THRESHOLD_NEEDS_TWO):
         return 0
     threshold = c.long_prefill_token_threshold
@@ -147,6 +156,7 @@ def long_prefill_threshold(c: SchedulerConfig, num_eligible: int) -> int:
 
 
 CONFIG_FIELDS = tuple(f.name for f in fields(SchedulerConfig))
+FLOAT_FIELDS = ("watermark", "cache_aware_admission_threshold")  # JSON numbers, held as floats
 
 # The integer fields: name -> (minimum, whether null is allowed).
 INT_FIELDS = {
@@ -155,6 +165,7 @@ INT_FIELDS = {
     "max_num_seqs": (1, False),
     "max_num_active_seqs": (1, True),
     "long_prefill_token_threshold": (0, False),
+    "cache_aware_admission_window": (0, False),
     "max_model_len": (1, False),
     "block_size": (1, False),
     "num_gpu_blocks": (1, False),
@@ -228,10 +239,15 @@ def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
                 raise ConfigError(path, f"must be a number, got {excerpt(value)}")
             if _is_int(value) and not 0 <= value < 1:  # float() of a huge int overflows
                 raise ConfigError(path, f"= {excerpt(value)}, must be in [0, 1); 0.0 disables the watermark")
+        elif name == "cache_aware_admission_threshold":
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ConfigError(path, f"must be a number, got {excerpt(value)}")
+            if _is_int(value) and not 0 <= value <= 1:
+                raise ConfigError(path, f"= {excerpt(value)}, must be in [0, 1]")
         elif name in ("policy", "vllm_version"):
             if not isinstance(value, str):
                 raise ConfigError(path, f"must be a string, got {excerpt(value)}")
-    values = {k: (float(v) if k == "watermark" else v) for k, v in raw.items()}
+    values = {k: (float(v) if k in FLOAT_FIELDS else v) for k, v in raw.items()}
     release = values.get("vllm_version", DEFAULT_RELEASE)
     if release in RELEASES:  # a field the release lacks means its older behaviour (versions.FIELDS_SINCE)
         values = {**{f: absent for f, (since, absent, _) in FIELDS_SINCE.items()
@@ -242,7 +258,7 @@ def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
 
 
 def validate_config(c: SchedulerConfig, where: str = "config") -> None:
-    """Raise ConfigError for the first condition vLLM 0.33.0 rejects."""
+    """Raise ConfigError for the first condition the modelled release rejects."""
 
     def fail(name: str, message: str) -> None:
         raise ConfigError(f"{where}.{name}", message)
@@ -255,7 +271,7 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
             fail(name, f"= {excerpt(getattr(c, name))}, but vLLM {c.vllm_version} has no such field "
                  f"(added in {since}, {source}); leave it out or set it to {json.dumps(absent)}")
 
-    # Field constraints declared on the pydantic dataclasses (C:41-196, CC:187).
+    # Field constraints declared on the pydantic dataclasses (C:40-208, CC:188).
     for name, (minimum, nullable) in INT_FIELDS.items():
         value = getattr(c, name)
         if value is None and nullable:
@@ -266,10 +282,13 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
     if not (0.0 <= c.watermark < 1.0):
         fail("watermark", f"= {c.watermark}, must be in [0, 1) (vLLM config/scheduler.py:196); "
              "0.0 disables the watermark")
+    if not (0.0 <= c.cache_aware_admission_threshold <= 1.0):
+        fail("cache_aware_admission_threshold", f"= {c.cache_aware_admission_threshold}, must be in [0, 1] "
+             "(vLLM config/scheduler.py:237); 0.0 reorders on every step")
     if c.policy not in POLICIES:
         fail("policy", f"= {excerpt(c.policy)}: unknown scheduling policy (vLLM scheduler.py:225); "
              f"use one of {', '.join(map(repr, POLICIES))}")
-    # SchedulerConfig.verify_max_model_len, in vLLM's order (C:317-362).
+    # SchedulerConfig.verify_max_model_len, in vLLM's order (C:361-406).
     if c.max_num_batched_tokens < c.max_model_len and not c.enable_chunked_prefill:
         fail("max_num_batched_tokens",
              f"= {c.max_num_batched_tokens} is smaller than max_model_len ({c.max_model_len}) "
@@ -303,46 +322,54 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
              f"{need + 1} or lower max_model_len")
 
 
+def refuse_feature(c: SchedulerConfig, where: str, field: str, value: Any, feature: str, fix: str) -> None:
+    """A field asks for a feature schedspec does not model for the config's release."""
+    shown = value if isinstance(value, str) else excerpt(value)
+    raise ConfigError(f"{where}.{field}", f"= {shown}: {not_modelled(c, feature)}; {fix} or use vllm_version "
+                      f"{DEFAULT_RELEASE}")
+
+
 def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
-    """Speculative decoding's and LoRA's fields: modelled for the newest release
-    only, and a lookahead only beside drafts (a drafter's own forward pass writes it)."""
-    if c.num_speculative_tokens > 0 and c.vllm_version != DEFAULT_RELEASE:
-        raise ConfigError(f"{where}.num_speculative_tokens",
-                          f"= {c.num_speculative_tokens}: schedspec models speculative decoding for vLLM "
-                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; set it to 0 or use vllm_version "
-                          f"{DEFAULT_RELEASE}")
-    if c.max_loras is not None and c.vllm_version != DEFAULT_RELEASE:
-        raise ConfigError(f"{where}.max_loras", f"= {c.max_loras}: schedspec models LoRA for vLLM "
-                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; leave it out or use vllm_version "
-                          f"{DEFAULT_RELEASE}")
-    if c.long_prefill_token_threshold_adaptive and c.vllm_version != DEFAULT_RELEASE:
-        raise ConfigError(f"{where}.long_prefill_token_threshold_adaptive",
-                          f"= true: schedspec models the adaptive long-prefill threshold for vLLM "
-                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; set it to false or use vllm_version "
-                          f"{DEFAULT_RELEASE}")
-    if c.prefill_schedule_interval > 1 and c.vllm_version != DEFAULT_RELEASE:
-        raise ConfigError(f"{where}.prefill_schedule_interval",
-                          f"= {c.prefill_schedule_interval}: schedspec models prefill throttling for vLLM "
-                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; set it to 1 or use vllm_version "
-                          f"{DEFAULT_RELEASE}")
+    """Speculative decoding's and LoRA's fields: modelled from the release versions.FEATURES_SINCE
+    names on, and a lookahead only beside drafts (a drafter's own forward pass writes it)."""
+    if c.num_speculative_tokens > 0 and not models(c, SPEC_DECODE):
+        refuse_feature(c, where, "num_speculative_tokens", c.num_speculative_tokens, SPEC_DECODE, "set it to 0")
+    if c.max_loras is not None and not models(c, LORA):
+        refuse_feature(c, where, "max_loras", c.max_loras, LORA, "leave it out")
+    if c.long_prefill_token_threshold_adaptive and not models(c, ADAPTIVE_THRESHOLD):
+        refuse_feature(c, where, "long_prefill_token_threshold_adaptive", "true", ADAPTIVE_THRESHOLD, "set it to false")
+    if c.prefill_schedule_interval > 1 and not models(c, PREFILL_THROTTLE):
+        refuse_feature(c, where, "prefill_schedule_interval", c.prefill_schedule_interval, PREFILL_THROTTLE, "set it to 1")
+    if c.max_num_new_slots_for_drafting > 1 and checks(c, "drafter_rows_at_most_one"):
+        raise ConfigError(f"{where}.max_num_new_slots_for_drafting",
+                          f"= {c.max_num_new_slots_for_drafting}: vLLM {c.vllm_version}'s drafters add 0 rows "
+                          "(n-gram, EAGLE, MTP, DFlash) or 1 (a draft model) to the batch; parallel drafting "
+                          "(P-EAGLE, PARD) is gone from 0.34.0 (vLLM config/speculative.py:1743-1751); use 0 or 1, "
+                          "or vllm_version 0.33.0")
+    if c.max_num_new_slots_for_drafting == 1 and checks(c, "drafter_rows_at_most_one") and \
+            (c.num_prefill_lookahead_tokens or c.max_num_batched_tokens <= c.num_speculative_tokens):
+        # One row is a draft model's: it reads no prompt token ahead, and its own forward
+        # pass reserves num_speculative_tokens lookahead slots, which must leave a token
+        # of the batch (vLLM config/vllm.py:2291-2299).
+        raise ConfigError(f"{where}.max_num_new_slots_for_drafting",
+                          f"= 1 is a draft model's row in vLLM {c.vllm_version}, which reads no prompt token "
+                          f"ahead (num_prefill_lookahead_tokens must be 0, not {c.num_prefill_lookahead_tokens}) "
+                          f"and needs max_num_batched_tokens > num_speculative_tokens "
+                          f"({c.max_num_batched_tokens} <= {c.num_speculative_tokens} is refused, vLLM "
+                          "config/vllm.py:2291-2299); change one of them or use 0 rows")
     if c.max_num_new_slots_for_drafting > c.num_speculative_tokens:
         raise ConfigError(f"{where}.max_num_new_slots_for_drafting",
                           f"= {c.max_num_new_slots_for_drafting} > num_speculative_tokens "
                           f"{c.num_speculative_tokens}: a drafter adds at most one row per draft token "
                           "(vLLM speculative.py:2058-2098); lower it")
-    if c.num_hash_lookahead_tokens > 0 and c.vllm_version != DEFAULT_RELEASE:
-        raise ConfigError(f"{where}.num_hash_lookahead_tokens",
-                          f"= {c.num_hash_lookahead_tokens}: schedspec models lookahead block hashes for vLLM "
-                          f"{DEFAULT_RELEASE} only, not {c.vllm_version}; set it to 0 or use vllm_version "
-                          f"{DEFAULT_RELEASE}")
+    if c.num_hash_lookahead_tokens > 0 and not models(c, HASH_LOOKAHEAD):
+        refuse_feature(c, where, "num_hash_lookahead_tokens", c.num_hash_lookahead_tokens, HASH_LOOKAHEAD, "set it to 0")
     if c.num_hash_lookahead_tokens > 0 and not c.enable_prefix_caching:
         raise ConfigError(f"{where}.num_hash_lookahead_tokens",
                           f"= {c.num_hash_lookahead_tokens} without prefix caching: only prefix caching hashes "
                           "blocks (vLLM config/vllm.py:677-692); set it to 0 or turn enable_prefix_caching on")
-    if c.requires_kv_delivery and c.vllm_version != DEFAULT_RELEASE:
-        raise ConfigError(f"{where}.requires_kv_delivery",
-                          f"= true: schedspec models KV connectors for vLLM {DEFAULT_RELEASE} only, not "
-                          f"{c.vllm_version}; set it to false or use vllm_version {DEFAULT_RELEASE}")
+    if c.requires_kv_delivery and not models(c, KV_CONNECTOR):
+        refuse_feature(c, where, "requires_kv_delivery", "true", KV_CONNECTOR, "set it to false")
     if c.num_lookahead_tokens > 0 and c.num_speculative_tokens == 0:
         raise ConfigError(f"{where}.num_lookahead_tokens",
                           f"= {c.num_lookahead_tokens} without speculative decoding: only a drafter reserves "

@@ -1,10 +1,10 @@
 """The encoder cache: encoder outputs of multimodal items, shared by identifier between
-requests and steps (ECM = vllm/v1/core/encoder_cache_manager.py, vLLM 0.33.0).
+requests and steps (ECM = vllm/v1/core/encoder_cache_manager.py; modelled from vLLM 0.33.0).
 
 Capacity is in embeddings (every placeholder token of an item is one here).  An entry
 stays after its last reference goes, *freeable*, and is evicted, oldest freeable
-first, only when an allocation needs its room (ECM:149-210).  Free slots are the
-capacity less every entry; freeable slots add the unreferenced entries (ECM:78-95).
+first, only when an allocation needs its room (ECM:148-209).  Free slots are the
+capacity less every entry; freeable slots add the unreferenced entries (ECM:77-94).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class EncoderCacheWork:
 
     def check_and_update_cache(self, rid: str, input_id: int, identifier: str) -> bool:
         """Whether the item's output is cached; if so `rid` references it, taking it off
-        the freeable list (ECM:112-140)."""
+        the freeable list (ECM:111-139)."""
         if identifier not in self.cached:
             return False
         self.freeable.pop(identifier, None)
@@ -85,7 +85,7 @@ class EncoderCacheWork:
                      cache_size: int) -> bool:
         """Whether an item of `num_embeds` fits the step's encoder budget and, beside the
         `num_embeds_to_schedule` this request already schedules, the cache; evicting the
-        oldest freeable entries as the room needs (ECM:149-210)."""
+        oldest freeable entries as the room needs (ECM:148-209)."""
         if num_embeds > encoder_compute_budget:
             return False
         need = num_embeds + num_embeds_to_schedule
@@ -101,14 +101,14 @@ class EncoderCacheWork:
         return True
 
     def allocate(self, rid: str, input_id: int, identifier: str, num_embeds: int) -> None:
-        """A new entry for the item, referenced by `rid` (ECM:212-244)."""
+        """A new entry for the item, referenced by `rid` (ECM:211-243)."""
         self.cached.setdefault(identifier, frozenset())
-        assert self.num_embeds.setdefault(identifier, num_embeds) == num_embeds  # ECM:231
+        assert self.num_embeds.setdefault(identifier, num_embeds) == num_embeds  # ECM:230
         self.reference(rid, input_id, identifier)
 
     def free_encoder_input(self, rid: str, input_id: int) -> None:
         """`rid` drops its reference of one input; an entry no request references any
-        more becomes freeable, newest last (ECM:260-299)."""
+        more becomes freeable, newest last (ECM:259-298)."""
         held = self.refs.get(rid, {})
         identifier = held.get(input_id)
         if identifier is None:
@@ -126,11 +126,11 @@ class EncoderCacheWork:
             self.freeable[identifier] = None
 
     def free(self, rid: str) -> None:
-        """Every reference of `rid`: at its finish or preemption (ECM:301-311), by input id;
+        """Every reference of `rid`: at its finish or preemption (ECM:300-310), by input id;
         vLLM walks a set of them, in that order for ids below 8 (input_processor.py)."""
         for input_id in sorted(self.refs.get(rid, ())):
             self.free_encoder_input(rid, input_id)
 
     def freed_mm_hashes(self) -> tuple[str, ...]:
-        """The evicted entries the workers may drop: not cached again since (ECM:313-327)."""
+        """The evicted entries the workers may drop: not cached again since (ECM:312-326)."""
         return tuple(h for h in self.evicted if h not in self.cached)

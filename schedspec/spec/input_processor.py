@@ -10,7 +10,7 @@ from .config import ConfigError, SchedulerConfig
 from .encoder_cache import MultiModalFeature
 from .request import Request, RequestStatus
 from .structured_output import COMPILING
-from .versions import DEFAULT_RELEASE
+from .versions import ENCODER_INPUTS, KV_CONNECTOR, STRUCTURED_OUTPUT, models, not_modelled
 
 
 def make_request(
@@ -33,13 +33,13 @@ def make_request(
     if lora_int_id and config.max_loras is None:
         # vLLM's front end refuses an adapter when LoRA is not enabled (input_processor.py).
         raise ConfigError("lora_int_id", f"= {lora_int_id}, but LoRA is off; set config.max_loras")
-    for field, used, feature in (("grammar_compile_steps", structured_output, "structured output"),
-                                 ("kv_connector_tokens", kv_connector_tokens, "KV connector hits"),
-                                 ("kv_connector_send_steps", kv_connector_sends, "KV connector sends"),
-                                 ("mm_features", mm_features, "encoder inputs")):
-        if used and config.vllm_version != DEFAULT_RELEASE:
-            raise ConfigError(field, f"schedspec models {feature} for vLLM {DEFAULT_RELEASE} only, not {config.vllm_version}")
-    if kv_connector_tokens >= num_prompt_tokens:  # vLLM asserts a token is left to compute (S:1219, 1347)
+    for field, used, feature in (("grammar_compile_steps", structured_output, STRUCTURED_OUTPUT),
+                                 ("kv_connector_tokens", kv_connector_tokens, KV_CONNECTOR),
+                                 ("kv_connector_send_steps", kv_connector_sends, KV_CONNECTOR),
+                                 ("mm_features", mm_features, ENCODER_INPUTS)):
+        if used and not models(config, feature):
+            raise ConfigError(field, not_modelled(config, feature))
+    if kv_connector_tokens >= num_prompt_tokens:  # vLLM asserts a token is left to compute (S:1258, 1397)
         raise ConfigError("kv_connector_tokens", f"= {kv_connector_tokens}, must be < prompt_len "
                           f"({num_prompt_tokens}): the last prompt token is always computed")
     mm_features = check_mm_features(config, num_prompt_tokens, mm_features)
@@ -49,7 +49,7 @@ def make_request(
         priority=priority, arrival_time=arrival_time, prompt_token_ids=tokens, block_hashes=hashes,
         partial_block_token_ids=tokens[len(hashes) * config.block_size:],
         num_hash_lookahead_tokens=config.num_hash_lookahead_tokens, lora_int_id=lora_int_id,
-        # A grammar to compile first: the request waits for it (RQ:116-117).
+        # A grammar to compile first: the request waits for it (RQ:120-121).
         status=RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if structured_output else RequestStatus.WAITING,
         grammar=COMPILING if structured_output else "",
         kv_connector_tokens=kv_connector_tokens, kv_connector_async=kv_connector_async,
@@ -88,7 +88,7 @@ def prompt_hashes(config: SchedulerConfig, num_prompt_tokens: int, prompt_token_
     if prompt_token_ids is None or len(prompt_token_ids) != num_prompt_tokens:
         raise ConfigError("prompt_token_ids", f"prefix caching needs the prompt's {num_prompt_tokens} token ids")
     tokens = tuple(prompt_token_ids)
-    # The engine's hasher covers num_hash_lookahead_tokens after each block (E:226-230).
+    # The engine's hasher covers num_hash_lookahead_tokens after each block (E:242-252).
     return tokens, extend_block_hashes((), tokens, config.block_size, lora_int_id, config.num_hash_lookahead_tokens,
                                        mm_features)
 
@@ -100,8 +100,8 @@ def check_mm_features(config: SchedulerConfig, num_prompt_tokens: int, mm_featur
     (multimodal/encoder_budget.py), so that every item can be encoded."""
     mm_features = tuple(MultiModalFeature(*f) for f in mm_features)
     if len(mm_features) > MAX_MM_FEATURES:
-        # vLLM frees a request's cached inputs walking a set of their ids (ECM:256-258, 301-311;
-        # S:2828-2840): in ascending order only while every id is below a set's smallest
+        # vLLM frees a request's cached inputs walking a set of their ids (ECM:255-257, 300-310;
+        # S:2961-2973): in ascending order only while every id is below a set's smallest
         # table (8); the spec frees in that order, exact up to 8 items.
         raise ConfigError("mm_features", f"{len(mm_features)} items; schedspec models at most {MAX_MM_FEATURES} "
                           "per request")

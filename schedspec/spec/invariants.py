@@ -100,7 +100,7 @@ def computed_tokens_below_num_tokens(s: SchedulerState) -> Verdict:
 @invariant
 def waiting_requests_hold_nothing(s: SchedulerState) -> Verdict:
     """A waiting request has no computed tokens and no blocks (no prefix caching: a
-    preemption resets both, S:1799-1843), unless it holds those of its KV load."""
+    preemption resets both, S:1853-1897), unless it holds those of its KV load."""
     for rid in s.waiting:
         r = s.requests.get(rid)
         if r is not None and (r.num_computed_tokens != 0 or s.num_blocks(rid) != 0) and not holds_loaded_blocks(r):
@@ -148,9 +148,9 @@ def running_within_limit(s: SchedulerState) -> Verdict:
 @invariant
 def waiting_queue_ordered(s: SchedulerState) -> Verdict:
     """The requests holding blocks of a KV load come first, in a queue of their own
-    (S:1062-1067); then, and within those: PRIORITY: in queue_key order; FCFS: the
+    (S:1091-1107); then, and within those: PRIORITY: in queue_key order; FCFS: the
     requests that never ran (WAITING, or waiting for a grammar) come after all
-    others, the PREEMPTED ones (those are prepended, S:1842, and admission pops the front)."""
+    others, the PREEMPTED ones (those are prepended, S:1896, and admission pops the front)."""
     holding = [w for w in s.waiting if w in s.requests and holds_loaded_blocks(s.requests[w])]
     if list(s.waiting[:len(holding)]) != holding:
         return violated("a request holding KV blocks waits behind one that holds none", waiting=list(s.waiting))

@@ -1,4 +1,4 @@
-"""`allocate_slots`'s counting rule (K:380-627), and the KV pool as counts.
+"""`allocate_slots`'s counting rule (K:401-648), and the KV pool as counts.
 
 K = vllm/v1/core/kv_cache_manager.py, T = single_type_kv_cache_manager.py.  Whether
 a request gets its slots depends only on counts (docs/rules.md §5).  One KV model,
@@ -20,7 +20,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def get_num_blocks_to_allocate(block_size: int, num_blocks_held: int, num_tokens: int) -> int:
-    """New blocks needed so that `num_tokens` slots exist (T:214-236)."""
+    """New blocks needed so that `num_tokens` slots exist (T:219-241)."""
     return max(-(-num_tokens // block_size) - num_blocks_held, 0)  # cdiv inlined: a hot path
 
 
@@ -30,12 +30,12 @@ def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: in
                    num_external_computed_tokens: int = 0, reserved_blocks: int = 0,
                    num_lookahead_tokens: int | None = None) -> int | None:
     """How many new blocks `request` takes from the free queue to compute
-    `num_new_tokens` more tokens, or None when the pool cannot hold them (K:380-627).
+    `num_new_tokens` more tokens, or None when the pool cannot hold them (K:401-648).
 
     None is the only failure: there is no partial allocation.  With prefix caching,
     an admission brings `num_hit_blocks` cached blocks; the ones nobody holds
     (`num_evictable_hit_blocks`) leave the free queue too, so they count against it
-    (T:238-266), but they are not new blocks.  `reserved_blocks` stay free (S:1420-1430).
+    (T:243-271), but they are not new blocks.  `reserved_blocks` stay free (S:1482-1492).
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: 0.0 <= config.watermark < 1.0 and 0 <= request.num_computed_tokens <= request.num_tokens and config.num_lookahead_tokens >= 0
@@ -46,24 +46,24 @@ def allocate_slots(config: SchedulerConfig, request: Request, num_new_tokens: in
     post: __return__ is not None or full_sequence_must_fit or config.watermark_blocks > 0 or (num_blocks_held + num_free_blocks) * config.block_size < min(request.num_computed_tokens + num_new_tokens + config.num_lookahead_tokens, config.max_model_len)
     """
     if num_new_tokens <= 0 and not (num_new_tokens == 0 and (num_external_computed_tokens or num_hit_blocks)):
-        raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")  # K:483-491
+        raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")  # K:504-512
     L = config.max_model_len
-    # The watermark applies only to admissions, and not to the first one (K:518-525).
+    # The watermark applies only to admissions, and not to the first one (K:539-546).
     admission = has_scheduled_reqs and (request.status == WAITING or request.status == PREEMPTED)
     watermark_blocks = config.watermark_blocks if admission else 0
     held = num_blocks_held + num_hit_blocks
     if full_sequence_must_fit:
-        # The full-ISL admission gate: the whole sequence, not only this chunk (K:531-548).
+        # The full-ISL admission gate: the whole sequence, not only this chunk (K:552-569).
         full = get_num_blocks_to_allocate(config.block_size, held, min(request.num_tokens, L))
         if full + num_evictable_hit_blocks + watermark_blocks > num_free_blocks:
             return None
     total_computed_tokens = min(request.num_computed_tokens + num_hit_blocks * config.block_size
-                                + num_external_computed_tokens, L)  # external tokens: new blocks (K:559-566)
-    # Speculative decoding: the drafter writes KV past the scheduled tokens (K:550-553).
+                                + num_external_computed_tokens, L)  # external tokens: new blocks (K:580-587)
+    # Speculative decoding: the drafter writes KV past the scheduled tokens (K:571-574).
     lookahead = config.num_lookahead_tokens if num_lookahead_tokens is None else num_lookahead_tokens
     num_tokens_need_slot = min(total_computed_tokens + num_new_tokens + lookahead, L)
     new_blocks = get_num_blocks_to_allocate(config.block_size, held, num_tokens_need_slot)
-    if new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks - reserved_blocks:  # K:582-588
+    if new_blocks + num_evictable_hit_blocks + watermark_blocks > num_free_blocks - reserved_blocks:  # K:603-609
         return None
     return new_blocks
 

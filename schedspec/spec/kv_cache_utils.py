@@ -2,7 +2,7 @@
 hash is a digest chained over its parent's hash and its token ids, so two blocks
 match only when their whole prefixes match (docs/rules.md §6.2).  The digest is
 128-bit BLAKE2b where vLLM chains sha256 or xxhash; collisions are ignored, as
-vLLM ignores its own.  Only full blocks are hashed (RQ:285-288)."""
+vLLM ignores its own.  Only full blocks are hashed (RQ:300-303)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: t
 
 def mm_block_keys(mm_features: Sequence, start: int, block_size: int) -> tuple:
     """The extra keys of the block at `start`: each encoder input it overlaps, as its
-    identifier and its offset from the block's start (KU:522-585), so that equal
+    identifier and its offset from the block's start (KU:518-581), so that equal
     placeholder tokens standing for different items, or for one item placed
     elsewhere, never match."""
     end = start + block_size
@@ -45,7 +45,7 @@ def lora_root(lora_int_id: int) -> BlockHash | None:
 
 def extend_block_hashes(hashes: tuple, token_ids: Sequence[int], block_size: int, lora_int_id: int = 0,
                         lookahead: int = 0, mm_features: Sequence = ()) -> tuple:
-    """`hashes` extended over every full block of `token_ids` (RQ:285-288).  With
+    """`hashes` extended over every full block of `token_ids` (RQ:300-303).  With
     `lookahead` L > 0 a block's hash also covers the L tokens after it, so it exists
     only once they do (KU get_request_block_hasher, num_hash_lookahead_tokens)."""
     out = list(hashes)

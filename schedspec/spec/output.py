@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """What one `schedule()` decided (O:232-325, reduced to the core scope)."""
+    """What one `schedule()` decided (O:220-307, reduced to the core scope)."""
 
     # (request_id, num_scheduled_tokens) in grant order: the running loop's
     # order, then admissions; grants refunded by a priority preemption are absent.
@@ -21,13 +21,13 @@ class SchedulerOutput:
     # found in the cache (its num_computed_tokens as set on admission).
     prefix_hits: tuple[tuple[str, int], ...] = ()
     # Speculative decoding: (request_id, the draft ids it verifies this step) for each
-    # request scheduled with drafts, in grant order; -1 ids pad a new decode (S:1577-1582).
+    # request scheduled with drafts, in grant order; -1 ids pad a new decode (S:1641-1646).
     scheduled_spec_decode_tokens: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # KV connector: for each admission that loads external tokens, in admission
     # order, how many (kv_connector.py); its num_computed_tokens counts them too.
     kv_connector_hits: tuple[tuple[str, int], ...] = ()
     # Encoder inputs: (request_id, the input ids it encodes) in grant order (O `scheduled_encoder_inputs`),
-    # and the encoder cache entries evicted this step (O `free_encoder_mm_hashes`, E:313-327).
+    # and the encoder cache entries evicted this step (O `free_encoder_mm_hashes`, E:341-355).
     scheduled_encoder_inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
     free_encoder_mm_hashes: tuple[str, ...] = ()
 

@@ -76,9 +76,9 @@ def get_long_prefill_threshold(state: SchedulerState) -> int:
 
 
 def get_need(r: Request) -> int:
-    """A running request's tokens to compute, before any cap (S:839), its drafts
+    """A running request's tokens to compute, before any cap (S:855), its drafts
     included.  Async: an output placeholder counts as a token to compute, and a
-    request whose last allowed token is in flight needs none (S:800-814)."""
+    request whose last allowed token is in flight needs none (S:816-830)."""
     if last_token_in_flight(r):
         return 0
     return r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens
@@ -87,7 +87,7 @@ def get_need(r: Request) -> int:
 def get_block_span(state: SchedulerState, r: Request) -> tuple[int, int]:
     """The blocks a request may hold between steps: exactly those its computed tokens
     fill, or, with drafts or a lookahead, up to the slots of its drafts and lookahead
-    too: rejected drafts return no block (S:2371-2380, K:550-553).  Async: two batches'
+    too: rejected drafts return no block (S:2417-2426, K:571-574).  Async: two batches'
     rejections can follow the last allocation (a step that did not schedule it)."""
     c = state.config
     lo = cdiv(min(r.num_computed_tokens, c.max_model_len), c.block_size)
@@ -104,7 +104,7 @@ def is_live(state: SchedulerState, rid: str) -> bool:
 
 def get_capped_need(state: SchedulerState, r: Request) -> int:
     """A running request's need after the threshold and model-length caps, before
-    the budget cap (S:839-856)."""
+    the budget cap (S:855-872)."""
     n = get_need(r)
     threshold = get_long_prefill_threshold(state)
     if 0 < threshold < n:
@@ -114,7 +114,7 @@ def get_capped_need(state: SchedulerState, r: Request) -> int:
 
 def cut_by_prefill_lookahead(c, r: Request, granted: int, start: int | None = None) -> bool:
     """Grant `granted` (from `start`, else its computed tokens) is what a multi-module MTP
-    drafter's prefill lookahead L left of a prefill chunk (S:678-697): it ends exactly L
+    drafter's prefill lookahead L left of a prefill chunk (S:695-714): it ends exactly L
     tokens before the prefill's end, or it is nothing because no chunk the budget allows
     ends outside them."""
     left = r.num_tokens - (r.num_computed_tokens if start is None else start)
@@ -126,7 +126,7 @@ def cut_by_encoder_input(c, r: Request, start: int, granted: int) -> bool:
     """Grant `granted` from `start` is what an encoder input left of the chunk: it ends
     where an item starts (less a multi-module MTP drafter's read-ahead) that the
     encoder budget or cache could not take or that may not be split, or it is nothing
-    because the chunk would start in or at such an item (S:2093-2107, 2154-2176)."""
+    because the chunk would start in or at such an item (S:2139-2151, 2203-2225)."""
     shift = c.num_prefill_lookahead_tokens
     return any(f.offset - shift <= start + granted <= f.offset or (granted == 0 and start < f.offset + f.length)
                for f in r.mm_features)
@@ -143,14 +143,14 @@ def get_step_budget(state: SchedulerState) -> int:
 
 def get_block_demand(state: SchedulerState, rid: str, num_new_tokens: int) -> int:
     r = state.requests[rid]
-    # Speculative decoding: the drafter's lookahead slots too (K:550-553).
+    # Speculative decoding: the drafter's lookahead slots too (K:571-574).
     num_tokens = min(r.num_computed_tokens + num_new_tokens + state.config.num_lookahead_tokens,
                      state.config.max_model_len)
     return get_num_blocks_to_allocate(state.config.block_size, state.num_blocks(rid), num_tokens)
 
 
 def get_expected_victims(before: SchedulerState, count: int) -> list[str]:
-    """The first `count` victims the policy names (S:932-970): FCFS the tail of
+    """The first `count` victims the policy names (S:948-986): FCFS the tail of
     running, PRIORITY the largest (priority, arrival_time), first in running order."""
     running = list(before.running)
     victims = []
@@ -257,7 +257,7 @@ def get_head_start(before: SchedulerState, output: SchedulerOutput, head: str) -
     start = max(output.computed_on_admission(head, r.num_computed_tokens), kv_connector.external_tokens(r, 0))
     if c.num_speculative_tokens and c.enable_prefix_caching and head not in granted and r.num_computed_tokens == 0 \
             and not r.skip_reading_prefix_cache:
-        # Not admitted, its hit is not in the output: look it up as admission would (S:1110-1127).
+        # Not admitted, its hit is not in the output: look it up as admission would (S:1149-1166).
         hits = before.kv_cache.work().get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size)
         start = max(start, len(spec_decode.eagle_block_drop(c, hits)) * c.block_size)
     if c.num_speculative_tokens and r.num_tokens - start == 1:
@@ -271,12 +271,12 @@ def get_head_start(before: SchedulerState, output: SchedulerOutput, head: str) -
 
 @prop
 def starvation_condition(before, output, after):
-    """With D running requests each needing exactly one token and D >= the token budget B, waiting requests receive no tokens; with D < B, chunked prefill on, a free run slot and enough blocks, the head of waiting receives min(need, B - D) > 0 (with a drafter's rows s per request, what the input budget keeps after D(1 + s) and s of its own, S:1295)."""
+    """With D running requests each needing exactly one token and D >= the token budget B, waiting requests receive no tokens; with D < B, chunked prefill on, a free run slot and enough blocks, the head of waiting receives min(need, B - D) > 0 (with a drafter's rows s per request, what the input budget keeps after D(1 + s) and s of its own, S:1345)."""
     if not before.waiting:
         return NOT_APPLICABLE
     c = before.config
     # Async: a decode at max_model_len - 1 needs a token and the cap gives it none
-    # (S:852), so the capped need counts; in reachable synchronous states the two agree,
+    # (S:868), so the capped need counts; in reachable synchronous states the two agree,
     # and the z3 formula (synchronous) states the uncapped one.
     need_of = get_capped_need if c.async_scheduling else (lambda _, r: get_need(r))
     if any(need_of(before, before.requests[r]) != 1 for r in before.running):
@@ -296,7 +296,7 @@ def starvation_condition(before, output, after):
     start = get_head_start(before, output, head)
     if start is None:
         return NOT_APPLICABLE
-    # The head's whole sequence, with a drafter's lookahead slots (K:550-553).
+    # The head's whole sequence, with a drafter's lookahead slots (K:571-574).
     blocks_needed = (sum(get_block_demand(before, d, 1) for d in before.running)
                      + get_block_demand(before, head, r.num_tokens - r.num_computed_tokens) + c.watermark_blocks)
     if blocks_needed > before.num_free_blocks:
@@ -456,7 +456,7 @@ def scheduled_within_known_tokens(before, output, after):
 
 @prop(engine_flags=("num_speculative_tokens",))
 def drafts_sent_are_known(before, output, after):
-    """Speculative decoding: the drafts a step sends are a running request's own drafts, a prefix of them, or for an admission num_speculative_tokens -1 paddings (S:1009-1025, 1577-1582); never more than num_speculative_tokens, never an empty list."""
+    """Speculative decoding: the drafts a step sends are a running request's own drafts, a prefix of them, or for an admission num_speculative_tokens -1 paddings (S:1025-1041, 1641-1646); never more than num_speculative_tokens, never an empty list."""
     if not output.scheduled_spec_decode_tokens:
         return NOT_APPLICABLE
     admitted, k = set(output.admitted), before.config.num_speculative_tokens
@@ -471,7 +471,7 @@ def drafts_sent_are_known(before, output, after):
 
 @prop(engine_flags=("max_loras",))
 def max_loras_respected(before, output, after):
-    """LoRA: the running requests use at most max_loras distinct adapters (S:1038-1047)."""
+    """LoRA: the running requests use at most max_loras distinct adapters (S:1054-1063)."""
     loras = {after.requests[rid].lora_int_id for rid in after.running} - {0}
     if after.config.max_loras is not None and len(loras) > after.config.max_loras:
         return violated("more adapters running than max_loras", adapters=sorted(loras),
@@ -481,7 +481,7 @@ def max_loras_respected(before, output, after):
 
 @prop(engine_flags=("grammar_compile_steps",))
 def grammar_wait_respected(before, output, after):
-    """Structured output: a request whose grammar is still compiling, or failed to compile, is never scheduled (S:1079-1082, S:3535-3547)."""
+    """Structured output: a request whose grammar is still compiling, or failed to compile, is never scheduled (S:1118-1121, S:3685-3697)."""
     waiting = [rid for rid in before.waiting if before.requests[rid].grammar in ("compiling", "failed")]
     if not waiting:
         return NOT_APPLICABLE
@@ -547,7 +547,7 @@ def prefix_hit_within_shared_prefix(before, output, after):
     available = set(before.block_pool.cached) if before.block_pool is not None else set()
     hits = dict(output.prefix_hits)
     # In grant order: each grant hashes the request's known full blocks up to what it
-    # will have computed (K:621-625), before any later admission's lookup.
+    # will have computed (K:642-646), before any later admission's lookup.
     for rid, n in output.num_scheduled_tokens:
         r = before.requests[rid]
         if rid in hits:
@@ -566,7 +566,7 @@ def prefix_hit_within_shared_prefix(before, output, after):
 
 @prop(engine_flags=("mm_features",))
 def encoder_budget_respected(before, output, after):
-    """Encoder inputs: the items one step encodes hold at most max_num_encoder_input_tokens embeddings (S:2154-2161, ECM:149-175)."""
+    """Encoder inputs: the items one step encodes hold at most max_num_encoder_input_tokens embeddings (S:2203-2210, ECM:148-174)."""
     if not output.scheduled_encoder_inputs:
         return NOT_APPLICABLE
     total = sum(before.requests[rid].mm_features[i].length for rid, ids in output.scheduled_encoder_inputs for i in ids)
@@ -578,7 +578,7 @@ def encoder_budget_respected(before, output, after):
 
 @prop(engine_flags=("mm_features",))
 def encoder_cache_within_capacity(before, output, after):
-    """Encoder inputs: the encoder cache's entries, referenced or freeable, hold at most encoder_cache_size embeddings (ECM:149-244)."""
+    """Encoder inputs: the encoder cache's entries, referenced or freeable, hold at most encoder_cache_size embeddings (ECM:148-243)."""
     used = after.encoder_cache.num_used_slots()
     if not used:
         return NOT_APPLICABLE
@@ -590,7 +590,7 @@ def encoder_cache_within_capacity(before, output, after):
 
 @prop(engine_flags=("mm_features",))
 def encoder_inputs_available(before, output, after):
-    """Encoder inputs: every item a step's chunk reaches is encoded in that step or found in the encoder cache (and not evicted in it), never computed without its embeddings (S:2018-2209)."""
+    """Encoder inputs: every item a step's chunk reaches is encoded in that step or found in the encoder cache (and not evicted in it), never computed without its embeddings (S:2064-2258)."""
     encoded = {before.requests[rid].mm_features[i].identifier for rid, ids in output.scheduled_encoder_inputs
                for i in ids}
     available = encoded | (set(before.encoder_cache.cached) - set(output.free_encoder_mm_hashes))

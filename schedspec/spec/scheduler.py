@@ -1,4 +1,5 @@
-"""vLLM 0.33.0's V1 scheduler, core scope, as functions from state to state.
+"""vLLM's V1 scheduler, core scope, as functions from state to state: the rules of the
+newest modelled release, older releases' rules behind the gates of spec/versions.py.
 
 S = vllm/v1/core/sched/scheduler.py, U = sched/utils.py, Q = sched/request_queue.py
 (docs/rules.md).  Scope: a decoder-only generate model, one full-attention KV group,
@@ -19,11 +20,12 @@ from typing import Iterable, Mapping, Sequence
 from .config import PRIORITY, ConfigError, SchedulerConfig, long_prefill_threshold
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
-from . import encoder_inputs, kv_connector, lora, prefill_throttle, spec_decode, stale_output, structured_output
+from . import (cache_aware_admission, encoder_inputs, kv_connector, lora, prefill_throttle, spec_decode, stale_output,
+               structured_output)
 from .spec_decode import update_draft_token_ids  # noqa: F401 - a public call of the spec, as the others
 from .structured_output import grammar_compiled  # noqa: F401 - the environment's event, beside the calls
 from .state import SchedulerOutput, SchedulerState, Working
-from .versions import INPUT_BUDGET, PRIORITY_SELF_PREEMPTION_CONTINUES, has
+from .versions import INPUT_BUDGET, PRIORITY_SELF_PREEMPTION_CONTINUES, RESUMED_SENT_AS_NEW, has
 
 
 def enqueue(policy: str, waiting: deque[str], requests: Mapping[str, Request], rid: str, front: bool) -> None:
@@ -39,7 +41,7 @@ def enqueue(policy: str, waiting: deque[str], requests: Mapping[str, Request], r
 
 
 def add_request(state: SchedulerState, request: Request) -> SchedulerState:
-    """A new request joins the waiting queue (S:2931-2962).
+    """A new request joins the waiting queue (S:3065-3098).
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: all(w in state.requests for w in state.waiting)
@@ -63,22 +65,22 @@ class ScheduleWork(Working):
     def __init__(self, state: SchedulerState, throttle_prefills: bool = False):
         Working.__init__(self, state)
         c = state.config
-        self.token_budget = c.token_budget if self.pause_state != "PAUSED_ALL" else 0  # S:719, 723-725
-        self.input_budget = c.max_num_batched_tokens if has(c, INPUT_BUDGET) else self.token_budget  # S:722
-        self.draft_slots = c.max_num_new_slots_for_drafting  # a drafter's rows per request (S:721, 797, 1003)
-        self.threshold = long_prefill_threshold(c, len(self.running) + len(self.waiting))  # S:754-772
+        self.token_budget = c.token_budget if self.pause_state != "PAUSED_ALL" else 0  # S:735, 739-741
+        self.input_budget = c.max_num_batched_tokens if has(c, INPUT_BUDGET) else self.token_budget  # S:738
+        self.draft_slots = c.max_num_new_slots_for_drafting  # a drafter's rows per request (S:737, 813, 1019)
+        self.threshold = long_prefill_threshold(c, len(self.running) + len(self.waiting))  # S:770-788
         self.cursor = 0  # the running loop's position in `running`
         self.scheduled: dict[str, int] = {}  # insertion order is grant order
         self.scheduled_running, self.new, self.resumed, self.preempted = [], [], [], []
         self.prefix_hits: list[tuple[str, int]] = []
         self.kv_connector_hits: list[tuple[str, int]] = []
         self.drafts_sent: dict[str, tuple[int, ...]] = {}  # the drafts sent to the model, by request
-        self.prefill_scheduled = False  # whether the running loop scheduled a prefill chunk (S:1000)
+        self.prefill_scheduled = False  # whether the running loop scheduled a prefill chunk (S:1016)
         self.loads: list[str] = []  # requests whose asynchronous KV load started (kv_connector.py)
-        self.holders = kv_connector.holders(self.waiting, self.requests)  # (S:1542, kv_connector.py)
-        self.defer_prefills = prefill_throttle.defers_prefills(self, throttle_prefills)  # S:750-752, 780-791
-        self.encoder_budget = c.encoder_compute_budget  # S:729
-        self.encoder_inputs: dict[str, tuple[int, ...]] = {}  # the items each request encodes (S:728)
+        self.holders = kv_connector.holders(self.waiting, self.requests)  # (S:1604, kv_connector.py)
+        self.defer_prefills = prefill_throttle.defers_prefills(self, throttle_prefills)  # S:766-768, 796-807
+        self.encoder_budget = c.encoder_compute_budget  # S:745
+        self.encoder_inputs: dict[str, tuple[int, ...]] = {}  # the items each request encodes (S:744)
         self.encoder_plan: tuple = ((), 0, ())  # encoder_inputs.plan's, for the request being scheduled
 
     def output(self) -> SchedulerOutput:
@@ -93,11 +95,11 @@ class ScheduleWork(Working):
 
 
 def schedule(state: SchedulerState, throttle_prefills: bool = False) -> tuple[SchedulerOutput, SchedulerState]:
-    """One `Scheduler.schedule(throttle_prefills)` (S:699-1784), then `_update_after_schedule`
-    (S:1845-1877), which advances num_computed_tokens optimistically.
+    """One `Scheduler.schedule(throttle_prefills)` (S:716-1838), then `_update_after_schedule`
+    (S:1899-1931), which advances num_computed_tokens optimistically.
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py), for
-    0.33.0 (before 0.28.0 a step may exceed max_num_batched_tokens: versions.INPUT_BUDGET);
+    the newest release (before 0.28.0 a step may exceed max_num_batched_tokens: versions.INPUT_BUDGET);
     the preconditions are the state invariant:
     pre: all(k in state.requests for k in state.running + state.waiting) and len(set(state.running + state.waiting)) == len(state.running + state.waiting)
     pre: all(0 <= r.num_computed_tokens < r.num_tokens < state.config.max_model_len for r in state.requests.values())
@@ -110,27 +112,28 @@ def schedule(state: SchedulerState, throttle_prefills: bool = False) -> tuple[Sc
     """
     s = ScheduleWork(state, throttle_prefills)
     schedule_running(s)
-    if not s.preempted and s.pause_state != "PAUSED_ALL":  # no admission in a step that preempted (S:1050)
+    if not s.preempted and s.pause_state != "PAUSED_ALL":  # no admission in a step that preempted (S:1066)
+        cache_aware_admission.reorder_waiting(s)  # from 0.34.0, off by default (S:1067-1068)
         schedule_waiting(s)
     s.cadence = prefill_throttle.after_step(s)
-    assert s.token_budget >= 0 and s.input_budget >= 0  # S:1631-1632
-    assert len(s.running) <= s.config.max_num_seqs  # S:1633
+    assert s.token_budget >= 0 and s.input_budget >= 0  # S:1704-1705
+    assert len(s.running) <= s.config.max_num_seqs  # S:1706
     update_after_schedule(s)
     s.finished_req_ids = ()  # schedule() hands the finished ids on (interface.py:205-208)
     return s.output(), s.freeze()
 
 
 def schedule_running(s: ScheduleWork) -> None:
-    """The running loop (S:793-1036), in running order while budget is left (S:795-797)."""
+    """The running loop (S:809-1052), in running order while budget is left (S:811-813)."""
     while s.cursor < len(s.running) and s.token_budget > 0 and s.input_budget > s.draft_slots:
         rid = s.running[s.cursor]
         n = num_new_tokens_running(s, s.requests[rid])
-        if n == 0:  # nothing to compute this step: skip it, do not stop the scan (S:891-909)
+        if n == 0:  # nothing to compute this step: skip it, do not stop the scan (S:907-925)
             s.cursor += 1
             continue
         if not allocate_or_preempt(s, rid, n):
             # `rid` preempted itself.  PRIORITY goes on with the next request, which the cursor
-            # already points at; FCFS has preempted everything after it (S:982-992).
+            # already points at; FCFS has preempted everything after it (S:998-1008).
             if s.config.policy == PRIORITY and has(s.config, PRIORITY_SELF_PREEMPTION_CONTINUES):
                 continue
             break
@@ -145,26 +148,26 @@ def schedule_running(s: ScheduleWork) -> None:
 
 def num_new_tokens_running(s: ScheduleWork, r: Request) -> int:
     """The tokens a running request gets if its blocks can be had: what it lacks,
-    under three caps (S:839-856)."""
-    if last_token_in_flight(r) or (s.defer_prefills and r.is_prefill_chunk):  # async (S:800-814); S:822
+    under three caps (S:855-872)."""
+    if last_token_in_flight(r) or (s.defer_prefills and r.is_prefill_chunk):  # async (S:816-830); S:838
         return 0
-    # [seams: PP cadence, EC pending (S:816-837)]
-    n = r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens  # S:839
-    if 0 < s.threshold < n:  # cap 1 (S:844)
+    # [seams: PP cadence, EC pending (S:832-853)]
+    n = r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens  # S:855
+    if 0 < s.threshold < n:  # cap 1 (S:860)
         n = s.threshold
-    n = min(n, s.token_budget, s.input_budget - s.draft_slots)  # cap 2 (S:846-848)
-    n = min(n, s.config.max_model_len - r.num_computed_tokens - 1)  # cap 3: 1 sampled token (S:852)
-    if r.mm_features:  # [seam: Mamba alignment (S:859-863)]
+    n = min(n, s.token_budget, s.input_budget - s.draft_slots)  # cap 2 (S:862-864)
+    n = min(n, s.config.max_model_len - r.num_computed_tokens - 1)  # cap 3: 1 sampled token (S:868)
+    if r.mm_features:  # [seam: Mamba alignment (S:875-879)]
         n = encoder_inputs.plan(s, r, r.num_computed_tokens, n)
-    return spec_decode.reserve_prefill_lookahead(s.config, r, r.num_computed_tokens, n)  # S:886-889
+    return spec_decode.reserve_prefill_lookahead(s.config, r, r.num_computed_tokens, n)  # S:902-905
 
 
 def allocate_or_preempt(s: ScheduleWork, rid: str, n: int) -> bool:
     """Get the blocks for `n` more tokens of running request `rid`, preempting the
-    victims the policy names until they fit (S:912-980).  False when `rid` itself
+    victims the policy names until they fit (S:928-996).  False when `rid` itself
     was the victim."""
     while (num_new_blocks := blocks_to_allocate(s, rid, n)) is None:
-        # [seam: connector with pending block frees (S:925)]
+        # [seam: connector with pending block frees (S:941)]
         victim = choose_victim(s)
         preempt(s, victim)
         if victim == rid:
@@ -174,34 +177,34 @@ def allocate_or_preempt(s: ScheduleWork, rid: str, n: int) -> bool:
 
 
 def choose_victim(s: ScheduleWork) -> str:
-    """FCFS: the tail of running (S:938, S:970).  PRIORITY: the lowest priority, i.e. the
+    """FCFS: the tail of running (S:954, S:986).  PRIORITY: the lowest priority, i.e. the
     largest (priority, arrival_time), first in running order on a tie; it may
-    already be scheduled this step, or be the request being scheduled (S:932-968)."""
+    already be scheduled this step, or be the request being scheduled (S:948-984)."""
     if s.config.policy == PRIORITY:
         return max(s.running, key=lambda x: s.requests[x].priority_key)
     return s.running[-1]
 
 
 def preempt(s: ScheduleWork, victim: str) -> None:
-    """Take `victim` off running, refund a grant it got this step (S:951-957), free
-    its blocks, reset its progress and put it at the front of waiting (S:1799-1843).
+    """Take `victim` off running, refund a grant it got this step (S:967-973), free
+    its blocks, reset its progress and put it at the front of waiting (S:1853-1897).
     Async: its output in flight becomes stale; it is still delivered later."""
     v = s.running.index(victim)
     del s.running[v]
-    if v < s.cursor:  # the cursor fix #49206 (S:948)
+    if v < s.cursor:  # the cursor fix #49206 (S:964)
         s.cursor -= 1
     if victim in s.scheduled:
         refund = s.scheduled.pop(victim)
         s.scheduled_running.remove(victim)
         s.drafts_sent.pop(victim, None)
         s.token_budget += refund
-        s.input_budget += refund + s.draft_slots  # S:955
+        s.input_budget += refund + s.draft_slots  # S:971
     s.kv.free(victim)
     encoder_inputs.release(s, victim)
     r = s.request(victim)
     r.status = PREEMPTED
     r.num_computed_tokens = 0
-    r.spec_token_ids = ()  # S:1823
+    r.spec_token_ids = ()  # S:1877
     r.num_preemptions += 1
     stale_output.make_stale(r, s.config.requires_kv_delivery)
     r.num_output_placeholders = 0
@@ -224,12 +227,12 @@ def blocks_to_allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int] = 
 def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blocks: int, external: int = 0) -> None:
     """Give `rid` its hit blocks and `num_new_blocks` new ones, and cache the full
     blocks it will have computed, so a later request in this step can hit them
-    (K:590-627)."""
+    (K:611-648)."""
     r = s.requests[rid]
     if hits or num_new_blocks:  # else it holds the blocks already: most decode steps
         s.kv.allocate(rid, hits, num_new_blocks)
     if r.block_hashes:  # only full blocks are cached, and only prefix caching hashes them
-        done = min(r.num_computed_tokens + len(hits) * s.config.block_size + external + n, r.num_tokens)  # K:622
+        done = min(r.num_computed_tokens + len(hits) * s.config.block_size + external + n, r.num_tokens)  # K:643
         s.kv.cache_blocks(rid, r.block_hashes, spec_decode.cacheable_tokens(s.config, done), s.config.block_size)
 
 
@@ -239,9 +242,9 @@ def grant(s: ScheduleWork, rid: str, n: int) -> None:
 
 
 def schedule_waiting(s: ScheduleWork) -> None:
-    """The waiting loop (S:1050-1614): admit from the head while budget, a run slot
-    (S:1072-1074) and blocks last; requests holding KV blocks first, and only those
-    under PAUSED_NEW (S:1064-1067); skipped requests keep their place (S:1606-1610)."""
+    """The waiting loop (S:1066-1687): admit from the head while budget, a run slot
+    (S:1094-1113) and blocks last; requests holding KV blocks first, and only those
+    under PAUSED_NEW (S:1100-1107); skipped requests keep their place (S:1675-1681)."""
     skipped: list[str] = []
     loras = lora.running_loras(s.requests[x] for x in s.running)
     while (s.token_budget > 0 and s.input_budget > s.draft_slots and s.waiting
@@ -249,34 +252,34 @@ def schedule_waiting(s: ScheduleWork) -> None:
            and len(s.running) < s.config.max_num_active_reqs):
         rid = s.waiting[0]
         r = s.requests[rid]
-        # Skipped: its KV load in flight (S:1078-1082), a grammar compiling or failed
+        # Skipped: its KV load in flight (S:1117-1121), a grammar compiling or failed
         # [seam: streaming input]; async: output from before its preemption in flight,
-        # which resuming could resample (S:1084); LoRA: one adapter too many (S:1089-1101);
-        # KV connector undecided, asked only from zero computed tokens (S:1110, 1146).
+        # which resuming could resample (S:1123); LoRA: one adapter too many (S:1128-1140);
+        # KV connector undecided, asked only from zero computed tokens (S:1149, 1185).
         if (kv_connector.loading(r) and not kv_connector.promote(s, rid)) \
                 or structured_output.waits_for_grammar(s, rid) or stale_output.pending(r) \
                 or lora.exceeds_max_loras(s.config, loras, r) \
                 or (r.num_computed_tokens == 0 and kv_connector.undecided(r)):
             skipped.append(s.waiting.popleft())
             continue
-        if (admitted := admit(s, rid)) is None:  # skipped, admitting nothing: loras stay (S:1394-1398)
+        if (admitted := admit(s, rid)) is None:  # skipped, admitting nothing: loras stay (S:1456-1460)
             skipped.append(s.waiting.popleft())
         elif not admitted:
             break
-        loras.update(lora.running_loras(s.requests[x] for x in s.running[-1:]))  # S:1563-1565
+        loras.update(lora.running_loras(s.requests[x] for x in s.running[-1:]))  # S:1627-1629
     s.waiting.extendleft(reversed(skipped))
     if s.loads:
         kv_connector.requeue_holders(s)
-    s.cadence = prefill_throttle.after_waiting_loop(s, skipped + s.loads)  # a load start skips it (S:1545)
+    s.cadence = prefill_throttle.after_waiting_loop(s, skipped + s.loads)  # a load start skips it (S:1607)
 
 
 def admit(s: ScheduleWork, rid: str) -> bool | None:
     """Admit the head of waiting, from its prefix hit, if its tokens and blocks fit;
-    False stops admission: it never preempts (S:1102-1461); None skips it; a KV load starts."""
+    False stops admission: it never preempts (S:1141-1523); None skips it; a KV load starts."""
     c = s.config
     r = s.requests[rid]
-    # From zero computed tokens (S:1110-1127; a KV holder's are loaded, S:1262-1272), not for a request
-    # that reads no cached prefix (K:251-253); KV connector: S:1130-1218, async S:1286-1288, 1403-1451.
+    # From zero computed tokens (S:1149-1166; a KV holder's are loaded, S:1301-1311), not for a request
+    # that reads no cached prefix (K:251-253); KV connector: S:1169-1257, async S:1336-1338, 1465-1513.
     lookup = r.num_computed_tokens == 0
     hits = spec_decode.eagle_block_drop(c, s.kv.get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size)) \
         if lookup and not r.skip_reading_prefix_cache else []
@@ -286,33 +289,34 @@ def admit(s: ScheduleWork, rid: str) -> bool | None:
         num_new_blocks = blocks_to_allocate(s, rid, 0, hits, external, c.scheduler_reserve_full_isl, bool(s.running),
                                             load_async=True)
         return num_new_blocks is not None and kv_connector.start_load(s, rid, hits, external, num_new_blocks)
-    if s.defer_prefills and prefill_throttle.has_prefill_left(num_computed_tokens, r.num_tokens):  # S:1290
+    if s.defer_prefills and prefill_throttle.has_prefill_left(num_computed_tokens, r.num_tokens):  # S:1340
         return False
     n = num_new_tokens_waiting(s, r, num_computed_tokens)
     if not n:  # None stops admission; 0 (no chunk outside an MTP drafter's lookahead) skips it
         return None if n == 0 else False
     padded = spec_decode.pads_new_decode(s, r, num_computed_tokens)
     num_new_blocks = blocks_to_allocate(s, rid, n, hits, external, full_sequence_must_fit=c.scheduler_reserve_full_isl,
-                                        has_scheduled_reqs=bool(s.running))  # S:1449-1451
+                                        has_scheduled_reqs=bool(s.running))  # S:1511-1513
     if num_new_blocks is None:
-        s.encoder.free(rid)  # the references its plan took (S:1456-1461)
+        s.encoder.free(rid)  # the references its plan took (S:1518-1523)
         return False
     allocate(s, rid, n, hits, num_new_blocks, external)
     s.waiting.popleft()
     s.running.append(rid)
-    (s.new if r.status == WAITING else s.resumed).append(rid)
+    # A resumed request is sent as a new one from 0.34.0 (versions.RESUMED_SENT_AS_NEW).
+    (s.new if r.status == WAITING or has(c, RESUMED_SENT_AS_NEW) else s.resumed).append(rid)
     if c.enable_prefix_caching and lookup:
         s.prefix_hits.append((rid, num_computed_tokens - external))
     if external:
         s.kv_connector_hits.append((rid, external))
     grant(s, rid, n)
     if padded:
-        # vLLM asserts this (S:1579); a long-prefill cap below 1 + num_speculative_tokens
+        # vLLM asserts this (S:1643); a long-prefill cap below 1 + num_speculative_tokens
         # breaks it, and the scheduler raises (docs/rules.md, speculative decoding).
-        assert n == 1 + c.num_speculative_tokens, "S:1579: a padded new decode was cut by the long-prefill cap"
+        assert n == 1 + c.num_speculative_tokens, "S:1643: a padded new decode was cut by the long-prefill cap"
         s.drafts_sent[rid] = (-1,) * c.num_speculative_tokens
     if r.mm_features:
-        encoder_inputs.commit(s, rid)  # S:1595-1604
+        encoder_inputs.commit(s, rid)  # S:1664-1673
     r = s.request(rid)
     r.status = RUNNING
     r.num_computed_tokens = num_computed_tokens
@@ -320,28 +324,33 @@ def admit(s: ScheduleWork, rid: str) -> bool | None:
 
 
 def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int) -> int | None:
-    """The tokens an admission gets (S:1295-1392), or None when chunked prefill is
-    off and the whole request does not fit, which stops admission (S:1337-1344);
-    0 when no chunk ends outside a multi-module MTP drafter's lookahead."""
-    budget = min(s.token_budget, s.input_budget - s.draft_slots)  # S:1295
-    # num_tokens, not num_prompt_tokens: a resumed request replays its outputs (S:1306).
+    """The tokens an admission gets (S:1345-1442), or None when chunked prefill is
+    off and the whole request does not fit, which stops admission (S:1387-1394);
+    0 when no chunk ends outside a multi-module MTP drafter's lookahead, or the encoder
+    plan would split a prompt chunked prefill may not split, which skips it."""
+    budget = min(s.token_budget, s.input_budget - s.draft_slots)  # S:1345
+    # num_tokens, not num_prompt_tokens: a resumed request replays its outputs (S:1356).
     n = r.num_tokens - num_computed_tokens
     if spec_decode.pads_new_decode(s, r, num_computed_tokens):
         n = 1 + s.config.num_speculative_tokens
-        if n > budget:  # rather nothing than an unpadded decode: admission stops (S:1326-1328)
+        if n > budget:  # rather nothing than an unpadded decode: admission stops (S:1376-1378)
             return None
-    if 0 < s.threshold < n:  # S:1332
+    if 0 < s.threshold < n:  # S:1382
         n = s.threshold
     if not s.config.enable_chunked_prefill and n > budget:
         return None
     n = min(n, budget)
-    n = encoder_inputs.plan(s, r, num_computed_tokens, n) if r.mm_features else n  # S:1372-1386
-    return spec_decode.reserve_prefill_lookahead(s.config, r, num_computed_tokens, n)  # S:1388-1392
+    n = encoder_inputs.plan(s, r, num_computed_tokens, n) if r.mm_features else n  # S:1422-1436
+    n = spec_decode.reserve_prefill_lookahead(s.config, r, num_computed_tokens, n)  # S:1438-1442
+    if r.mm_features and encoder_inputs.splits_unchunked_prompt(s, r, num_computed_tokens, n):
+        s.encoder.free(r.request_id)  # the references its plan took; skipped (S:1444-1455)
+        return 0
+    return n
 
 
 def update_after_schedule(s: ScheduleWork) -> None:
     """`_update_after_schedule`: computed tokens advance by the grant before the model
-    runs (S:1845-1877); AsyncScheduler adds one output placeholder per request that
+    runs (S:1899-1931); AsyncScheduler adds one output placeholder per request that
     is not mid-prefill, and one per draft it verifies, and gives it
     num_speculative_tokens -1 drafts for the next step (async_scheduler.py:24-56)."""
     drafts = (-1,) * s.config.num_speculative_tokens
@@ -358,9 +367,9 @@ def update_after_schedule(s: ScheduleWork) -> None:
 def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]],
                        finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()
                        ) -> tuple[tuple[tuple[str, RequestStatus], ...], SchedulerState]:
-    """Append sampled tokens, stop requests, free their blocks (S:2259-2551); returns the requests
+    """Append sampled tokens, stop requests, free their blocks (S:2301-2618); returns the requests
     finished, in scheduled order.  Async: `output` may be an older batch; outputs of requests finished
-    meanwhile are dropped (S:2327-2335), of those preempted meanwhile stale (`deliver_stale_output`).
+    meanwhile are dropped (S:2373-2381), of those preempted meanwhile stale (`deliver_stale_output`).
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):
     pre: state.block_pool is None
@@ -384,19 +393,19 @@ def update_from_output(state: SchedulerState, output: SchedulerOutput, sampled_t
             status = deliver_output(w, rid, n, tokens, len(drafts.get(rid, ())))
         if status is not None:
             finished.append((rid, status))
-    # Then those whose grammar failed, with an error (S:2552-2574; from a set, in no set order).
+    # Then those whose grammar failed, with an error (S:2619-2641; from a set, in no set order).
     finished += [(rid, RequestStatus.FINISHED_ERROR) for rid in structured_output.take_grammar_errors(w)]
-    # Stopped requests leave their queue once, at the end (S:2541-2551), then any held (S:2581).
+    # Stopped requests leave their queue once, at the end (S:2607-2618), then any held (S:2648).
     done = remove_finished(w, [x for x, _ in finished], kv_connector.hold(w, finished))
     return tuple(finished), kv_connector.free_sent(kv_connector.free_held(done, finished_recving), finished_sending)
 
 
 def deliver_output(w: Working, rid: str, n: int, tokens: Sequence[int], num_drafts: int = 0
                    ) -> RequestStatus | None:
-    """Rejected drafts roll num_computed_tokens and their placeholders back (S:2346-2380);
-    tokens past a stop are discarded, rolling num_computed_tokens back (S:2756-2762);
-    a returned token replaces an output placeholder (S:2763-2770) and caches the
-    blocks it completes (S:2403-2415)."""
+    """Rejected drafts roll num_computed_tokens and their placeholders back (S:2392-2426);
+    tokens past a stop are discarded, rolling num_computed_tokens back (S:2891-2897);
+    a returned token replaces an output placeholder (S:2898-2905) and caches the
+    blocks it completes (S:2450-2471)."""
     r = w.request(rid)
     r.num_in_flight_tokens -= n
     if num_drafts and tokens:
@@ -441,7 +450,7 @@ def append_output_tokens(r: Request, tokens: Sequence[int], c: SchedulerConfig) 
 
 def check_stop(request: Request, last_token_id: int, max_model_len: int) -> RequestStatus | None:
     """The finished status after appending `last_token_id`, or None (U:98-140).
-    0.33.0's order: EOS, then stop tokens, then length."""
+    The order: EOS, then stop tokens, then length."""
     if last_token_id == request.eos_token_id or last_token_id in request.stop_token_ids:
         return RequestStatus.FINISHED_STOPPED
     if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
@@ -452,11 +461,11 @@ def check_stop(request: Request, last_token_id: int, max_model_len: int) -> Requ
 
 def remove_finished(w: Working, done: Sequence[str], held: frozenset = frozenset()) -> SchedulerState:
     """The state without the finished requests `done`, whose blocks go back to the pool in
-    that order (S:3031-3061), but those `held`, and with their ids noted as finished."""
+    that order (S:3170-3201), but those `held`, and with their ids noted as finished."""
     if not done:
         return w.freeze()
     for rid in done if w.encoder.refs else ():
-        w.encoder.free(rid)  # held ones too (S:3051)
+        w.encoder.free(rid)  # held ones too (S:3191)
     for rid in (x for x in done if x not in held):
         w.kv.free(rid)
         del w.requests[rid]
@@ -470,7 +479,7 @@ def remove_finished(w: Working, done: Sequence[str], held: frozenset = frozenset
 
 def finish_requests(state: SchedulerState, request_ids: Iterable[str], finished_status: RequestStatus
                     ) -> tuple[tuple[str, ...], SchedulerState]:
-    """Finish requests from outside, e.g. an abort, from running or waiting (S:2964-3029),
+    """Finish requests from outside, e.g. an abort, from running or waiting (S:3100-3168),
     one mid-load or whose KV is sent held (kv_connector.hold).  Unknown and finished ids are ignored.
 
     Contracts (PEP 316; CrossHair's search bounds are in tests/test_crosshair.py):

@@ -1,6 +1,6 @@
 """Speculative decoding, as the scheduler sees it: drafts a request carries into a
 step, the padding of a new decode, rejected drafts rolled back, and the drafter's
-proposals after a step (S = vllm/v1/core/sched/scheduler.py, 0.33.0).
+proposals after a step (S = vllm/v1/core/sched/scheduler.py; modelled from 0.33.0).
 
 The drafter is n-gram or one of the EAGLE family, with
 `max_num_new_slots_for_drafting` rows of its own in the target batch (scheduler.py
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def schedule_drafts(s: ScheduleWork, rid: str, n: int) -> None:
     """The drafts that fit in grant `n`, past the tokens the
     request already has, go to the model; the request's drafts are spent either way,
-    and the next ones come after the step (S:1009-1025)."""
+    and the next ones come after the step (S:1025-1041)."""
     r = s.requests[rid]
     if not r.spec_token_ids:
         return
@@ -40,7 +40,7 @@ def pads_new_decode(s: ScheduleWork, r: Request, num_computed_tokens: int) -> bo
     """An admission with one token left is a decode, padded to
     1 + num_speculative_tokens rows of -1 drafts so the batch stays uniform, when no
     prefill chunk runs, some request is decoding already or it resumes, and the
-    padded rows and a sampled token fit in max_model_len (S:1308-1330)."""
+    padded rows and a sampled token fit in max_model_len (S:1358-1380)."""
     k = s.config.num_speculative_tokens
     return (k > 0 and r.num_tokens - num_computed_tokens == 1 and not s.prefill_scheduled
             and bool(s.scheduled_running or num_computed_tokens > 0)
@@ -50,7 +50,7 @@ def pads_new_decode(s: ScheduleWork, r: Request, num_computed_tokens: int) -> bo
 def reserve_prefill_lookahead(config: SchedulerConfig, r: Request, num_computed_tokens: int, n: int) -> int:
     """A multi-module MTP drafter reads the num_prefill_lookahead_tokens prompt tokens
     after a prefill chunk: a chunk ends at the prefill's end or at least that far
-    before it, else it is cut, down to 0 (S:678-697).  Void at a lookahead of 1."""
+    before it, else it is cut, down to 0 (S:695-714).  Void at a lookahead of 1."""
     remaining = r.num_tokens - num_computed_tokens - n
     if 0 < remaining < config.num_prefill_lookahead_tokens:
         n -= config.num_prefill_lookahead_tokens - remaining
@@ -67,13 +67,13 @@ def cacheable_tokens(config: SchedulerConfig, num_tokens: int) -> int:
 def eagle_block_drop(config: SchedulerConfig, hits: list[int]) -> list[int]:
     """An EAGLE-family drafter builds a position's draft KV from the token after it,
     which a cached block's hash does not cover: a prefix hit gives back its last
-    block, to be recomputed (T:829-837; the flag, S:330-345)."""
+    block, to be recomputed (T:834-842; the flag, S:330-345)."""
     return hits[:-1] if config.use_eagle_block_drop and hits else hits
 
 
 def reject_drafts(r: Request, num_rejected: int) -> None:
     """The model kept one sampled token per accepted draft plus
-    one; the rejected drafts were computed optimistically and are not (S:2371-2380)."""
+    one; the rejected drafts were computed optimistically and are not (S:2417-2426)."""
     if r.num_computed_tokens > 0:
         r.num_computed_tokens -= num_rejected
     if r.num_output_placeholders > 0:
@@ -82,8 +82,8 @@ def reject_drafts(r: Request, num_rejected: int) -> None:
 
 def update_draft_token_ids(state: SchedulerState, draft_token_ids: Mapping[str, Sequence[int]]) -> SchedulerState:
     """Synchronous engine: the drafter's proposals after a step
-    become the drafts each request verifies next (S:2863-2883).  Finished requests
-    are skipped, gone or held for a KV send (S:2868); a request mid-prefill drops its drafts."""
+    become the drafts each request verifies next (S:2996-3016).  Finished requests
+    are skipped, gone or held for a KV send (S:3001); a request mid-prefill drops its drafts."""
     w = Working(state)
     for rid, ids in draft_token_ids.items():
         r = w.requests.get(rid)

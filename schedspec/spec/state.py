@@ -24,7 +24,7 @@ class SchedulerState:
     config: SchedulerConfig
     # Every request that has arrived and not finished, by id.
     requests: Mapping[str, Request] = field(default_factory=dict)
-    # The running list in order (S:240).
+    # The running list in order (S:242).
     running: tuple[str, ...] = ()
     # The waiting queue in pop order: a deque for FCFS, heap order for PRIORITY (Q).
     waiting: tuple[str, ...] = ()
@@ -36,7 +36,7 @@ class SchedulerState:
     finished_req_ids: tuple[str, ...] = ()
     # Structured output: failed grammars noted by schedule(), finished by the next update.
     grammar_compile_error_reqs: tuple[str, ...] = ()
-    # set_pause_state (S:3073), from outside: PAUSED_NEW admits nothing, PAUSED_ALL schedules nothing.
+    # set_pause_state (S:3213), from outside: PAUSED_NEW admits nothing, PAUSED_ALL schedules nothing.
     pause_state: str = "UNPAUSED"
     prefill_cadence: PrefillCadence = PrefillCadence()  # prefill throttling (prefill_throttle.py)
     encoder_cache: EncoderCache = EMPTY_ENCODER_CACHE  # encoder outputs of multimodal items (encoder_cache.py)
@@ -49,7 +49,7 @@ class SchedulerState:
             object.__setattr__(self, "kv_cache", empty)
 
     def has_requests(self) -> bool:
-        """Requests live, finished ids to hand on, or finished requests holding blocks (S:3147-3165)."""
+        """Requests live, finished ids to hand on, or finished requests holding blocks (S:3287-3305)."""
         return bool(self.requests or self.finished_req_ids)
 
     def num_blocks(self, request_id: str) -> int:

@@ -1,15 +1,15 @@
 """Structured output, as the scheduler sees it (S = vllm/v1/core/sched/scheduler.py,
-RQ = vllm/v1/request.py, 0.33.0).  A request with a grammar starts in
-WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR (RQ:116-117) while its grammar compiles outside
+RQ = vllm/v1/request.py; modelled from 0.33.0).  A request with a grammar starts in
+WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR (RQ:120-121) while its grammar compiles outside
 the scheduler (the structured-output manager's thread pool).  The waiting loop skips
-it, keeping its place, until the compilation has finished (S:1079-1082, S:3535-3547);
+it, keeping its place, until the compilation has finished (S:1118-1121, S:3685-3697);
 then it is promoted to WAITING and scheduled as any other request.  A grammar that
-failed to compile is noted when the loop reaches the request (S:3540-3545), and the
-next update_from_output finishes the request with FINISHED_ERROR (S:2552-2574).
+failed to compile is noted when the loop reaches the request (S:3690-3695), and the
+next update_from_output finishes the request with FINISHED_ERROR (S:2619-2641).
 
 When a compilation finishes is the environment's choice: `grammar_compiled` is that
 event, between scheduler calls.  The grammar itself never changes a decision here:
-it accepts every token the model samples (a rejection, S:2432-2443, is not modelled).
+it accepts every token the model samples (a rejection, S:2488-2499, is not modelled).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 
 
 def waits_for_grammar(w: Working, rid: str) -> bool:
-    """`_handle_blocked_waiting_request` for a grammar (S:3535-3547): True skips the
+    """`_handle_blocked_waiting_request` for a grammar (S:3685-3697): True skips the
     request this step (still compiling, or failed: noted once for update_from_output);
     a compiled grammar promotes it to WAITING for the rest of the loop."""
     r = w.requests[rid]
@@ -35,7 +35,7 @@ def waits_for_grammar(w: Working, rid: str) -> bool:
     if r.grammar == COMPILING:
         return True
     if r.grammar == FAILED:
-        if rid not in w.grammar_compile_error_reqs:  # a dict keyed by id (S:3541)
+        if rid not in w.grammar_compile_error_reqs:  # a dict keyed by id (S:3691)
             w.grammar_compile_error_reqs += (rid,)
         return True
     w.request(rid).status = WAITING
@@ -56,6 +56,6 @@ def grammar_compiled(state: SchedulerState, request_ids: Iterable[str], failed: 
 
 def take_grammar_errors(w: Working) -> tuple[str, ...]:
     """The requests whose grammar failed, noted since the last update_from_output,
-    which finishes them; the note is emptied (S:2552-2553)."""
+    which finishes them; the note is emptied (S:2619-2620)."""
     errors, w.grammar_compile_error_reqs = w.grammar_compile_error_reqs, ()
     return tuple(rid for rid in errors if rid in w.requests)

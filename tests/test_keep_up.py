@@ -1,0 +1,59 @@
+"""The keep-up report's grouping (reference/keep_up.py) on a release pair whose
+differences are known: the spec at 0.34.0 playing the new release, against the spec at
+0.33.0.  Its gates (spec/versions.py) are the answer the grouping must find: the
+resumed-as-new output change, needing no feature, and the long-prefill threshold with
+chunked prefill off, needing both.  No vLLM needed; the command's run on the real
+0.34.0 is docs/keep-up-0.34.0.md."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schedspec.reference.changes import ReleaseSpec
+from schedspec.reference.compare import compare_traces
+from schedspec.reference.engine import run_scenario
+from schedspec.reference.generator import FLAGS_ALL, features_in, generate_scenario, scenario_rng
+from schedspec.reference.keep_up import features_used, group_divergences, needed_features, render_report, without
+from schedspec.reference.scenario import load_scenario
+from schedspec.reference.shrink import shrink
+
+from test_versions import CHANGES
+
+NEW, OLD = ReleaseSpec("0.34.0"), ReleaseSpec("0.33.0")
+
+
+def diverges(s):
+    return compare_traces(run_scenario(s, NEW), run_scenario(s, OLD))
+
+
+def found_divergences(n: int, seed: int = 1):
+    out = []
+    for i in range(n):
+        s = generate_scenario(scenario_rng(seed, i), i, FLAGS_ALL, "0.33.0", features_in("0.33.0"))
+        d = diverges(s)
+        if d is not None:
+            small, sd = shrink(s, NEW, OLD, d, budget_s=5)
+            out.append((small, sd, None))
+    return out
+
+
+def test_grouping_finds_the_two_rule_changes_of_0_34_0():
+    found = found_divergences(60)
+    assert len(found) >= 5, len(found)
+    groups = {g.key: g for g in group_divergences(found, diverges)}
+    assert ("new", ()) in groups, sorted(groups)
+    assert ("scheduled", ("chunked prefill off", "long-prefill threshold")) in groups, sorted(groups)
+    text = render_report("0.34.0", "0.33.0", list(groups.values()), {"scenarios": 60, "divergences": found}, None)
+    assert "`new` with none" in text and "chunked prefill off, long-prefill threshold" in text
+
+
+def test_a_feature_is_needed_only_when_switching_it_off_ends_the_divergence():
+    s = load_scenario(CHANGES / "long_prefill_threshold_needs_chunked_prefill.json")
+    d = diverges(s)
+    assert set(features_used(s)) == {"chunked prefill off", "long-prefill threshold"}
+    assert needed_features(s, d, diverges) == ["chunked prefill off", "long-prefill threshold"]
+    # A comparison that diverges whatever the features: none is needed.
+    assert needed_features(s, d, lambda x: d) == []
+    # Switched off, the scenario must still be one vLLM accepts, or the feature is not judged.
+    big = dataclasses.replace(s, config={**s.config, "max_num_batched_tokens": 2, "max_num_seqs": 2})
+    assert without(big, "chunked prefill off") is not None
