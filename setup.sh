@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick start, step 1: create .venv at the repo root, install schedspec with its
-# test tools and the real vLLM 0.33.0 scheduler (the differential-testing oracle),
+# test tools and the real vLLM 0.34.0 scheduler (the differential-testing oracle),
 # then run the shipped examples.
 #
 #   ./setup.sh              # everything

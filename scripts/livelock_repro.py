@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reproduce the chunked-off resume livelock of vLLM 0.33.0's V1 scheduler.
+"""Reproduce the chunked-off resume livelock of vLLM's V1 scheduler (0.33.0 and 0.34.0).
 
 Uses vLLM's own API only (no schedspec import).  The Scheduler is built the way
 vLLM's unit tests build one (tests/v1/core/utils.py `create_scheduler`): a
@@ -36,7 +36,7 @@ unfinished, and every later state up to --steps repeats that cycle); 1 no
 livelock (every request finished, or no state repeated within --steps); 2 bad
 input or a config vLLM rejects (one line on stderr).
 
-Line citations are to the vLLM 0.33.0 wheel: S = vllm/v1/core/sched/scheduler.py,
+Line citations are to the vLLM 0.34.0 release: S = vllm/v1/core/sched/scheduler.py,
 C = vllm/config/scheduler.py, V = vllm/config/vllm.py, E = vllm/v1/engine/core.py,
 KP = vllm/v1/core/kv_cache_planning.py (schedspec's docs/rules.md, section 0.1).
 """
@@ -44,6 +44,7 @@ KP = vllm/v1/core/kv_cache_planning.py (schedspec's docs/rules.md, section 0.1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -145,6 +146,25 @@ def import_vllm():
     return dict(**locals())
 
 
+@contextlib.contextmanager
+def cpu_without_triton():
+    """vLLM 0.34.0's CPU platform refuses an x86 machine without Triton while a
+    VllmConfig is built (vllm/platforms/cpu.py:239-243), for the model runner's kernels;
+    the scheduler runs none.  So while the config is built Triton reads as found, and
+    what vLLM found is put back after.  Triton is never imported."""
+    try:
+        import vllm.triton_utils as triton_utils
+    except ImportError:  # releases before the check
+        yield
+        return
+    found = triton_utils.HAS_TRITON
+    triton_utils.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        triton_utils.HAS_TRITON = found
+
+
 def cli_flags(a) -> list[str]:
     """The `vllm serve` / EngineArgs flags that give this run's config."""
     flags = ["--enable-chunked-prefill" if a.enable_chunked_prefill else "--no-enable-chunked-prefill",
@@ -170,7 +190,8 @@ def check_cli(a) -> str:
     flags = cli_flags(a)
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     ns = parser.parse_args(["--model", a.model, "--skip-tokenizer-init", *flags])
-    config = EngineArgs.from_cli_args(ns).create_engine_config()
+    with cpu_without_triton():
+        config = EngineArgs.from_cli_args(ns).create_engine_config()
     s, c = config.scheduler_config, config.cache_config
     got = dict(enable_chunked_prefill=s.enable_chunked_prefill, max_num_scheduled_tokens=s.max_num_scheduled_tokens,
                max_model_len=config.model_config.max_model_len, max_num_batched_tokens=s.max_num_batched_tokens,
@@ -200,8 +221,9 @@ def build_scheduler(v, a):
     model_config = v["ModelConfig"](model=a.model, skip_tokenizer_init=True,
                                     max_model_len=a.max_model_len, dtype="float16", seed=42)
     cache_config = v["CacheConfig"](block_size=a.block_size, enable_prefix_caching=a.enable_prefix_caching)
-    vllm_config = v["VllmConfig"](scheduler_config=scheduler_config, model_config=model_config,
-                                  cache_config=cache_config)
+    with cpu_without_triton():
+        vllm_config = v["VllmConfig"](scheduler_config=scheduler_config, model_config=model_config,
+                                      cache_config=cache_config)
     # The CPU platform hook switches async scheduling off whatever was asked
     # (vllm/platforms/cpu.py:348, called at V:1979); the scheduler does not
     # depend on the device, so put the asked value back, as a GPU platform leaves it.
@@ -274,8 +296,12 @@ def apply(v, sched, out, sampling):
     in `sampling`, none for a prefill chunk; then update_from_output."""
     req_ids = list(out.num_scheduled_tokens)
     sampled = [[NON_EOS_TOKEN_ID] if rid in sampling else [] for rid in req_ids]
+    # 0.34.0's ModelRunnerOutput has no req_id_to_index: a request's row is its place in
+    # req_ids (v1/core/sched/scheduler.py:2355-2358); 0.33.0's needs it.
+    index = {"req_id_to_index": {rid: i for i, rid in enumerate(req_ids)}} \
+        if "req_id_to_index" in getattr(v["ModelRunnerOutput"], "__dataclass_fields__", {}) else {}
     runner_output = v["ModelRunnerOutput"](
-        req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+        req_ids=req_ids, **index,
         sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=None)
     held = {rid: sched.requests.get(rid) for rid in req_ids}
     was_finished = {rid for rid, r in held.items() if r is None or r.is_finished()}
@@ -315,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"livelock_repro.py: error: vLLM cannot be imported: {' '.join(str(e).split())[:400]}",
               file=sys.stderr)
         return 2
-    if v["vllm"].__version__ != "0.33.0":
-        print(f"# note: written against vLLM 0.33.0, running {v['vllm'].__version__}", file=sys.stderr)
+    if v["vllm"].__version__ not in ("0.33.0", "0.34.0"):
+        print(f"# note: written against vLLM 0.33.0 and 0.34.0, running {v['vllm'].__version__}", file=sys.stderr)
     if a.check_cli:
         try:
             serve = check_cli(a)

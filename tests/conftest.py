@@ -15,7 +15,7 @@ def vllm_required() -> bool:
 
 @pytest.fixture(scope="module")
 def vllm():
-    """The real vLLM 0.33.0 scheduler behind the implementation protocol."""
+    """The real vLLM scheduler (.venv's: the default release) behind the implementation protocol."""
     try:
         from schedspec.reference.vllm_adapter import VllmScheduler
 
@@ -23,7 +23,7 @@ def vllm():
     except ImportError as e:
         if vllm_required():
             pytest.fail(f"vLLM is required here (SCHEDSPEC_REQUIRE_VLLM=1 or CI=true) but cannot be imported: {e}")
-        pytest.skip(f"vLLM 0.33.0 is not installed ({e}); run `schedspec install-vllm`")
+        pytest.skip(f"vLLM is not installed ({e}); run `schedspec install-vllm`")
     yield impl
     impl.close()
 

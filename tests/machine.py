@@ -68,7 +68,10 @@ def configs(draw, wave2: bool = True) -> SchedulerConfig:
                     # entries evicted (spec/encoder_inputs.py).
                     max_num_encoder_input_tokens=draw(st.sampled_from([None, 3, 6, 10])),
                     encoder_cache_size=draw(st.sampled_from([None, 6, 10, 16])),
-                    disable_chunked_mm_input=draw(st.sampled_from([False, False, True])))
+                    disable_chunked_mm_input=draw(st.sampled_from([False, False, True])),
+                    # Cache-aware admission (0.34.0): the waiting window reordered by prefix hit.
+                    cache_aware_admission_window=draw(st.sampled_from([0, 0, 2, 8])),
+                    cache_aware_admission_threshold=draw(st.sampled_from([0.0, 0.5])))
     validate_config(c)
     return c
 

@@ -143,7 +143,7 @@ def test_torch_campaigns_draw_every_flag_combination_and_no_feature_it_lacks():
     assert features_for("torch", "spec") == frozenset() and features_for("spec", "torch") == frozenset()
     assert features_for("vllm", "spec") == FEATURES == {"spec_decode", "lora", "structured_output", "prefill_throttle",
                                                         "adaptive_threshold", "kv_connector", "hash_lookahead",
-                                                        "eagle", "encoder_inputs"}
+                                                        "eagle", "encoder_inputs", "cache_aware"}
     plain = list(random_scenarios(80, SEED))  # no `flags`: none drawn
     assert all(_flags(s) == (False, False) for s, _ in plain)
     flagged = list(random_scenarios(80, SEED, FLAGS_ALL))

@@ -57,3 +57,32 @@ def test_a_feature_is_needed_only_when_switching_it_off_ends_the_divergence():
     # Switched off, the scenario must still be one vLLM accepts, or the feature is not judged.
     big = dataclasses.replace(s, config={**s.config, "max_num_batched_tokens": 2, "max_num_seqs": 2})
     assert without(big, "chunked prefill off") is not None
+
+
+KEEP_UP = CHANGES.parent / "keep-up-0.34.0"
+
+
+def test_what_keep_up_found_on_0_34_0_the_gates_now_say():
+    # The smallest scenario of each group `schedspec keep-up 0.34.0 --against 0.33.0`
+    # reported (docs/keep-up-0.34.0.md): the spec at 0.33.0 and at 0.34.0 tell them
+    # apart, so the release's gates and config checks cover each finding.
+    files = sorted(KEEP_UP.glob("*.json"))
+    assert len(files) == 4
+    for path in files:
+        s = load_scenario(path)
+        new = dataclasses.replace(s, config={**s.config, "vllm_version": "0.34.0"})
+        old = dataclasses.replace(s, config={**s.config, "vllm_version": "0.33.0"})
+        assert compare_traces(run_scenario(new, NEW), run_scenario(old, OLD)) is not None, path.name
+
+
+def test_what_keep_up_found_on_0_34_0_agrees_with_the_real_release(vllm):
+    # vLLM 0.34.0 (the default release .venv has) schedules each as the spec at 0.34.0.
+    from schedspec.reference.impl import SpecScheduler
+
+    if vllm.vllm_version != "0.34.0":
+        import pytest
+
+        pytest.skip(f"this interpreter runs vLLM {vllm.vllm_version}")
+    for path in sorted(KEEP_UP.glob("*.json")):
+        s = load_scenario(path)
+        assert compare_traces(run_scenario(s, SpecScheduler()), run_scenario(s, vllm)) is None, path.name

@@ -270,7 +270,9 @@ def test_loop_constraints_admit_exactly_the_configs_the_spec_accepts(version):
         assert counts["accepted"] >= least and counts["rejected"] >= least, counts
         # a drafter's configs reach both verdicts (in the older releases, only rejections)
         assert counts["drafter rejected"] >= 10, counts
-        assert version != release.DEFAULT_RELEASE or counts["drafter accepted"] >= 50, counts
+        # (0.34.0 accepts fewer drafters than 0.33.0 did: 0 or 1 rows, the one row a draft
+        # model's; 47 of the family, against 50+ under 0.33.0)
+        assert version != release.DEFAULT_RELEASE or counts["drafter accepted"] >= 40, counts
     finally:
         release.set_release(release.DEFAULT_RELEASE)
 
@@ -290,7 +292,7 @@ LOOP_SPEC_MUTANTS = {
                                                  "c.num_prefill_lookahead_tokens > 1 and c.num_speculative_tokens == 0"),
     "lookahead_without_drafts": Mutation("config.validate_spec_decode",
                                          "c.num_lookahead_tokens > 0 and c.num_speculative_tokens == 0", "False"),
-    "watermark_of_one": Mutation("config.validate_config", "not (0.0 <= c.watermark < 1.0)",
+    "watermark_of_one": Mutation("config.validate_field_bounds", "not (0.0 <= c.watermark < 1.0)",
                                  "not (0.0 <= c.watermark <= 1.0)"),
     "drafter_rows_above_drafts": Mutation("config.validate_spec_decode",
                                           "c.max_num_new_slots_for_drafting > c.num_speculative_tokens",

@@ -46,7 +46,10 @@ MAX_FUNCTION_LINES = 60
 # of vLLM 0.33.0 they model (S:267-295, 881-900, 973-984, 1044-1052, 1422-1436,
 # 1518-1523, 1664-1673, 1794, 1872, 2050-2258, 2433-2435, 2961-2991, 3191;
 # encoder_cache_manager.py:19-331; KU:518-581; multimodal/utils.py:122-142), within 10 %.
-MAX_CORE_LINES = 1038
+# 1043 since vLLM 0.34.0: +5 lines (the cache-aware reorder's call site and import, the
+# resumed-as-new gate, the encoder split check's call, a two-line module docstring); the
+# reorder itself is spec/cache_aware_admission.py, the gates spec/versions.py.
+MAX_CORE_LINES = 1043
 
 
 def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:

@@ -34,6 +34,8 @@ from pathlib import Path
 from schedspec.base.args import float_arg, int_arg
 from schedspec.base.errors import UsageError, shown, status
 
+from schedspec.reference.vllm_lift import COMPARE_WITH_ENV
+
 from .common import standalone_main
 from .vllm_version import REEXEC_ENV, check_release, check_vllm, env_python, installed_vllm
 
@@ -50,12 +52,13 @@ def spec_release(version: str, against: str | None) -> str:
     return found
 
 
-def run_step(what: str, command: list[str], log: Path) -> int:
+def run_step(what: str, command: list[str], log: Path, env: dict[str, str] | None = None) -> int:
     """A stage as a subprocess, its output to `log`; its exit status."""
     status(f"keep-up: {what} (log: {log})")
     with log.open("w") as f:
         try:
-            return subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+            return subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, check=False,
+                                  env={**os.environ, **(env or {})}).returncode
         except OSError as e:
             raise UsageError(f"cannot run {shown(command[0])}: {e.strerror or e}") from None
 
@@ -72,14 +75,15 @@ def install(version: str, out: Path, allowed: bool) -> None:
         raise UsageError(f"installing vLLM {version} failed (exit {rc}); see {out / 'install.log'}")
 
 
-def peer_tests(version: str, tests: str, out: Path) -> dict:
+def peer_tests(version: str, against: str, tests: str, out: Path) -> dict:
     if tests == "none":
         return {"error": "skipped (--tests none)"}
     report = out / "peer-tests.json"
     command = [sys.executable, "-m", "schedspec", "peer-tests", "--version", version, "--json-out", str(report)]
     if tests == "all":
         command.append("--all")
-    rc = run_step(f"vLLM {version}'s own scheduler tests under the monitor", command, out / "peer-tests.log")
+    rc = run_step(f"vLLM {version}'s own scheduler tests under the monitor, against the spec at {against}",
+                  command, out / "peer-tests.log", {COMPARE_WITH_ENV: against})
     if report.is_file():
         try:
             return json.loads(report.read_text())
@@ -154,14 +158,12 @@ def cmd_keep_up(args) -> int:
         raise UsageError(f"-o: {out} is not empty; keep-up writes a fresh report, name a new folder")
     if installed_vllm() != version:
         install(version, out, not args.no_install)
-    peer_tests(version, args.tests, out)
+    peer_tests(version, against, args.tests, out)
     py = Path(sys.executable) if installed_vllm() == version else env_python(version)
     command = [str(py), "-m", "schedspec", "keep-up", version, "--against", against, "--scenarios",
                str(args.scenarios), "--seed", str(args.seed), "--shrink-seconds", str(args.shrink_seconds),
                "-o", str(out), STAGE_FLAG]
     sys.stdout.flush()
-    from schedspec.reference.vllm_adapter import COMPARE_WITH_ENV
-
     env = {**os.environ, REEXEC_ENV: version, COMPARE_WITH_ENV: against}
     return subprocess.run(command, env=env, check=False).returncode
 

@@ -443,10 +443,11 @@ _init_fields: list = []
 
 
 def release() -> str:
-    """The vLLM release this process runs (what the lift gives the spec)."""
+    """The modelled release this process's vLLM runs as: its own, or for a later one (a
+    development build) the newest modelled release at or below it, whose bridges apply."""
     import vllm
 
-    return vllm.__version__
+    return versions.spec_release_for(vllm.__version__) or vllm.__version__
 
 
 def init_fields(version: str | None = None) -> frozenset:

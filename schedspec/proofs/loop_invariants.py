@@ -337,7 +337,9 @@ class LoopConfig:
         # most one drafter row per draft.
         # From 0.34.0 at most one row (no parallel drafting: versions.CHECKS_SINCE).
         off = z3.And(self.K == 0, self.LA == 0, self.D == 0, self.PL == 0)
-        rows = self.D <= 1 if release.checks_config("drafter_rows_at_most_one") else z3.BoolVal(True)
+        # One row is a draft model's: no prefill lookahead, a batch above its K lookahead.
+        rows = z3.And(self.D <= 1, z3.Implies(self.D == 1, z3.And(self.PL == 0, self.IB0 > self.K))) \
+            if release.checks_config("drafter_rows_at_most_one") else z3.BoolVal(True)
         sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0, 0 <= self.D, self.D <= self.K, rows,
                                    0 <= self.PL, self.PL <= 1), off) \
             if release.models_spec_decode() \

@@ -202,13 +202,22 @@ def render_report(release: str, spec_release: str, groups: Sequence[Group], camp
 
 
 def peer_summary(peer: dict[str, Any]) -> str:
-    """One paragraph from a `peer-tests --json-out` report."""
+    """A paragraph from a `peer-tests --json-out` report (schedspec.peer-tests/1), and
+    the first divergences, which name a rule as the campaign's groups do."""
     if "error" in peer:
         return f"Not run: {peer['error']}"
-    keys = ("tests", "passed_plain", "failed_plain", "calls_checked", "divergences")
-    parts = [f"{k.replace('_', ' ')}: {peer[k] if not isinstance(peer[k], list) else len(peer[k])}"
-             for k in keys if k in peer]
-    return "; ".join(parts) + "." if parts else json.dumps(peer)[:400]
+    t = peer.get("totals", {})
+    plain, shadow = t.get("plain", {}), t.get("shadow", {})
+    outside = sorted(t.get("outside_scope", {}).items(), key=lambda kv: -kv[1])[:5]
+    lines = [f"{t.get('collected', '?')} tests; {plain.get('passed', '?')} pass plain, {shadow.get('passed', '?')} "
+             f"shadowed; scheduler calls checked {t.get('calls_checked', '?')} of {t.get('calls_total', '?')} "
+             f"(outside the spec's scope, most: "
+             + (", ".join(f"{k} {v}" for k, v in outside) or "none") + f"); divergences "
+             f"{len(peer.get('divergences', []))}, monitor errors {len(peer.get('monitor_errors', []))}, tests "
+             f"passing plain and failing shadowed {len(peer.get('plain_pass_shadow_fail', []))}."]
+    for d in peer.get("divergences", [])[:10]:
+        lines.append(f"- {json.dumps(d)[:300]}")
+    return "\n".join(lines)
 
 
 __all__ = ["FEATURES", "Group", "features_used", "field_group", "group_divergences", "needed_features",

@@ -55,6 +55,7 @@ from schedspec.spec.state import SchedulerOutput, SchedulerState
 from schedspec.spec.versions import DEFAULT_RELEASE, ENCODER_INPUTS, FIELDS_SINCE, RELEASES, STRUCTURED_OUTPUT, \
     models, not_modelled, release_key, spec_release_for
 
+from .vllm_lift import COMPARE_WITH_ENV
 from .vllm_lift import SCHEDULER_CONFIG_FIELDS as LIFTED_SCHEDULER_CONFIG_FIELDS
 from .vllm_lift import KV_ASYNC_ATTR, KV_CONNECTOR_ATTR, KV_SENDS_ATTR, LiftError, lift_output, lift_state, \
     loads_in_flight, mark_held, waiting_status
@@ -226,7 +227,7 @@ def triton_presumed():
     installed or imported."""
     import vllm
 
-    if release_key(vllm.__version__) < release_key(TRITON_CHECKED_SINCE):
+    if release_key(spec_release_for(vllm.__version__) or TRITON_CHECKED_SINCE) < release_key(TRITON_CHECKED_SINCE):
         yield
         return
     import vllm.triton_utils as triton_utils
@@ -310,11 +311,6 @@ def _one_line(e: BaseException) -> str:
             pass
     text = re.sub(r"\s+", " ", str(e)).strip()
     return f"vLLM {installed_version()} rejects the config: {text}"
-
-
-# Set by `schedspec keep-up X --against Y` in the process that runs vLLM X: configs of
-# release Y are run on X, to see what the spec at Y must learn.
-COMPARE_WITH_ENV = "SCHEDSPEC_COMPARE_WITH"
 
 
 def installed_version() -> str:

@@ -22,6 +22,7 @@ lifts; whether a call may be compared is the monitor's scope check.
 from __future__ import annotations
 
 import enum
+import os
 from concurrent.futures import Future
 from dataclasses import fields as dataclass_fields
 from itertools import chain, compress, repeat
@@ -36,7 +37,7 @@ from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.prefill_throttle import PrefillCadence
 from schedspec.spec.request import Request, RequestStatus
 from schedspec.spec.state import PAUSE_STATES, SchedulerOutput, SchedulerState
-from schedspec.spec.versions import FIELDS_SINCE, UNHASHED_FREE_BLOCKS_FIRST, has
+from schedspec.spec.versions import FIELDS_SINCE, UNHASHED_FREE_BLOCKS_FIRST, has, spec_release_for
 
 
 class LiftError(RuntimeError):
@@ -112,8 +113,22 @@ def lift_config(sched: Any) -> SchedulerConfig:
         max_num_encoder_input_tokens=getattr(sched, "max_num_encoder_input_tokens", 0),
         encoder_cache_size=getattr(getattr(sched, "encoder_cache_manager", None), "cache_size", 0),
         disable_chunked_mm_input=bool(getattr(sc, "disable_chunked_mm_input", False)),
-        vllm_version=vllm.__version__,
+        vllm_version=spec_release(),
     )
+
+
+# Set by `schedspec keep-up X --against Y` in the processes that run vLLM X: states and
+# configs are lifted as release Y's, to see what the spec at Y must learn.
+COMPARE_WITH_ENV = "SCHEDSPEC_COMPARE_WITH"
+
+
+def spec_release() -> str:
+    """The release the spec models for this process's vLLM: its own, or the newest
+    modelled one at or below it (a later release, a development build), or the one
+    `schedspec keep-up` compares it with."""
+    import vllm
+
+    return os.environ.get(COMPARE_WITH_ENV) or spec_release_for(vllm.__version__) or vllm.__version__
 
 
 def hasher_lookahead(r: Any) -> int | None:

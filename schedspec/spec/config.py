@@ -257,6 +257,23 @@ def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
     return config
 
 
+def validate_field_bounds(c: SchedulerConfig, fail) -> None:
+    """Field constraints declared on the pydantic dataclasses (C:40-208, CC:188)."""
+    for name, (minimum, nullable) in INT_FIELDS.items():
+        value = getattr(c, name)
+        if value is None and nullable:
+            continue
+        minimum = field_minimum(c.vllm_version, name, minimum)  # spec/versions.py MINIMUM_SINCE
+        if not _is_int(value) or (minimum is not None and value < minimum):
+            fail(name, f"= {excerpt(value)}, must be an integer >= {minimum}")
+    if not (0.0 <= c.watermark < 1.0):
+        fail("watermark", f"= {c.watermark}, must be in [0, 1) (vLLM config/scheduler.py:208); "
+             "0.0 disables the watermark")
+    if not (0.0 <= c.cache_aware_admission_threshold <= 1.0):
+        fail("cache_aware_admission_threshold", f"= {c.cache_aware_admission_threshold}, must be in [0, 1] "
+             "(vLLM config/scheduler.py:237); 0.0 reorders on every step")
+
+
 def validate_config(c: SchedulerConfig, where: str = "config") -> None:
     """Raise ConfigError for the first condition the modelled release rejects."""
 
@@ -271,20 +288,7 @@ def validate_config(c: SchedulerConfig, where: str = "config") -> None:
             fail(name, f"= {excerpt(getattr(c, name))}, but vLLM {c.vllm_version} has no such field "
                  f"(added in {since}, {source}); leave it out or set it to {json.dumps(absent)}")
 
-    # Field constraints declared on the pydantic dataclasses (C:40-208, CC:188).
-    for name, (minimum, nullable) in INT_FIELDS.items():
-        value = getattr(c, name)
-        if value is None and nullable:
-            continue
-        minimum = field_minimum(c.vllm_version, name, minimum)  # spec/versions.py MINIMUM_SINCE
-        if not _is_int(value) or (minimum is not None and value < minimum):
-            fail(name, f"= {excerpt(value)}, must be an integer >= {minimum}")
-    if not (0.0 <= c.watermark < 1.0):
-        fail("watermark", f"= {c.watermark}, must be in [0, 1) (vLLM config/scheduler.py:196); "
-             "0.0 disables the watermark")
-    if not (0.0 <= c.cache_aware_admission_threshold <= 1.0):
-        fail("cache_aware_admission_threshold", f"= {c.cache_aware_admission_threshold}, must be in [0, 1] "
-             "(vLLM config/scheduler.py:237); 0.0 reorders on every step")
+    validate_field_bounds(c, fail)
     if c.policy not in POLICIES:
         fail("policy", f"= {excerpt(c.policy)}: unknown scheduling policy (vLLM scheduler.py:225); "
              f"use one of {', '.join(map(repr, POLICIES))}")
@@ -351,12 +355,13 @@ def validate_spec_decode(c: SchedulerConfig, where: str = "config") -> None:
         # One row is a draft model's: it reads no prompt token ahead, and its own forward
         # pass reserves num_speculative_tokens lookahead slots, which must leave a token
         # of the batch (vLLM config/vllm.py:2291-2299).
+        why = (f"it reads no prompt token ahead, so num_prefill_lookahead_tokens must be 0, not "
+               f"{c.num_prefill_lookahead_tokens}" if c.num_prefill_lookahead_tokens else
+               f"its own forward pass reserves num_speculative_tokens ({c.num_speculative_tokens}) lookahead "
+               f"slots, which must leave a token of max_num_batched_tokens ({c.max_num_batched_tokens}) "
+               "(vLLM config/vllm.py:2291-2299)")
         raise ConfigError(f"{where}.max_num_new_slots_for_drafting",
-                          f"= 1 is a draft model's row in vLLM {c.vllm_version}, which reads no prompt token "
-                          f"ahead (num_prefill_lookahead_tokens must be 0, not {c.num_prefill_lookahead_tokens}) "
-                          f"and needs max_num_batched_tokens > num_speculative_tokens "
-                          f"({c.max_num_batched_tokens} <= {c.num_speculative_tokens} is refused, vLLM "
-                          "config/vllm.py:2291-2299); change one of them or use 0 rows")
+                          f"= 1 is a draft model's row in vLLM {c.vllm_version}: {why}; change it or use 0 rows")
     if c.max_num_new_slots_for_drafting > c.num_speculative_tokens:
         raise ConfigError(f"{where}.max_num_new_slots_for_drafting",
                           f"= {c.max_num_new_slots_for_drafting} > num_speculative_tokens "

@@ -62,12 +62,16 @@ def plan(s: "ScheduleWork", r: Request, num_computed_tokens: int, n: int) -> int
     return n
 
 
-def splits_unchunked_prompt(s: "ScheduleWork", r: Request, num_computed_tokens: int, n: int) -> bool:
-    """With chunked prefill off, an admission's chunk that the encoder plan cut short of
-    the whole request: from 0.34.0 it is not scheduled (S:1444-1455)."""
+def unsplit_unchunked(s: "ScheduleWork", r: Request, num_computed_tokens: int, n: int) -> int:
+    """An admission's chunk `n` after its plan: with chunked prefill off, one the plan cut
+    short of the whole request is not scheduled from 0.34.0 (0, a skip), and the cache
+    references the plan took are released (S:1444-1455)."""
     c = s.config
-    return (not c.enable_chunked_prefill and has(c, ENCODER_NEVER_SPLITS_UNCHUNKED_PROMPT)
-            and 0 < n < r.num_tokens - num_computed_tokens)
+    if not c.enable_chunked_prefill and has(c, ENCODER_NEVER_SPLITS_UNCHUNKED_PROMPT) \
+            and 0 < n < r.num_tokens - num_computed_tokens:
+        s.encoder.free(r.request_id)
+        return 0
+    return n
 
 
 def commit(s: "ScheduleWork", rid: str) -> None:

@@ -303,8 +303,7 @@ def admit(s: ScheduleWork, rid: str) -> bool | None:
     allocate(s, rid, n, hits, num_new_blocks, external)
     s.waiting.popleft()
     s.running.append(rid)
-    # A resumed request is sent as a new one from 0.34.0 (versions.RESUMED_SENT_AS_NEW).
-    (s.new if r.status == WAITING or has(c, RESUMED_SENT_AS_NEW) else s.resumed).append(rid)
+    (s.new if r.status == WAITING or has(c, RESUMED_SENT_AS_NEW) else s.resumed).append(rid)  # S:1619-1626
     if c.enable_prefix_caching and lookup:
         s.prefix_hits.append((rid, num_computed_tokens - external))
     if external:
@@ -326,8 +325,8 @@ def admit(s: ScheduleWork, rid: str) -> bool | None:
 def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int) -> int | None:
     """The tokens an admission gets (S:1345-1442), or None when chunked prefill is
     off and the whole request does not fit, which stops admission (S:1387-1394);
-    0 when no chunk ends outside a multi-module MTP drafter's lookahead, or the encoder
-    plan would split a prompt chunked prefill may not split, which skips it."""
+    0, a skip, when no chunk ends outside a multi-module MTP drafter's lookahead, or
+    the encoder plan would split a prompt with chunked prefill off."""
     budget = min(s.token_budget, s.input_budget - s.draft_slots)  # S:1345
     # num_tokens, not num_prompt_tokens: a resumed request replays its outputs (S:1356).
     n = r.num_tokens - num_computed_tokens
@@ -342,10 +341,7 @@ def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int
     n = min(n, budget)
     n = encoder_inputs.plan(s, r, num_computed_tokens, n) if r.mm_features else n  # S:1422-1436
     n = spec_decode.reserve_prefill_lookahead(s.config, r, num_computed_tokens, n)  # S:1438-1442
-    if r.mm_features and encoder_inputs.splits_unchunked_prompt(s, r, num_computed_tokens, n):
-        s.encoder.free(r.request_id)  # the references its plan took; skipped (S:1444-1455)
-        return 0
-    return n
+    return encoder_inputs.unsplit_unchunked(s, r, num_computed_tokens, n) if r.mm_features else n  # S:1444-1455
 
 
 def update_after_schedule(s: ScheduleWork) -> None:
