@@ -86,3 +86,17 @@ def test_what_keep_up_found_on_0_34_0_agrees_with_the_real_release(vllm):
     for path in sorted(KEEP_UP.glob("*.json")):
         s = load_scenario(path)
         assert compare_traces(run_scenario(s, SpecScheduler()), run_scenario(s, vllm)) is None, path.name
+
+
+def test_keep_up_refuses_bad_input_in_one_line(tmp_path):
+    from test_versions import run_cli
+
+    p = run_cli("keep-up", "0.19.0")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "0.19.0" in p.stderr, p.stderr
+    p = run_cli("keep-up", "0.34.0", "--against", "0.29.0", "-o", str(tmp_path / "r"))
+    assert p.returncode == 2 and "--against" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "keep.txt").write_text("mine")
+    p = run_cli("keep-up", "0.34.0", "--no-install", "-o", str(tmp_path / "used"))
+    assert p.returncode == 2 and "not empty" in p.stderr, p.stderr
+    assert (tmp_path / "used" / "keep.txt").read_text() == "mine"  # nothing the user had is touched

@@ -36,9 +36,10 @@ def cmd_install_vllm(args) -> int:
     command = ["bash", str(script)]
     env = dict(os.environ, PYTHON=sys.executable)
     if args.version is not None:
-        from .vllm_version import check_release, env_dir
+        from .vllm_version import check_vllm, env_dir
 
-        check_release(args.version, "--version")
+        # A release the spec does not model yet installs too (schedspec keep-up X needs it).
+        check_vllm(args.version, "--version")
         # The new environment's interpreter is this one's base Python (a venv's, not the venv).
         env = dict(os.environ, BASE_PYTHON=getattr(sys, "_base_executable", sys.executable),
                    VLLM_ENV_DIR=str(env_dir(args.version)))

@@ -84,7 +84,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from schedspec import reference
 from schedspec.base.errors import UsageError, shown
 from schedspec.base.progress import Progress
-from schedspec.spec.versions import DEFAULT_RELEASE, RELEASES
+from schedspec.spec.versions import DEFAULT_RELEASE, RELEASES, spec_release_for
 
 VLLM_VERSION = DEFAULT_RELEASE  # the newest modelled release: the one run without --version
 PROJECT = "vllm"
@@ -206,9 +206,11 @@ def _setting(values: Mapping[str, str], env: Mapping[str, str], name: str) -> st
 
 
 def check_version(version: str) -> str:
-    """A release schedspec models (spec/versions.py), or a one-line UsageError."""
-    if version not in RELEASES:
-        raise UsageError(f"--version {shown(version)}: not a vLLM release schedspec models; "
+    """A release schedspec models (spec/versions.py), or a later one, whose tests run
+    against the newest modelled release at or below it (`schedspec keep-up`); else a
+    one-line UsageError."""
+    if spec_release_for(version) is None:
+        raise UsageError(f"--version {shown(version)}: not a vLLM release schedspec models, nor a later one; "
                          f"use one of {', '.join(RELEASES)}")
     return version
 
