@@ -60,7 +60,7 @@ CITING = """Cites ZQ:1 and ZQ:4-6, and ZQ:7 (gone), ZQ:10, 11 and ZQ:7-8.
 # a list that goes on: ZQ:1,
 # 10 and so on.
 Left alone: 0.32.0 zq.py:7, 0.32.0 ZQ:7, at 10:30 on 2026-11-02, release 0.33.0, XZQ:4,
-ZQ:x, http://host/ZQ:4 and ZR:2.
+ZQ:x, http://example.invalid/ZQ:4 and ZR:2.
 Labelled: 0.33.0 ZQ:4-6.
 PINS = {("ZQ", 4): "return x + y"}
 """
