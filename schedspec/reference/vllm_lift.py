@@ -71,8 +71,6 @@ def lift_config(sched: Any) -> SchedulerConfig:
     """The config the scheduler runs with.  Not validated as a scenario file is:
     vLLM's tests build schedulers directly, skipping the engine's start-up checks
     (e.g. a pool smaller than one max_model_len sequence)."""
-    import vllm
-
     sc = sched.scheduler_config
     # Bridge (fields): a field the release lacks lifts as the value that means
     # its behaviour (spec/versions.py FIELDS_SINCE), e.g. no watermark = 0.0.
