@@ -16,9 +16,9 @@ from schedspec.cli.counterexample import (
     DEFAULT_LIVENESS_MAX_STEPS,
     DEFAULT_MAX_STEPS,
 )
-from schedspec.search.counterexample import search
-from schedspec.search.goals import GOALS, get_goal
-from schedspec.base.loader import load_impl
+from schedspec.proofs.search.counterexample import search
+from schedspec.proofs.search.goals import GOALS, get_goal
+from schedspec.reference.loader import load_impl
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ echo "== differential campaign: async scheduling only (with and without prefix c
     -o "$out/divergences-async"
 
 echo "== shipped examples: torch on cuda against the spec"
-"$PY" -m schedspec diff --impl torch --device cuda -o "$out/divergences-examples" schedspec/reference/examples/*.json
+"$PY" -m schedspec diff --impl torch --device cuda -o "$out/divergences-examples" reference/examples/*.json
 
 echo "== benchmark: scenario-steps per second, spec vs torch on cuda"
 "$PY" benchmarks/torch_vs_spec.py --device cuda

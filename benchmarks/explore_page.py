@@ -74,7 +74,7 @@ def main() -> int:
             api_s = time.perf_counter() - t
             result = json.loads(answer)
             steps = len(result["trace"]["steps"])
-            from schedspec.explore import core
+            from schedspec.cli.page import core
 
             t, c = time.perf_counter(), time.process_time()
             core.run_json(data)

@@ -2,7 +2,7 @@
 
 Two vLLM 0.33.0 schedulers in one process, built the same way
 (benchmarks/spec_vs_vllm.py `VllmSide`), get the same N requests; one is made a
-`ShadowScheduler` / `ShadowAsyncScheduler` (schedspec/monitor/shadow.py), so each
+`ShadowScheduler` / `ShadowAsyncScheduler` (monitor/shadow.py), so each
 of its calls is lifted, replayed on the spec and compared.  Both are stepped until
 every request is a running decode, then K steps are timed on each, alternating
 step by step (and which goes first) to spread machine noise over both.  Each

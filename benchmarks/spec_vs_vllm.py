@@ -2,7 +2,7 @@
 
 One process holds both: the spec (schedspec.spec.scheduler, pure functions over a
 SchedulerState) and vLLM's real `Scheduler` / `AsyncScheduler`, built offline the
-way schedspec/reference/vllm_adapter.py builds it.  For each mode and each N, both
+way reference/vllm_adapter.py builds it.  For each mode and each N, both
 sides get the same N requests (short prompts, 8-32 tokens), are stepped in lock
 step until every request is a running decode, then K steps are timed on each side,
 the two sides alternating step by step (and which side goes first alternating too)
@@ -420,14 +420,14 @@ def machine() -> dict:
         vllm_version = vllm.__version__
     except Exception:  # noqa: BLE001
         vllm_version = "?"
-    spec_dir = ROOT / "schedspec" / "spec"
+    spec_dir = ROOT / "spec"
     digest = hashlib.sha256()
     for p in sorted(spec_dir.glob("*.py")):
         digest.update(p.name.encode() + b"\0" + p.read_bytes())
     return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": usable,
             "python": platform.python_version(), "implementation": platform.python_implementation(),
             "platform": platform.platform(), "vllm": vllm_version,
-            # The spec is being edited: which version of schedspec/spec/*.py was measured.
+            # The spec is being edited: which version of spec/*.py was measured.
             "spec_sha256": digest.hexdigest()[:16]}
 
 

@@ -53,7 +53,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # An OPT-125m config.json with no weights: ModelConfig reads only the config.
-DEFAULT_MODEL_DIR = REPO / "schedspec" / "reference" / "vllm_model"
+DEFAULT_MODEL_DIR = REPO / "reference" / "vllm_model"
 NON_EOS_TOKEN_ID = 100  # OPT's EOS is 2; no stop tokens are set, so only max_tokens ends a request
 
 # The committed counterexamples: (request id, prompt length, max_tokens).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The spec's mutation score against the proofs' agreement tests
-# (schedspec/proofs/README.md "Mutation score"): mutmut mutates the spec's
+# (proofs/README.md "Mutation score"): mutmut mutates the spec's
 # scheduling core ([tool.mutmut] in pyproject.toml), runs the agreement tests
 # against each mutant, then scripts/mutation_report.py prints the score and
 # every mutant not killed, with the line it changes.

@@ -99,7 +99,7 @@ def merged_status(codes: list) -> str:
 
 # What a mutant that was not killed changes, by the feature of the spec its
 # line or function belongs to: the features the proofs' encodings leave out
-# (schedspec/proofs/README.md "Scope") cannot be tied by an agreement test, so
+# (proofs/README.md "Scope") cannot be tied by an agreement test, so
 # their mutants are counted apart from the ones the encodings model.  First
 # match wins; a keyword is looked for in the changed lines and the function name.
 FEATURES = (
@@ -123,7 +123,7 @@ FEATURES = (
 
 
 # Mutants whose line names no feature but that change behaviour only with one:
-# the feature and why (schedspec/proofs/README.md "Mutation score").
+# the feature and why (proofs/README.md "Mutation score").
 FEATURE_OF = {
     "schedspec.spec.scheduler.x_append_output_tokens__mutmut_20":
         ("KV connector", "a stopped request's status left None: every finished request is removed at once "
@@ -169,7 +169,7 @@ def feature(mutant: str, change_text: str) -> str:
 
 
 # Survivors shown equivalent by hand: no input of the agreement tests, or of vLLM,
-# tells them from the rules (schedspec/proofs/README.md "Mutation score" gives the
+# tells them from the rules (proofs/README.md "Mutation score" gives the
 # argument for each).  They leave the "non-equivalent" score's denominator.
 EQUIVALENT = {
     "schedspec.spec.scheduler.x_add_request__mutmut_15": "front=None for front=False: enqueue only tests it for truth",

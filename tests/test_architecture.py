@@ -1,20 +1,20 @@
 """The project's shape, checked from the source (issue "One shape for the whole project").
 
-Every module under schedspec/ is parsed with `ast` (nothing is imported), its
+Every module of the package's folders (pyproject.toml's package-dir) is parsed with `ast` (nothing is imported), its
 imports are resolved (relative ones against its own package) and grouped by
 folder, and five rules are asserted:
 
 (a) no cycle between folders;
-(b) the layers: spec < base < reference < {gpu, proofs, search, monitor} < {cli, explore};
-    a folder imports only folders of lower layers (so reference imports none of
-    gpu, proofs and search, and folders of one layer do not import each other,
-    but for cli starting the explorer page); the package's own
-    `schedspec/__init__.py` imports nothing of the project and
-    `schedspec/__main__.py` sits above everything;
+(b) the layers: spec < reference < {gpu, proofs, monitor} < cli; a folder
+    imports only folders of lower layers (so reference imports none of gpu,
+    proofs and monitor, and folders of one layer do not import each other); the
+    package's own
+    `cli/package/__init__.py` imports nothing of the project and
+    `cli/package/__main__.py` sits above everything;
 (c) no private name (a leading underscore, not a dunder) crosses modules: neither
     `from m import _x` nor `m._x` on an imported module;
-(d) argparse stays in the command line: outside schedspec/cli no module imports
-    argparse (except base/args.py, which defines argparse types), and no function
+(d) argparse stays in the command line: outside cli/ no module imports
+    argparse, and no function
     takes an `args` parameter or one annotated as a Namespace;
 (e) imports within a folder are relative (`from .x import`), across folders absolute
     (`from schedspec.reference.scenario import`).
@@ -32,23 +32,32 @@ from pathlib import Path
 import pytest
 
 PACKAGE = "schedspec"
-ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+REPO = Path(__file__).resolve().parent.parent
+
+
+def package_dirs(repo: Path = REPO) -> dict[str, Path]:
+    """{package: folder} from pyproject.toml's [tool.setuptools.package-dir]: the
+    layers are folders at the root, installed as one package."""
+    import tomllib
+
+    mapping = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {package: repo / folder for package, folder in mapping.items()}
+
 
 # The package's own top-level modules are folders of their own.
 INIT, MAIN = "__init__", "__main__"
 LAYERS: dict[str, int] = {
     INIT: 0,
     "spec": 1,
-    "base": 2,
-    "reference": 3,
-    "gpu": 4, "proofs": 4, "search": 4, "monitor": 4,
-    "cli": 5, "explore": 5,
-    MAIN: 6,
+    "reference": 2,
+    "gpu": 3, "proofs": 3, "monitor": 3,
+    "cli": 4,
+    MAIN: 5,
 }
-# Imports between folders of one layer that are allowed: `schedspec explore` starts the page.
-SAME_LAYER_ALLOWED = {("cli", "explore")}
-# The only module outside cli/ that may import argparse: it defines argparse types.
-ARGPARSE_ALLOWED = {f"{PACKAGE}.base.args"}
+# Imports between folders of one layer that are allowed.
+SAME_LAYER_ALLOWED: set[tuple[str, str]] = set()
+# Modules outside cli/ that may import argparse.
+ARGPARSE_ALLOWED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -65,15 +74,21 @@ class Import:
     line: int
 
 
-def discover(root: Path = ROOT) -> dict[str, Source]:
-    """{dotted module name: Source} of every .py file under `root`."""
+def discover(dirs: dict[str, Path] | None = None) -> dict[str, Source]:
+    """{dotted module name: Source} of every .py file of the package's folders; a
+    file belongs to the package of the deepest folder that holds it."""
+    dirs = package_dirs() if dirs is None else dirs
     modules = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root.parent).with_suffix("").parts)
-        is_package = parts[-1] == "__init__"
-        if is_package:
-            parts.pop()
-        modules[".".join(parts)] = Source(path.read_text(encoding="utf-8"), is_package)
+    for package, root in dirs.items():
+        for path in sorted(root.rglob("*.py")):
+            owner = max((d for d in dirs.values() if d in path.parents), key=lambda d: len(d.parts))
+            if owner != root:
+                continue
+            parts = [*package.split("."), *path.relative_to(root).with_suffix("").parts]
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts.pop()
+            modules[".".join(parts)] = Source(path.read_text(encoding="utf-8"), is_package)
     return modules
 
 
@@ -234,7 +249,7 @@ def private_crossings(modules: dict[str, Source]) -> list[str]:
 
 
 def namespace_leaks(modules: dict[str, Source]) -> list[str]:
-    """argparse outside the command line: an import of it (but base/args.py), a
+    """argparse outside the command line: an import of it (but ARGPARSE_ALLOWED), a
     parameter named `args` (not `*args`) or annotated as a Namespace."""
     bad = []
     for imp in imports(modules):
@@ -378,18 +393,18 @@ def test_catches_a_cycle_and_a_layer_violation():
 
 def test_catches_same_layer_and_upward_imports():
     modules = _with({"reference/x.py": "from schedspec.gpu import batch\n", "gpu/batch.py": "",
-                     "proofs/y.py": "import schedspec.search.goals\n", "search/goals.py": "",
-                     "base/z.py": "from schedspec import __main__\n", "__main__.py": "",
+                     "proofs/y.py": "import schedspec.monitor.scope\n", "monitor/scope.py": "",
+                     "reference/z.py": "from schedspec import __main__\n", "__main__.py": "",
                      "__init__.py": "from schedspec.spec.config import X\n",
-                     "explore/app.py": "from schedspec.cli import common\n", "cli/common.py": "",
-                     "cli/explore.py": "from schedspec.explore.app import create_app\n"})
+                     "gpu/app.py": "from schedspec.cli import common\n", "cli/common.py": "",
+                     "cli/explore.py": "from schedspec.cli.page.app import create_app\n"})
     bad = layer_violations(folder_graph(modules))
-    assert any(v.startswith("reference (layer 3) imports gpu") for v in bad)
-    assert any(v.startswith("proofs (layer 4) imports search") for v in bad)
-    assert any(v.startswith("base (layer 2) imports __main__") for v in bad)
+    assert any(v.startswith("reference (layer 2) imports gpu") for v in bad)
+    assert any(v.startswith("proofs (layer 3) imports monitor") for v in bad)
+    assert any(v.startswith("reference (layer 2) imports __main__") for v in bad)
     assert any(v.startswith("__init__ (layer 0) imports spec") for v in bad)
-    assert any(v.startswith("explore (layer 5) imports cli") for v in bad)
-    assert not any(v.startswith("cli (layer 5) imports explore") for v in bad)  # the one allowed
+    assert any(v.startswith("gpu (layer 3) imports cli") for v in bad)
+    assert not any(v.startswith("cli (layer 4)") for v in bad)  # a subpackage of cli is cli
 
 
 def test_catches_an_unknown_folder():
@@ -425,8 +440,8 @@ def test_catches_argparse_outside_the_command_line():
         "reference/a.py": "import argparse\n",
         "gpu/b.py": "from argparse import Namespace\n",
         "proofs/c.py": "def run(args, n): pass\n",
-        "search/d.py": "def run(opts: 'argparse.Namespace'): pass\n",
-        "base/args.py": "import argparse\n",  # argparse types: allowed
+        "monitor/d.py": "def run(opts: 'argparse.Namespace'): pass\n",
+        "cli/args.py": "import argparse\n",  # the command line's argparse types
         "cli/diff.py": "import argparse\ndef cmd(args: argparse.Namespace): pass\n",  # the command line
         "spec/e.py": "def f(*args, **kwargs): pass\n",  # varargs are no Namespace
     })
@@ -434,7 +449,7 @@ def test_catches_argparse_outside_the_command_line():
         "schedspec.reference.a:1: imports argparse",
         "schedspec.gpu.b:1: imports argparse",
         "schedspec.proofs.c:1: run(args)",
-        "schedspec.search.d:1: run(opts: 'argparse.Namespace')",
+        "schedspec.monitor.d:1: run(opts: 'argparse.Namespace')",
     ])
 
 
@@ -445,7 +460,7 @@ def test_catches_import_convention_violations():
         "reference/c.py": "import json, schedspec.reference.compare\n",  # absolute, same folder
         "gpu/d.py": "from schedspec.reference.compare import f\nfrom . import e\n",  # both fine
         "gpu/e.py": "",
-        "cli/f.py": "from schedspec.explore import app\n",  # allowed by (b), absolute: fine
+        "cli/f.py": "from .page import app\n",  # a subpackage of its own folder: relative
     })
     assert sorted(convention_violations(modules)) == sorted([
         "schedspec.reference.a:1: absolute import of schedspec.reference.compare, in its own folder",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from schedspec.base.workers import Job, WorkerFailure, run_job
+from schedspec.reference.workers import Job, WorkerFailure, run_job
 from schedspec.reference.campaign import random_scenario
 from schedspec.reference.generator import FLAGS_ALL
 from tests.campaign_impls import selected

@@ -251,7 +251,7 @@ def test_user_impl_from_the_current_folder_with_the_installed_script(sandbox):
 def test_slow_vllm_load_is_announced_and_timed_apart(capsys, sandbox, monkeypatch):
     """`--impl vllm` says it is loading and how long it took (vLLM itself is
     replaced by the spec here: what is tested is the announcement)."""
-    from schedspec.base import loader as impl
+    from schedspec.reference import loader as impl
 
     monkeypatch.setitem(impl.BUILTIN_IMPLS, "vllm", "schedspec.reference.impl:SpecScheduler")
     rc, out, err = cli(capsys, "run", "s.json", "--impl", "vllm", "--timeline", "none")
@@ -260,7 +260,7 @@ def test_slow_vllm_load_is_announced_and_timed_apart(capsys, sandbox, monkeypatc
 
 
 def test_diff_announces_the_vllm_load_and_reports_it_apart(capsys, sandbox, monkeypatch):
-    from schedspec.base import loader as impl
+    from schedspec.reference import loader as impl
 
     monkeypatch.setitem(impl.BUILTIN_IMPLS, "vllm", "schedspec.reference.impl:SpecScheduler")
     rc, out, err = cli(capsys, "diff", "--impl", "vllm", "s.json", "-o", "div")
@@ -417,7 +417,7 @@ def test_check_with_no_applicable_property_says_vacuous(capsys, sandbox):
 def test_trace_marker_is_read_from_the_header_only(tmp_path):
     import gzip
 
-    from schedspec.base.outputs import HEADER_BYTES, is_schedspec_trace
+    from schedspec.reference.outputs import HEADER_BYTES, is_schedspec_trace
 
     head = '{"format": "schedspec.trace/1", "steps": []}'
     (tmp_path / "t.json").write_text(head)
@@ -439,7 +439,7 @@ def test_plot_marker_round_trip(tmp_path, fmt):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from schedspec.base.outputs import check_plot_path, is_schedspec_plot, plot_metadata
+    from schedspec.reference.outputs import check_plot_path, is_schedspec_plot, plot_metadata
 
     ours, theirs = tmp_path / f"ours.{fmt}", tmp_path / f"theirs.{fmt}"
     for path, meta in ((ours, plot_metadata(fmt)), (theirs, None)):
@@ -452,7 +452,7 @@ def test_plot_marker_round_trip(tmp_path, fmt):
 
 
 def test_plain_status_line_when_not_a_terminal(capsys, monkeypatch):
-    from schedspec.base import progress as errors
+    from schedspec.reference import progress as errors
 
     monkeypatch.delenv("SCHEDSPEC_PROGRESS", raising=False)
     monkeypatch.setattr(errors, "STATUS_EVERY_S", 0.0)

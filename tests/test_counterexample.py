@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 
 import pytest
-from schedspec.search.counterexample import GoalFailed, ImplementationFailed, evaluate, search
-from schedspec.search.goals import GOALS, get_goal
+from schedspec.proofs.search.counterexample import GoalFailed, ImplementationFailed, evaluate, search
+from schedspec.proofs.search.goals import GOALS, get_goal
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import RequestSpec, Scenario, load_scenario, save_scenario

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-import schedspec.search.counterexample as ce
+import schedspec.proofs.search.counterexample as ce
 from schedspec.cli.main import main as cli_main
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import RequestSpec, Scenario, load_scenario, save_scenario
-from schedspec.search.goals import GOALS, get_goal, goal_names
+from schedspec.proofs.search.goals import GOALS, get_goal, goal_names
 from broken_schedulers import BudgetPlusOne, ReversedRunning
 
 HERE = Path(__file__).parent / "counterexamples"

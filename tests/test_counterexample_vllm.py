@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from schedspec.search.counterexample import evaluate
-from schedspec.search.goals import at_step, cycle_in, get_goal, state_key, steps_between
+from schedspec.proofs.search.counterexample import evaluate
+from schedspec.proofs.search.goals import at_step, cycle_in, get_goal, state_key, steps_between
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.scenario import load_scenario
 from test_counterexample import FILES, goal_of

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from schedspec.base.loader import load_impl
-from schedspec.search.counterexample import ImplementationFailed, search
-from schedspec.search.goals import get_goal
+from schedspec.reference.loader import load_impl
+from schedspec.proofs.search.counterexample import ImplementationFailed, search
+from schedspec.proofs.search.goals import get_goal
 
 
 @pytest.mark.parametrize("goal,seed", [("starvation", 4), ("thrash", 1), ("property:grants_positive", 0)])

@@ -26,7 +26,7 @@ from mutants import mutated_source
 
 ROOT = Path(__file__).resolve().parents[1]
 CROSSHAIR = Path(sys.executable).parent / "crosshair"
-SPEC = ROOT / "schedspec" / "spec"
+SPEC = ROOT / "spec"
 
 pytestmark = pytest.mark.skipif(not CROSSHAIR.exists(), reason="crosshair-tool is not installed next to this Python")
 

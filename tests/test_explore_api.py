@@ -1,4 +1,4 @@
-"""The explorer's API (schedspec/explore): the numbers the page shows are the spec's.
+"""The explorer's API (cli/page/): the numbers the page shows are the spec's.
 
 Through starlette's TestClient, no browser: the seeds' group B and Table 3 as
 the knobs build them, the trace identical to `run_scenario`'s, verdicts equal to
@@ -20,8 +20,8 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from schedspec.cli.main import main as cli_main  # noqa: E402
 from schedspec.reference.example_files import EXAMPLES_DIR  # noqa: E402
-from schedspec.explore import core  # noqa: E402
-from schedspec.explore.app import TOKEN_HEADER, create_app  # noqa: E402
+from schedspec.cli.page import core  # noqa: E402
+from schedspec.cli.page.app import TOKEN_HEADER, create_app  # noqa: E402
 from schedspec.reference.engine import run_scenario  # noqa: E402
 from schedspec.reference.impl import SpecScheduler  # noqa: E402
 from schedspec.reference.scenario import load_scenario  # noqa: E402

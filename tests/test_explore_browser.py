@@ -32,7 +32,7 @@ if not os.access(CHROMIUM, os.X_OK):
                 "(Debian's chromium package) or set SCHEDSPEC_CHROMIUM", allow_module_level=True)
 
 from schedspec.reference.example_files import EXAMPLES_DIR  # noqa: E402
-from schedspec.explore import core  # noqa: E402
+from schedspec.cli.page import core  # noqa: E402
 from schedspec.reference.engine import run_scenario  # noqa: E402
 from schedspec.reference.impl import SpecScheduler  # noqa: E402
 from schedspec.reference.scenario import load_scenario  # noqa: E402

@@ -1,5 +1,5 @@
 """scripts/livelock_repro.py reproduces the chunked-off resume livelock on vLLM 0.33.0
-(schedspec/proofs/LIVENESS.md, "Report: the chunked-off resume livelock"), and
+(proofs/LIVENESS.md, "Report: the chunked-off resume livelock"), and
 reports none once the livelock's condition is removed, so this test can fail.
 
 The script imports vLLM only, so it runs in a subprocess, as a maintainer runs it.

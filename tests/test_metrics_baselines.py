@@ -17,8 +17,8 @@ from schedspec.reference.plot import plot_budget
 from schedspec.reference.scenario import Abort, RequestSpec, Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "schedspec" / "reference" / "examples"
-TRACE_SCHEMA = json.loads((ROOT / "schedspec" / "reference" / "schemas" / "trace.schema.json").read_text())
+EXAMPLES = ROOT / "reference" / "examples"
+TRACE_SCHEMA = json.loads((ROOT / "reference" / "schemas" / "trace.schema.json").read_text())
 
 
 def scenario(requests, aborts=(), **config):

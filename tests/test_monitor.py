@@ -1,4 +1,4 @@
-"""The runtime monitor (schedspec/monitor) on vLLM's own scheduler.
+"""The runtime monitor (monitor/) on vLLM's own scheduler.
 
 - `lift` is exact: a vLLM scheduler and the spec run side by side on the
   adapter's random campaigns, and after every call lift(vLLM's state) equals the

@@ -1,4 +1,4 @@
-"""The monitor's scope detection, tested feature by feature (schedspec/monitor/scope.py).
+"""The monitor's scope detection, tested feature by feature (monitor/scope.py).
 
 For each feature the spec does not model, a real vLLM 0.33.0 scheduler or
 request using it is built on the CPU, the way vLLM's own tests build one (a
@@ -1440,7 +1440,7 @@ def test_every_feature_has_a_case():
         assert uses == 1, f"scope.{name} is now used ({uses - 1} uses): give it a case"
 
 
-# Constants scope.py defines but no code path in schedspec/monitor produces, so no
+# Constants scope.py defines but no code path in monitor/ produces, so no
 # call can be classified under them (the guard above fails once one is used).
 NEVER_PRODUCED: dict[str, str] = {}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from schedspec.base.errors import UsageError
+from schedspec.reference.errors import UsageError
 from schedspec.monitor import peer_tests as pt
 
 SDIST = pt.SDIST_NAME

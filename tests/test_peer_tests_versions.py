@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from schedspec.base.errors import UsageError
+from schedspec.reference.errors import UsageError
 from helpers import python_of
 from schedspec.cli.vllm_version import env_python, installed_vllm
 from schedspec.monitor import peer_tests as pt

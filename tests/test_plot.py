@@ -13,10 +13,10 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.plot import MAX_GRID_COLS, MAX_GRID_ROWS, PlotData, build_figure, draw, plot_budget
 from schedspec.reference.scenario import RequestSpec, Scenario, load_scenario
 
-from schedspec.base.outputs import PLOT_MARKER, is_schedspec_plot
+from schedspec.reference.outputs import PLOT_MARKER, is_schedspec_plot
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "schedspec" / "reference" / "examples"
+EXAMPLES = ROOT / "reference" / "examples"
 
 
 def _example(name):

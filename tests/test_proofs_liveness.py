@@ -1,4 +1,4 @@
-"""The liveness theorem (schedspec/proofs/liveness.py): its z3 lemmas, and the tie
+"""The liveness theorem (proofs/liveness.py): its z3 lemmas, and the tie
 of its aggregate quantities to the spec on concrete runs.
 
 The z3 lemmas speak of aggregates (the head of `running`, the blocks the others
@@ -22,8 +22,8 @@ from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import generate_scenario, scenario_rng
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import load_scenario
-from schedspec.search.counterexample import evaluate
-from schedspec.search.goals import get_goal
+from schedspec.proofs.search.counterexample import evaluate
+from schedspec.proofs.search.goals import get_goal
 
 COUNTEREXAMPLES = Path(__file__).parent / "counterexamples"
 

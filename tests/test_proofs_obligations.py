@@ -24,7 +24,7 @@ from schedspec.proofs.property_formulas import INVARIANT_FORMULAS, PROPERTY_FORM
 from schedspec.proofs.symbolic import concrete_state
 from schedspec.proofs.witness import find_witness
 from schedspec.reference.engine import run_scenario
-from schedspec.base.loader import load_impl
+from schedspec.reference.loader import load_impl
 from schedspec.spec import properties
 from schedspec.spec.invariants import STATE_INVARIANTS, check_state
 from schedspec.spec.versions import DEFAULT_RELEASE

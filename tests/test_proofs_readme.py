@@ -1,4 +1,4 @@
-"""schedspec/proofs/README.md's obligation table lists exactly the obligations
+"""proofs/README.md's obligation table lists exactly the obligations
 `schedspec prove` discharges, each once, with the kind and bad variants the
 registry gives it, and its count is the registry's."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from schedspec.proofs.obligations import build_obligations
 
-README = Path(__file__).resolve().parent.parent / "schedspec" / "proofs" / "README.md"
+README = Path(__file__).resolve().parent.parent / "proofs" / "README.md"
 
 
 def table_rows() -> list[list[str]]:

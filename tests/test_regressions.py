@@ -11,7 +11,7 @@ import pytest
 from helpers import cli
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.engine import run_scenario
-from schedspec.base.loader import load_impl
+from schedspec.reference.loader import load_impl
 from schedspec.reference.scenario import load_scenario
 
 FILES = sorted((Path(__file__).parent / "regressions").glob("*.json"))

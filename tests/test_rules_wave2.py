@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from schedspec.reference.coverage import resumptions
 from schedspec.reference.engine import run_scenario
-from schedspec.base.loader import load_impl
+from schedspec.reference.loader import load_impl
 from schedspec.reference.scenario import scenario_from_json
 from schedspec.spec.properties import check_step
 
@@ -177,7 +177,7 @@ def test_wave2_traces_follow_the_trace_schema():
 
     import jsonschema
 
-    schema = json.loads((Path(__file__).resolve().parents[1] / "schedspec" / "reference" / "schemas" / "trace.schema.json")
+    schema = json.loads((Path(__file__).resolve().parents[1] / "reference" / "schemas" / "trace.schema.json")
                         .read_text())
     t = run({**ASYNC, "enable_prefix_caching": True}, TWO_80)
     jsonschema.validate(t, schema)

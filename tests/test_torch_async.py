@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import replace
 
 import pytest
-from schedspec.base.loader import load_impl
+from schedspec.reference.loader import load_impl
 from schedspec.gpu.batch import run_batch
 from schedspec.reference.compare import compare_traces
 from schedspec.reference.coverage import StepCoverage

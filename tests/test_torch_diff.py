@@ -11,7 +11,7 @@ from schedspec.reference.compare import compare_traces
 from schedspec.reference.coverage import resumptions
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import generate_scenario, scenario_rng
-from schedspec.base.loader import ImplementationError, load_impl
+from schedspec.reference.loader import ImplementationError, load_impl
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import RequestSpec, Scenario
 from torch_mutants import MUTANTS, load_torch_mutant

@@ -24,8 +24,8 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import scenario_from_json
 from schedspec.reference.trace_io import read_trace, write_trace
 
-SCHEMA = json.loads((__import__("pathlib").Path(__import__("schedspec").__file__).parent
-                     / "reference" / "schemas" / "trace.schema.json").read_text())
+SCHEMA = json.loads((__import__("pathlib").Path(__import__("schedspec.reference").reference.__file__).parent
+                     / "schemas" / "trace.schema.json").read_text())
 
 
 def _use_renderer(mp, name: str) -> None:

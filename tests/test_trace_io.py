@@ -17,8 +17,8 @@ from schedspec.reference.scenario import load_scenario
 from schedspec.reference.trace_io import HEADER_BYTES, Tee, TraceWriter, read_trace, read_trace_header, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "schedspec" / "reference" / "examples"
-TRACE_SCHEMA = json.loads((ROOT / "schedspec" / "reference" / "schemas" / "trace.schema.json").read_text())
+EXAMPLES = ROOT / "reference" / "examples"
+TRACE_SCHEMA = json.loads((ROOT / "reference" / "schemas" / "trace.schema.json").read_text())
 
 
 def _trace(name: str = "preemption") -> dict:

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from schedspec.base import loader as loader_module
+from schedspec.reference import loader as loader_module
 from schedspec.reference.example_files import EXAMPLES_DIR
 from schedspec.reference.compare import Divergence, compare_traces
 from schedspec.cli.diff import main as diff_main

@@ -166,7 +166,7 @@ def test_the_trace_records_the_encoder_decisions_on_every_step():
 
 def test_torch_refuses_the_feature():
     pytest.importorskip("torch")
-    from schedspec.base.loader import load_impl
+    from schedspec.reference.loader import load_impl
     from schedspec.gpu.batch import prepare
 
     sc = scenario_from_json(scenario())

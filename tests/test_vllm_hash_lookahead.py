@@ -162,7 +162,7 @@ def test_the_field_is_checked(raw, why):
 
 
 def test_torch_refuses_it():
-    from schedspec.base.loader import load_impl
+    from schedspec.reference.loader import load_impl
     from schedspec.gpu.batch import prepare
 
     assert "config.num_hash_lookahead_tokens: = 1: the torch implementation does not model lookahead block hashes" \

@@ -190,7 +190,7 @@ def test_state_vectors_carry_the_field_and_the_loads():
 
 def test_torch_refuses_the_feature():
     torch = pytest.importorskip("torch")  # noqa: F841
-    from schedspec.base.loader import load_impl
+    from schedspec.reference.loader import load_impl
 
     from schedspec.gpu.batch import prepare
 

@@ -183,7 +183,7 @@ def test_an_implementation_without_finished_sending_is_refused():
 
 def test_torch_refuses_the_feature():
     pytest.importorskip("torch")
-    from schedspec.base.loader import load_impl
+    from schedspec.reference.loader import load_impl
     from schedspec.gpu.batch import prepare
 
     sc = scenario_from_json(scenario(kv_connector_send_steps=1))

@@ -232,7 +232,7 @@ def test_the_state_vector_carries_the_cadence():
 
 
 def test_torch_refuses_an_interval():
-    from schedspec.base.loader import load_impl
+    from schedspec.reference.loader import load_impl
     from schedspec.gpu.batch import prepare
     from schedspec.reference.scenario import scenario_from_json
 

@@ -149,7 +149,7 @@ def test_the_file_contract():
 
 def test_torch_refuses_structured_output():
     from schedspec.gpu.batch import prepare
-    from schedspec.base.loader import load_impl
+    from schedspec.reference.loader import load_impl
 
     s = scenario_from_json(scenario({}, grammar_compile_steps=1))
     assert "does not model structured output" in prepare(s)
