@@ -62,7 +62,7 @@ def load_impl_or_fail(name: str, device: str | None = None):
 
     base, release = split_impl(name)  # vllm==X: this process runs release X (vllm_version.py)
     try:
-        # base/loader.py's status line names no release; under vllm==X it loads X.
+        # reference/loader.py's status line names no release; under vllm==X it loads X.
         shown_release = release or (installed_vllm() if base == "vllm" else None)
         say = status if shown_release is None else \
             (lambda m: status(m.replace("vLLM ", f"vLLM {shown_release} ", 1)))

@@ -6,8 +6,8 @@
     schedspec counterexample GOAL --replay FILE [--k K] [--impl vllm]
     schedspec counterexample --list
 
-The goals are search/goals.py's; the method is random search + shrinking
-(search/counterexample.py).  Exit status: 0 when a scenario is found
+The goals are proofs/search/goals.py's; the method is random search + shrinking
+(proofs/search/counterexample.py).  Exit status: 0 when a scenario is found
 and written, or when none is found within the bound (the output says so and
 gives the bound); with --replay, 0 when the file reaches the goal and 1 when
 it does not; 2 for a user error (also: the implementation raised); 3 for an

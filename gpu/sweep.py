@@ -30,7 +30,7 @@ from schedspec.reference.metrics import percentile
 from schedspec.reference.scenario import Scenario
 from schedspec.spec.config import BOOL_FIELDS, CONFIG_FIELDS, INT_FIELDS
 
-PLOT_SOFTWARE = f"{PLOT_MARKER} (schedspec sweep)"  # base/outputs.py is_schedspec_plot: ours to replace
+PLOT_SOFTWARE = f"{PLOT_MARKER} (schedspec sweep)"  # reference/outputs.py is_schedspec_plot: ours to replace
 MAX_SCENARIOS = 100_000  # one batch; beyond this the tensors and traces outgrow a laptop
 
 
@@ -190,7 +190,7 @@ def point_figures(workloads: Sequence[Scenario], traces: Sequence[dict[str, Any]
 def spec_traces(scenarios: Sequence[Scenario], keep_steps: bool, workers: int = 1, ray_address: str | None = None,
                 progress=None) -> list[dict[str, Any]]:
     """The spec's trace of each scenario, in order, computed on `workers`
-    processes (or Ray actors) by base/workers.py."""
+    processes (or Ray actors) by reference/workers.py."""
     from schedspec.reference.workers import Job, SetupError, WorkerFailure, run_job
     from schedspec.reference.scenario import default_vllm_version
 

@@ -314,7 +314,7 @@ def print_campaign_report(res: dict[str, Any], elapsed: float, timing: str, out)
 
 
 def scenario_items(options: CampaignOptions, files: list[tuple[Scenario, bool]]) -> list[tuple[int, tuple]]:
-    """The campaign's work as base/workers.py items: a file's scenario, or the
+    """The campaign's work as reference/workers.py items: a file's scenario, or the
     seed and index of a random one (the worker draws it)."""
     if files:
         return [(i, ("file", s)) for i, (s, _) in enumerate(files)]
@@ -323,7 +323,7 @@ def scenario_items(options: CampaignOptions, files: list[tuple[Scenario, bool]])
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
-    """Where a campaign runs (base/workers.py): `workers` processes (1: this
+    """Where a campaign runs (reference/workers.py): `workers` processes (1: this
     one) or, with `ray_address`, that many Ray actors; `store`: the results
     folder results stream to (campaign_store.py), `done`: results it already
     holds (--resume)."""

@@ -1,4 +1,4 @@
-"""What one campaign worker does (base/workers.py runs it in this process, in a
+"""What one campaign worker does (reference/workers.py runs it in this process, in a
 local worker process or on a Ray actor): load the two implementations once,
 then run one scenario at a time and answer with a plain, JSON-able result.
 

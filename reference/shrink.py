@@ -8,7 +8,7 @@ callers supply the predicate:
 
 - `schedspec diff` (reference/campaign.py, through `shrink` below): the two
   implementations still diverge the same way (error vs trace);
-- `schedspec counterexample` (search/counterexample.py): the goal is still
+- `schedspec counterexample` (proofs/search/counterexample.py): the goal is still
   reached.
 
 Phases, repeated until none helps or the budget runs out:

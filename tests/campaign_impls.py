@@ -63,7 +63,7 @@ class SlowFewerSeqs(FewerSeqs):
         return super().reset(config)
 
 
-# A job for base/workers.py itself: items are returned as they are, "boom" raises.
+# A job for reference/workers.py itself: items are returned as they are, "boom" raises.
 def setup_echo(tag: str) -> str:
     return tag
 

@@ -28,57 +28,46 @@ def vllm():
     impl.close()
 
 
-# --- shards ------------------------------------------------------------------------------------
-# SCHEDSPEC_TEST_SHARD=k/n runs the k-th of n disjoint parts of the suite (CI runs
-# both halves at once on its two cores); the n parts together are the whole suite.
-# Whole files are dealt, heaviest first, each to the lightest shard so far, by the
-# seconds in shard_weights.json, so a file's module fixtures are built once.  Files
-# that share the default cache folder (the peer-tests runs and the release installs
-# there) stay in one shard, so that two shards never race on it.
+# --- the two cores -------------------------------------------------------------------------------
+# The README's `python -m pytest` runs on every core with pytest-xdist
+# (pyproject.toml: -n auto --dist loadgroup --no-loadscope-reorder).  Each file is an
+# xdist group, so its module fixtures (a vLLM scheduler, a z3 context) are built
+# once; files that share the default cache folder (the peer-tests runs and the
+# release installs there) are one group, so that two workers never race on it.
+# Groups are handed out heaviest first, by the seconds in file_weights.json, so the
+# longest files start at once and the short ones fill in at the end.
 
-SAME_SHARD = ("test_peer_tests.py", "test_peer_tests_versions.py", "test_versions.py")
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    k, sep, n = text.partition("/")
-    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
-        raise pytest.UsageError(f"SCHEDSPEC_TEST_SHARD: {text!r} is not k/n with 1 <= k <= n")
-    return int(k), int(n)
+SHARED_CACHE = ("test_peer_tests.py", "test_peer_tests_versions.py", "test_versions.py")
+UNKNOWN_WEIGHT = 5.0
 
 
-def shard_of_files(files: list[str], n: int, weights: dict[str, float]) -> dict[str, int]:
-    """file name -> shard (1..n): SAME_SHARD as one unit, then heaviest first to the lightest shard."""
-    units: list[tuple[str, ...]] = []
-    together = tuple(f for f in files if f in SAME_SHARD)
-    if together:
-        units.append(together)
-    units += [(f,) for f in files if f not in SAME_SHARD]
-    units.sort(key=lambda u: (-sum(weights.get(f, 5.0) for f in u), u))
-    load = [0.0] * n
-    out = {}
-    for unit in units:
-        k = min(range(n), key=lambda i: (load[i], i))
-        load[k] += sum(weights.get(f, 5.0) for f in unit)
-        out.update({f: k + 1 for f in unit})
-    return out
+def group_of(file: str) -> str:
+    return "shared-cache" if file in SHARED_CACHE else file
+
+
+def heaviest_first(files: list[str], weights: dict[str, float]) -> list[str]:
+    """The groups of `files`, heaviest (summed weight) first; ties by name."""
+    load: dict[str, float] = {}
+    for f in files:
+        load[group_of(f)] = load.get(group_of(f), 0.0) + weights.get(f, UNKNOWN_WEIGHT)
+    return sorted(load, key=lambda g: (-load[g], g))
+
+
+def file_weights() -> dict[str, float]:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "file_weights.json").read_text())["seconds"]
 
 
 def pytest_collection_modifyitems(config, items):
     if mutation_run():
         for_mutation_run(items)
-    text = os.environ.get("SCHEDSPEC_TEST_SHARD")
-    if not text:
         return
-    import json
-    from pathlib import Path
-
-    k, n = parse_shard(text)
-    weights = json.loads((Path(__file__).parent / "shard_weights.json").read_text())["seconds"]
-    names = sorted({item.path.name for item in items})
-    shard = shard_of_files(names, n, weights)
-    keep = [item for item in items if shard[item.path.name] == k]
-    config.hook.pytest_deselected(items=[item for item in items if shard[item.path.name] != k])
-    items[:] = keep
+    rank = {g: i for i, g in enumerate(heaviest_first(sorted({i.path.name for i in items}), file_weights()))}
+    items.sort(key=lambda item: rank[group_of(item.path.name)])  # stable: a file keeps its order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group_of(item.path.name)))
 
 
 # --- mutation runs (scripts/mutation-score.sh) --------------------------------------------------

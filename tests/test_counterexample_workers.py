@@ -1,5 +1,5 @@
 """Counterexample search with candidates judged on worker processes
-(base/workers.py): the same scenario, the same count of draws, as one process."""
+(reference/workers.py): the same scenario, the same count of draws, as one process."""
 
 from __future__ import annotations
 

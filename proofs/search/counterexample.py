@@ -1,4 +1,4 @@
-"""Search for a scenario that reaches a goal (search/goals.py), and shrink it.
+"""Search for a scenario that reaches a goal (proofs/search/goals.py), and shrink it.
 
 Method: random search + shrinking.  Scenarios are drawn from per-goal
 distributions that make the goal likely (small token budgets and many
@@ -218,7 +218,7 @@ class SearchResult:
     method: str = METHOD
 
 
-# --- judging candidates on worker processes (base/workers.py) ----------------------------------------
+# --- judging candidates on worker processes (reference/workers.py) ----------------------------------------
 
 #: Candidates drawn and judged per round when workers judge them: enough to keep
 #: every worker busy, few enough that a hit early in a round wastes little.
@@ -256,7 +256,7 @@ def judge(j: Judge, scenario: Scenario, heartbeat) -> tuple[str, Any, bool]:
 
 def judged_in_order(goal: Goal, k: int, impl, scenarios: list[Scenario], pool=None):
     """(hit, undecided) of each scenario, in order: here, or on `pool`'s worker
-    processes (base/workers.py `open_pool` of `setup_judge` and `judge`).  The
+    processes (reference/workers.py `open_pool` of `setup_judge` and `judge`).  The
     first failure, in scenario order, is raised as evaluate raises it."""
     if pool is None:
         out = []

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""Refresh tests/shard_weights.json from the test times of a run:
+"""Refresh tests/file_weights.json from the test times of a run:
 
     .venv/bin/python -m pytest --junitxml=/tmp/junit.xml
-    python3 scripts/shard-weights.py /tmp/junit.xml
+    python3 scripts/file-weights.py /tmp/junit.xml
 
 or from logs of runs with `--durations=0` (e.g. the two shards of a CI run made with
 PYTEST_ADDOPTS=--durations=0; each log's "NN.NNs call|setup|teardown tests/..." lines):
 
-    python3 scripts/shard-weights.py shard1.log shard2.log
+    python3 scripts/file-weights.py shard1.log shard2.log
 
 Several reports are summed (disjoint shards).  Seconds per test file;
-SCHEDSPEC_TEST_SHARD=k/n (tests/conftest.py) balances by them."""
+tests/conftest.py hands files to the cores heaviest first by them."""
 
 import collections
 import json
@@ -40,7 +40,7 @@ def file_seconds(report: Path) -> collections.Counter:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: scripts/shard-weights.py REPORT [REPORT ...] (JUnit XML, or a --durations=0 log)",
+        print("usage: scripts/file-weights.py REPORT [REPORT ...] (JUnit XML, or a --durations=0 log)",
               file=sys.stderr)
         return 2
     seconds: collections.Counter = collections.Counter()
@@ -48,14 +48,14 @@ def main(argv: list[str]) -> int:
         try:
             found = file_seconds(Path(name))
         except (OSError, ET.ParseError) as e:
-            print(f"shard-weights: {name}: cannot read it as a report ({e})", file=sys.stderr)
+            print(f"file-weights: {name}: cannot read it as a report ({e})", file=sys.stderr)
             return 2
         if not found:
-            print(f"shard-weights: {name}: no test times in it (JUnit XML, or a log of a --durations=0 run)",
+            print(f"file-weights: {name}: no test times in it (JUnit XML, or a log of a --durations=0 run)",
                   file=sys.stderr)
             return 2
         seconds.update(found)
-    path = Path(__file__).resolve().parent.parent / "tests" / "shard_weights.json"
+    path = Path(__file__).resolve().parent.parent / "tests" / "file_weights.json"
     doc = json.loads(path.read_text())
     doc["seconds"] = {name: round(s, 1) for name, s in sorted(seconds.items())}
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
