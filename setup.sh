@@ -32,7 +32,7 @@ nocompile=--no-compile
 .venv/bin/python -m pip install -q --disable-pip-version-check $nocompile torch==2.13.0
 .venv/bin/python -m pip install -q --disable-pip-version-check $nocompile -e '.[test,gpu,ray]'
 if [ "$with_vllm" = 1 ]; then
-  PYTHON=.venv/bin/python bash scripts/install-vllm.sh
+  .venv/bin/schedspec install-vllm
 fi
 bash scripts/install-browser.sh   # Chromium for the explore page's browser tests; never fails
 .venv/bin/schedspec examples

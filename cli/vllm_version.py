@@ -1,7 +1,7 @@
 """`--impl vllm==X` and `--vllm-version X`: which vLLM release a command models.
 
 Each release X runs from its own virtualenv (`schedspec install-vllm --version X`,
-scripts/install-vllm.sh): vLLM's releases cannot share one interpreter.  A command
+cli/install/install-vllm.sh): vLLM's releases cannot share one interpreter.  A command
 that names `vllm==X` while this interpreter has another vLLM re-executes itself
 under X's interpreter (`python -m schedspec` with the same arguments), so vLLM X
 and the spec run in one process there.  In that process, and with

@@ -102,7 +102,7 @@ JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
 HTML_ACCEPTS = ("application/vnd.pypi.simple.v1+html", "text/html")
 
 # Modules vLLM's tests (or the model code they reach) import that a scheduler-only
-# vLLM install (requirements-vllm.txt) lacks: import name -> pinned requirement.
+# vLLM install (cli/install/requirements-vllm.txt) lacks: import name -> pinned requirement.
 # tblib: tests/conftest.py; compressed-tensors (and its loguru): the hybrid
 # (mamba/GDN) model code behind Qwen3-Next, pinned as vLLM 0.33.0 and 0.34.0 pin it
 # (requirements/common.txt:45).

@@ -22,7 +22,7 @@ named "Bridge (...)" in its docstring with both sides' source lines, each
 tested per release in tests/test_vllm_releases.py.
 
 vLLM is imported lazily, on the first `reset()`, so the rest of schedspec never
-needs it.  Install it with `schedspec install-vllm` (scripts/install-vllm.sh).
+needs it.  Install it with `schedspec install-vllm` (cli/install/install-vllm.sh).
 The first import takes about 10 s; every further `reset()` builds a new
 Scheduler in a few milliseconds, so keep one process for many scenarios.
 

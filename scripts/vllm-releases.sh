@@ -17,20 +17,19 @@ PY=${PYTHON:-$ROOT/.venv/bin/python}
 SCENARIOS=${SCENARIOS:-2000}
 SEED=${SEED:-21}
 RELEASES=${RELEASES:-"0.34.0 0.33.0 0.32.0 0.31.0 0.30.0 0.28.0 0.25.0 0.20.0"}
-# The release setup.sh installs into .venv (scripts/install-vllm.sh DEFAULT_VLLM_VERSION).
-DEFAULT=$(sed -n 's/^DEFAULT_VLLM_VERSION=\([0-9.]*\).*/\1/p' "$ROOT/scripts/install-vllm.sh")
+# The release setup.sh installs into .venv (spec/versions.py DEFAULT_RELEASE).
+DEFAULT=$("$PY" -c 'from schedspec.spec.versions import DEFAULT_RELEASE; print(DEFAULT_RELEASE)')
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
-BASE=$("$PY" -c 'import sys; print(sys._base_executable)')
 
 status=0
 start_all=$(date +%s)
 rows=()
 for v in $RELEASES; do
   if [ "$v" = "$DEFAULT" ]; then
-    PYTHON="$PY" bash "$ROOT/scripts/install-vllm.sh" >&2
+    "$PY" -m schedspec install-vllm >&2
   else
-    BASE_PYTHON="$BASE" bash "$ROOT/scripts/install-vllm.sh" "$v" >&2
+    "$PY" -m schedspec install-vllm --version "$v" >&2
   fi
   t0=$(date +%s)
   rc=0

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Install the real vLLM scheduler, CPU only, for `schedspec diff --impl vllm`.
 #
-#   scripts/install-vllm.sh                 # vLLM 0.34.0 into .venv/bin/python of this repo
-#   PYTHON=/path/to/python scripts/install-vllm.sh
-#   scripts/install-vllm.sh 0.30.0          # vLLM 0.30.0 into its own virtualenv,
-#                                           # $SCHEDSPEC_CACHE/vllm-envs/0.30.0 (default
-#                                           # ~/.cache/schedspec/vllm-envs/0.30.0), with
-#                                           # schedspec installed editable into it
+# `schedspec install-vllm` runs it (cli/install_vllm.py); it ships in the package,
+# beside the requirement files it reads:
+#
+#   PYTHON=/path/to/python install-vllm.sh  # vLLM 0.34.0 into that interpreter
+#   BASE_PYTHON=/path/to/python3 install-vllm.sh 0.30.0
+#                                           # vLLM 0.30.0 into its own virtualenv,
+#                                           # $VLLM_ENV_DIR, else $SCHEDSPEC_CACHE/vllm-envs/0.30.0
+#                                           # (default ~/.cache/schedspec/vllm-envs/0.30.0);
+#                                           # schedspec itself is then installed into it
+#                                           # by cli/install_vllm.py
 #
 # Idempotent: does nothing when the pinned versions are already installed and
 # the scheduler imports.  About 100 s and 2.2 GB on a fresh environment.
@@ -22,15 +26,14 @@
 #      (the same pins serve 0.25.0 to 0.34.0): what importing vllm.v1.core.sched.scheduler and building ModelConfig need.
 #      pip then warns about vLLM's unmet pins; they do not matter to the
 #      scheduler, which is pure Python;
-#   4. (a release's own virtualenv only) schedspec itself, editable, so that
-#      `--impl vllm==X` can run the spec and that release in one process.
+#   4. (a release's own virtualenv only, by cli/install_vllm.py) schedspec itself,
+#      so that `--impl vllm==X` can run the spec and that release in one process.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TORCH_VERSION=2.13.0
 DEFAULT_VLLM_VERSION=0.34.0  # spec/versions.py DEFAULT_RELEASE
 VLLM_VERSION=${1:-$DEFAULT_VLLM_VERSION}
-OWN_ENV=0
 
 if ! [[ "$VLLM_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
   echo "install-vllm: version '$VLLM_VERSION' is not of the form X.Y.Z (e.g. 0.30.0)" >&2
@@ -38,7 +41,6 @@ if ! [[ "$VLLM_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
 fi
 
 if [ $# -ge 1 ]; then
-  OWN_ENV=1
   CACHE=${SCHEDSPEC_CACHE:-$HOME/.cache/schedspec}
   ENV_DIR=${VLLM_ENV_DIR:-$CACHE/vllm-envs/$VLLM_VERSION}
   PY=$ENV_DIR/bin/python
@@ -52,11 +54,15 @@ if [ $# -ge 1 ]; then
     "$BASE" -m venv "$ENV_DIR"
   fi
 else
-  PY=${PYTHON:-$ROOT/.venv/bin/python}
+  if [ -z "${PYTHON:-}" ]; then
+    echo "install-vllm: set PYTHON=/path/to/python (the interpreter to install vLLM into)" >&2
+    exit 2
+  fi
+  PY=$PYTHON
 fi
 
-REQ="$ROOT/requirements-vllm-$VLLM_VERSION.txt"
-[ -f "$REQ" ] || REQ="$ROOT/requirements-vllm.txt"
+REQ="$HERE/requirements-vllm-$VLLM_VERSION.txt"
+[ -f "$REQ" ] || REQ="$HERE/requirements-vllm.txt"
 
 if [ ! -x "$PY" ]; then
   echo "install-vllm: no Python interpreter at $PY; create .venv or set PYTHON=/path/to/python" >&2
@@ -83,18 +89,15 @@ EOF
 
 check() {
   VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR \
-    "$PY" - "$TORCH_VERSION" "$VLLM_VERSION" "$(xgrammar_pin)" "$OWN_ENV" "$ROOT" <<'EOF' >/dev/null 2>&1
+    "$PY" - "$TORCH_VERSION" "$VLLM_VERSION" "$(xgrammar_pin)" <<'EOF' >/dev/null 2>&1
 import importlib.metadata as m, sys
 from packaging.specifiers import SpecifierSet
-torch_v, vllm_v, xg_spec, own_env, root = sys.argv[1:6]
+torch_v, vllm_v, xg_spec = sys.argv[1:4]
 assert m.version("torch").split("+")[0] == torch_v
 assert m.version("vllm") == vllm_v
 assert not xg_spec or m.version("xgrammar") in SpecifierSet(xg_spec)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
 from vllm.config import ModelConfig, VllmConfig  # noqa: F401
-if own_env == "1":
-    import os, schedspec
-    assert os.path.realpath(schedspec.__file__).startswith(os.path.realpath(root) + os.sep)
 EOF
 }
 
@@ -120,16 +123,9 @@ if [ -n "$XGRAMMAR_SPEC" ]; then
   "$PY" -m pip install $nocompile --no-deps "xgrammar$XGRAMMAR_SPEC"
 fi
 "$PY" -m pip install $nocompile -r "$REQ"
-if [ "$OWN_ENV" = 1 ]; then
-  "$PY" -m pip install $nocompile -e "$ROOT"
-fi
 
 if ! check; then
   echo "install-vllm: installed, but \`from vllm.v1.core.sched.scheduler import Scheduler\` still fails in $PY" >&2
   exit 1
 fi
-if [ "$OWN_ENV" = 1 ]; then
-  echo "install-vllm: done; try \`schedspec diff --impl vllm==$VLLM_VERSION --scenarios 100\`"
-else
-  echo "install-vllm: done; try \`schedspec diff --impl vllm --scenarios 100\`"
-fi
+echo "install-vllm: vllm $VLLM_VERSION installed into $PY"
