@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 # Oldest first.  Only releases whose real scheduler the differential tester has run
-# against the spec are listed (README, "vLLM releases").
+# against the spec are listed (docs/vllm-releases.md).
 RELEASES = ("0.20.0", "0.25.0", "0.28.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 DEFAULT_RELEASE = RELEASES[-1]  # the newest: what a config that names no release models
 
