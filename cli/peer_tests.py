@@ -11,8 +11,9 @@ tests, its interpreter from `schedspec install-vllm --version X`, the spec model
     schedspec peer-tests --files test_scheduler.py -k "test_add_requests or test_schedule"
     schedspec peer-tests --sdist vllm-0.34.0.tar.gz --json-out peer.json
 
-The source distribution comes from the package index pip is configured with
-(sha256 verified) and is kept in the cache (SCHEDSPEC_CACHE or --cache).
+The source distribution is downloaded by `pip download` (this interpreter's pip,
+so your pip configuration applies) and is kept in the cache (SCHEDSPEC_CACHE or
+--cache).
 Exit status: 0 no divergence and every test that passes plain passes under the
 monitor; 1 otherwise; 2 user error.
 """
@@ -29,8 +30,10 @@ from .args import int_arg
 from schedspec.reference.errors import UsageError, shown, status
 from schedspec.reference.workers import default_workers
 from schedspec.reference.outputs import check_output_dir, check_output_path
-from schedspec.monitor.peer_tests import (DEFAULT_FILES, TEST_ROOT, VLLM_VERSION, PeerTestOptions,
-                                          check_version, format_table, run_peer_tests)
+from schedspec.monitor.peer_extract import DEFAULT_FILES, TEST_ROOT
+from schedspec.monitor.peer_fetch import VLLM_VERSION, check_version
+from schedspec.monitor.peer_report import format_table
+from schedspec.monitor.peer_tests import PeerTestOptions, run_peer_tests
 from schedspec.spec.versions import RELEASES
 
 from .common import standalone_main

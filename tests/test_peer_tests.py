@@ -1,28 +1,26 @@
-"""`schedspec peer-tests`: fetching vLLM's sdist from pip's index, extracting the
+"""`schedspec peer-tests`: fetching vLLM's sdist with `pip download`, extracting the
 tests it needs, the offline model configs, the pytest plugin, the table, and one
 real run of a few of vLLM's scheduler tests."""
 
 from __future__ import annotations
 
 import hashlib
-import http.server
 import importlib.util
 import io
 import json
 import os
 import sys
 import tarfile
-import threading
 import types
 from pathlib import Path
 
 import pytest
 
 from schedspec.reference.errors import UsageError
-from schedspec.monitor import peer_tests as pt
+from schedspec.monitor import peer_environment, peer_extract, peer_fetch, peer_report, peer_run, peer_tests
 
-SDIST = pt.SDIST_NAME
-TOP = f"vllm-{pt.VLLM_VERSION}"
+SDIST = peer_fetch.SDIST_NAME
+TOP = f"vllm-{peer_fetch.VLLM_VERSION}"
 
 # A tiny source distribution: the layout of vLLM's, a few files.
 FAKE_FILES = {
@@ -59,61 +57,6 @@ def make_sdist(path: Path, files: dict[str, str] = FAKE_FILES) -> bytes:
     return buf.getvalue()
 
 
-class FakeIndex:
-    """A PEP 691 index on 127.0.0.1: /simple/vllm/ (JSON, or HTML when JSON is
-    not accepted) and /files/<name>."""
-
-    def __init__(self, payload: bytes):
-        self.payload = payload
-        self.sha256 = hashlib.sha256(payload).hexdigest()
-        self.listed = True
-        self.project = True
-        self.requests: list[tuple[str, str]] = []
-        index = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                index.requests.append((self.path, self.headers.get("Accept", "")))
-                if self.path == "/simple/vllm/" and index.project:
-                    files = [{"filename": "vllm-0.1.0.tar.gz", "url": "/files/old.tar.gz",
-                              "hashes": {"sha256": "0" * 64}}]
-                    if index.listed:
-                        files.append({"filename": SDIST, "url": f"../../files/{SDIST}",
-                                      "hashes": {"sha256": index.sha256}, "size": len(index.payload)})
-                    if "application/vnd.pypi.simple.v1+json" in self.headers.get("Accept", ""):
-                        body = json.dumps({"meta": {"api-version": "1.1"}, "name": "vllm", "files": files})
-                        ctype = "application/vnd.pypi.simple.v1+json"
-                    else:
-                        body = "".join(f'<a href="{f["url"]}#sha256={f["hashes"]["sha256"]}">{f["filename"]}</a>'
-                                       for f in files)
-                        ctype = "text/html"
-                    self._send(200, body.encode(), ctype)
-                elif self.path == f"/files/{SDIST}":
-                    self._send(200, index.payload, "application/octet-stream")
-                else:
-                    self._send(404, b"not found", "text/plain")
-
-            def _send(self, code, body, ctype):
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def fake_sdist(tmp_path) -> Path:
     path = tmp_path / "src" / SDIST
@@ -122,23 +65,27 @@ def fake_sdist(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture
-def index(fake_sdist):
-    server = FakeIndex(fake_sdist.read_bytes())
-    yield server
-    server.close()
-
-
-def pip_env(tmp_path: Path, conf: str | None) -> dict[str, str]:
-    """An environment whose pip reads only `conf` (none: no config file)."""
+def pip_env(links: Path) -> dict[str, str]:
+    """An environment whose pip reads no configuration file and no index, and
+    finds distributions only in the folder `links` (offline)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    if conf is None:
-        env["PIP_CONFIG_FILE"] = os.devnull
-    else:
-        path = tmp_path / "pip.conf"
-        path.write_text(conf)
-        env["PIP_CONFIG_FILE"] = str(path)
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(links))
     return env
+
+
+# vLLM's own build requirements include torch: pip cannot install them offline, so
+# a download that gets through shows that pip did not try.
+BUILD_SYSTEM = '[build-system]\nrequires = ["setuptools>=77.0.3", "torch==2.14.0"]\nbuild-backend = "setuptools.build_meta"\n\n'
+
+
+def downloadable_sdist(links: Path, files: dict[str, str] = FAKE_FILES) -> Path:
+    """A fake sdist in `links` as pip finds one: with PKG-INFO and vLLM's build-system table."""
+    links.mkdir(parents=True, exist_ok=True)
+    path = links / SDIST
+    make_sdist(path, {**files, "PKG-INFO": f"Metadata-Version: 2.4\nName: vllm\nVersion: {peer_fetch.VLLM_VERSION}\n"
+                                          "Summary: a stand-in\n\nThe description.\n",
+                      "pyproject.toml": BUILD_SYSTEM + files["pyproject.toml"]})
+    return path
 
 
 def one_line(e: pytest.ExceptionInfo) -> str:
@@ -147,134 +94,99 @@ def one_line(e: pytest.ExceptionInfo) -> str:
     return text
 
 
-# --- pip's configuration -------------------------------------------------------------------------
+# --- fetching: pip download ----------------------------------------------------------------------
 
-def test_index_settings_come_from_pip_config(tmp_path):
-    cert = tmp_path / "ca.pem"
-    cert.write_text("")
-    env = pip_env(tmp_path, "[global]\nindex-url = http://127.0.0.1:9/simple\n"
-                            "extra-index-url = file:///nowhere/a file:///nowhere/b\n"
-                            f"cert = {cert}\ntimeout = 7\n")
-    s = pt.pip_index_settings(env)
-    assert s.index_urls == ("http://127.0.0.1:9/simple", "file:///nowhere/a", "file:///nowhere/b")
-    assert s.cert == str(cert) and s.timeout == 7.0
-    env["PIP_INDEX_URL"] = "http://127.0.0.1:10/other"  # the environment wins, as in pip
-    assert pt.pip_index_settings(env).index_urls[0] == "http://127.0.0.1:10/other"
-
-
-def test_default_index_is_pips_own(tmp_path):
-    from pip._internal.models.index import PyPI
-
-    s = pt.pip_index_settings(pip_env(tmp_path, None))
-    assert s.index_urls == (PyPI.simple_url,) and s.cert is None
-
-
-def test_no_index_is_a_one_line_error(tmp_path):
-    with pytest.raises(UsageError, match="no-index") as e:
-        pt.pip_index_settings(pip_env(tmp_path, "[global]\nno-index = true\n"))
-    one_line(e)
-
-
-def test_missing_cert_is_a_one_line_error():
-    with pytest.raises(UsageError, match="CA bundle") as e:
-        pt.ssl_context("/nonexistent/ca.pem")
-    one_line(e)
-
-
-# --- fetching ------------------------------------------------------------------------------------
-
-def test_fetch_from_the_index_pip_is_configured_with(tmp_path, index, fake_sdist):
-    env = pip_env(tmp_path, f"[global]\nindex-url = {index.url}\n")
+def test_fetch_downloads_with_pip_and_reuses_the_kept_sdist(tmp_path):
+    links = tmp_path / "links"
+    source = downloadable_sdist(links)
     root = tmp_path / "cache"
-    got = pt.fetch_sdist(root, env=env)
-    assert got == root / SDIST and got.read_bytes() == fake_sdist.read_bytes()
-    page = [r for r in index.requests if r[0] == "/simple/vllm/"]
-    assert page and page[0][1].startswith("application/vnd.pypi.simple.v1+json")
-    # Kept and verified: no second download.
-    n = len(index.requests)
-    assert pt.fetch_sdist(root, env=env) == got and len(index.requests) == n
-    # A cached copy that no longer matches its recorded hash is fetched again.
+    said: list[str] = []
+    got = peer_fetch.fetch_sdist(root, env=pip_env(links), status=said.append)
+    assert got == root / SDIST and got.read_bytes() == source.read_bytes()
+    assert (root / f"{SDIST}.sha256").read_text().strip() == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert sorted(p.name for p in root.iterdir()) == [SDIST, f"{SDIST}.sha256"]  # nothing of pip's left
+    assert len(said) == 1 and said[0].startswith(f"downloading {SDIST} with pip")
+    # Kept: no second download, although pip could not give it now.
+    source.unlink()
+    assert peer_fetch.fetch_sdist(root, env=pip_env(links), status=said.append) == got and len(said) == 1
+    # A kept copy that no longer matches its recorded sha256 is downloaded again: pip
+    # fails now, and the copy is left as it was.
     got.write_bytes(b"damaged")
-    assert pt.fetch_sdist(root, env=env).read_bytes() == fake_sdist.read_bytes()
-    assert len(index.requests) > n
+    with pytest.raises(UsageError, match="pip download of"):
+        peer_fetch.fetch_sdist(root, env=pip_env(links), status=said.append)
+    assert len(said) == 2 and got.read_bytes() == b"damaged"
+    downloadable_sdist(links)
+    assert peer_fetch.fetch_sdist(root, env=pip_env(links)).read_bytes() == source.read_bytes()
 
 
-def test_fetch_falls_through_to_an_extra_index_and_reads_pep503_html(tmp_path, fake_sdist):
-    digest = hashlib.sha256(fake_sdist.read_bytes()).hexdigest()
-    empty = tmp_path / "empty"
-    (empty / "other").mkdir(parents=True)
-    html_index = tmp_path / "html"
-    (html_index / "vllm").mkdir(parents=True)
-    (html_index / "vllm" / "index.html").write_text(
-        f'<html><body><a href="{fake_sdist.as_uri()}#sha256={digest}">{SDIST}</a></body></html>')
-    settings = pt.IndexSettings((empty.as_uri(), html_index.as_uri()))
-    got = pt.fetch_sdist(tmp_path / "cache", settings=settings)
-    assert got.read_bytes() == fake_sdist.read_bytes()
-
-
-def test_sha256_mismatch_is_a_one_line_error_and_keeps_nothing(tmp_path, index):
-    index.sha256 = "f" * 64
+def test_a_failing_pip_download_is_one_line_with_pips_error(tmp_path):
     root = tmp_path / "cache"
-    with pytest.raises(UsageError, match="sha256 mismatch") as e:
-        pt.fetch_sdist(root, settings=pt.IndexSettings((index.url,)))
-    one_line(e)
-    assert not list(root.iterdir())
+    (tmp_path / "links").mkdir()
+    with pytest.raises(UsageError) as e:
+        peer_fetch.fetch_sdist(root, env=pip_env(tmp_path / "links"))
+    assert one_line(e).startswith(f"pip download of {SDIST} failed (exit 1): ERROR: No matching distribution "
+                                  f"found for vllm=={peer_fetch.VLLM_VERSION}; pass --sdist PATH")
+    assert list(root.iterdir()) == []  # nothing kept
 
 
-def test_file_absent_on_the_index(tmp_path, index):
-    index.listed = False
-    with pytest.raises(UsageError, match=f"lists no {SDIST}") as e:
-        pt.fetch_sdist(tmp_path / "c", settings=pt.IndexSettings((index.url,)))
-    one_line(e)
-    index.project = False
-    with pytest.raises(UsageError, match="no project vllm") as e:
-        pt.fetch_sdist(tmp_path / "c", settings=pt.IndexSettings((index.url,)))
-    one_line(e)
+def test_the_command_exits_non_zero_when_pip_download_fails(tmp_path, capsys, monkeypatch):
+    from schedspec.cli.main import main
+
+    (tmp_path / "links").mkdir()
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    for key, value in pip_env(tmp_path / "links").items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as e:
+        main(["peer-tests", "--plain", "--cache", str(tmp_path / "cache")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and "pip download of" in err[-1] and "No matching distribution" in err[-1], err
 
 
-def test_no_network_is_a_one_line_error(tmp_path):
-    with pytest.raises(UsageError, match="--sdist PATH") as e:
-        pt.fetch_sdist(tmp_path / "c", settings=pt.IndexSettings(("http://127.0.0.1:1/simple",), timeout=5))
-    one_line(e)
+def test_pip_error_line():
+    assert peer_fetch.pip_error_line("Looking in links: x\nERROR: first\n  detail\nERROR: second\n\n") == \
+        "ERROR: second"
+    assert peer_fetch.pip_error_line("x\nerror: metadata-generation-failed\nhint: see above\n") == \
+        "error: metadata-generation-failed"
+    assert peer_fetch.pip_error_line("/x/python: No module named pip\n") == "/x/python: No module named pip"
+    assert peer_fetch.pip_error_line("") == "no output"
 
 
-def test_parse_project_page_json_and_html():
-    page = "https://index.invalid/simple/vllm/"
-    js = json.dumps({"files": [{"filename": SDIST, "url": "../../f/x.tar.gz", "hashes": {"sha256": "ab"}}]})
-    link = pt.parse_project_page(js.encode(), "application/vnd.pypi.simple.v1+json", page, SDIST)
-    assert link.url == "https://index.invalid/f/x.tar.gz" and link.sha256 == "ab"
-    html = f'<a href="/f/{SDIST}#md5=1&sha256=cd">{SDIST}</a><a href="/f/y.whl">y.whl</a>'
-    link = pt.parse_project_page(html.encode(), "text/html", page, SDIST)
-    assert link.url == f"https://index.invalid/f/{SDIST}" and link.sha256 == "cd"
-    assert pt.parse_project_page(b"<html></html>", "text/html", page, SDIST) is None
+def test_no_registry_host_is_named_in_the_fetch_code():
+    """pip alone knows where packages come from (its configuration)."""
+    from schedspec.monitor import peer_tests
+
+    for module in (peer_fetch, peer_tests):
+        text = Path(module.__file__).read_text()
+        assert "://" not in text and "pypi" not in text.lower() and "_internal" not in text
 
 
 # --- extraction ----------------------------------------------------------------------------------
 
 def test_extract_takes_the_tests_and_only_the_helpers_they_import(tmp_path, fake_sdist):
-    tree = pt.extract_tests(fake_sdist, tmp_path / "cache")
+    tree = peer_extract.extract_tests(fake_sdist, tmp_path / "cache")
     got = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file()
-                 and p.name != pt.EXTRACTED_MARKER)
+                 and p.name != peer_extract.EXTRACTED_MARKER)
     assert got == sorted(["pyproject.toml", "tests/__init__.py", "tests/conftest.py", "tests/helpers/__init__.py",
                           "tests/helpers/common.py", "tests/helpers/deep.py", "tests/v1/__init__.py",
                           "tests/v1/core/__init__.py", "tests/v1/core/utils.py", "tests/v1/core/test_a.py",
                           "tests/v1/core/data/table.txt"])
     # Reused while the sdist is the same; replaced when it changes.
     (tree / "tests" / "v1" / "core" / "mark").write_text("")
-    assert pt.extract_tests(fake_sdist, tmp_path / "cache") == tree and (tree / "tests/v1/core/mark").exists()
+    assert peer_extract.extract_tests(fake_sdist, tmp_path / "cache") == tree and (tree / "tests/v1/core/mark").exists()
     make_sdist(fake_sdist, {**FAKE_FILES, "tests/v1/core/test_b.py": "def test_b():\n    pass\n"})
-    tree = pt.extract_tests(fake_sdist, tmp_path / "cache")
+    tree = peer_extract.extract_tests(fake_sdist, tmp_path / "cache")
     assert (tree / "tests/v1/core/test_b.py").exists() and not (tree / "tests/v1/core/mark").exists()
-    assert pt.available_files(tree) == ["test_a.py", "test_b.py"]
+    assert peer_extract.available_files(tree) == ["test_a.py", "test_b.py"]
 
 
 def test_resolve_targets(tmp_path, fake_sdist):
-    tree = pt.extract_tests(fake_sdist, tmp_path / "cache")
-    assert pt.resolve_targets(tree, ["test_a", "test_a.py::test_ok"], False) == [
+    tree = peer_extract.extract_tests(fake_sdist, tmp_path / "cache")
+    assert peer_extract.resolve_targets(tree, ["test_a", "test_a.py::test_ok"], False) == [
         "tests/v1/core/test_a.py", "tests/v1/core/test_a.py::test_ok"]
-    assert pt.resolve_targets(tree, None, True) == ["tests/v1/core"]
+    assert peer_extract.resolve_targets(tree, None, True) == ["tests/v1/core"]
     with pytest.raises(UsageError, match="no such test file") as e:
-        pt.resolve_targets(tree, ["test_nope.py"], False)
+        peer_extract.resolve_targets(tree, ["test_nope.py"], False)
     one_line(e)
 
 
@@ -282,30 +194,30 @@ def test_a_bad_sdist_is_a_one_line_error(tmp_path):
     bad = tmp_path / SDIST
     bad.write_bytes(b"not a tarball")
     with pytest.raises(UsageError, match="not a readable") as e:
-        pt.extract_tests(bad, tmp_path / "cache")
+        peer_extract.extract_tests(bad, tmp_path / "cache")
     one_line(e)
     with pytest.raises(UsageError, match="no such file"):
-        pt.check_sdist(tmp_path / "missing.tar.gz")
+        peer_fetch.check_sdist(tmp_path / "missing.tar.gz")
     make_sdist(bad, {"README": "x"})
     with pytest.raises(UsageError, match="holds no tests/v1/core"):
-        pt.extract_tests(bad, tmp_path / "cache")
+        peer_extract.extract_tests(bad, tmp_path / "cache")
 
 
 def test_imported_modules_resolves_relative_imports():
     src = b"from . import utils\nfrom ..kv import x\nimport tests.a.b\ndef f():\n    from tests.c import d\n"
-    got = pt.imported_modules(src, "tests/v1/core/test_x.py")
+    got = peer_extract.imported_modules(src, "tests/v1/core/test_x.py")
     assert {"tests.v1.core", "tests.v1.core.utils", "tests.v1.kv", "tests.v1.kv.x", "tests.a.b",
             "tests.c", "tests.c.d"} <= got
 
 
 def real_sdist() -> Path | None:
-    cached = pt.cache_root() / SDIST
+    cached = peer_fetch.cache_root() / SDIST
     return cached if cached.is_file() else None
 
 
 @pytest.mark.skipif(real_sdist() is None, reason="vLLM's sdist is not in the cache (schedspec peer-tests fetches it)")
 def test_real_sdist_needs_the_helpers_vllms_tests_import():
-    need = pt.needed_files(pt.read_sdist(real_sdist()))
+    need = peer_extract.needed_files(peer_extract.read_sdist(real_sdist()))
     for rel in ("tests/__init__.py", "tests/conftest.py", "tests/utils.py", "tests/models/utils.py",
                 "tests/v1/__init__.py", "tests/v1/kv_connector/unit/utils.py", "tests/v1/core/test_scheduler.py",
                 "tests/v1/core/utils.py", "pyproject.toml"):
@@ -317,11 +229,11 @@ def test_real_sdist_needs_the_helpers_vllms_tests_import():
 
 def test_model_configs_are_written_as_a_hub_cache(tmp_path):
     hub = tmp_path / "hub"
-    configs = pt.model_configs()
+    configs = peer_extract.model_configs()
     assert "facebook/opt-125m" in configs and "Qwen/Qwen3-Next-80B-A3B-Instruct" in configs
     for model_id, config in configs.items():
         assert config.get("architectures") and config.get("model_type"), model_id
-    written = pt.write_model_configs(hub)
+    written = peer_extract.write_model_configs(hub)
     assert sorted(written) == sorted(configs)
     for model_id in written:
         repo = hub / ("models--" + model_id.replace("/", "--"))
@@ -329,7 +241,7 @@ def test_model_configs_are_written_as_a_hub_cache(tmp_path):
         assert len(rev) == 40
         assert json.loads((repo / "snapshots" / rev / "config.json").read_text()) == configs[model_id]
     with pytest.raises(ValueError):
-        pt.write_model_configs(hub, {"../evil": {}})
+        peer_extract.write_model_configs(hub, {"../evil": {}})
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
@@ -337,8 +249,8 @@ def test_transformers_reads_the_configs_offline(tmp_path):
     import subprocess
 
     hub = tmp_path / "hf" / "hub"
-    ids = pt.write_model_configs(hub)
-    env = pt.peer_environment(tmp_path, hub)
+    ids = peer_extract.write_model_configs(hub)
+    env = peer_environment.peer_environment(tmp_path, hub)
     code = ("import sys\nfrom transformers import AutoConfig\n"
             "for m in sys.argv[1:]:\n    print(m, AutoConfig.from_pretrained(m).model_type)\n")
     proc = subprocess.run([sys.executable, "-c", code, *ids], env=env, capture_output=True, text=True,
@@ -493,7 +405,7 @@ def test_table_counts_per_file_and_flags_what_fails_the_run():
                                                                                    "call_number": 1,
                                                                                    "error": "KeyError: x"}])),
         f"{F2}::e": ("skipped", "no gpu", None)})
-    t = pt.build_table(plain, shadow)
+    t = peer_report.build_table(plain, shadow)
     assert [r["file"] for r in t["files"]] == ["test_prefix_caching.py", "test_scheduler.py"]
     sched = t["files"][1]
     assert sched["collected"] == 3 and sched["plain"] == {"passed": 2, "failed": 1, "error": 0, "skipped": 0}
@@ -508,7 +420,7 @@ def test_table_counts_per_file_and_flags_what_fails_the_run():
         (f"{F2}::d", True, "/v/a.json"), (f"{F1}::b", False, "/v/a.json")]
     assert t["plain_failure_causes"] == [{"cause": "ValueError: no config (not installed: torchvision)", "tests": 1}]
     assert t["exit_status"] == 1
-    text = pt.format_table(t)
+    text = peer_report.format_table(t)
     assert "test_scheduler.py" in text and f"{F2}::d  schedule #4 field scheduled; state vector /v/a.json" in text
     assert "not counted" in text and "passed plain, not under the monitor" in text and "FAIL" in text
 
@@ -522,7 +434,7 @@ def test_every_scope_feature_prints_whole_in_the_table():
     s = stats()
     s["outside_scope"] = {name: 1 for name in names}
     shadow = report(False, {f"{F1}::a": ("passed", None, s)})
-    text = pt.format_table(pt.build_table(None, shadow))
+    text = peer_report.format_table(peer_report.build_table(None, shadow))
     line = next(x for x in text.splitlines() if x.startswith("calls outside the spec's scope"))
     assert "characters)" not in line
     for name in names:
@@ -533,7 +445,7 @@ def test_failure_causes_name_pydantics_own_line():
     msg = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
            "  Value error, Model architectures ['X'] failed to be inspected. [type=value_error, input_value=1]")
     plain = report(True, {f"{F1}::a": ("failed", msg, None), f"{F1}::b": ("error", msg, None)})
-    (cause,) = pt.build_table(plain, None)["plain_failure_causes"]
+    (cause,) = peer_report.build_table(plain, None)["plain_failure_causes"]
     assert cause == {"cause": "ValidationError (ModelConfig): Value error, Model architectures ['X'] failed to be "
                               "inspected.", "tests": 2}
 
@@ -542,17 +454,17 @@ def test_table_plain_failures_alone_do_not_fail_the_run():
     plain = report(True, {f"{F1}::a": ("passed", None, None), f"{F1}::b": ("failed", "x", None)})
     shadow = report(False, {f"{F1}::a": ("passed", None, stats()),
                             f"{F1}::b": ("failed", "x", stats(divergences=[DIV]))})
-    t = pt.build_table(plain, shadow)
+    t = peer_report.build_table(plain, shadow)
     assert t["exit_status"] == 0 and t["totals"]["divergences"] == 0
-    assert "ok: no divergence" in pt.format_table(t)
-    only_plain = pt.build_table(plain, None)
+    assert "ok: no divergence" in peer_report.format_table(t)
+    only_plain = peer_report.build_table(plain, None)
     assert only_plain["modes"] == ["plain"] and only_plain["exit_status"] == 0
-    assert "shadow" not in pt.format_table(only_plain).splitlines()[1]
+    assert "shadow" not in peer_report.format_table(only_plain).splitlines()[1]
 
 
 def test_a_test_missing_from_the_shadowed_run_is_flagged():
     plain = report(True, {f"{F1}::a": ("passed", None, None)})
-    t = pt.build_table(plain, report(False, {}))
+    t = peer_report.build_table(plain, report(False, {}))
     assert t["plain_pass_shadow_fail"][0]["outcome"] == "not run" and t["exit_status"] == 1
 
 
@@ -586,19 +498,19 @@ def test_run_pytest_plain_and_shadowed_builds_the_table(tmp_path, fake_sdist):
              "def test_diverges():\n    pass\n"}
     make_sdist(fake_sdist, files)
     root = tmp_path / "cache"
-    tree = pt.extract_tests(fake_sdist, root)
+    tree = peer_extract.extract_tests(fake_sdist, root)
     (tmp_path / "plug").mkdir()
     (tmp_path / "plug" / "stand_in_shadow.py").write_text(STAND_IN_PLUGIN)
-    env = pt.peer_environment(root, root / "hf" / "hub", [tmp_path / "plug"])
+    env = peer_environment.peer_environment(root, root / "hf" / "hub", [tmp_path / "plug"])
     env.pop("STAND_IN_SHADOW", None)
-    targets = pt.resolve_targets(tree, None, True)
-    run_dir = pt.new_run_dir(root)
+    targets = peer_extract.resolve_targets(tree, None, True)
+    run_dir = peer_run.new_run_dir(root)
     extra = ["-p", "stand_in_shadow"]
-    plain = pt.run_pytest(tree, targets, run_dir, env, plain=True, extra_args=extra, show_progress=False)
-    shadow = pt.run_pytest(tree, targets, run_dir, env, plain=False, vectors_dir=tmp_path / "v",
+    plain = peer_run.run_pytest(tree, targets, run_dir, env, plain=True, extra_args=extra, show_progress=False)
+    shadow = peer_run.run_pytest(tree, targets, run_dir, env, plain=False, vectors_dir=tmp_path / "v",
                            extra_args=extra, show_progress=False)
     assert plain.returncode == 1 and plain.log.is_file()
-    t = pt.build_table(plain.report, shadow.report)
+    t = peer_report.build_table(plain.report, shadow.report)
     row = {r["file"]: r for r in t["files"]}
     assert row["test_a.py"]["plain"]["passed"] == 1 and row["test_a.py"]["plain"]["failed"] == 1
     assert row["test_b.py"]["plain"]["passed"] == 2 and row["test_b.py"]["shadow"]["passed"] == 1
@@ -606,23 +518,23 @@ def test_run_pytest_plain_and_shadowed_builds_the_table(tmp_path, fake_sdist):
     assert [d["test"] for d in t["divergences"]] == ["tests/v1/core/test_b.py::test_diverges"]
     assert t["exit_status"] == 1 and t["totals"]["calls_checked"] == 4
     # -k passes through.
-    only = pt.run_pytest(tree, targets, run_dir, env, plain=True, keyword="test_ok", extra_args=extra,
+    only = peer_run.run_pytest(tree, targets, run_dir, env, plain=True, keyword="test_ok", extra_args=extra,
                          show_progress=False)
     assert list(only.report["tests"]) == ["tests/v1/core/test_a.py::test_ok"] and only.returncode == 0
 
 
 def test_run_peer_tests_on_a_fake_sdist(tmp_path, fake_sdist):
     cache = tmp_path / "cache"
-    for module in pt.TEST_DEPENDENCIES:  # nothing to install: the fake tests import none of them
+    for module in peer_environment.TEST_DEPENDENCIES:  # nothing to install: the fake tests import none of them
         (cache / "deps" / module).mkdir(parents=True)
-    options = pt.PeerTestOptions(files=["test_a.py"], plain_only=True, sdist=str(fake_sdist), cache=str(cache))
-    table = pt.run_peer_tests(options, show_progress=False)
+    options = peer_tests.PeerTestOptions(files=["test_a.py"], plain_only=True, sdist=str(fake_sdist), cache=str(cache))
+    table = peer_tests.run_peer_tests(options, show_progress=False)
     assert table["modes"] == ["plain"] and table["totals"]["plain"]["passed"] == 1
     assert table["plain_failure_causes"][0]["cause"].startswith("AssertionError: plain failure")
     assert (cache / "hf" / "hub" / "models--facebook--opt-125m" / "refs" / "main").is_file()
     options.keyword = "no_such_test"
     with pytest.raises(UsageError, match="no test selected .* by -k no_such_test") as e:
-        pt.run_peer_tests(options, show_progress=False)
+        peer_tests.run_peer_tests(options, show_progress=False)
     one_line(e)
 
 
@@ -642,9 +554,9 @@ def fake_peer_run(tmp_path, fake_sdist, monkeypatch):
 
     def run(name: str, **options):
         cache = tmp_path / f"cache-{name}"
-        for module in pt.TEST_DEPENDENCIES:  # nothing to install: the fake tests import none of them
+        for module in peer_environment.TEST_DEPENDENCIES:  # nothing to install: the fake tests import none of them
             (cache / "deps" / module).mkdir(parents=True)
-        return pt.run_peer_tests(pt.PeerTestOptions(all_files=True, sdist=str(fake_sdist), cache=str(cache),
+        return peer_tests.run_peer_tests(peer_tests.PeerTestOptions(all_files=True, sdist=str(fake_sdist), cache=str(cache),
                                                     extra_pytest_args=("-p", "stand_in_shadow"), **options),
                                  show_progress=False)
     return run
@@ -661,8 +573,8 @@ def test_run_peer_tests_gives_the_same_table_whatever_the_workers(tmp_path, fake
     assert t["totals"]["collected"] == 5 and [d["test"] for d in t["divergences"]] == [
         "tests/v1/core/test_b.py::test_diverges"]
     assert tables[2] == t and tables[4] == t
-    assert pt.file_groups(["a", "b", "c"], 2) == [["a", "c"], ["b"]] and pt.file_groups(["a"], 4) == [["a"]]
-    assert pt.file_groups(["a::x", "b", "a::y"], 2) == [["a::x", "a::y"], ["b"]]
+    assert peer_run.file_groups(["a", "b", "c"], 2) == [["a", "c"], ["b"]] and peer_run.file_groups(["a"], 4) == [["a"]]
+    assert peer_run.file_groups(["a::x", "b", "a::y"], 2) == [["a::x", "a::y"], ["b"]]
 
 
 def test_plain_for_failures_gives_the_full_runs_verdict(tmp_path, fake_sdist, monkeypatch):
@@ -679,7 +591,7 @@ def test_plain_for_failures_gives_the_full_runs_verdict(tmp_path, fake_sdist, mo
     # Rerun plain: test_a's plain failure, test_only_plain (fails shadowed) and test_diverges.
     assert lazy["run"]["plain_inferred"] == 2 and full["run"]["plain_inferred"] == 0
     with pytest.raises(UsageError, match="--plain-for"):
-        pt.run_peer_tests(pt.PeerTestOptions(plain_for="some", sdist=str(fake_sdist), cache=str(tmp_path / "c")),
+        peer_tests.run_peer_tests(peer_tests.PeerTestOptions(plain_for="some", sdist=str(fake_sdist), cache=str(tmp_path / "c")),
                           show_progress=False)
 
 
@@ -708,11 +620,11 @@ def test_a_failure_on_a_missing_package_before_any_call_is_not_rerun():
                         "f.py::h_same_message": entry("failed", missing=()),
                         "f.py::f_passed": entry("passed", missing=()),
                         "f.py::g_no_stats": {**entry("failed"), "stats": None}}}
-    rerun = pt.needs_plain_run(shadow)
+    rerun = peer_run.needs_plain_run(shadow)
     assert rerun == ["f.py::c_missing_after_call", "f.py::d_monitor_error", "f.py::e_plain_failure",
                      "f.py::g_no_stats"]
     plain = {"tests": {nodeid: {"outcome": "failed", "message": "plain"} for nodeid in rerun}}
-    merged = pt.plain_report_where_needed(shadow, plain)["tests"]
+    merged = peer_run.plain_report_where_needed(shadow, plain)["tests"]
     assert merged["f.py::a_missing"] == {"outcome": "failed", "inferred": True, "missing_modules": ["mistral_common"],
                                          "message": "ValidationError: mm model failed"}
     assert merged["f.py::h_same_message"] == merged["f.py::a_missing"]
@@ -720,7 +632,7 @@ def test_a_failure_on_a_missing_package_before_any_call_is_not_rerun():
     assert merged["f.py::f_passed"] == {"outcome": "passed", "inferred": True}
     assert all(merged[nodeid] == {"outcome": "failed", "message": "plain"} for nodeid in rerun)
     # In the table the inferred failure is a plain failure with its cause, not a spec failure.
-    table = pt.build_table(pt.plain_report_where_needed(shadow, plain), shadow)
+    table = peer_report.build_table(peer_run.plain_report_where_needed(shadow, plain), shadow)
     assert {f["test"]: f["missing_modules"] for f in table["plain_failures"]}["f.py::a_missing"] == ["mistral_common"]
 
 
@@ -771,7 +683,7 @@ def obtainable_sdist() -> Path | None:
     if cached is not None:
         return cached
     try:
-        return pt.fetch_sdist(pt.cache_root())
+        return peer_fetch.fetch_sdist(peer_fetch.cache_root())
     except UsageError:
         return None
 
@@ -792,13 +704,13 @@ def test_real_run_of_a_few_vllm_scheduler_tests(tmp_path):
     shadowed = importlib.util.find_spec("schedspec.monitor.shadow") is not None
     # Plain runs only where a shadowed test fails (CI's mode; the same verdict in half
     # the time): the plain counts are then inferred from the shadowed passes.
-    options = pt.PeerTestOptions(files=REAL_TESTS, sdist=str(sdist), plain_only=not shadowed,
+    options = peer_tests.PeerTestOptions(files=REAL_TESTS, sdist=str(sdist), plain_only=not shadowed,
                                  plain_for="failures", vectors_dir=str(tmp_path / "vectors"))
-    table = pt.run_peer_tests(options, show_progress=False)
+    table = peer_tests.run_peer_tests(options, show_progress=False)
     (row,) = table["files"]
     assert row["file"] == "test_scheduler.py" and row["collected"] >= len(REAL_TESTS)
     assert row["plain"]["passed"] == row["collected"], table["plain_failures"]
     if shadowed:
         assert row["calls_total"] > 0, row
-        assert table["exit_status"] == 0, pt.format_table(table)
+        assert table["exit_status"] == 0, peer_report.format_table(table)
         assert row["shadow"]["passed"] == row["collected"]

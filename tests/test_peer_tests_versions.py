@@ -23,7 +23,7 @@ import pytest
 from schedspec.reference.errors import UsageError
 from helpers import python_of
 from schedspec.cli.vllm_version import env_python, installed_vllm
-from schedspec.monitor import peer_tests as pt
+from schedspec.monitor import peer_environment, peer_extract, peer_fetch, peer_report, peer_tests
 from schedspec.spec.versions import RELEASES, release_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,68 +62,65 @@ OLD_FILES = {  # the default files of 0.20.0 and 0.25.0: no test_priority_preemp
 
 def test_a_release_gets_the_default_files_it_has(tmp_path):
     sdist = make_sdist(tmp_path / "vllm-0.20.0.tar.gz", "0.20.0", OLD_FILES)
-    tree = pt.extract_tests(sdist, tmp_path / "cache", version="0.20.0")
+    tree = peer_extract.extract_tests(sdist, tmp_path / "cache", version="0.20.0")
     assert tree == tmp_path / "cache" / "vllm-0.20.0"
-    have, lacking = pt.default_files(tree)
+    have, lacking = peer_extract.default_files(tree)
     assert lacking == ["test_priority_preemption_bug.py"]
     assert have == ["test_scheduler.py", "test_async_scheduler.py", "test_prefix_caching.py",
                     "test_priority_scheduler_random.py"]
-    assert pt.resolve_targets(tree, None, False) == [f"{pt.TEST_ROOT}/{f}" for f in have]
+    assert peer_extract.resolve_targets(tree, None, False) == [f"{peer_extract.TEST_ROOT}/{f}" for f in have]
     with pytest.raises(UsageError, match="no such test file") as e:
-        pt.resolve_targets(tree, ["test_priority_preemption_bug.py"], False)
+        peer_extract.resolve_targets(tree, ["test_priority_preemption_bug.py"], False)
     one_line(e)
 
 
 def test_an_sdist_of_another_release_is_refused(tmp_path):
     sdist = make_sdist(tmp_path / "x.tar.gz", "0.30.0", OLD_FILES)
     with pytest.raises(UsageError, match=r"vllm-0\.30\.0's source distribution, not vLLM 0\.20\.0's") as e:
-        pt.read_sdist(sdist, "0.20.0")
+        peer_extract.read_sdist(sdist, "0.20.0")
     one_line(e)
-    assert "tests/v1/core/test_scheduler.py" in pt.read_sdist(sdist, "0.30.0")
+    assert "tests/v1/core/test_scheduler.py" in peer_extract.read_sdist(sdist, "0.30.0")
 
 
-def test_fetch_takes_the_release_s_sdist_from_the_index_and_verifies_it(tmp_path):
-    import hashlib
-
-    files = tmp_path / "index" / "files"
+def test_fetch_takes_the_release_s_sdist_with_pip(tmp_path):
+    """`pip download vllm==X`: release X's sdist of those pip finds (offline here:
+    no index, one folder of links), kept under its own name."""
+    links = tmp_path / "links"
     for v in ("0.20.0", "0.33.0"):
-        make_sdist(files / pt.sdist_name(v), v, OLD_FILES)
-    digest = hashlib.sha256((files / "vllm-0.20.0.tar.gz").read_bytes()).hexdigest()
-    page = tmp_path / "index" / "simple" / "vllm" / "index.html"
-    page.parent.mkdir(parents=True)
-    page.write_text("".join(f'<a href="../../files/{n}#sha256={digest if "0.20.0" in n else "0" * 64}">{n}</a>'
-                            for n in ("vllm-0.20.0.tar.gz", "vllm-0.33.0.tar.gz")))
-    settings = pt.IndexSettings(((tmp_path / "index" / "simple").as_uri(),))
-    got = pt.fetch_sdist(tmp_path / "cache", settings=settings, version="0.20.0")
-    assert got == tmp_path / "cache" / "vllm-0.20.0.tar.gz" and got.read_bytes() == (files / got.name).read_bytes()
-    assert (tmp_path / "cache" / "vllm-0.20.0.tar.gz.sha256").read_text().strip() == digest
-    with pytest.raises(UsageError, match="sha256 mismatch") as e:  # 0.33.0's listed hash is wrong
-        pt.fetch_sdist(tmp_path / "cache", settings=settings, version="0.33.0")
+        make_sdist(links / peer_fetch.sdist_name(v), v,
+                   {**OLD_FILES, "PKG-INFO": f"Metadata-Version: 2.4\nName: vllm\nVersion: {v}\n"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(links))
+    got = peer_fetch.fetch_sdist(tmp_path / "cache", env=env, version="0.20.0")
+    assert got == tmp_path / "cache" / "vllm-0.20.0.tar.gz" and got.read_bytes() == (links / got.name).read_bytes()
+    assert "tests/v1/core/test_scheduler.py" in peer_extract.read_sdist(got, "0.20.0")
+    with pytest.raises(UsageError, match=r"No matching distribution found for vllm==0\.30\.0") as e:
+        peer_fetch.fetch_sdist(tmp_path / "cache", env=env, version="0.30.0")
     one_line(e)
-    assert not (tmp_path / "cache" / "vllm-0.33.0.tar.gz").exists()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["vllm-0.20.0.tar.gz", "vllm-0.20.0.tar.gz.sha256"]
 
 
 def test_names_and_dependencies_per_release(tmp_path):
-    assert [pt.sdist_name(v) for v in ("0.20.0", "0.33.0")] == ["vllm-0.20.0.tar.gz", "vllm-0.33.0.tar.gz"]
-    assert pt.sdist_name() == pt.SDIST_NAME
-    assert pt.release_test_dependencies("0.20.0")["compressed_tensors"] == "compressed-tensors==0.15.0.1"
-    assert pt.release_test_dependencies("0.30.0") == pt.TEST_DEPENDENCIES == pt.release_test_dependencies()
-    assert pt.deps_dir(tmp_path) == tmp_path / "deps" and pt.deps_dir(tmp_path, "0.25.0") == tmp_path / "deps-0.25.0"
+    assert [peer_fetch.sdist_name(v) for v in ("0.20.0", "0.33.0")] == ["vllm-0.20.0.tar.gz", "vllm-0.33.0.tar.gz"]
+    assert peer_fetch.sdist_name() == peer_fetch.SDIST_NAME
+    assert peer_environment.release_test_dependencies("0.20.0")["compressed_tensors"] == "compressed-tensors==0.15.0.1"
+    assert peer_environment.release_test_dependencies("0.30.0") == peer_environment.TEST_DEPENDENCIES == peer_environment.release_test_dependencies()
+    assert peer_environment.deps_dir(tmp_path) == tmp_path / "deps" and peer_environment.deps_dir(tmp_path, "0.25.0") == tmp_path / "deps-0.25.0"
     with pytest.raises(UsageError, match="0.19.0: not a vLLM release") as e:
-        pt.check_version("0.19.0")
+        peer_fetch.check_version("0.19.0")
     one_line(e)
 
 
 def test_a_missing_release_environment_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("SCHEDSPEC_CACHE", str(tmp_path))
-    assert all(pt.release_env_python(v) == env_python(v) for v in RELEASES)  # where install-vllm puts it
-    missing = next((v for v in RELEASES if v != installed_vllm() and v != pt.VLLM_VERSION), None)
+    assert all(peer_environment.release_env_python(v) == env_python(v) for v in RELEASES)  # where install-vllm puts it
+    missing = next((v for v in RELEASES if v != installed_vllm() and v != peer_fetch.VLLM_VERSION), None)
     with pytest.raises(UsageError, match=rf"schedspec install-vllm --version {missing}`") as e:
-        pt.release_python(missing)
+        peer_environment.release_python(missing)
     one_line(e)
-    options = pt.PeerTestOptions(version=missing, cache=str(tmp_path / "c"))
+    options = peer_tests.PeerTestOptions(version=missing, cache=str(tmp_path / "c"))
     with pytest.raises(UsageError, match="not installed for schedspec"):
-        pt.prepare(options)
+        peer_tests.prepare(options)
     assert not (tmp_path / "c").exists()  # refused before anything is fetched
 
 
@@ -131,7 +128,7 @@ def test_cli_version_errors_are_one_line(tmp_path, capsys, monkeypatch):
     from schedspec.cli.main import main
 
     monkeypatch.setenv("SCHEDSPEC_CACHE", str(tmp_path))
-    missing = next(v for v in RELEASES if v != installed_vllm() and v != pt.VLLM_VERSION)
+    missing = next(v for v in RELEASES if v != installed_vllm() and v != peer_fetch.VLLM_VERSION)
     for argv, needle in ((["peer-tests", "--version", "0.19.0"], "not a vLLM release"),
                          (["peer-tests", "--version", missing], f"install-vllm --version {missing}")):
         with pytest.raises(SystemExit) as e:
@@ -207,11 +204,11 @@ def test_shadow_bridges_in_each_release(release):
 
 
 def cached_or_fetched_sdist(release: str) -> Path:
-    cached = pt.cache_root() / pt.sdist_name(release)
+    cached = peer_fetch.cache_root() / peer_fetch.sdist_name(release)
     if cached.is_file():
         return cached
     try:
-        return pt.fetch_sdist(pt.cache_root(), version=release)
+        return peer_fetch.fetch_sdist(peer_fetch.cache_root(), version=release)
     except UsageError as e:
         pytest.skip(f"vLLM {release}'s sdist cannot be obtained: {e}")
 
@@ -233,18 +230,18 @@ REAL_TESTS = ["test_scheduler.py::test_add_requests", "test_scheduler.py::test_f
 def test_real_run_of_a_release_s_own_tests_shadowed(release, plain_for, tmp_path):
     python_of(release)
     sdist = cached_or_fetched_sdist(release)
-    options = pt.PeerTestOptions(files=REAL_TESTS, sdist=str(sdist), version=release, workers=2,
+    options = peer_tests.PeerTestOptions(files=REAL_TESTS, sdist=str(sdist), version=release, workers=2,
                                  plain_for=plain_for, vectors_dir=str(tmp_path / "vectors"))
-    table = pt.run_peer_tests(options, show_progress=False)
+    table = peer_tests.run_peer_tests(options, show_progress=False)
     assert table["vllm"] == release and table["run"]["python"] == str(python_of(release))
     (row,) = table["files"]
     assert row["file"] == "test_scheduler.py" and row["collected"] >= len(REAL_TESTS)
     assert row["plain"]["passed"] == row["collected"], table["plain_failures"]
-    assert row["shadow"]["passed"] == row["collected"], pt.format_table(table)
+    assert row["shadow"]["passed"] == row["collected"], peer_report.format_table(table)
     # test_stop_via_update_from_output's draft tokens are outside too: every other call is checked.
-    assert row["outside_scope"] == {"KV connector": 1, "speculative decoding": 4}, pt.format_table(table)
+    assert row["outside_scope"] == {"KV connector": 1, "speculative decoding": 4}, peer_report.format_table(table)
     outside = sum(c["outside_scope"] for c in row["calls"].values())
-    assert row["calls_checked"] + outside == row["calls_total"] and row["calls_checked"] > 30, pt.format_table(table)
-    assert table["totals"]["divergences"] == 0 and table["totals"]["monitor_errors"] == 0, pt.format_table(table)
+    assert row["calls_checked"] + outside == row["calls_total"] and row["calls_checked"] > 30, peer_report.format_table(table)
+    assert table["totals"]["divergences"] == 0 and table["totals"]["monitor_errors"] == 0, peer_report.format_table(table)
     assert table["exit_status"] == 0 and table["run"]["plain_for"] == plain_for
-    assert f"vLLM {release}'s tests/v1/core" in pt.format_table(table)
+    assert f"vLLM {release}'s tests/v1/core" in peer_report.format_table(table)
