@@ -103,10 +103,10 @@ def test_explore_serves_its_page(installed):
 def test_peer_tests_runs_a_test_file(installed):
     """peer-tests on a stand-in sdist of one passing test (the real one is vLLM's,
     downloaded; tests/test_peer_tests.py runs that)."""
-    from schedspec.monitor import peer_tests as pt
+    from schedspec.monitor.peer_environment import TEST_DEPENDENCIES
 
     cache = installed["work"] / "peer-cache"
-    for module in pt.TEST_DEPENDENCIES:  # nothing to install: the stand-in test imports none
+    for module in TEST_DEPENDENCIES:  # nothing to install: the stand-in test imports none
         (cache / "deps" / module).mkdir(parents=True)
     sdist = installed["work"] / "vllm-0.34.0.tar.gz"
     buf = io.BytesIO()
