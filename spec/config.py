@@ -1,16 +1,22 @@
 """Scheduler configuration: vLLM's defaults and its acceptance conditions, per release.
 
 One frozen dataclass holds every `config` field of a scenario file
-(docs/formats.md).  `validate_config` accepts exactly what the modelled vLLM release
-accepts for the core scope and says, for the first condition that fails, which
-field, which value, which condition and how to fix it.
+(docs/formats.md), and is the one table of those fields: each field's name, type
+and default, and (`knob`) vLLM's least value, schedspec's size bound and what it
+means.  `CONFIG_TABLE` reads it back, with the release each field appears in
+(spec/versions.py FIELDS_SINCE); the scenario JSON Schema's `config`
+(`config_schema`) and the one-line errors of `config_from_json` come from it.
+`validate_config` accepts exactly what the modelled vLLM release accepts for the
+core scope and says, for the first condition that fails, which field, which
+value, which condition and how to fix it.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .versions import (ADAPTIVE_THRESHOLD, DEFAULT_RELEASE, FIELDS_SINCE, HASH_LOOKAHEAD, KV_CONNECTOR,
@@ -31,77 +37,132 @@ class ConfigError(ValueError):
         self.field = field
 
 
+# schedspec's size bounds (docs/formats.md), the `maximum` of integer fields.  Why: the
+# torch implementation keeps token counts in int32 and needs max_model_len <= 2**30
+# (gpu/limits.py); the real vLLM scheduler builds one Python object per KV block, about
+# 1 GB and 5 s at 2**22 blocks; the spec keeps counts only and takes any of these.
+INT32_MAX = 2**31 - 1
+MAX_TOKENS_BOUND = 2**30
+MAX_BLOCKS_BOUND = 2**22
+MAX_DRAFTS_BOUND = 1024
+MAX_SMALL_BOUND = 2**16
+
+
+def knob(default: Any, minimum: int | None = None, maximum: int | None = None, doc: str = "") -> Any:
+    """A config field's row of the table: its default; for an integer, vLLM's least
+    value (`minimum`, the newest release's; versions.MINIMUM_SINCE for older ones) and
+    schedspec's bound (`maximum`); and what it means (the JSON Schema's description)."""
+    return field(default=default, metadata={"minimum": minimum, "maximum": maximum, "doc": doc})
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     # SchedulerConfig defaults (C = vllm/config/scheduler.py).
-    max_num_batched_tokens: int = 2048  # C:40
-    max_num_scheduled_tokens: int | None = None  # None -> max_num_batched_tokens
-    max_num_seqs: int = 128  # C:42
-    max_num_active_seqs: int | None = None  # None -> max_num_seqs
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0  # 0 = no per-request chunk cap
+    max_num_batched_tokens: int = knob(2048, 1, INT32_MAX)  # C:40
+    # None -> max_num_batched_tokens
+    max_num_scheduled_tokens: int | None = knob(None, 1, INT32_MAX)
+    max_num_seqs: int = knob(128, 1, INT32_MAX)  # C:42
+    # None -> max_num_seqs
+    max_num_active_seqs: int | None = knob(None, 1, INT32_MAX)
+    enable_chunked_prefill: bool = knob(True)
+    # 0 = no per-request chunk cap
+    long_prefill_token_threshold: int = knob(0, 0, MAX_TOKENS_BOUND)
     # Floor the cap at a fair share of the input budget (C:98-102; from vLLM 0.33.0).
-    long_prefill_token_threshold_adaptive: bool = False
-    policy: str = FCFS
-    watermark: float = 0.0  # C:208, in [0, 1)
-    scheduler_reserve_full_isl: bool = True  # C:202, the full-ISL admission gate
+    long_prefill_token_threshold_adaptive: bool = knob(False, doc=(
+        "the long-prefill cap floored at max_num_batched_tokens divided by the running and waiting requests "
+        "(default false); vLLM 0.33.0 and later"))
+    policy: str = knob(FCFS)
+    watermark: float = knob(0.0)  # C:208, in [0, 1)
+    scheduler_reserve_full_isl: bool = knob(True)  # C:202, the full-ISL admission gate
     # Model- and machine-dependent in vLLM; formats.md fixes these defaults.
-    max_model_len: int = 8192
-    block_size: int = 16
-    num_gpu_blocks: int = 10000  # counts vLLM's null block
-    enable_prefix_caching: bool = False
+    max_model_len: int = knob(8192, 1, MAX_TOKENS_BOUND)
+    block_size: int = knob(16, 1, MAX_TOKENS_BOUND)
+    num_gpu_blocks: int = knob(10000, 1, MAX_BLOCKS_BOUND)  # counts vLLM's null block
+    enable_prefix_caching: bool = knob(False)
     # vLLM's default is on; formats.md keeps the synchronous engine unless asked.
-    async_scheduling: bool = False
+    async_scheduling: bool = knob(False)
     # Speculative decoding (off by default, as in vLLM): the draft tokens a request may
     # carry per step, and the KV slots the drafter writes past the scheduled tokens
     # (VllmConfig.num_speculative_tokens and num_lookahead_tokens, config/vllm.py:612-653).
     # The drafter is n-gram, a parallel one, or of the EAGLE family; its drafts come from
     # the scenario.
-    num_speculative_tokens: int = 0
-    num_lookahead_tokens: int = 0
+    num_speculative_tokens: int = knob(0, 0, MAX_DRAFTS_BOUND, doc=(
+        "speculative decoding: the most drafts a request verifies per step (0, the default, is off)"))
+    num_lookahead_tokens: int = knob(0, 0, MAX_DRAFTS_BOUND, doc=(
+        "speculative decoding: KV slots reserved past the scheduled tokens (a drafter with its own forward "
+        "pass); only with num_speculative_tokens > 0"))
     # Prompt tokens past a prefill chunk the drafter reads (VllmConfig.
     # num_prefill_lookahead_tokens, config/vllm.py:654-675): 0 for n-gram, 1 for the EAGLE
     # family (which changes no step), num_speculative_tokens for multi-module MTP, whose
     # chunks never end within it of the prefill's end (S:695-714) and whose last
     # lookahead - 1 computed tokens are not cached (kv_cache_coordinator.py:118, 350-356).
-    num_prefill_lookahead_tokens: int = 0
+    num_prefill_lookahead_tokens: int = knob(0, 0, MAX_DRAFTS_BOUND, doc=(
+        "speculative decoding: prompt tokens past a prefill chunk the drafter reads (default 0, n-gram; 1 for "
+        "EAGLE; num_speculative_tokens for multi-module MTP, whose chunks never end within it of the prefill's "
+        "end and whose last lookahead - 1 computed tokens are not cached); only with num_speculative_tokens > 0, "
+        "at most block_size with prefix caching"))
     # Rows the drafter adds to the target batch for each scheduled request
     # (SpeculativeConfig.max_num_new_slots_for_drafting, speculative.py:2058-2098: K - 1
     # for a parallel drafter reusing the query, 0 for n-gram), charged to the input budget.
-    max_num_new_slots_for_drafting: int = 0
+    max_num_new_slots_for_drafting: int = knob(0, 0, MAX_DRAFTS_BOUND, doc=(
+        "speculative decoding: rows the drafter adds to the target batch for each scheduled request, charged to "
+        "the input budget (default 0, n-gram; num_speculative_tokens - 1 for a parallel drafter reusing the "
+        "query); at most num_speculative_tokens"))
     # Prefix caching: tokens after each block its hash also covers (vLLM's
     # VllmConfig.num_hash_lookahead_tokens, config/vllm.py:677-692, which an
     # EAGLE-family drafter sets; given here as it is): a block is cached only once
     # they exist.  0: hashes of the block alone.
-    num_hash_lookahead_tokens: int = 0
+    num_hash_lookahead_tokens: int = knob(0, 0, MAX_DRAFTS_BOUND, doc=(
+        "prefix caching: tokens after each block its hash also covers, so a block is cached only once they "
+        "exist (default 0; vLLM sets it for EAGLE-family drafters); needs enable_prefix_caching; vLLM 0.33.0 "
+        "and later"))
     # Prefix caching with an EAGLE-family drafter (EAGLE, EAGLE-3, MTP) whose draft KV
     # at a position depends on the next token: a prefix hit gives back its last block,
     # to be recomputed (SpeculativeConfig.use_eagle_block_drop, speculative.py:2122-2149;
     # T:834-842).  vLLM clears it when block hashes cover the lookahead token (S:342-345).
-    use_eagle_block_drop: bool = False
+    use_eagle_block_drop: bool = knob(False, doc=(
+        "prefix caching with an EAGLE-family drafter: a prefix hit gives back its last block, recomputed for "
+        "the drafter (default false); needs num_speculative_tokens > 0, num_prefill_lookahead_tokens > 0 and "
+        "num_hash_lookahead_tokens 0; vLLM 0.33.0 and later"))
     # LoRA (off by default, as in vLLM): the most distinct adapters running at once
     # (LoRAConfig.max_loras, config/lora.py); None: no LoRA config, no adapters.
-    max_loras: int | None = None
+    max_loras: int | None = knob(None, 1, MAX_SMALL_BOUND, doc=(
+        "LoRA: the most distinct adapters running at once (null, the default: LoRA off)"))
     # Prefill throttling (prefill_throttle.py): prefill admitted once every N executed
     # steps (C:215-221), applied by the scheduler on an engine without data
     # parallelism (S:403-407), as this one is; 1 (vLLM's default) never holds prefill.
-    prefill_schedule_interval: int = 1
+    prefill_schedule_interval: int = knob(1, 1, MAX_SMALL_BOUND, doc=(
+        "prefill throttling: prefill admitted once every this many executed steps while something decodes "
+        "(1, the default, never holds it); vLLM 0.33.0 and later"))
     # Encoder inputs (S:267-295; vLLM's SchedulerConfig, C:158-179): the embeddings one step
     # may encode and the encoder cache's capacity, both max_num_batched_tokens when
     # None; and whether a chunk may end inside an item (disable_chunked_mm_input).
-    max_num_encoder_input_tokens: int | None = None
-    encoder_cache_size: int | None = None
-    disable_chunked_mm_input: bool = False
+    max_num_encoder_input_tokens: int | None = knob(None, 1, MAX_TOKENS_BOUND, doc=(
+        "encoder inputs: the embeddings one step may encode (null, the default: max_num_batched_tokens)"))
+    encoder_cache_size: int | None = knob(None, 1, MAX_TOKENS_BOUND, doc=(
+        "encoder inputs: the encoder cache's capacity in embeddings (null, the default: max_num_batched_tokens)"))
+    disable_chunked_mm_input: bool = knob(False, doc=(
+        "encoder inputs: a chunk never ends inside an item it starts at or before; it stops before the item "
+        "instead (default false)"))
     # A KV connector that needs a preempted request's KV delivered (vLLM's
     # KVConnectorBase_V1.requires_kv_delivery, base.py:198-207): schedule()'s preemptions
     # then drop the request's output in flight (S:988-992).  Off: none, or a best-effort one.
-    requires_kv_delivery: bool = False
+    requires_kv_delivery: bool = knob(False, doc=(
+        "a KV connector that needs a preempted request's KV delivered: schedule()'s preemptions drop the "
+        "request's output in flight (default false); vLLM 0.33.0 and later"))
     # Cache-aware admission (cache_aware_admission.py; vLLM 0.34.0, C:223-244): the
     # waiting requests it may reorder, 0 off; and the KV cache usage it needs first.
-    cache_aware_admission_window: int = 0
-    cache_aware_admission_threshold: float = 0.5
+    cache_aware_admission_window: int = knob(0, 0, INT32_MAX, doc=(
+        "cache-aware admission: among the first this many waiting requests, those whose prompt prefix is "
+        "cached are admitted first, deepest hit first (0, the default, is off); FCFS with prefix caching only; "
+        "vLLM 0.34.0 and later"))
+    cache_aware_admission_threshold: float = knob(0.5, doc=(
+        "cache-aware admission: the KV cache usage in [0, 1] below which the window does not reorder "
+        "(default 0.5); vLLM 0.34.0 and later"))
     # The vLLM release modelled: its rules (spec/versions.py gates) and its config checks.
-    vllm_version: str = DEFAULT_RELEASE
+    vllm_version: str = knob(DEFAULT_RELEASE, doc=(
+        f"the vLLM release modelled (default the newest modelled release, {DEFAULT_RELEASE}, or the command's "
+        "--vllm-version / --impl vllm==X)"))
 
     @property
     def token_budget(self) -> int:
@@ -155,38 +216,57 @@ def long_prefill_threshold(c: SchedulerConfig, num_eligible: int) -> int:
     return threshold
 
 
-CONFIG_FIELDS = tuple(f.name for f in fields(SchedulerConfig))
-FLOAT_FIELDS = ("watermark", "cache_aware_admission_threshold")  # JSON numbers, held as floats
+@dataclass(frozen=True)
+class ConfigField:
+    """One row of the config table: a `config` field of a scenario file."""
 
-# The integer fields: name -> (minimum, whether null is allowed).
-INT_FIELDS = {
-    "max_num_batched_tokens": (1, False),
-    "max_num_scheduled_tokens": (1, True),
-    "max_num_seqs": (1, False),
-    "max_num_active_seqs": (1, True),
-    "long_prefill_token_threshold": (0, False),
-    "cache_aware_admission_window": (0, False),
-    "max_model_len": (1, False),
-    "block_size": (1, False),
-    "num_gpu_blocks": (1, False),
-    "num_speculative_tokens": (0, False),
-    "num_lookahead_tokens": (0, False),
-    "num_prefill_lookahead_tokens": (0, False),
-    "max_num_new_slots_for_drafting": (0, False),
-    "num_hash_lookahead_tokens": (0, False),
-    "max_loras": (1, True),
-    "prefill_schedule_interval": (1, False),
-    "max_num_encoder_input_tokens": (1, True),
-    "encoder_cache_size": (1, True),
-}
-# The true/false fields.
-BOOL_FIELDS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "enable_prefix_caching",
-               "async_scheduling", "long_prefill_token_threshold_adaptive", "requires_kv_delivery",
-               "use_eagle_block_drop", "disable_chunked_mm_input")
+    name: str
+    kind: str  # its JSON type: integer, boolean, number or string
+    nullable: bool  # null allowed (the default: a value derived from another field)
+    default: Any
+    minimum: int | None  # vLLM's least value of an integer (the newest release's)
+    maximum: int | None  # schedspec's bound on an integer (docs/formats.md)
+    since: str | None  # the release that added it (versions.FIELDS_SINCE); None: every modelled one
+    doc: str  # what it means (the JSON Schema's description)
+
+    @property
+    def json_types(self) -> str | list[str]:
+        return [self.kind, "null"] if self.nullable else self.kind
+
+
+# The Python types of the fields (annotations, strings here) and their JSON types.
+_JSON_KINDS = {"int": "integer", "bool": "boolean", "float": "number", "str": "string"}
+
+
+def _row(f) -> ConfigField:
+    python_type, _, none = f.type.partition(" | ")
+    meta = f.metadata
+    return ConfigField(f.name, _JSON_KINDS[python_type], none == "None", f.default, meta.get("minimum"),
+                       meta.get("maximum"), FIELDS_SINCE[f.name][0] if f.name in FIELDS_SINCE else None,
+                       meta.get("doc", ""))
+
+
+CONFIG_TABLE: dict[str, ConfigField] = {f.name: _row(f) for f in fields(SchedulerConfig)}
+CONFIG_FIELDS = tuple(CONFIG_TABLE)
+# The fields by JSON type; integers: name -> (vLLM's least value, whether null is allowed).
+INT_FIELDS = {n: (r.minimum, r.nullable) for n, r in CONFIG_TABLE.items() if r.kind == "integer"}
+BOOL_FIELDS = tuple(n for n, r in CONFIG_TABLE.items() if r.kind == "boolean")
+FLOAT_FIELDS = tuple(n for n, r in CONFIG_TABLE.items() if r.kind == "number")  # JSON numbers, held as floats
+
+TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "object": "an object",
+              "array": "an array", "boolean": "true or false", "null": "null"}
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+_IS_KIND = {
+    "integer": _is_int,
+    "boolean": lambda v: isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+}
 
 
 EXCERPT_CHARS = 40
@@ -212,49 +292,83 @@ def field_path(where: str, key: Any) -> str:
     return f"{where}[{excerpt(key)}]"
 
 
-def config_from_dict(raw: Any, where: str = "config") -> SchedulerConfig:
-    """Build a config from a scenario's `config` object: JSON types here, every
-    value condition in `validate_config`."""
+def unknown_field(key: Any, known) -> str:
+    """What to say of an unknown key: the nearest of the `known` names, when one is near."""
+    near = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) and len(key) <= 80 else []
+    return f"unknown field; did you mean {near[0]}?" if near else "unknown field (docs/formats.md lists the fields)"
+
+
+def check_field(name: str, value: Any, where: str = "config") -> Any:
+    """`value` of config field `name` as the config holds it (a float for a number);
+    ConfigError, one line naming the field, for a value of another JSON type or beyond
+    schedspec's bound (CONFIG_TABLE)."""
+    row = CONFIG_TABLE[name]
+    if value is None and row.nullable:
+        return None
+    if not _IS_KIND[row.kind](value):
+        kinds = row.json_types if row.nullable else [row.kind]
+        raise ConfigError(f"{where}.{name}", f"must be {' or '.join(TYPE_WORDS[k] for k in kinds)}, "
+                          f"got {excerpt(value)}")
+    if row.maximum is not None and value > row.maximum:
+        raise ConfigError(f"{where}.{name}", f"= {excerpt(value)}, must be <= {row.maximum} (schedspec's bound, "
+                          "docs/formats.md)")
+    if row.kind == "number" and _is_int(value):
+        try:
+            return float(value)
+        except OverflowError:
+            raise ConfigError(f"{where}.{name}", f"= {excerpt(value)} is too large for a number") from None
+    return value
+
+
+def config_from_json(raw: Any, where: str = "config", release: str = DEFAULT_RELEASE) -> SchedulerConfig:
+    """The config a scenario's `config` object states: known fields of their JSON types
+    within schedspec's bounds (CONFIG_TABLE); one that names no `vllm_version` models
+    `release`.  Whether that release accepts it is `validate_config`'s question."""
     if not isinstance(raw, dict):
         raise ConfigError(where, f"must be an object, got {excerpt(raw)}")
-    unknown = [k for k in raw if k not in CONFIG_FIELDS]
-    if unknown:
-        raise ConfigError(
-            field_path(where, unknown[0]),
-            f"unknown field; known fields are {', '.join(CONFIG_FIELDS)}",
-        )
-    for name, value in raw.items():
-        path = f"{where}.{name}"
-        if name in INT_FIELDS:
-            _, nullable = INT_FIELDS[name]
-            if value is None and nullable:
-                continue
-            if not _is_int(value):
-                raise ConfigError(path, f"must be an integer{' or null' if nullable else ''}, got {excerpt(value)}")
-        elif name in BOOL_FIELDS:
-            if not isinstance(value, bool):
-                raise ConfigError(path, f"must be true or false, got {excerpt(value)}")
-        elif name == "watermark":
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ConfigError(path, f"must be a number, got {excerpt(value)}")
-            if _is_int(value) and not 0 <= value < 1:  # float() of a huge int overflows
-                raise ConfigError(path, f"= {excerpt(value)}, must be in [0, 1); 0.0 disables the watermark")
-        elif name == "cache_aware_admission_threshold":
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ConfigError(path, f"must be a number, got {excerpt(value)}")
-            if _is_int(value) and not 0 <= value <= 1:
-                raise ConfigError(path, f"= {excerpt(value)}, must be in [0, 1]")
-        elif name in ("policy", "vllm_version"):
-            if not isinstance(value, str):
-                raise ConfigError(path, f"must be a string, got {excerpt(value)}")
-    values = {k: (float(v) if k in FLOAT_FIELDS else v) for k, v in raw.items()}
-    release = values.get("vllm_version", DEFAULT_RELEASE)
-    if release in RELEASES:  # a field the release lacks means its older behaviour (versions.FIELDS_SINCE)
-        values = {**{f: absent for f, (since, absent, _) in FIELDS_SINCE.items()
-                     if release_key(release) < release_key(since)}, **values}
-    config = SchedulerConfig(**values)
+    for key in raw:
+        if key not in CONFIG_TABLE:
+            raise ConfigError(field_path(where, key), unknown_field(key, CONFIG_FIELDS))
+    values = {name: check_field(name, raw[name], where) for name in sorted(raw)}
+    values.setdefault("vllm_version", release)
+    return SchedulerConfig(**values)
+
+
+def check_config(c: SchedulerConfig, where: str = "config") -> SchedulerConfig:
+    """`c`, when each field has its JSON type and is within schedspec's bounds (a config
+    built in code); ConfigError naming the first field that is not."""
+    for name in _SORTED_FIELDS:
+        check_field(name, getattr(c, name), where)
+    return c
+
+
+_SORTED_FIELDS = tuple(sorted(CONFIG_FIELDS))  # the order config_from_json checks a file's in
+
+
+def config_from_dict(raw: Any, where: str = "config", release: str = DEFAULT_RELEASE) -> SchedulerConfig:
+    """`config_from_json`, then the modelled release's acceptance (`validate_config`)."""
+    config = config_from_json(raw, where, release)
     validate_config(config, where)
     return config
+
+
+def config_as_given(c: SchedulerConfig) -> dict[str, Any]:
+    """`c` as a scenario file gives it: the fields that differ from their defaults."""
+    return {name: getattr(c, name) for name, row in CONFIG_TABLE.items() if getattr(c, name) != row.default}
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of a scenario's `config` (reference/schemas/scenario.schema.json),
+    from the table: types, and schedspec's bounds; vLLM's least values and the rules
+    between fields are `validate_config`'s, per release."""
+    props: dict[str, Any] = {}
+    for row in CONFIG_TABLE.values():
+        props[row.name] = {"type": row.json_types}
+        if row.maximum is not None:
+            props[row.name]["maximum"] = row.maximum
+        if row.doc:
+            props[row.name]["description"] = row.doc
+    return {"type": "object", "additionalProperties": False, "properties": props}
 
 
 def validate_field_bounds(c: SchedulerConfig, fail) -> None:
