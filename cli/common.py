@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from .args import float_arg
 from schedspec.reference.errors import UsageError, fail, status
+from schedspec.spec.versions import DEFAULT_RELEASE
 
 
 class Parser(argparse.ArgumentParser):
@@ -34,7 +35,9 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> i
     try:
         from .vllm_version import apply
 
-        apply(args)  # the vLLM release the command models (--impl vllm==X, --vllm-version X)
+        # The vLLM release the command models (--impl vllm==X, --vllm-version X): the
+        # commands pass it on to what reads or draws scenarios.
+        args.modelled_release = apply(args)
         return int(args.func(args) or 0)
     except UsageError as e:
         fail(str(e))
@@ -75,14 +78,15 @@ def load_impl_or_fail(name: str, device: str | None = None):
     return impl
 
 
-def load_scenario_or_fail(path_or_name: str):
+def load_scenario_or_fail(path_or_name: str, release: str = DEFAULT_RELEASE):
     """The scenario a SCENARIO argument names (a file, or a shipped example's
-    name); a UsageError (one line) when it cannot be read."""
+    name), modelling `release` unless its config names one; a UsageError (one
+    line) when it cannot be read."""
     from schedspec.reference.example_files import resolve_scenario_path
     from schedspec.reference.scenario import ScenarioError, load_scenario
 
     try:
-        return load_scenario(resolve_scenario_path(path_or_name))
+        return load_scenario(resolve_scenario_path(path_or_name), release)
     except ScenarioError as e:
         raise UsageError(str(e)) from None
 

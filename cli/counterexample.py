@@ -208,7 +208,7 @@ def _replay(args, goal) -> int:
     from schedspec.proofs.search.counterexample import GoalFailed, ImplementationFailed, evaluate
 
     try:
-        scenario = load_scenario(args.replay)
+        scenario = load_scenario(args.replay, args.modelled_release)
     except ScenarioError as e:
         raise UsageError(str(e)) from None
     from schedspec.spec.config import ConfigError

@@ -67,7 +67,7 @@ def campaign_options(args: argparse.Namespace, device: str | None, outdir: Path)
         impl=args.impl, against=args.against, seed=args.seed, num_scenarios=args.num_scenarios,
         configs=args.configs, flags=args.flags, device=device, batch_size=args.batch_size, out_dir=outdir,
         shrink=not args.no_shrink, shrink_seconds=args.shrink_seconds, quiet=args.json,
-        scenario_timeout=args.scenario_timeout)
+        scenario_timeout=args.scenario_timeout, release=args.modelled_release)
 
 
 def execution_for(args: argparse.Namespace, pending: int, batched: bool, store, done, devices) -> Execution:
@@ -102,9 +102,10 @@ def resumed_campaign(args: argparse.Namespace):
         raise UsageError(f"--resume takes the campaign from {shown(args.resume)}/campaign.json; drop {given[0]}")
     store = ResultStore(Path(args.resume))
     data = store.read_campaign()
-    base = CampaignOptions(impl=DEFAULTS["impl"], quiet=args.json, scenario_timeout=args.scenario_timeout)
+    base = CampaignOptions(impl=DEFAULTS["impl"], quiet=args.json, scenario_timeout=args.scenario_timeout,
+                           release=args.modelled_release)
     options = options_from_campaign(data, base)
-    files = load_scenario_files([f["path"] for f in data["files"]])
+    files = load_scenario_files([f["path"] for f in data["files"]], options.release)
     return store, options, files, store.resume()
 
 
@@ -132,7 +133,7 @@ def cmd_diff(args) -> int:
         options = campaign_options(args, device, outdir)
         campaign_flags(options)  # --flags that torch cannot honour fail before any loading
         # Load the scenario files first, so a bad file fails before the slow imports.
-        scenarios = load_scenario_files(args.files)
+        scenarios = load_scenario_files(args.files, options.release)
         if args.results and (args.files or args.num_scenarios):
             from schedspec.reference.campaign_store import ResultStore, describe_campaign
             from schedspec.reference.example_files import resolve_scenario_path

@@ -100,14 +100,13 @@ def campaign_and_report(args, version: str, against: str, out: Path) -> int:
     from schedspec.reference.generator import FLAGS_ALL
     from schedspec.reference.impl import SpecScheduler
     from schedspec.reference.keep_up import group_divergences, render_report
-    from schedspec.reference.scenario import load_scenario, set_default_vllm_version
+    from schedspec.reference.scenario import load_scenario
 
     from .common import load_impl_or_fail
 
-    set_default_vllm_version(against)
     options = CampaignOptions(impl="vllm", against="spec", seed=args.seed, num_scenarios=args.scenarios,
                               flags=FLAGS_ALL, out_dir=out / "divergences", shrink=True,
-                              shrink_seconds=args.shrink_seconds, quiet=True)
+                              shrink_seconds=args.shrink_seconds, quiet=True, release=against)
     status(f"keep-up: campaign of vLLM {version} against the spec at {against}, {args.scenarios} scenarios "
            f"of seed {args.seed}")
     res = run_campaign(options, [], sys.stdout)
@@ -120,7 +119,7 @@ def campaign_and_report(args, version: str, against: str, out: Path) -> int:
     for entry in res["divergences"]:
         minimal = entry.get("minimal")
         path = Path(minimal["file"] if minimal else entry["file"])
-        s = load_scenario(path)
+        s = load_scenario(path, against)
         d = diverges(s)
         if d is not None:
             found.append((s, d, str(path)))

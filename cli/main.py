@@ -138,7 +138,7 @@ class _no_writer:
 
 def cmd_run(args) -> int:
     device = device_for(args.device, [args.impl] if not args.policy_baseline else [args.policy_baseline])
-    scenario = load_scenario_or_fail(args.scenario)
+    scenario = load_scenario_or_fail(args.scenario, args.modelled_release)
     # Every output path is checked before the run: a bad one costs nothing.
     from schedspec.reference.outputs import check_plot_path, check_trace_path
 
@@ -199,7 +199,7 @@ def cmd_validate(args) -> int:
     from schedspec.reference.scenario import validate_scenario
     from schedspec.spec.config import ConfigError
 
-    scenario = load_scenario_or_fail(args.scenario)
+    scenario = load_scenario_or_fail(args.scenario, args.modelled_release)
     try:
         config = validate_scenario(scenario)
     except ConfigError as e:
@@ -214,7 +214,7 @@ def cmd_check(args) -> int:
     from schedspec.spec.properties import PROPERTIES, check_step
 
     device = device_for(args.device, [args.impl])
-    scenario = load_scenario_or_fail(args.scenario)
+    scenario = load_scenario_or_fail(args.scenario, args.modelled_release)
     applicable = {name: 0 for name in PROPERTIES}
     first_violation: dict[str, tuple[int, Any]] = {}
     violations = {name: 0 for name in PROPERTIES}

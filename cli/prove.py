@@ -157,9 +157,7 @@ def cmd_prove(args) -> int:
     outdir = check_output_dir(args.out, "-o")
     from schedspec.proofs import release
     from schedspec.proofs.obligations import build_obligations, outside_encoding, shared_builds
-    from schedspec.reference.scenario import default_vllm_version
-
-    release.set_release(default_vllm_version())  # --vllm-version X (cli/vllm_version.py apply)
+    release.set_release(args.modelled_release)  # --vllm-version X (cli/vllm_version.py apply)
 
     obligations = build_obligations(args.bound, args.timeout)
     not_encoded = outside_encoding()

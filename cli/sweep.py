@@ -30,7 +30,7 @@ def _workloads(args):
             raise UsageError("--scenarios N goes with --seed (a random workload), not with a scenario file")
         from schedspec.reference.example_files import resolve_scenario_path
 
-        return [load_scenario_or_fail(args.scenario)], [Path(resolve_scenario_path(args.scenario))]
+        return [load_scenario_or_fail(args.scenario, args.modelled_release)], [Path(resolve_scenario_path(args.scenario))]
     if args.seed is None:
         raise UsageError("no workload: give a scenario file or example name, or --seed N [--scenarios K]")
     k = 1 if args.num_scenarios is None else args.num_scenarios

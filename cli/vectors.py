@@ -54,9 +54,9 @@ def cmd_export(args) -> int:
     if reason:
         raise UsageError(reason)
     # Scenario files are read first, so a bad one fails before anything is written.
-    files = [s for s, _ in load_scenario_files(args.files)]
+    files = [s for s, _ in load_scenario_files(args.files, args.modelled_release)]
     total = len(files) or args.num_scenarios
-    scenarios = files or (s for s, _ in random_scenarios(args.num_scenarios, args.seed, flags))
+    scenarios = files or (s for s, _ in random_scenarios(args.num_scenarios, args.seed, flags, args.modelled_release))
     impl = load_impl_or_fail(args.impl) if args.impl != "spec" else None
     progress = Progress("export", total, min_total=20)
     try:

@@ -6,7 +6,8 @@ that names `vllm==X` while this interpreter has another vLLM re-executes itself
 under X's interpreter (`python -m schedspec` with the same arguments), so vLLM X
 and the spec run in one process there.  In that process, and with
 `--impl spec --vllm-version X`, scenarios whose config names no `vllm_version`
-model release X (reference/scenario.py `set_default_vllm_version`).
+model release X: `apply` says which release, and the command passes it to what
+reads or draws scenarios (reference/scenario.py `load_scenario`).
 """
 
 from __future__ import annotations
@@ -123,12 +124,10 @@ def reexec_if_needed(argv: Sequence[str]) -> None:
     os.execv(str(py), [str(py), "-m", "schedspec", *argv])
 
 
-def apply(args) -> None:
+def apply(args) -> str:
     """After parsing: the release the command models.  `--impl vllm==X` (in the
     process that has vLLM X) or `--vllm-version X` make X the release of every
     scenario whose config names none."""
-    from schedspec.reference.scenario import set_default_vllm_version
-
     versions = set()
     names = [n for n in (getattr(args, "impl", None), getattr(args, "against", None)) if isinstance(n, str)]
     for name in names:
@@ -148,7 +147,7 @@ def apply(args) -> None:
                          "models one release (`schedspec changes A B` compares two)")
     if "torch" in names and versions and release_key(min(versions, key=release_key)) < release_key(TORCH_OLDEST):
         raise UsageError(f"--impl torch models vLLM {TORCH_OLDEST} and later, not {versions.pop()}")
-    set_default_vllm_version(versions.pop() if versions else DEFAULT_RELEASE)
+    return versions.pop() if versions else DEFAULT_RELEASE
 
 
 def add_vllm_version_argument(parser) -> None:

@@ -244,33 +244,19 @@ class _Prepared:
         return [quote(rid) for rid in self.ids]
 
 
-def _config_key(config: Any) -> tuple | None:
-    """A raw config object as a dict key, or None when it cannot be one.  Types are
-    part of the key: `True == 1` and `1.0 == 1`, but the checks tell them apart."""
-    if not isinstance(config, dict):
-        return None
-    key = tuple(sorted((k, type(v), v) for k, v in config.items()))
-    try:
-        hash(key)
-    except TypeError:  # a list or an object among the values
-        return None
-    return key
-
-
 def prepare(scenario: Scenario, configs: dict | None = None) -> _Prepared | str:
     """The scenario ready for a batch, or the error message of its error trace.
-    `configs`: the validated configs (or their error messages) by raw config,
-    kept by the caller across the scenarios of one batch, which mostly share a
-    handful of configs."""
-    key = _config_key(scenario.config) if configs is not None else None
-    config = configs.get(key) if key is not None else None
+    `configs`: the accepted configs (or their error messages) by config, kept by
+    the caller across the scenarios of one batch, which mostly share a handful of
+    configs."""
+    config = configs.get(scenario.config) if configs is not None else None
     if config is None:
         try:
             config = scenario.scheduler_config()
         except ConfigError as e:
             config = str(e)
-        if key is not None:
-            configs[key] = config
+        if configs is not None:
+            configs[scenario.config] = config
     if isinstance(config, str):
         return config
     beyond = limit_violation(config, scenario.max_steps)

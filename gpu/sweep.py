@@ -28,7 +28,7 @@ from schedspec.reference.errors import UsageError
 from schedspec.reference.outputs import PLOT_MARKER
 from schedspec.reference.metrics import percentile
 from schedspec.reference.scenario import Scenario
-from schedspec.spec.config import BOOL_FIELDS, CONFIG_FIELDS, INT_FIELDS
+from schedspec.spec.config import CONFIG_FIELDS, ConfigError, check_field, config_as_given, unknown_field
 
 PLOT_SOFTWARE = f"{PLOT_MARKER} (schedspec sweep)"  # reference/outputs.py is_schedspec_plot: ours to replace
 MAX_SCENARIOS = 100_000  # one batch; beyond this the tensors and traces outgrow a laptop
@@ -41,18 +41,11 @@ class Axis:
 
 
 def _check_type(field: str, value: Any, text: str) -> None:
-    ok: bool
-    if field in INT_FIELDS:
-        ok = (isinstance(value, int) and not isinstance(value, bool)) or (value is None and INT_FIELDS[field][1])
-        want = "an integer" + (" or null" if INT_FIELDS[field][1] else "")
-    elif field in BOOL_FIELDS:
-        ok, want = isinstance(value, bool), "true or false"
-    elif field == "watermark":
-        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-    else:  # policy
-        ok, want = isinstance(value, str), "a string"
-    if not ok:
-        raise UsageError(f"--set {field}: value {text!r} must be {want}")
+    """The field's JSON type and schedspec's bound (spec/config.py, the config table)."""
+    try:
+        check_field(field, value)
+    except ConfigError as e:
+        raise UsageError(f"--set {field}: value {text!r}: {str(e).split(': ', 1)[1]}") from None
 
 
 def parse_set(items: Sequence[str]) -> list[Axis]:
@@ -66,7 +59,7 @@ def parse_set(items: Sequence[str]) -> list[Axis]:
         if not eq or not field:
             raise UsageError(f"--set {item!r}: expected FIELD=V1,V2,... (e.g. max_num_seqs=32,64)")
         if field not in CONFIG_FIELDS:
-            raise UsageError(f"--set {field}: unknown config field; known fields are {', '.join(CONFIG_FIELDS)}")
+            raise UsageError(f"--set {field}: {unknown_field(field, CONFIG_FIELDS).replace('field', 'config field', 1)}")
         if field in seen:
             raise UsageError(f"--set {field}: given twice; list all its values in one --set")
         seen.add(field)
@@ -125,7 +118,7 @@ def grid_scenarios(workloads: Sequence[Scenario], points: Sequence[dict[str, Any
     for point in points:
         for w in workloads:
             out.append(dataclasses.replace(w, name=f"{w.name}[{point_label(point)}]",
-                                           config={**w.config, **point}))
+                                           config={**config_as_given(w.config), **point}))
     return out
 
 
@@ -192,9 +185,8 @@ def spec_traces(scenarios: Sequence[Scenario], keep_steps: bool, workers: int = 
     """The spec's trace of each scenario, in order, computed on `workers`
     processes (or Ray actors) by reference/workers.py."""
     from schedspec.reference.workers import Job, SetupError, WorkerFailure, run_job
-    from schedspec.reference.scenario import default_vllm_version
 
-    job = Job("schedspec.reference.campaign_worker:setup_one", ("spec", None, default_vllm_version()),
+    job = Job("schedspec.reference.campaign_worker:setup_one", ("spec", None),
               "schedspec.reference.campaign_worker:run_trace")
     traces: dict[int, dict[str, Any]] = {}
     try:

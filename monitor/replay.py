@@ -75,8 +75,7 @@ class RunLog:
                         break
 
     def scenario(self, name: str) -> Scenario:
-        config = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
-        return Scenario(name=name, config=config, requests=tuple(self.requests.values()),
+        return Scenario(name=name, config=self.config, requests=tuple(self.requests.values()),
                         aborts=tuple(self.aborts), max_steps=self.steps + 1,
                         description=f"rebuilt by schedspec's runtime monitor from a diverging run ({name})")
 

@@ -243,8 +243,8 @@ def witness() -> tuple[Result, Any]:
     t0 = time.perf_counter()
     for i in range(400):
         s = generate_scenario(scenario_rng(WITNESS_SEED, i), i)
-        config = {**s.config, "policy": "fcfs", "enable_prefix_caching": False, "async_scheduling": False,
-                  "enable_chunked_prefill": True}
+        config = dataclasses.replace(s.config, policy="fcfs", enable_prefix_caching=False, async_scheduling=False,
+                                     enable_chunked_prefill=True)
         s = dataclasses.replace(s, config=config, aborts=(), max_steps=10_000)
         if len(s.requests) < 3 or unmet_conditions(s.scheduler_config()):
             continue

@@ -21,6 +21,7 @@ from typing import IO, Any
 from .errors import UsageError, shown
 from .progress import Progress
 from schedspec.spec.config import FLOAT_FIELDS, ConfigError, SchedulerConfig, config_from_dict
+from schedspec.spec.versions import DEFAULT_RELEASE
 
 from .compare import Divergence
 from .engine import run_scenario
@@ -46,7 +47,9 @@ class CampaignOptions:
     `shrink_seconds`: whether a diverging random scenario is shrunk, and the time
     budget for one; `quiet`: print nothing on the output stream (the caller
     prints the returned report, e.g. as JSON); `scenario_timeout`: seconds a
-    worker may spend on one scenario (its shrink aside) before it counts as hung."""
+    worker may spend on one scenario (its shrink aside) before it counts as hung;
+    `release`: the vLLM release of the configs that name none (the command's
+    `--vllm-version X` or `--impl vllm==X`), the one random scenarios draw for."""
 
     impl: str
     against: str = "spec"
@@ -61,6 +64,7 @@ class CampaignOptions:
     shrink_seconds: float = 120.0
     quiet: bool = False
     scenario_timeout: float = 300.0
+    release: str = DEFAULT_RELEASE
 
 
 class TimedImpl:
@@ -174,13 +178,13 @@ def repro_command(options: CampaignOptions, path: Path) -> str:
     return f"{cmd} {path}"
 
 
-def load_scenario_files(paths: Iterable[str]) -> list[tuple[Scenario, bool]]:
+def load_scenario_files(paths: Iterable[str], release: str = DEFAULT_RELEASE) -> list[tuple[Scenario, bool]]:
     """(scenario, False) per file (or shipped example's name); a UsageError for
     one that cannot be read."""
     out = []
     for f in paths:
         try:
-            out.append((load_scenario(resolve_scenario_path(f)), False))
+            out.append((load_scenario(resolve_scenario_path(f), release), False))
         except ScenarioError as e:
             raise UsageError(str(e)) from None
     return out
@@ -195,17 +199,14 @@ def flags_description(flags: Sequence[tuple[bool, bool]]) -> str:
 
 
 def random_scenario(seed: int, i: int, flags: Sequence[tuple[bool, bool]] | None = None,
-                    features: frozenset[str] = frozenset()) -> Scenario:
-    """Random scenario `i` of `seed`, drawing the engine-flag combinations
-    `flags` (reference/generator.py; None: none, as torch campaigns need) and
-    `features` (speculative decoding); its description says how to draw it again."""
+                    features: frozenset[str] = frozenset(), release: str = DEFAULT_RELEASE) -> Scenario:
+    """Random scenario `i` of `seed` for vLLM `release` (its config fields are the
+    ones drawn), drawing the engine-flag combinations `flags` (reference/generator.py;
+    None: none, as torch campaigns need) and `features` (speculative decoding); its
+    description says how to draw it again."""
     from .generator import FLAGS_OFF, generate_scenario, scenario_rng
-    from schedspec.spec.versions import DEFAULT_RELEASE
-
-    from .scenario import default_vllm_version
 
     flags = flags or FLAGS_OFF
-    release = default_vllm_version()  # the command's release: its fields are the ones drawn
     s = generate_scenario(scenario_rng(seed, i), i, flags, release, features)
     for_release = "" if release == DEFAULT_RELEASE else f" for vLLM {release}"
     return dataclasses.replace(
@@ -214,11 +215,11 @@ def random_scenario(seed: int, i: int, flags: Sequence[tuple[bool, bool]] | None
                     f"{seed}{flags_description(flags)}, N > {i})")
 
 
-def random_scenarios(num_scenarios: int | None, seed: int,
-                     flags: Sequence[tuple[bool, bool]] | None = None) -> Iterator[tuple[Scenario, bool]]:
-    """(random_scenario(seed, i, flags), True) for i in 0 .. num_scenarios - 1."""
+def random_scenarios(num_scenarios: int | None, seed: int, flags: Sequence[tuple[bool, bool]] | None = None,
+                     release: str = DEFAULT_RELEASE) -> Iterator[tuple[Scenario, bool]]:
+    """(random_scenario(seed, i, flags, release=release), True) for i in 0 .. num_scenarios - 1."""
     for i in range(num_scenarios or 0):
-        yield random_scenario(seed, i, flags), True
+        yield random_scenario(seed, i, flags, release=release), True
 
 
 def campaign_features(options: CampaignOptions) -> frozenset[str]:
@@ -244,11 +245,9 @@ def campaign_flags(options: CampaignOptions):
     return options.flags
 
 
-def _accepts(impl_name: str, impl, raw: dict[str, Any]) -> tuple[bool, str]:
-    from .scenario import default_vllm_version
-
+def _accepts(impl_name: str, impl, raw: dict[str, Any], release: str) -> tuple[bool, str]:
     # A config naming no release is of the command's release (--vllm-version, --impl vllm==X).
-    raw = raw if "vllm_version" in raw else {**raw, "vllm_version": default_vllm_version()}
+    raw = raw if "vllm_version" in raw else {**raw, "vllm_version": release}
     if impl_name == "spec":
         try:
             config_from_dict(raw)
@@ -276,8 +275,8 @@ def run_config_agreement(options: CampaignOptions, impl_a, impl_b, out) -> dict[
         for i in range(n):
             rng = config_rng(options.seed, i)
             raw = generate_config_dict(rng, valid_bias=0.5)
-            ok_a, why_a = _accepts(a_name, impl_a, raw)
-            ok_b, why_b = _accepts(b_name, impl_b, raw)
+            ok_a, why_a = _accepts(a_name, impl_a, raw, options.release)
+            ok_b, why_b = _accepts(b_name, impl_b, raw, options.release)
             if ok_a and ok_b:
                 res["both_accept"] += 1
             elif not ok_a and not ok_b:
@@ -300,7 +299,7 @@ def campaign_source(options: CampaignOptions, files: list[tuple[Scenario, bool]]
     """How many scenarios a campaign runs, and them in order: `files` if any,
     else `options.num_scenarios` random ones drawing `flags`."""
     total = len(files) + (options.num_scenarios or 0)
-    return total, (files if files else random_scenarios(options.num_scenarios, options.seed, flags))
+    return total, (files if files else random_scenarios(options.num_scenarios, options.seed, flags, options.release))
 
 
 def print_campaign_report(res: dict[str, Any], elapsed: float, timing: str, out) -> None:
@@ -355,10 +354,8 @@ def run_campaign(options: CampaignOptions, files: list[tuple[Scenario, bool]], o
     total = len(items)
     results: dict[int, dict[str, Any]] = dict(execution.done)
     pending = [(i, item) for i, item in items if i not in results]
-    from .scenario import default_vllm_version
-
     inline = execution.workers <= 1 and execution.ray_address is None
-    job = Job(WORKER_SETUP, (options, flags, execution.devices, default_vllm_version(), inline), WORKER_RUN,
+    job = Job(WORKER_SETUP, (options, flags, execution.devices, inline), WORKER_RUN,
               item_timeout=options.scenario_timeout, long_timeout=options.scenario_timeout + options.shrink_seconds)
     progress = Progress("diff", total, min_total=20)
     merged = Merge(options, files, flags, out, resumed=bool(execution.done), before_print=progress.close)
@@ -432,7 +429,8 @@ class Merge:
     def scenario(self, index: int) -> Scenario:
         if self.files:
             return self.files[index][0]
-        return random_scenario(self.options.seed, index, self.flags, campaign_features(self.options))
+        return random_scenario(self.options.seed, index, self.flags, campaign_features(self.options),
+                               self.options.release)
 
     def advance(self, results: dict[int, dict[str, Any]]) -> None:
         while self.next in results:

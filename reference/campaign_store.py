@@ -42,9 +42,7 @@ def describe_campaign(options, files: list[str]) -> dict[str, Any]:
     opts = {k: getattr(options, k) for k in DEFINING}
     opts["out_dir"] = str(opts["out_dir"])
     opts["flags"] = None if opts["flags"] is None else [list(f) for f in opts["flags"]]
-    from .scenario import default_vllm_version
-
-    return {"format": CAMPAIGN_FORMAT, "options": opts, "vllm_version": default_vllm_version(),
+    return {"format": CAMPAIGN_FORMAT, "options": opts, "vllm_version": options.release,
             "files": [{"path": str(Path(f).resolve()), "sha256": sha256_of(Path(f))} for f in files]}
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import errors
 from .loader import load_impl
+from schedspec.spec.versions import DEFAULT_RELEASE
 
 from .campaign import (
     CampaignOptions,
@@ -28,7 +29,7 @@ from .campaign import (
 from .compare import compare_runs
 from .coverage import StepCoverage, add_coverage
 from .impl import SpecScheduler
-from .scenario import Scenario, set_default_vllm_version
+from .scenario import Scenario
 from .shrink import shrink
 
 
@@ -54,14 +55,11 @@ class PairContext:
 
 
 def setup_pair(options: CampaignOptions, flags: tuple, devices: tuple[str | None, str | None],
-               vllm_version: str | None = None, announce: bool = False) -> PairContext:
+               announce: bool = False) -> PairContext:
     """Loads `options.impl` and `options.against` (ImplementationError, one
-    line, when one cannot be); scenarios without a `vllm_version` model
-    `vllm_version`, as in the process that started the campaign.  `announce`:
-    say so on stderr before a slow load (the one worker of a campaign run in
-    its own process; many workers would repeat it)."""
-    if vllm_version is not None:
-        set_default_vllm_version(vllm_version)
+    line, when one cannot be).  `announce`: say so on stderr before a slow load
+    (the one worker of a campaign run in its own process; many workers would
+    repeat it)."""
     status = errors.status if announce else None
     a = load_impl(options.impl, device=devices[0], status=status)
     try:
@@ -76,17 +74,18 @@ def is_spec(impl) -> bool:
     return isinstance(getattr(impl, "impl", impl), SpecScheduler)
 
 
-def scenario_of(item: tuple, flags: tuple, features: frozenset[str] = frozenset()) -> tuple[Scenario, bool]:
-    """An item is ("random", seed, index) (the worker draws it: cheaper than
-    sending it) or ("file", scenario)."""
+def scenario_of(item: tuple, flags: tuple, features: frozenset[str] = frozenset(),
+                release: str = DEFAULT_RELEASE) -> tuple[Scenario, bool]:
+    """An item is ("random", seed, index) (the worker draws it, for vLLM `release`:
+    cheaper than sending it) or ("file", scenario)."""
     if item[0] == "random":
-        return random_scenario(item[1], item[2], flags, features), True
+        return random_scenario(item[1], item[2], flags, features, release), True
     return item[1], False
 
 
 def run_item(ctx: PairContext, item: tuple, heartbeat) -> dict[str, Any]:
     """Both implementations on one scenario: the result the campaign merges."""
-    scenario, is_random = scenario_of(item, ctx.flags, campaign_features(ctx.options))
+    scenario, is_random = scenario_of(item, ctx.flags, campaign_features(ctx.options), ctx.options.release)
     a, b, options = ctx.a, ctx.b, ctx.options
     coverage: dict[str, int] = {}
     # Prefix-cache and async coverage reads the spec's states: b's, or a's when a is the spec.
@@ -120,10 +119,8 @@ def run_item(ctx: PairContext, item: tuple, heartbeat) -> dict[str, Any]:
 # --- one implementation's traces (schedspec sweep --impl spec) ------------------------------------
 
 
-def setup_one(name: str, device: str | None = None, vllm_version: str | None = None):
+def setup_one(name: str, device: str | None = None):
     """One implementation, loaded once per worker."""
-    if vllm_version is not None:
-        set_default_vllm_version(vllm_version)
     return load_impl(name, device=device)
 
 

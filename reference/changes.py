@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable
 
 from schedspec.spec import versions
-from schedspec.spec.config import ConfigError, config_from_dict
+from schedspec.spec.config import ConfigError, config_as_given, validate_config
 from schedspec.spec.versions import GATES, RELEASES, Gate, gates_between, release_key
 
 from .compare import compare_traces
@@ -43,7 +43,7 @@ class ReleaseSpec(SpecScheduler):
 def valid_in(scenario: Scenario, version: str) -> bool:
     """Is the scenario's config one release `version` accepts?"""
     try:
-        config_from_dict({**scenario.config, "vllm_version": version})
+        validate_config(dataclasses.replace(scenario.config, vllm_version=version))
         return True
     except ConfigError:
         return False
@@ -200,7 +200,7 @@ def render_markdown(scenario_dir) -> str:
                 continue
             s = load_scenario(path)
             d_ab = traces_differ(s, a, b)
-            cfg = json.dumps(s.config, sort_keys=True)
+            cfg = json.dumps(config_as_given(s.config), sort_keys=True)
             lines += [f"Scenario `docs/changes/{path.name}` ({len(s.requests)} request(s), {s.max_steps} "
                       f"step(s)): config `{cfg}`.", ""]
             if d_ab is not None:

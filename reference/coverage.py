@@ -46,7 +46,7 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
     if "crash" in trace:
         cov["scenarios that raised"] = cov.get("scenarios that raised", 0) + 1
         return
-    L = scenario.config.get("max_model_len", 8192)
+    L = scenario.config.max_model_len
     specs = {r.id: r for r in scenario.requests}
     preempted_waiting: set[str] = set()
     prev_running: list[str] = []
@@ -54,33 +54,33 @@ def add_coverage(scenario: Scenario, trace: dict, cov: dict[str, int]) -> None:
     def bump(key: str, n: int = 1) -> None:
         _bump(cov, key, n)
 
-    bump("scenarios (" + flag_label(bool(scenario.config.get("enable_prefix_caching")),
-                                    bool(scenario.config.get("async_scheduling"))) + ")")
-    if scenario.config.get("num_speculative_tokens"):
+    bump("scenarios (" + flag_label(scenario.config.enable_prefix_caching,
+                                    scenario.config.async_scheduling) + ")")
+    if scenario.config.num_speculative_tokens:
         bump("scenarios with speculative decoding")
-    if scenario.config.get("max_loras") is not None:
+    if scenario.config.max_loras is not None:
         bump("scenarios with LoRA")
     if any(r.grammar_compile_steps is not None for r in scenario.requests):
         bump("scenarios with structured output")
-    if scenario.config.get("prefill_schedule_interval", 1) > 1:
+    if scenario.config.prefill_schedule_interval > 1:
         bump("scenarios with prefill throttling")
-    if scenario.config.get("long_prefill_token_threshold_adaptive"):
+    if scenario.config.long_prefill_token_threshold_adaptive:
         bump("scenarios with the adaptive long-prefill threshold")
     if any(r.kv_connector_tokens for r in scenario.requests):
         bump("scenarios with KV connector hits")
     if any(r.kv_connector_send_steps is not None for r in scenario.requests):
         bump("scenarios with KV connector sends")
-    if scenario.config.get("requires_kv_delivery"):
+    if scenario.config.requires_kv_delivery:
         bump("scenarios with a KV connector requiring delivery")
     if any(r.mm_features for r in scenario.requests):
         bump("scenarios with encoder inputs")
-    if scenario.config.get("num_hash_lookahead_tokens"):
+    if scenario.config.num_hash_lookahead_tokens:
         bump("scenarios with lookahead block hashes")
-    if scenario.config.get("use_eagle_block_drop"):
+    if scenario.config.use_eagle_block_drop:
         bump("scenarios with the EAGLE block drop")
-    if scenario.config.get("num_prefill_lookahead_tokens", 0) > 1:
+    if scenario.config.num_prefill_lookahead_tokens > 1:
         bump("scenarios with a multi-module MTP drafter")
-    if scenario.config.get("cache_aware_admission_window"):
+    if scenario.config.cache_aware_admission_window:
         bump("scenarios with cache-aware admission")
     resumed_at = resumptions(trace["steps"])
     for k, st in enumerate(trace["steps"]):

@@ -387,7 +387,7 @@ def generate_scenario(rng: random.Random, index: int,
     return Scenario(
         name=f"random-{index}",
         description="",
-        config=config,
+        config={**config, "vllm_version": release},
         requests=tuple(requests),
         aborts=tuple(aborts),
         max_steps=max_steps,

@@ -20,12 +20,14 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from schedspec.spec.config import config_as_given
+
 from .compare import Divergence
 from .scenario import RequestSpec, Scenario, scenario_problem
 
 
 def _config_off(**values: Any) -> Callable[[Scenario], Scenario]:
-    return lambda s: dataclasses.replace(s, config={**s.config, **values})
+    return lambda s: dataclasses.replace(s, config=dataclasses.replace(s.config, **values))
 
 
 def _requests_off(**values: Any) -> Callable[[Scenario], Scenario]:
@@ -41,7 +43,7 @@ def _both(*steps: Callable[[Scenario], Scenario]) -> Callable[[Scenario], Scenar
 
 
 def _uses(key: str, off: Any) -> Callable[[Scenario], bool]:
-    return lambda s: s.config.get(key, off) != off
+    return lambda s: getattr(s.config, key) != off
 
 
 def _any_request(pred: Callable[[RequestSpec], bool]) -> Callable[[Scenario], bool]:
@@ -52,18 +54,18 @@ def _any_request(pred: Callable[[RequestSpec], bool]) -> Callable[[Scenario], bo
 # the configs' defaults (docs/formats.md), so the scenario without a feature is the one
 # a user who never set it runs.
 FEATURES: dict[str, tuple[Callable[[Scenario], bool], Callable[[Scenario], Scenario]]] = {
-    "chunked prefill off": (lambda s: s.config.get("enable_chunked_prefill", True) is False,
+    "chunked prefill off": (lambda s: not s.config.enable_chunked_prefill,
                             _config_off(enable_chunked_prefill=True)),
     "prefix caching": (_uses("enable_prefix_caching", False), _config_off(enable_prefix_caching=False)),
     "async scheduling": (_uses("async_scheduling", False), _config_off(async_scheduling=False)),
-    "priority policy": (lambda s: s.config.get("policy", "fcfs") == "priority", _config_off(policy="fcfs")),
+    "priority policy": (lambda s: s.config.policy == "priority", _config_off(policy="fcfs")),
     "long-prefill threshold": (_uses("long_prefill_token_threshold", 0),
                                _config_off(long_prefill_token_threshold=0, long_prefill_token_threshold_adaptive=False)),
     "token budget below the input budget": (_uses("max_num_scheduled_tokens", None),
                                             _config_off(max_num_scheduled_tokens=None)),
     "max_num_active_seqs": (_uses("max_num_active_seqs", None), _config_off(max_num_active_seqs=None)),
     "watermark": (_uses("watermark", 0.0), _config_off(watermark=0.0)),
-    "full-ISL gate off": (lambda s: s.config.get("scheduler_reserve_full_isl", True) is False,
+    "full-ISL gate off": (lambda s: not s.config.scheduler_reserve_full_isl,
                           _config_off(scheduler_reserve_full_isl=True)),
     "speculative decoding": (_uses("num_speculative_tokens", 0), _both(
         _config_off(num_speculative_tokens=0, num_lookahead_tokens=0, num_prefill_lookahead_tokens=0,
@@ -73,7 +75,7 @@ FEATURES: dict[str, tuple[Callable[[Scenario], bool], Callable[[Scenario], Scena
     "structured output": (_any_request(lambda r: r.grammar_compile_steps is not None),
                           _requests_off(grammar_compile_steps=None, grammar_error=False)),
     "prefill throttling": (_uses("prefill_schedule_interval", 1), _config_off(prefill_schedule_interval=1)),
-    "KV connector": (lambda s: bool(s.config.get("requires_kv_delivery")) or any(
+    "KV connector": (lambda s: s.config.requires_kv_delivery or any(
         r.kv_connector_tokens or r.kv_connector_send_steps is not None for r in s.requests), _both(
         _config_off(requires_kv_delivery=False),
         _requests_off(kv_connector_tokens=0, kv_connector_load_steps=None, kv_connector_send_steps=None))),
@@ -191,7 +193,7 @@ def render_report(release: str, spec_release: str, groups: Sequence[Group], camp
                   f"First difference at {where}, field `{g.divergence.field}`: "
                   f"spec {spec_release} gives `{json.dumps(g.divergence.b)}`, vLLM {release} gives "
                   f"`{json.dumps(g.divergence.a)}`.", "",
-                  f"Config: `{json.dumps(g.scenario.config, sort_keys=True)}`.", "",
+                  f"Config: `{json.dumps(config_as_given(g.scenario.config), sort_keys=True)}`.", "",
                   f"To do: find the rule in vLLM {release}'s source that changes `{g.field}` "
                   + (f"with {feats}" if g.features else "") + f"; add a gate in spec/versions.py "
                   f"(`since=\"{release}\"`, the source lines of both releases), ask it in the rule function, "

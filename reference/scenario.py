@@ -9,9 +9,16 @@ and quote the bad value cut to a short excerpt:
    nesting at most MAX_DEPTH deep);
 2. the published JSON Schema (reference/schemas/scenario.schema.json), where an
    integer field takes a JSON integer only (4.0 and 1e30 are not integers);
+   The `config` object is checked by the config table instead (spec/config.py
+   `config_from_json`, whose `config_schema` the published schema holds): the
+   scenario holds the typed SchedulerConfig it states, built once;
 3. the rules a schema cannot say (unique ids, arrival order, arrival before
-   max_steps, prefix fields, aborts) and the size bounds of BOUNDS again, so that
-   a Scenario built in code meets them too.
+   max_steps, prefix fields, aborts) and the size bounds of the requests again, so
+   that a Scenario built in code meets them too.
+
+The vLLM release a scenario models is its config's `vllm_version`; a file whose
+config names none models the release the reader is given (the command's:
+`--vllm-version X`, `--impl vllm==X`; cli/vllm_version.py), else the newest.
 
 Whether vLLM would *accept* the config and the requests is a separate question,
 answered by `validate_scenario` with the spec's rules (and, for another
@@ -25,6 +32,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -32,8 +40,9 @@ from typing import Any
 
 import jsonschema
 
-from schedspec.spec.config import (CONFIG_FIELDS, EXCERPT_CHARS, ConfigError, SchedulerConfig, config_from_dict,
-                                   excerpt, field_path)
+from schedspec.spec.config import (CONFIG_FIELDS, EXCERPT_CHARS, ConfigError, SchedulerConfig, check_config,
+                                   config_as_given, config_from_json, config_schema, excerpt, field_path, unknown_field,
+                                   validate_config)
 from schedspec.spec.input_processor import make_request
 from schedspec.spec.versions import DEFAULT_RELEASE
 
@@ -42,17 +51,6 @@ from .strict_json import (TYPE_WORDS, DuplicateKeys, Refused, StrictValidator, f
                           refuse_constant)
 
 SCENARIO_FORMAT = "schedspec.scenario/1"
-# The release a scenario models when its config names none: the command's
-# (`--impl vllm==X`, `--vllm-version X`; cli/vllm_version.py), else the newest release.
-_default_release = [DEFAULT_RELEASE]
-
-
-def set_default_vllm_version(version: str) -> None:
-    _default_release[0] = version
-
-
-def default_vllm_version() -> str:
-    return _default_release[0]
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 DEFAULT_MAX_STEPS = 10000
@@ -64,31 +62,10 @@ MAX_DEPTH = 16
 MAX_INT_DIGITS = 20  # every bound below has at most 16 digits
 
 INT32_MAX = 2**31 - 1
-# schedspec's size bounds, the same in the JSON Schema (tests check that) and in
-# docs/formats.md: (minimum or None, maximum).  A minimum of None leaves the
-# lower end to vLLM's own check (validate_scenario), with vLLM's message.
-# Why these maxima: the torch implementation keeps token counts in int32 and
-# needs max_model_len <= 2**30 and step numbers <= 2**31 - 1 (gpu/limits.py);
-# the real vLLM scheduler builds one Python object per KV block, about 1 GB and
-# 5 s at 2**22 blocks; the spec keeps counts only and takes any of these.
-CONFIG_BOUNDS: dict[str, tuple[int | None, int]] = {
-    "max_num_batched_tokens": (None, INT32_MAX),
-    "max_num_scheduled_tokens": (None, INT32_MAX),
-    "max_num_seqs": (None, INT32_MAX),
-    "max_num_active_seqs": (None, INT32_MAX),
-    "max_model_len": (None, 2**30),
-    "long_prefill_token_threshold": (None, 2**30),
-    "block_size": (None, 2**30),
-    "num_gpu_blocks": (None, 2**22),
-    "num_speculative_tokens": (None, 1024),
-    "num_lookahead_tokens": (None, 1024),
-    "num_prefill_lookahead_tokens": (None, 1024),
-    "max_num_new_slots_for_drafting": (None, 1024),
-    "num_hash_lookahead_tokens": (None, 1024),
-    "max_loras": (None, 2**16),
-    "prefill_schedule_interval": (None, 2**16),
-    "cache_aware_admission_window": (None, INT32_MAX),
-}
+# schedspec's size bounds of the requests, the same in the JSON Schema (tests check
+# that) and in docs/formats.md: (minimum or None, maximum).  A minimum of None leaves
+# the lower end to vLLM's own check (validate_scenario), with vLLM's message.  The
+# config's are in its table (spec/config.py SchedulerConfig).
 REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
     "arrival_step": (0, INT32_MAX - 1),
     "prompt_len": (None, 2**30 - 1),
@@ -163,20 +140,30 @@ class Abort:
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    config: dict[str, Any]  # the raw `config` object, as given
+    # The config, typed and within schedspec's bounds (its release in vllm_version).
+    # Given as a `config` object (a dict), it is built from it here: one that names no
+    # vllm_version models the newest release.  Whether that release accepts the config
+    # is `scheduler_config()`'s question.
+    config: SchedulerConfig
     requests: tuple[RequestSpec, ...]
     aborts: tuple[Abort, ...] = ()
     max_steps: int = DEFAULT_MAX_STEPS
     description: str = ""
 
+    def __post_init__(self) -> None:
+        try:
+            if isinstance(self.config, Mapping):
+                object.__setattr__(self, "config", config_from_json(dict(self.config)))
+            else:
+                check_config(self.config)
+        except ConfigError as e:
+            raise ScenarioError(str(e)) from None
+
     def scheduler_config(self) -> SchedulerConfig:
-        """The validated config; raises ConfigError if vLLM would reject it.  A
-        config that names no `vllm_version` models the command's release
-        (`set_default_vllm_version`; the newest release unless the command names one)."""
-        if not isinstance(self.config, dict) or "vllm_version" in self.config or \
-                _default_release[0] == DEFAULT_RELEASE:
-            return config_from_dict(self.config)
-        return config_from_dict({**self.config, "vllm_version": _default_release[0]})
+        """The config, once the release it models accepts it; ConfigError, naming the
+        field, where vLLM would reject it (spec/config.py `validate_config`)."""
+        validate_config(self.config)
+        return self.config
 
     def without_late_arrivals(self) -> Scenario:
         """The same run without the requests that arrive at or after max_steps
@@ -211,7 +198,7 @@ class Scenario:
         out: dict[str, Any] = {"format": SCENARIO_FORMAT, "name": self.name}
         if self.description:
             out["description"] = self.description
-        out["config"] = dict(self.config)
+        out["config"] = config_as_given(self.config)
         reqs = []
         for r in self.requests:
             d = {"id": r.id, "arrival_step": r.arrival_step, "prompt_len": r.prompt_len}
@@ -360,9 +347,22 @@ def _schema(name: str) -> dict:
     return json.loads((SCHEMA_DIR / name).read_text())
 
 
+def published_schema() -> dict:
+    """The scenario JSON Schema as it should be shipped: the file's, with its `config`
+    from the config table (spec/config.py `config_schema`); scripts/write-scenario-schema.py
+    writes it, and a test checks the file."""
+    schema = _schema("scenario.schema.json")
+    schema["properties"]["config"] = config_schema()
+    return schema
+
+
 @lru_cache(maxsize=1)
 def _scenario_validator():
-    return _Validator(_schema("scenario.schema.json"))
+    """The published schema, less its `config` (generated from the config table,
+    which `config_from_json` checks with the same words): any object there."""
+    schema = _schema("scenario.schema.json")
+    schema["properties"]["config"] = {"type": "object"}
+    return _Validator(schema)
 
 
 @lru_cache(maxsize=1)
@@ -384,7 +384,7 @@ def _schema_message(e: jsonschema.ValidationError) -> tuple[tuple, str]:
     if v == "additionalProperties":
         known = e.schema.get("properties", {})
         extra = next((k for k in got if k not in known), None)
-        return path + (extra,), f"unknown field; known fields are {', '.join(known)}"
+        return path + (extra,), unknown_field(extra, known)
     if v == "minimum":
         return path, f"= {excerpt(got)}, must be >= {want}"
     if v == "maximum":
@@ -420,12 +420,9 @@ def _check_int(where: str, value: Any, bounds: tuple[int | None, int], nullable:
 
 
 def check_bounds(scenario: Scenario) -> None:
-    """schedspec's size bounds (docs/formats.md) on a Scenario, from a file or
-    built in code; ScenarioError names the first field beyond them."""
-    if isinstance(scenario.config, dict):
-        for name, bounds in CONFIG_BOUNDS.items():
-            if name in scenario.config:
-                _check_int(f"config.{name}", scenario.config[name], bounds, nullable=True)
+    """schedspec's size bounds (docs/formats.md) on the requests, aborts and steps of
+    a Scenario, from a file or built in code (its config met its own when it was
+    built); ScenarioError names the first field beyond them."""
     for i, r in enumerate(scenario.requests):
         where = f"requests[{i}]"
         for name, bounds in REQUEST_BOUNDS.items():
@@ -498,7 +495,7 @@ def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
     _check_loras(scenario)
     _check_grammars(scenario)
     _check_mm_identifiers(scenario)
-    if isinstance(scenario.config, dict) and scenario.config.get("enable_prefix_caching") is True:
+    if scenario.config.enable_prefix_caching:
         total = 0
         for i, r in enumerate(scenario.requests):
             total += max(r.prompt_len, 0)
@@ -525,8 +522,7 @@ def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
 def _check_spec_patterns(scenario: Scenario) -> None:
     """Draft patterns need speculative decoding on, and no more drafts than it allows:
     a pattern nothing reads would be silently ignored."""
-    k = scenario.config.get("num_speculative_tokens", 0) if isinstance(scenario.config, dict) else 0
-    k = k if isinstance(k, int) and not isinstance(k, bool) else 0
+    k = scenario.config.num_speculative_tokens
     for i, r in enumerate(scenario.requests):
         for name in SPEC_PATTERNS:
             pattern = getattr(r, name)
@@ -562,29 +558,47 @@ def _check_mm_identifiers(scenario: Scenario) -> None:
 
 def _check_loras(scenario: Scenario) -> None:
     """An adapter needs LoRA on (vLLM's front end refuses it otherwise)."""
-    on = isinstance(scenario.config, dict) and scenario.config.get("max_loras") is not None
+    on = scenario.config.max_loras is not None
     for i, r in enumerate(scenario.requests):
         if r.lora_int_id and not on:
             raise ScenarioError(f"requests[{i}].lora_int_id: = {r.lora_int_id}, but LoRA is off; set "
                                 "config.max_loras or drop it")
 
 
-def scenario_from_json(data: Any) -> Scenario:
+def scenario_from_json(data: Any, release: str = DEFAULT_RELEASE) -> Scenario:
     """Check `data` (parsed JSON) against the published JSON Schema and the rules
     a schema cannot say; raise ScenarioError naming the field of the first problem.
-    `data` straight from json.loads skips pass 1's checks on duplicate keys and
-    NaN: read files with `load_scenario` or `parse_scenario_bytes`."""
+    A config that names no vllm_version models `release`.  `data` straight from
+    json.loads skips pass 1's checks on duplicate keys and NaN: read files with
+    `load_scenario` or `parse_scenario_bytes`."""
     _check_tree(data)
-    return _from_checked_json(data)
+    return _from_checked_json(data, release)
 
 
-def _from_checked_json(data: Any) -> Scenario:
+def _structure_and_config(data: Any, release: str) -> SchedulerConfig:
+    """Pass 2: the schema, and the config by its table; the first problem in the
+    schema's order of fields (ScenarioError)."""
     validator = _scenario_validator()
-    if not (_schema_allows_fast_check() and fast_valid(validator.schema, data)):
-        errors = sorted(validator.iter_errors(data), key=_sort_key)
-        if errors:
-            path, problem = _schema_message(errors[0])
-            raise ScenarioError(f"{_path_text(path)}: {problem}")
+    errors = [] if _schema_allows_fast_check() and fast_valid(validator.schema, data) else \
+        sorted(validator.iter_errors(data), key=_sort_key)
+    first = (_schema_message(errors[0]), _sort_key(errors[0])) if errors else None
+    config, problem = None, None
+    if isinstance(data, dict) and isinstance(data.get("config", {}), dict):
+        try:
+            config = config_from_json(data.get("config", {}), release=release)
+        except ConfigError as e:
+            key = e.field.split(".", 1)[1] if "." in e.field else e.field
+            problem = (str(e), [(1, "config"), (1, key)])
+    if problem is not None and (first is None or problem[1] < first[1]):
+        raise ScenarioError(problem[0])
+    if first is not None:
+        (path, message), _ = first
+        raise ScenarioError(f"{_path_text(path)}: {message}")
+    return config
+
+
+def _from_checked_json(data: Any, release: str = DEFAULT_RELEASE) -> Scenario:
+    config = _structure_and_config(data, release)
     requests = []
     for i, r in enumerate(data["requests"]):
         tokens = r.get("prompt_token_ids")
@@ -607,7 +621,7 @@ def _from_checked_json(data: Any) -> Scenario:
     scenario = Scenario(
         name=data["name"],
         description=data.get("description", ""),
-        config=dict(data.get("config", {})),
+        config=config,
         requests=tuple(requests),
         aborts=tuple(Abort(a["id"], a["step"]) for a in data.get("aborts", [])),
         max_steps=data.get("max_steps", DEFAULT_MAX_STEPS),
@@ -617,9 +631,9 @@ def _from_checked_json(data: Any) -> Scenario:
     return scenario
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read, parse and check a scenario file; ScenarioError is one line that
-    starts with the file's path."""
+def load_scenario(path: str | Path, release: str = DEFAULT_RELEASE) -> Scenario:
+    """Read, parse and check a scenario file (one whose config names no vllm_version
+    models `release`); ScenarioError is one line that starts with the file's path."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
@@ -629,7 +643,7 @@ def load_scenario(path: str | Path) -> Scenario:
     except ValueError as e:  # a NUL byte in the path
         raise ScenarioError(f"{path}: cannot read: {e}") from None
     try:
-        return _from_checked_json(parse_scenario_bytes(raw))
+        return _from_checked_json(parse_scenario_bytes(raw), release)
     except ScenarioError as e:
         raise ScenarioError(f"{path}: {e}") from None
 
@@ -679,8 +693,7 @@ def save_scenario(scenario: Scenario, path: str | Path, overwrite: bool = False)
 
 
 __all__ = [
-    "Abort", "CONFIG_FIELDS", "RequestSpec", "Scenario", "ScenarioError", "check_bounds", "default_vllm_version",
-    "load_scenario", "set_default_vllm_version",
+    "Abort", "CONFIG_FIELDS", "RequestSpec", "Scenario", "ScenarioError", "check_bounds", "load_scenario",
     "parse_scenario_bytes", "save_scenario", "scenario_from_json", "scenario_problem", "validate_scenario",
     "SCENARIO_FORMAT",
 ]

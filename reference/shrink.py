@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from schedspec.spec.config import SchedulerConfig
+from schedspec.spec.config import CONFIG_TABLE, config_as_given
 
 from .compare import Divergence, compare_traces
 from .engine import run_scenario
@@ -62,12 +62,19 @@ class ShrinkStats:
     seconds: float = 0.0
 
 
+def _config_given(s: Scenario) -> dict[str, Any]:
+    """The config fields the shrinker counts and may drop: the start-up sizes, and the
+    others that differ from their defaults; never the release, which it keeps."""
+    given = {**{k: getattr(s.config, k) for k in _KEPT_CONFIG}, **config_as_given(s.config)}
+    given.pop("vllm_version", None)
+    return given
+
+
 def scenario_size(s: Scenario) -> tuple:
     """The shrinker's order: requests, then steps, then aborts, then config
     fields, then the sum of the numbers."""
-    L = s.config.get("max_model_len")
-    if not isinstance(L, int):
-        L = SchedulerConfig.max_model_len  # the default
+    L = s.config.max_model_len
+    given = _config_given(s)
     nums: float = 0
     for i, r in enumerate(s.requests):
         max_tokens = r.max_tokens if r.max_tokens is not None else max(L - r.prompt_len, 1)
@@ -76,8 +83,8 @@ def scenario_size(s: Scenario) -> tuple:
         # An arrival time other than the list index counts a little, so the default order wins ties.
         nums += min(abs(r.arrival_time - i), 1.0) / 2
     nums += sum(a.step for a in s.aborts)
-    nums += sum(v for v in s.config.values() if isinstance(v, int) and not isinstance(v, bool))
-    return (len(s.requests), s.max_steps, len(s.aborts), len(s.config), nums)
+    nums += sum(v for v in given.values() if isinstance(v, int) and not isinstance(v, bool))
+    return (len(s.requests), s.max_steps, len(s.aborts), len(given), nums)
 
 
 def _smaller(v: int, lo: int) -> list[int]:
@@ -216,14 +223,14 @@ def shrink_while(scenario: Scenario, still_fails: Callable[[Scenario], F | None]
                 for step in _smaller(ab.step, arrival + 1))
         # 5. a simpler config
         if not fix_config:
-            for key in sorted(best.config):
-                if key not in _KEPT_CONFIG:
+            for key in sorted(_config_given(best)):
+                if key not in _KEPT_CONFIG:  # back to its default
                     changed |= attempt(dataclasses.replace(
-                        best, config={k: v for k, v in best.config.items() if k != key}))
+                        best, config=dataclasses.replace(best.config, **{key: CONFIG_TABLE[key].default})))
             for key, lo in _LOWERED_CONFIG:
-                while isinstance(best.config.get(key), int) and any(
-                        attempt(dataclasses.replace(best, config={**best.config, key: v}))
-                        for v in _smaller(best.config[key], lo)):
+                while isinstance(getattr(best.config, key), int) and any(
+                        attempt(dataclasses.replace(best, config=dataclasses.replace(best.config, **{key: v})))
+                        for v in _smaller(getattr(best.config, key), lo)):
                     changed = True
     # Plain ids r0, r1, ... in list order; kept only if the predicate still holds, since
     # the priority queue breaks (priority, arrival_time) ties by id.

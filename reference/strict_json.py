@@ -12,6 +12,8 @@ from typing import Any
 import jsonschema
 from jsonschema import validators
 
+from schedspec.spec.config import TYPE_WORDS  # the words of the config's errors, for every file's
+
 
 class Refused:
     """A JSON value the parser met but the format refuses, kept where it was."""
@@ -186,8 +188,6 @@ def fast_check_covers(schema: Any) -> bool:
     return all(fast_check_covers(sub) for sub in subs)
 
 
-TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "object": "an object",
-               "array": "an array", "boolean": "true or false", "null": "null"}
 
 
 __all__ = ["DuplicateKeys", "Refused", "StrictValidator", "TYPE_WORDS", "fast_check_covers", "fast_valid", "is_json_integer", "object_pairs",

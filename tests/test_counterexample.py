@@ -22,6 +22,7 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import RequestSpec, Scenario, load_scenario, save_scenario
 
 from schedspec.cli.main import main as cli_main
+from schedspec.spec.config import config_as_given
 from broken_schedulers import BudgetPlusOne, ReversedRunning
 
 HERE = Path(__file__).parent / "counterexamples"
@@ -62,7 +63,7 @@ def test_starvation_is_the_d_ge_b_scenario():
     assert len(s.requests) == 2 and hit.values == {"D": 1, "B": 1}
     assert [r.prompt_len for r in s.requests] == [1, 1]
     # D < B: the waiting prompt gets tokens, the goal is gone.
-    roomy = dataclasses.replace(s, config={**s.config, "max_num_scheduled_tokens": 2})
+    roomy = dataclasses.replace(s, config={**config_as_given(s.config), "max_num_scheduled_tokens": 2})
     assert evaluate(roomy, SpecScheduler(), get_goal("starvation"), 3) is None
     # A larger K is not reached in the same steps.
     assert evaluate(s, SpecScheduler(), get_goal("starvation"), 4) is None
@@ -139,7 +140,7 @@ def test_cli_fixed_config_none_within_bound_and_errors(tmp_path, monkeypatch, ca
     cfg.write_text(json.dumps({"max_num_batched_tokens": 4, "max_num_scheduled_tokens": 1, "max_num_seqs": 4,
                                "max_model_len": 16, "block_size": 4, "num_gpu_blocks": 100}))
     code, out, _ = _cli(["counterexample", "starvation", "--config", str(cfg), "-o", "s.json"], capsys)
-    assert code == 0 and load_scenario(tmp_path / "s.json").config == json.loads(cfg.read_text())
+    assert code == 0 and load_scenario(tmp_path / "s.json").to_json()["config"] == json.loads(cfg.read_text())
     for args, word in ((["counterexample", "nosuchgoal"], "unknown goal"),
                        (["counterexample", "property:nosuch"], "unknown property"),
                        (["counterexample", "stall", "--k", "0"], "--k"),

@@ -219,7 +219,7 @@ def test_export_and_reimport_scenario_and_trace(page, tmp_path):
     d.value.save_as(trace_file)
     # The CLI reads both: the scenario loads, and the trace is run_scenario's on it.
     scenario = load_scenario(scen)
-    assert scenario.config["max_num_scheduled_tokens"] == 20
+    assert scenario.config.max_num_scheduled_tokens == 20
     assert json.loads(trace_file.read_text()) == run_scenario(scenario, SpecScheduler())
     r = subprocess.run([sys.executable, "-m", "schedspec", "run", str(scen), "--timeline", "none"],
                        capture_output=True, text=True)

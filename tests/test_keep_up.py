@@ -16,6 +16,7 @@ from schedspec.reference.generator import FLAGS_ALL, features_in, generate_scena
 from schedspec.reference.keep_up import features_used, group_divergences, needed_features, render_report, without
 from schedspec.reference.scenario import load_scenario
 from schedspec.reference.shrink import shrink
+from schedspec.spec.config import config_as_given
 
 from test_versions import CHANGES
 
@@ -55,7 +56,7 @@ def test_a_feature_is_needed_only_when_switching_it_off_ends_the_divergence():
     # A comparison that diverges whatever the features: none is needed.
     assert needed_features(s, d, lambda x: d) == []
     # Switched off, the scenario must still be one vLLM accepts, or the feature is not judged.
-    big = dataclasses.replace(s, config={**s.config, "max_num_batched_tokens": 2, "max_num_seqs": 2})
+    big = dataclasses.replace(s, config={**config_as_given(s.config), "max_num_batched_tokens": 2, "max_num_seqs": 2})
     assert without(big, "chunked prefill off") is not None
 
 
@@ -70,8 +71,8 @@ def test_what_keep_up_found_on_0_34_0_the_gates_now_say():
     assert len(files) == 4
     for path in files:
         s = load_scenario(path)
-        new = dataclasses.replace(s, config={**s.config, "vllm_version": "0.34.0"})
-        old = dataclasses.replace(s, config={**s.config, "vllm_version": "0.33.0"})
+        new = dataclasses.replace(s, config={**config_as_given(s.config), "vllm_version": "0.34.0"})
+        old = dataclasses.replace(s, config={**config_as_given(s.config), "vllm_version": "0.33.0"})
         assert compare_traces(run_scenario(new, NEW), run_scenario(old, OLD)) is not None, path.name
 
 

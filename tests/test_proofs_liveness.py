@@ -24,6 +24,7 @@ from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import load_scenario
 from schedspec.proofs.search.counterexample import evaluate
 from schedspec.proofs.search.goals import get_goal
+from schedspec.spec.config import config_as_given
 
 COUNTEREXAMPLES = Path(__file__).parent / "counterexamples"
 
@@ -44,7 +45,7 @@ def meeting_conditions(seed: int, count: int):
     both flags off, no aborts; chunked prefill kept as drawn where the budget allows."""
     for i in range(count):
         s = generate_scenario(scenario_rng(seed, i), i)
-        config = {**s.config, "policy": "fcfs", "enable_prefix_caching": False, "async_scheduling": False}
+        config = {**config_as_given(s.config), "policy": "fcfs", "enable_prefix_caching": False, "async_scheduling": False}
         s = dataclasses.replace(s, config=config, aborts=(), max_steps=20_000)
         c = s.scheduler_config()
         if liveness.unmet_conditions(c):
@@ -152,8 +153,8 @@ def test_the_chunked_off_livelock_needs_no_zero_threshold_from_0_34_0():
     assert s.scheduler_config().long_prefill_token_threshold > 0
     assert liveness.unmet_conditions(s.scheduler_config()) == [
         "chunked prefill on or a step budget >= max_model_len - 1"]
-    new = dataclasses.replace(s, config={**s.config, "vllm_version": "0.34.0"})
-    old = dataclasses.replace(s, config={**s.config, "vllm_version": "0.33.0"})
+    new = dataclasses.replace(s, config={**config_as_given(s.config), "vllm_version": "0.34.0"})
+    old = dataclasses.replace(s, config={**config_as_given(s.config), "vllm_version": "0.33.0"})
     assert evaluate(new, SpecScheduler(), get_goal("liveness:finishes"), 3) is not None
     assert evaluate(old, SpecScheduler(), get_goal("liveness:finishes"), 3) is None
     assert run_scenario(old, SpecScheduler())["summary"]["unfinished"] == []

@@ -53,6 +53,7 @@ from schedspec.spec.versions import DEFAULT_RELEASE
 from schedspec.spec.properties import get_block_demand, get_capped_need, get_expected_victims, \
     get_long_prefill_threshold
 from schedspec.spec.request import last_token_in_flight
+from schedspec.spec.config import config_as_given
 
 # --- the spec's loops, one iteration at a time --------------------------------------------------
 
@@ -1341,7 +1342,7 @@ def test_fixed_witnesses_fail_on_a_scenario_that_does_not_show_them(monkeypatch)
     assert LI.drafts_witness()[0].status == "refuted"
     lora_scenario, grammar_scenario = LI.lora_witness_scenario(), LI.grammar_witness_scenario()
     monkeypatch.setattr(LI, "lora_witness_scenario",
-                        lambda: dataclasses.replace(lora_scenario, config={**lora_scenario.config, "max_loras": 2}))
+                        lambda: dataclasses.replace(lora_scenario, config={**config_as_given(lora_scenario.config), "max_loras": 2}))
     monkeypatch.setattr(LI, "grammar_witness_scenario", lambda: dataclasses.replace(
         grammar_scenario, requests=tuple(dataclasses.replace(r, grammar_compile_steps=0, grammar_error=False)
                                          for r in grammar_scenario.requests)))
@@ -1464,7 +1465,7 @@ def test_a_grown_adaptive_threshold_needs_the_premise_scheduled_at_least_batched
     assert (cax, budget, granted, running) == (50, 60, 1, True)
     cax, budget, granted, running = seen[2]
     assert (cax, budget, granted, running) == (80, 60, 0, True)
-    assert scenario.config["max_num_scheduled_tokens"] < scenario.config["max_num_batched_tokens"]
+    assert scenario.config.max_num_scheduled_tokens < scenario.config.max_num_batched_tokens
 
     V = LI.LoopVars(4, LI.LOOP_VARIANTS["correct"])
     pre, goal = LI.lemma_grown_threshold_within_budget(V, LI.LOOP_VARIANTS["correct"])

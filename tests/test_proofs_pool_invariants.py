@@ -38,6 +38,7 @@ from schedspec.reference.generator import generate_scenario
 from schedspec.reference.impl import SpecScheduler
 from schedspec.spec.block_pool import PoolWork
 from schedspec.spec.versions import DEFAULT_RELEASE
+from schedspec.spec.config import config_as_given
 
 # The generator's seeds 7000 + i: the first 20, and 7024, where a preempted request
 # resumes without a hit (its num_cached_block must start again from 0).
@@ -128,7 +129,7 @@ def record(vllm_release: str = DEFAULT_RELEASE) -> tuple[list[dict], list[dict]]
             for i in SEEDS:
                 sc = generate_scenario(random.Random(7000 + i), i, flags=((True, False), (True, True)),
                                        release=vllm_release)
-                sc = dataclasses.replace(sc, config={**sc.config, "vllm_version": vllm_release})
+                sc = dataclasses.replace(sc, config={**config_as_given(sc.config), "vllm_version": vllm_release})
                 if sc.scheduler_config().num_gpu_blocks > 200:
                     continue  # small pools: evictions, and few blocks to evaluate
                 rec.known.clear()  # request ids repeat from scenario to scenario

@@ -10,6 +10,7 @@ from schedspec.reference.metrics import compute_metrics
 from schedspec.reference.scenario import load_scenario
 
 from schedspec.reference.example_files import EXAMPLES_DIR
+from schedspec.spec.config import config_as_given
 
 from helpers import assert_one_line_error, cli
 
@@ -55,7 +56,7 @@ def test_sweep_figures_are_the_specs_metrics(capsys, token_ms):
     assert len(result["rows"]) == 6
     distinct, lat_seen = set(), []
     for row in result["rows"]:
-        s = dataclasses.replace(base, config={**base.config, **row["config"]})
+        s = dataclasses.replace(base, config={**config_as_given(base.config), **row["config"]})
         trace = run_scenario(s, SpecScheduler())
         if "error" in trace:
             assert row["status"] == "rejected"
@@ -94,7 +95,7 @@ def test_sweep_random_workload_pools_the_accepting_workloads(capsys):
         tokens, rejected = 0, 0
         for i in range(6):
             w = generate_scenario(scenario_rng(7, i), i)
-            trace = run_scenario(dataclasses.replace(w, config={**w.config, **row["config"]}), SpecScheduler())
+            trace = run_scenario(dataclasses.replace(w, config={**config_as_given(w.config), **row["config"]}), SpecScheduler())
             if "error" in trace:
                 rejected += 1
             else:

@@ -39,7 +39,7 @@ def test_async_campaign_agrees_and_covers_the_async_rules():
     divergences, and the campaign reaches the situations the async rules are
     about (counted on the spec's states, reference/coverage.py)."""
     scenarios = _scenarios(11, 300)
-    assert all(sc.config.get("async_scheduling") for sc in scenarios)
+    assert all(sc.config.async_scheduling for sc in scenarios)
     torch_traces = []
     for k in range(0, len(scenarios), 100):
         torch_traces += run_batch(scenarios[k:k + 100], device="cpu")
@@ -60,7 +60,7 @@ def test_mixed_batch_agrees():
     """All four flag combinations in one batch: the synchronous scenarios step
     through the async engine step too, applying their batch at once."""
     scenarios = _scenarios(12, 120, ALL)
-    assert {(bool(s.config.get("enable_prefix_caching")), bool(s.config.get("async_scheduling")))
+    assert {(bool(s.config.enable_prefix_caching), bool(s.config.async_scheduling))
             for s in scenarios} == set(ALL)
     for sc, t in zip(scenarios, run_batch(scenarios, device="cpu")):
         d = compare_traces(run_scenario(sc, SpecScheduler()), t)
@@ -142,8 +142,8 @@ def _deep_scenarios():
     out = []
     for sc in _scenarios(14, 24):
         c = sc.config
-        out.append(replace(sc, config={**c, "num_gpu_blocks": max(
-            -(-c.get("max_model_len", 64) // c.get("block_size", 16)) + 1, c.get("num_gpu_blocks", 0) // 4)}))
+        out.append(replace(sc, config=replace(c, num_gpu_blocks=max(
+            -(-c.max_model_len // c.block_size) + 1, c.num_gpu_blocks // 4))))
     return out
 
 

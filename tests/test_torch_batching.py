@@ -11,6 +11,7 @@ from itertools import pairwise
 import schedspec.gpu.batch as batch_mod
 from schedspec.gpu.batch import run_batch
 from schedspec.reference.generator import generate_scenario, scenario_rng
+from schedspec.spec.config import config_as_given
 
 
 def _scenarios(n: int):
@@ -51,7 +52,7 @@ def test_streamed_traces_arrive_once_each_as_their_scenarios_end(monkeypatch):
     scenarios = _scenarios(40)
     # a third of them end at step 3, so the rows are compacted mid-run
     scenarios = [dataclasses.replace(sc, max_steps=3) if i % 3 else sc for i, sc in enumerate(scenarios)]
-    bad = dataclasses.replace(scenarios[5], config={**scenarios[5].config, "block_size": 0})
+    bad = dataclasses.replace(scenarios[5], config={**config_as_given(scenarios[5].config), "block_size": 0})
     scenarios[5] = bad
     whole = run_batch_traces(scenarios, device="cpu")
     assert whole[5].error and "block_size" in whole[5].error

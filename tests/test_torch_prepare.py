@@ -82,21 +82,26 @@ def test_quote_on_random_strings():
 
 
 def test_config_memo_keeps_types_and_errors_apart():
-    """`prepare` with a batch's memo of configs: a config that equals another
-    under Python's `==` but not under the checks (1 for true) is validated on
-    its own, and an error is remembered as the same error."""
+    """`prepare` with a batch's memo of configs: a config the release refuses is
+    remembered as the same error.  A config of the wrong types (1 for true) never
+    gets there: the scenario refuses it when it is built."""
+    from schedspec.reference.scenario import ScenarioError
+
     base = {"max_num_batched_tokens": 64, "max_num_seqs": 4, "max_model_len": 128, "block_size": 16,
             "num_gpu_blocks": 64, "enable_prefix_caching": True}
     sc = next(s for s in _scenarios(50) if s.requests)
     good = dataclasses.replace(sc, config=dict(base))
-    bad = dataclasses.replace(sc, config={**base, "enable_prefix_caching": 1})
+    bad = dataclasses.replace(sc, config={**base, "num_gpu_blocks": 2})
     memo: dict = {}
     first = prepare(good, memo)
     assert not isinstance(first, str), first
     for _ in range(2):
-        assert prepare(bad, memo) == prepare(bad) == "config.enable_prefix_caching: must be true or false, got 1"
+        assert prepare(bad, memo) == prepare(bad)
+        assert prepare(bad).startswith("config.num_gpu_blocks: = 2 leaves 1 usable blocks")
     assert not isinstance(prepare(good, memo), str)
     assert len(memo) == 2
+    with pytest.raises(ScenarioError, match="^config.enable_prefix_caching: must be true or false, got 1$"):
+        dataclasses.replace(sc, config={**base, "enable_prefix_caching": 1})
 
 
 def test_argsort_orders_like_torch_on_distinct_keys():

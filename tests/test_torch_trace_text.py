@@ -23,6 +23,7 @@ from schedspec.reference.generator import generate_scenario, scenario_rng
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import scenario_from_json
 from schedspec.reference.trace_io import read_trace, write_trace
+from schedspec.spec.config import config_as_given
 
 SCHEMA = json.loads((__import__("pathlib").Path(__import__("schedspec.reference").reference.__file__).parent
                      / "schemas" / "trace.schema.json").read_text())
@@ -226,7 +227,7 @@ def test_batch_written_as_it_runs_equals_each_trace_written(campaign, tmp_path, 
 
     monkeypatch.setattr(batch_mod, "_CHUNK_BYTES", 1 << 14)
     scenarios, traces, _spec = campaign
-    bad = dataclasses.replace(scenarios[3], config={**scenarios[3].config, "block_size": 0})
+    bad = dataclasses.replace(scenarios[3], config={**config_as_given(scenarios[3].config), "block_size": 0})
     scenarios = scenarios[:3] + [bad] + scenarios[4:]
     for spare in (None, 5):
         if spare is not None:

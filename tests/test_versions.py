@@ -17,9 +17,9 @@ import pytest
 from schedspec.cli.vllm_version import requested_release, split_impl
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
-from schedspec.reference.scenario import load_scenario, set_default_vllm_version
+from schedspec.reference.scenario import load_scenario
 from schedspec.spec import versions
-from schedspec.spec.config import ConfigError, SchedulerConfig, config_from_dict, validate_config
+from schedspec.spec.config import CONFIG_TABLE, ConfigError, SchedulerConfig, config_as_given, config_from_dict, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CHANGES = ROOT / "docs" / "changes"
@@ -32,7 +32,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def trace_on(path: Path, release: str) -> dict:
     scenario = load_scenario(path)
-    scenario = dataclasses.replace(scenario, config={**scenario.config, "vllm_version": release})
+    scenario = dataclasses.replace(scenario, config={**config_as_given(scenario.config), "vllm_version": release})
     return run_scenario(scenario, SpecScheduler())
 
 
@@ -128,16 +128,16 @@ def test_impl_names_and_requested_releases():
 
 def test_scenarios_without_a_release_take_the_commands(tmp_path):
     path = CHANGES / "priority_self_preemption_continues.json"
-    try:
-        set_default_vllm_version("0.32.0")
-        assert load_scenario(path).scheduler_config().vllm_version == "0.32.0"
-    finally:
-        set_default_vllm_version(versions.DEFAULT_RELEASE)
-    assert load_scenario(path).scheduler_config().vllm_version == versions.DEFAULT_RELEASE
+    assert load_scenario(path, "0.32.0").config.vllm_version == "0.32.0"
+    assert load_scenario(path).config.vllm_version == versions.DEFAULT_RELEASE
     data = json.loads(path.read_text())
     data["config"]["vllm_version"] = "0.31.0"
     (tmp_path / "s.json").write_text(json.dumps(data))
-    assert load_scenario(tmp_path / "s.json").scheduler_config().vllm_version == "0.31.0"
+    # A release the file names is its own, whatever the reader is given.
+    assert load_scenario(tmp_path / "s.json", "0.32.0").scheduler_config().vllm_version == "0.31.0"
+    # Written back, a scenario names its release unless it is the newest (the default).
+    assert load_scenario(path, "0.32.0").to_json()["config"]["vllm_version"] == "0.32.0"
+    assert "vllm_version" not in load_scenario(path).to_json()["config"]
 
 
 def test_cli_vllm_version_selects_the_spec_release():
@@ -310,14 +310,15 @@ def test_generated_scenarios_draw_only_the_fields_their_release_has():
         for i in range(300):
             newest = generate_scenario(scenario_rng(5, i), i, FLAGS_ALL)
             s = generate_scenario(scenario_rng(5, i), i, FLAGS_ALL, release)
-            config_from_dict({**s.config, "vllm_version": release})  # raises if refused
+            config_from_dict({**config_as_given(s.config), "vllm_version": release})  # raises if refused
             # and the drafter rows a release accepts (a parallel drafter's, before 0.34.0)
             rows = "max_num_new_slots_for_drafting"
-            assert {k: v for k, v in s.config.items() if k != rows} == \
-                {k: v for k, v in newest.config.items() if k not in lacking and k != rows}
-            assert (rows in s.config) == (rows in newest.config)
+            for name, row in CONFIG_TABLE.items():
+                if name not in (rows, "vllm_version"):  # a field the release lacks is at its default
+                    assert getattr(s.config, name) == (row.default if name in lacking else getattr(newest.config, name))
+            assert s.config.vllm_version == release
             assert (s.requests, s.aborts, s.max_steps) == (newest.requests, newest.aborts, newest.max_steps)
-            dropped += s.config != newest.config
+            dropped += any(getattr(newest.config, name) != CONFIG_TABLE[name].default for name in lacking)
     assert dropped > 0  # the check saw scenarios that needed a field dropped
     assert versions.fields_lacking("0.20.0") == {"max_num_active_seqs", "watermark", "cache_aware_admission_window",
                                                  "cache_aware_admission_threshold"}

@@ -281,7 +281,7 @@ def test_random_scenarios_with_both_flags_agree(vllm):
     seen = set()
     for i in range(32):
         s = generate_scenario(scenario_rng(23, i), i, FLAGS_ALL)
-        seen.add((s.config.get("enable_prefix_caching", False), s.config.get("async_scheduling", False)))
+        seen.add((s.config.enable_prefix_caching, s.config.async_scheduling))
         _, difference = agree(vllm, s)
         assert difference is None, f"random scenario {i} of seed 23: {difference}"
     assert seen == set(FLAG_IDS)

@@ -136,18 +136,18 @@ SHARED_BLOCKS = scenario_from_json({
 
 def eagle_scenarios(n: int = NUM_SCENARIOS):
     drawn = (random_scenario(SEED, i, FLAGS_ALL, features_for("vllm", "spec")) for i in range(n))
-    return [SHARED_BLOCKS] + [s for s in drawn if s.config.get("num_prefill_lookahead_tokens")]
+    return [SHARED_BLOCKS] + [s for s in drawn if s.config.num_prefill_lookahead_tokens]
 
 
 def test_random_scenarios_draw_eagle_family_drafters():
     drawn = eagle_scenarios()[1:]
-    assert all(s.config["num_speculative_tokens"] for s in drawn)
-    dropping = [s for s in drawn if s.config.get("use_eagle_block_drop")]
-    assert len(dropping) >= 5 and all(s.config["enable_prefix_caching"] for s in dropping)
-    assert not any(s.config.get("num_hash_lookahead_tokens") for s in dropping)
-    mtp = [s for s in drawn if s.config["num_prefill_lookahead_tokens"] > 1]
-    assert len(mtp) >= 5 and any(s.config.get("enable_prefix_caching") for s in mtp)
-    assert any(s.config.get("async_scheduling") for s in drawn)
+    assert all(s.config.num_speculative_tokens for s in drawn)
+    dropping = [s for s in drawn if s.config.use_eagle_block_drop]
+    assert len(dropping) >= 5 and all(s.config.enable_prefix_caching for s in dropping)
+    assert not any(s.config.num_hash_lookahead_tokens for s in dropping)
+    mtp = [s for s in drawn if s.config.num_prefill_lookahead_tokens > 1]
+    assert len(mtp) >= 5 and any(s.config.enable_prefix_caching for s in mtp)
+    assert any(s.config.async_scheduling for s in drawn)
 
 
 def test_lift_equals_the_spec_after_every_call(vllm):

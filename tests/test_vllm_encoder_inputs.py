@@ -186,9 +186,9 @@ def encoder_scenarios(n: int = NUM_SCENARIOS):
 def test_the_generator_draws_the_feature_with_every_flag():
     found = encoder_scenarios()
     assert len(found) >= 15
-    flags = {(bool(s.config.get("enable_prefix_caching")), bool(s.config.get("async_scheduling"))) for s in found}
+    flags = {(bool(s.config.enable_prefix_caching), bool(s.config.async_scheduling)) for s in found}
     assert len(flags) == 4, flags
-    assert any(s.config.get("disable_chunked_mm_input") for s in found)
+    assert any(s.config.disable_chunked_mm_input for s in found)
 
 
 @pytest.mark.parametrize("items", [[{"offset": 12, "length": 6, "identifier": "y"}],

@@ -93,13 +93,13 @@ SHARED_BLOCKS = scenario_from_json({
 
 def lookahead_scenarios(n: int = NUM_SCENARIOS):
     drawn = (random_scenario(SEED, i, FLAGS_ALL, features_for("vllm", "spec")) for i in range(n))
-    return [SHARED_BLOCKS] + [s for s in drawn if s.config.get("num_hash_lookahead_tokens")]
+    return [SHARED_BLOCKS] + [s for s in drawn if s.config.num_hash_lookahead_tokens]
 
 
 def test_random_scenarios_draw_it_with_prefix_caching_only():
     drawn = lookahead_scenarios()[1:]
-    assert len(drawn) >= 8 and {s.config["num_hash_lookahead_tokens"] for s in drawn} >= {1, 2}
-    assert all(s.config["enable_prefix_caching"] for s in drawn)
+    assert len(drawn) >= 8 and {s.config.num_hash_lookahead_tokens for s in drawn} >= {1, 2}
+    assert all(s.config.enable_prefix_caching for s in drawn)
     assert not any(random_scenario(SEED, i, FLAGS_ALL, features_for("torch", "spec")).config
                    .get("num_hash_lookahead_tokens") for i in range(NUM_SCENARIOS))
 

@@ -126,7 +126,7 @@ def connector_scenarios(n: int = NUM_SCENARIOS):
 def test_the_generator_draws_the_feature_with_every_flag():
     found = connector_scenarios()
     assert len(found) >= 8
-    flags = {(bool(s.config.get("enable_prefix_caching")), bool(s.config.get("async_scheduling"))) for s in found}
+    flags = {(bool(s.config.enable_prefix_caching), bool(s.config.async_scheduling)) for s in found}
     assert len(flags) == 4, flags
 
 

@@ -39,7 +39,7 @@ def config(**kw) -> SchedulerConfig:
 
 def lora_scenarios(n: int = NUM_SCENARIOS):
     drawn = (random_scenario(SEED, i, FLAGS_ALL, features_for("vllm", "spec")) for i in range(n))
-    return [s for s in drawn if s.config.get("max_loras") is not None]
+    return [s for s in drawn if s.config.max_loras is not None]
 
 
 def test_an_admission_bringing_one_adapter_too_many_is_skipped_and_keeps_its_place():
@@ -76,8 +76,8 @@ def test_the_property_sees_a_broken_rule(monkeypatch):
 def test_random_scenarios_draw_lora():
     drawn = lora_scenarios()
     assert len(drawn) >= NUM_SCENARIOS // 8
-    assert any(len({r.lora_int_id for r in s.requests} - {0}) > s.config["max_loras"] for s in drawn)
-    assert not any(random_scenario(SEED, i, FLAGS_ALL, features_for("torch", "spec")).config.get("max_loras")
+    assert any(len({r.lora_int_id for r in s.requests} - {0}) > s.config.max_loras for s in drawn)
+    assert not any(random_scenario(SEED, i, FLAGS_ALL, features_for("torch", "spec")).config.max_loras
                    for i in range(NUM_SCENARIOS))
 
 

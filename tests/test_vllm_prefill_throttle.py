@@ -58,7 +58,7 @@ def step(s: SchedulerState, throttle_prefills: bool = False):
 
 def throttle_scenarios(n: int = NUM_SCENARIOS):
     drawn = (random_scenario(SEED, i, FLAGS_ALL, features_for("vllm", "spec")) for i in range(n))
-    return [s for s in drawn if s.config.get("prefill_schedule_interval", 1) > 1]
+    return [s for s in drawn if s.config.prefill_schedule_interval > 1]
 
 
 def test_the_interval_holds_prefill_until_it_has_passed():
@@ -264,7 +264,7 @@ def test_the_adaptive_threshold_is_a_fair_share_of_the_input_budget():
 
 def adaptive_scenarios(n: int = NUM_SCENARIOS):
     drawn = (random_scenario(SEED, i, FLAGS_ALL, features_for("vllm", "spec")) for i in range(n))
-    return [s for s in drawn if s.config.get("long_prefill_token_threshold_adaptive")]
+    return [s for s in drawn if s.config.long_prefill_token_threshold_adaptive]
 
 
 def test_vllm_agrees_on_the_adaptive_threshold_and_catches_its_absence(vllm):

@@ -203,11 +203,11 @@ def test_more_rows_than_drafts_are_refused(slots):
 
 def test_random_scenarios_draw_speculative_decoding():
     drawn = [spec_scenario(i) for i in range(NUM_SCENARIOS)]
-    with_sd = [s for s in drawn if s.config.get("num_speculative_tokens")]
+    with_sd = [s for s in drawn if s.config.num_speculative_tokens]
     assert len(with_sd) >= NUM_SCENARIOS // 5
-    assert any(s.config.get("async_scheduling") for s in with_sd)
+    assert any(s.config.async_scheduling for s in with_sd)
     assert any(r.num_accepted_tokens for s in with_sd for r in s.requests)
-    assert any(s.config.get("max_num_new_slots_for_drafting") for s in with_sd)
+    assert any(s.config.max_num_new_slots_for_drafting for s in with_sd)
     assert not any(random_scenario(SEED, i, FLAGS_ALL, features_for("torch", "spec")).config
                    .get("num_speculative_tokens") for i in range(NUM_SCENARIOS))
 
@@ -217,7 +217,7 @@ def test_lift_equals_the_spec_after_every_call(vllm):
     checked = drafted = 0
     for i in range(NUM_SCENARIOS):
         scenario = spec_scenario(i)
-        if not scenario.config.get("num_speculative_tokens"):
+        if not scenario.config.num_speculative_tokens:
             continue
         trace = run_scenario(scenario, both)
         assert "error" not in trace, trace["error"]
@@ -229,7 +229,7 @@ def test_lift_equals_the_spec_after_every_call(vllm):
 def test_traces_agree(vllm):
     for i in range(NUM_SCENARIOS):
         scenario = spec_scenario(i)
-        if scenario.config.get("num_speculative_tokens"):
+        if scenario.config.num_speculative_tokens:
             d = compare_traces(run_scenario(scenario, vllm), run_scenario(scenario, SpecScheduler()))
             assert d is None, f"{scenario.name}: {d.describe()}"
 
@@ -273,7 +273,7 @@ def test_a_file_round_trips_its_patterns():
 
 
 def spec_decode_scenarios(n: int = NUM_SCENARIOS):
-    return [s for s in (spec_scenario(i) for i in range(n)) if s.config.get("num_speculative_tokens")]
+    return [s for s in (spec_scenario(i) for i in range(n)) if s.config.num_speculative_tokens]
 
 
 def test_every_property_and_invariant_holds_with_speculative_decoding():

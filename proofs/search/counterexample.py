@@ -194,7 +194,7 @@ def draw_scenario(rng: random.Random, goal_name: str, max_requests: int, max_ste
             raise ConfigError("config.max_model_len", "must be at least 2 for a request to fit")
         L = min(c.max_model_len, 64)
         reqs = draw_requests(rng, p, L, max_requests, c.policy == "priority", max_prompt_len)
-        return Scenario(name=f"search-{goal_name}", config=config, requests=reqs,
+        return Scenario(name=f"search-{goal_name}", config=c, requests=reqs,
                         max_steps=max_steps).without_late_arrivals()
 
 
