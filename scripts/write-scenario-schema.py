@@ -2,7 +2,7 @@
 (spec/config.py `config_schema`); tests/test_scenario_input.py checks the shipped
 file equals what this writes.  Run it after changing a config field:
 
-    python scripts/write-scenario-schema.py
+    .venv/bin/python scripts/write-scenario-schema.py
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from schedspec.reference.scenario import SCHEMA_DIR, published_schema  # noqa: E402
+from schedspec.reference.scenario import SCHEMA_DIR, published_schema
 
 
 def _leaf(value: Any) -> bool:
