@@ -8,7 +8,6 @@ file equals what this writes.  Run it after changing a config field:
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
