@@ -283,10 +283,36 @@ def generate_scenario(rng: random.Random, index: int,
     flags = tuple(flags)
     if not flags or any(f not in FLAG_COMBINATIONS for f in flags):
         raise ValueError(f"flags: {flags!r} must be a non-empty sequence of (bool, bool) pairs")
+    # The draws below come in a fixed order: every helper draws from `rng` in turn,
+    # so a seed gives the same scenario as it always has.
     config = _valid_config(rng)
+    requests, arrivals = _requests(rng, config)
+    aborts = _aborts(rng, arrivals)
+    max_steps = rng.choice([150, 300, 600])
+    if rng.random() < 0.2:
+        config, requests, aborts = _budget_bound_priority(rng, config, requests, aborts)
+    if flags != FLAGS_OFF:
+        prefix_caching, async_scheduling = flags[0] if len(flags) == 1 else rng.choice(flags)
+        config, requests, aborts = _engine_flags(rng, config, requests, aborts, prefix_caching,
+                                                 async_scheduling)
+    config, requests = _features(rng, config, requests, release, features)
+    # Dropped, not drawn differently: the rest of the scenario is the same for every release.
+    config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
+
+    return Scenario(
+        name=f"random-{index}",
+        description="",
+        config={**config, "vllm_version": release},
+        requests=tuple(requests),
+        aborts=tuple(aborts),
+        max_steps=max_steps,
+    )
+
+
+def _requests(rng: random.Random, config: dict[str, Any]) -> tuple[list[RequestSpec], list[int]]:
+    """The requests of a scenario under `config`, and their arrival steps."""
     L = config["max_model_len"]
     priority_policy = config["policy"] == "priority"
-
     r = rng.random()
     n = rng.randint(1, 6) if r < 0.35 else rng.randint(2, 16) if r < 0.95 else rng.randint(16, 40)
     horizon = rng.choice([0, 2, 5, 12, 30])
@@ -318,7 +344,12 @@ def generate_scenario(rng: random.Random, index: int,
         requests.append(RequestSpec(
             id=f"r{i}", prompt_len=p, arrival_step=arrivals[i], max_tokens=max_tokens,
             output_len=output_len, priority=priority, arrival_time=arrival_time))
+    return requests, arrivals
 
+
+def _aborts(rng: random.Random, arrivals: list[int]) -> list[Abort]:
+    """Aborts of some of the requests arriving at `arrivals`, in step order."""
+    n = len(arrivals)
     aborts = []
     if rng.random() < 0.7:
         victims = rng.sample(range(n), rng.randint(1, n))
@@ -326,14 +357,12 @@ def generate_scenario(rng: random.Random, index: int,
             delay = rng.randint(1, rng.choice([2, 5, 10, 40, 120]))
             aborts.append(Abort(f"r{i}", arrivals[i] + delay))
         aborts.sort(key=lambda a: a.step)
+    return aborts
 
-    max_steps = rng.choice([150, 300, 600])
-    if rng.random() < 0.2:
-        config, requests, aborts = _budget_bound_priority(rng, config, requests, aborts)
-    if flags != FLAGS_OFF:
-        prefix_caching, async_scheduling = flags[0] if len(flags) == 1 else rng.choice(flags)
-        config, requests, aborts = _engine_flags(rng, config, requests, aborts, prefix_caching,
-                                                 async_scheduling)
+
+def _features(rng: random.Random, config: dict[str, Any], requests: list[RequestSpec], release: str,
+              features: frozenset[str]) -> tuple[dict[str, Any], list[RequestSpec]]:
+    """The scheduler features of `features` that `release` models, each in some scenarios."""
     if "spec_decode" in features and models(release, SPEC_DECODE) and rng.random() < 1 / 3:
         config, requests = _spec_decode(rng, config, requests)
     if "lora" in features and models(release, LORA) and rng.random() < 1 / 4:
@@ -349,6 +378,18 @@ def generate_scenario(rng: random.Random, index: int,
         requests = _kv_connector(rng, config.get("block_size", 16), requests)
         if rng.random() < 1 / 3:  # a connector handing KV on (a producer): preemptions drop output in flight
             config = {**config, "requires_kv_delivery": True}
+    config = _drafters(rng, config, release, features)
+    if "encoder_inputs" in features and models(release, ENCODER_INPUTS) and not config.get("num_hash_lookahead_tokens"):
+        config, requests = _encoder_inputs(random.Random("encoder:" + repr(rng.getstate()[1])), config, requests)
+    if "cache_aware" in features and "cache_aware_admission_window" not in fields_lacking(release) \
+            and config.get("enable_prefix_caching") and config.get("policy", "fcfs") == "fcfs":
+        config = _cache_aware(random.Random("cache-aware:" + repr(rng.getstate()[1])), config)
+    return config, requests
+
+
+def _drafters(rng: random.Random, config: dict[str, Any], release: str, features: frozenset[str]) -> dict[str, Any]:
+    """Under speculative decoding: the drafter's rows of its own, lookahead block
+    hashes, and an EAGLE-family drafter's lookahead and block drop."""
     if config.get("num_speculative_tokens", 0) >= 2 and rng.random() < 1 / 4:
         # A parallel drafter: K - 1 rows of its own per scheduled request (0.33.0
         # speculative.py:2085-2092); gone from 0.34.0, whose draft model adds one row.
@@ -376,22 +417,7 @@ def generate_scenario(rng: random.Random, index: int,
             if drop:
                 # With the legacy hashes: a prefix hit gives back its last block (T:834-842).
                 config = {**config, "use_eagle_block_drop": True}
-    if "encoder_inputs" in features and models(release, ENCODER_INPUTS) and not config.get("num_hash_lookahead_tokens"):
-        config, requests = _encoder_inputs(random.Random("encoder:" + repr(rng.getstate()[1])), config, requests)
-    if "cache_aware" in features and "cache_aware_admission_window" not in fields_lacking(release) \
-            and config.get("enable_prefix_caching") and config.get("policy", "fcfs") == "fcfs":
-        config = _cache_aware(random.Random("cache-aware:" + repr(rng.getstate()[1])), config)
-    # Dropped, not drawn differently: the rest of the scenario is the same for every release.
-    config = {k: v for k, v in config.items() if k not in fields_lacking(release)}
-
-    return Scenario(
-        name=f"random-{index}",
-        description="",
-        config={**config, "vllm_version": release},
-        requests=tuple(requests),
-        aborts=tuple(aborts),
-        max_steps=max_steps,
-    )
+    return config
 
 
 def _cache_aware(rng: random.Random, config: dict[str, Any]) -> dict[str, Any]:
