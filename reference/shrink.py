@@ -132,6 +132,140 @@ def _with_field(r: RequestSpec, field: str, value: Any) -> RequestSpec:
     return dataclasses.replace(r, **changes)
 
 
+def _replace_requests(s: Scenario, requests, aborts=None) -> Scenario:
+    return dataclasses.replace(s, requests=tuple(requests), aborts=tuple(s.aborts if aborts is None else aborts))
+
+
+class _Shrinker:
+    """One shrink: the smallest scenario kept so far (`best`) and its finding, the
+    predicate, and the budget.  Each phase method tries its candidates in a fixed
+    order and says whether it kept one."""
+
+    def __init__(self, scenario: Scenario, still_fails: Callable[[Scenario], Any], found: Any,
+                 last_step: Callable[[Any], int | None], deadline: float, max_runs: int):
+        self.best, self.best_found = scenario, found
+        self.still_fails, self.last_step = still_fails, last_step
+        self.deadline, self.max_runs = deadline, max_runs
+        self.stats = ShrinkStats()
+
+    def in_budget(self) -> bool:
+        return time.monotonic() < self.deadline and self.stats.runs < self.max_runs
+
+    def cut(self, s: Scenario, f: Any) -> Scenario:
+        step = self.last_step(f)
+        if step is not None and s.max_steps > step + 1:
+            s = dataclasses.replace(s, max_steps=step + 1)
+        # a file with an arrival at or after max_steps does not load (formats.md)
+        return s.without_late_arrivals()
+
+    def run(self, s: Scenario) -> Any:
+        self.stats.runs += 1
+        try:
+            return self.still_fails(s)
+        except Exception:  # noqa: BLE001 - an implementation crash is not the finding we shrink
+            return None
+
+    def attempt(self, s: Scenario) -> bool:
+        """Keeps `s` (cut) when it is valid, smaller than the best and still fails."""
+        if self.stats.runs >= self.max_runs or time.monotonic() > self.deadline:
+            return False
+        if not s.requests or scenario_size(s) >= scenario_size(self.best) or scenario_problem(s) is not None:
+            return False
+        f = self.run(s)
+        if f is None:
+            return False
+        self.best, self.best_found = self.cut(s, f), f
+        self.stats.accepted += 1
+        return True
+
+    def fewer_requests(self) -> bool:
+        """Phase 1: halves of the requests dropped, then quarters, ..., then one at a time."""
+        changed = False
+        chunk = max(1, len(self.best.requests) // 2)
+        while chunk >= 1 and len(self.best.requests) > 1:
+            best = self.best
+            ids = [r.id for r in best.requests]
+            if any(self.attempt(_replace_requests(best, (r for r in best.requests if r.id not in drop),
+                                                  (a for a in best.aborts if a.id not in drop)))
+                   for drop in (set(ids[i:i + chunk]) for i in range(0, len(ids), chunk)) if len(drop) < len(ids)):
+                changed = True
+            else:
+                chunk //= 2
+        return changed
+
+    def fewer_steps(self) -> bool:
+        """Phase 2: no aborts, every arrival earlier so the condition comes sooner."""
+        changed = False
+        for a in list(self.best.aborts):
+            changed |= self.attempt(dataclasses.replace(self.best, aborts=tuple(x for x in self.best.aborts if x != a)))
+        best = self.best
+        shift = min((r.arrival_step for r in best.requests), default=0)
+        if shift:
+            changed |= self.attempt(_replace_requests(
+                best, (dataclasses.replace(r, arrival_step=r.arrival_step - shift) for r in best.requests),
+                (dataclasses.replace(a, step=a.step - shift) for a in best.aborts)))
+        return changed
+
+    def smaller_numbers(self) -> bool:
+        """Phase 3: smaller numbers, request by request (by id: a cut of max_steps may drop late requests)."""
+        changed = False
+        for rid in [r.id for r in self.best.requests]:
+            for field in _REQUEST_FIELDS:
+                while True:
+                    best = self.best
+                    i = next((j for j, r in enumerate(best.requests) if r.id == rid), None)
+                    if i is None:
+                        break
+                    reqs = list(best.requests)
+                    if not any(self.attempt(_replace_requests(best, reqs[:i] + [_with_field(reqs[i], field, v)]
+                                                              + reqs[i + 1:]))
+                               for v in _smaller_values(best, i, field)):
+                        break
+                    changed = True
+        return changed
+
+    def earlier_aborts(self) -> bool:
+        """Phase 4: each abort earlier, not before its request's arrival step + 1."""
+        changed = False
+        for k in range(len(self.best.aborts)):
+            best = self.best
+            if k >= len(best.aborts):
+                break
+            ab = best.aborts[k]
+            arrival = next(r.arrival_step for r in best.requests if r.id == ab.id)
+            aborts = list(best.aborts)
+            changed |= any(self.attempt(dataclasses.replace(
+                best, aborts=tuple(aborts[:k] + [dataclasses.replace(ab, step=step)] + aborts[k + 1:])))
+                for step in _smaller(ab.step, arrival + 1))
+        return changed
+
+    def simpler_config(self) -> bool:
+        """Phase 5: optional config fields dropped, then sizes lowered."""
+        changed = False
+        for key in sorted(_config_given(self.best)):
+            if key not in _KEPT_CONFIG:  # back to its default
+                changed |= self.attempt(dataclasses.replace(
+                    self.best, config=dataclasses.replace(self.best.config, **{key: CONFIG_TABLE[key].default})))
+        for key, lo in _LOWERED_CONFIG:
+            while isinstance(getattr(self.best.config, key), int) and any(
+                    self.attempt(dataclasses.replace(self.best, config=dataclasses.replace(self.best.config, **{key: v})))
+                    for v in _smaller(getattr(self.best.config, key), lo)):
+                changed = True
+        return changed
+
+    def rename(self) -> None:
+        """Plain ids r0, r1, ... in list order; kept only if the predicate still holds, since
+        the priority queue breaks (priority, arrival_time) ties by id."""
+        best = self.best
+        names = {r.id: f"r{i}" for i, r in enumerate(best.requests)}
+        if any(k != v for k, v in names.items()):
+            renamed = _replace_requests(best, (dataclasses.replace(r, id=names[r.id]) for r in best.requests),
+                                        (dataclasses.replace(a, id=names[a.id]) for a in best.aborts))
+            f = self.run(renamed)
+            if f is not None:
+                self.best, self.best_found = renamed, f
+
+
 def shrink_while(scenario: Scenario, still_fails: Callable[[Scenario], F | None], found: F, *,
                  last_step: Callable[[F], int | None], fix_config: bool = False, budget_s: float = 20.0,
                  max_runs: int = 4000) -> tuple[Scenario, F, ShrinkStats]:
@@ -143,106 +277,20 @@ def shrink_while(scenario: Scenario, still_fails: Callable[[Scenario], F | None]
     finding being shrunk).  Returns the smallest scenario kept, its finding, and
     how many runs it took."""
     t0 = time.monotonic()
-    deadline = t0 + budget_s
-    stats = ShrinkStats()
-    best, best_found = scenario, found
-
-    def cut(s: Scenario, f: F) -> Scenario:
-        step = last_step(f)
-        if step is not None and s.max_steps > step + 1:
-            s = dataclasses.replace(s, max_steps=step + 1)
-        # a file with an arrival at or after max_steps does not load (formats.md)
-        return s.without_late_arrivals()
-
-    def run(s: Scenario) -> F | None:
-        stats.runs += 1
-        try:
-            return still_fails(s)
-        except Exception:  # noqa: BLE001 - an implementation crash is not the finding we shrink
-            return None
-
-    def attempt(s: Scenario) -> bool:
-        nonlocal best, best_found
-        if stats.runs >= max_runs or time.monotonic() > deadline:
-            return False
-        if not s.requests or scenario_size(s) >= scenario_size(best) or scenario_problem(s) is not None:
-            return False
-        f = run(s)
-        if f is None:
-            return False
-        best, best_found = cut(s, f), f
-        stats.accepted += 1
-        return True
-
-    def replace_requests(s: Scenario, requests, aborts=None) -> Scenario:
-        return dataclasses.replace(s, requests=tuple(requests), aborts=tuple(s.aborts if aborts is None else aborts))
-
-    attempt(cut(best, best_found))
+    sh = _Shrinker(scenario, still_fails, found, last_step, t0 + budget_s, max_runs)
+    sh.attempt(sh.cut(sh.best, sh.best_found))
     changed = True
-    while changed and time.monotonic() < deadline and stats.runs < max_runs:
-        changed = False
-        # 1. fewer requests: halves, then one at a time
-        chunk = max(1, len(best.requests) // 2)
-        while chunk >= 1 and len(best.requests) > 1:
-            ids = [r.id for r in best.requests]
-            if any(attempt(replace_requests(best, (r for r in best.requests if r.id not in drop),
-                                            (a for a in best.aborts if a.id not in drop)))
-                   for drop in (set(ids[i:i + chunk]) for i in range(0, len(ids), chunk)) if len(drop) < len(ids)):
-                changed = True
-            else:
-                chunk //= 2
-        # 2. fewer steps: no aborts, every arrival earlier so the condition comes sooner
-        for a in list(best.aborts):
-            changed |= attempt(dataclasses.replace(best, aborts=tuple(x for x in best.aborts if x != a)))
-        shift = min((r.arrival_step for r in best.requests), default=0)
-        if shift:
-            changed |= attempt(replace_requests(
-                best, (dataclasses.replace(r, arrival_step=r.arrival_step - shift) for r in best.requests),
-                (dataclasses.replace(a, step=a.step - shift) for a in best.aborts)))
-        # 3. smaller numbers, request by request (by id: a cut of max_steps may drop late requests)
-        for rid in [r.id for r in best.requests]:
-            for field in _REQUEST_FIELDS:
-                while True:
-                    i = next((j for j, r in enumerate(best.requests) if r.id == rid), None)
-                    if i is None:
-                        break
-                    reqs = list(best.requests)
-                    if not any(attempt(replace_requests(best, reqs[:i] + [_with_field(reqs[i], field, v)]
-                                                        + reqs[i + 1:])) for v in _smaller_values(best, i, field)):
-                        break
-                    changed = True
-        # 4. aborts earlier
-        for k in range(len(best.aborts)):
-            if k >= len(best.aborts):
-                break
-            ab = best.aborts[k]
-            arrival = next(r.arrival_step for r in best.requests if r.id == ab.id)
-            aborts = list(best.aborts)
-            changed |= any(attempt(dataclasses.replace(
-                best, aborts=tuple(aborts[:k] + [dataclasses.replace(ab, step=step)] + aborts[k + 1:])))
-                for step in _smaller(ab.step, arrival + 1))
-        # 5. a simpler config
+    while changed and sh.in_budget():
+        # Every phase runs, in this order, each from the best the one before left.
+        changed = sh.fewer_requests()
+        changed |= sh.fewer_steps()
+        changed |= sh.smaller_numbers()
+        changed |= sh.earlier_aborts()
         if not fix_config:
-            for key in sorted(_config_given(best)):
-                if key not in _KEPT_CONFIG:  # back to its default
-                    changed |= attempt(dataclasses.replace(
-                        best, config=dataclasses.replace(best.config, **{key: CONFIG_TABLE[key].default})))
-            for key, lo in _LOWERED_CONFIG:
-                while isinstance(getattr(best.config, key), int) and any(
-                        attempt(dataclasses.replace(best, config=dataclasses.replace(best.config, **{key: v})))
-                        for v in _smaller(getattr(best.config, key), lo)):
-                    changed = True
-    # Plain ids r0, r1, ... in list order; kept only if the predicate still holds, since
-    # the priority queue breaks (priority, arrival_time) ties by id.
-    names = {r.id: f"r{i}" for i, r in enumerate(best.requests)}
-    if any(k != v for k, v in names.items()):
-        renamed = replace_requests(best, (dataclasses.replace(r, id=names[r.id]) for r in best.requests),
-                                   (dataclasses.replace(a, id=names[a.id]) for a in best.aborts))
-        f = run(renamed)
-        if f is not None:
-            best, best_found = renamed, f
-    stats.seconds = time.monotonic() - t0
-    return best, best_found, stats
+            changed |= sh.simpler_config()
+    sh.rename()
+    sh.stats.seconds = time.monotonic() - t0
+    return sh.best, sh.best_found, sh.stats
 
 
 # --- `schedspec diff`: shrink while two implementations diverge ----------------------------
