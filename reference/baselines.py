@@ -89,6 +89,123 @@ def _length_and_reason(r, max_model_len: int) -> tuple[int, str]:
     return limit, "length"
 
 
+class _Batching:
+    """The state of one baseline run: the queues, the current batch, the KV pool
+    (iteration level) and each request's outputs and summary."""
+
+    def __init__(self, scenario: Scenario, kind: str, config):
+        self.kind, self.cap = kind, config.max_num_seqs
+        self.specs = {r.id: r for r in scenario.requests}
+        self.order = [r.id for r in scenario.requests]
+        self.target = {rid: _length_and_reason(r, config.max_model_len) for rid, r in self.specs.items()}
+        self.blocks_needed = {rid: math.ceil((self.specs[rid].prompt_len + self.target[rid][0]) / config.block_size)
+                              for rid in self.order}
+        self.last_arrival = max((r.arrival_step for r in scenario.requests), default=-1)
+        self.outputs = {rid: 0 for rid in self.order}
+        self.summary = {rid: {"first_token_step": None, "finish_step": None, "finish_reason": None,
+                              "num_output_tokens": 0, "num_preemptions": 0} for rid in self.order}
+        self.pending = set(self.order)  # not finished
+        self.arrived: set[str] = set()
+        self.waiting: list[str] = []
+        self.running: list[str] = []  # admitted, still generating, in admission order
+        self.batch: list[str] = []  # static/request: every member of the current batch
+        self.free_blocks = config.num_usable_blocks
+        self.reserved: dict[str, int] = {}
+
+    def abort(self, step: int, rid: str, finished: list[list[str]]) -> None:
+        if rid not in self.pending:
+            return  # already finished: nothing happens, nothing recorded
+        self.pending.discard(rid)
+        finished.append([rid, "aborted"])
+        self.summary[rid]["finish_step"] = step
+        self.summary[rid]["finish_reason"] = "aborted"
+        if rid in self.waiting:
+            self.waiting.remove(rid)
+        if rid in self.running:
+            self.running.remove(rid)  # a static/request slot stays in `batch`
+            if self.kind == "iteration":
+                self.free_blocks += self.reserved.pop(rid)
+
+    def admit(self, step: int) -> list[str]:
+        """The requests admitted in `step`."""
+        new: list[str] = []
+        if self.kind == "iteration":
+            while self.waiting and len(self.running) < self.cap:
+                rid = self.waiting[0]
+                if self.blocks_needed[rid] > self.free_blocks:
+                    break  # head-of-line: the ones behind it wait too
+                self.waiting.pop(0)
+                self.free_blocks -= self.blocks_needed[rid]
+                self.reserved[rid] = self.blocks_needed[rid]
+                self.running.append(rid)
+                new.append(rid)
+        else:
+            if self.batch and not self.running:
+                self.batch = []  # the batch is over: its slots are free
+            if not self.batch and self.waiting:
+                if self.kind == "request" or len(self.waiting) >= self.cap or step >= self.last_arrival:
+                    new = self.waiting[:self.cap]
+                    del self.waiting[:self.cap]
+                    self.batch = list(new)
+                    self.running = list(new)
+        return new
+
+    def produce(self, step: int, finished: list[list[str]]) -> list[list[Any]]:
+        """Every running request produces one token; those done finish.  The step's `scheduled`."""
+        scheduled: list[list[Any]] = []
+        done_now: list[str] = []
+        for rid in self.running:
+            scheduled.append([rid, self.specs[rid].prompt_len if self.outputs[rid] == 0 else 1])
+            self.outputs[rid] += 1
+            s = self.summary[rid]
+            s["num_output_tokens"] = self.outputs[rid]
+            if s["first_token_step"] is None:
+                s["first_token_step"] = step
+            length, reason = self.target[rid]
+            if self.outputs[rid] >= length:
+                done_now.append(rid)
+                finished.append([rid, reason])
+                s["finish_step"] = step
+                s["finish_reason"] = reason
+        for rid in done_now:
+            self.pending.discard(rid)
+            self.running.remove(rid)
+            if self.kind == "iteration":
+                self.free_blocks += self.reserved.pop(rid)  # reaped before the next admission
+        return scheduled
+
+    def step(self, step: int, arrivals: dict[int, list[str]], aborts: dict[int, list[str]]) -> dict[str, Any]:
+        """One step: aborts (before arrivals), arrivals, admission, every running request
+        producing a token; its trace record."""
+        finished: list[list[str]] = []
+        for rid in aborts.get(step, ()):
+            self.abort(step, rid, finished)
+        for rid in arrivals.get(step, ()):
+            self.arrived.add(rid)
+            self.waiting.append(rid)
+        new = self.admit(step)
+        slots_held = len(self.batch) if self.kind != "iteration" else len(self.running)
+        scheduled = self.produce(step, finished)
+        record: dict[str, Any] = {
+            "step": step,
+            "scheduled": scheduled,
+            "new": new,
+            "resumed": [],
+            "preempted": [],
+            "finished": finished,
+            "running": list(self.running),
+            "waiting": list(self.waiting),
+            "num_computed_tokens": {
+                rid: (self.specs[rid].prompt_len + self.outputs[rid] - 1 if self.outputs[rid] else 0)
+                for rid in self.order if rid in self.arrived and rid in self.pending},
+        }
+        if self.kind == "iteration":
+            record["num_free_blocks"] = self.free_blocks
+        record["sampled"] = [rid for rid, _ in scheduled]
+        record["slots_held"] = slots_held
+        return record
+
+
 def run_baseline(scenario: Scenario, kind: str, *, sink=None) -> dict[str, Any]:
     """Run `scenario` under the `kind` batching baseline ("static", "request",
     "iteration"); return its trace.  A scenario the spec rejects gives an error
@@ -107,26 +224,8 @@ def run_baseline(scenario: Scenario, kind: str, *, sink=None) -> dict[str, Any]:
             sink.end(trace)
         return trace
 
-    cap = config.max_num_seqs
-    block_size = config.block_size
-    specs = {r.id: r for r in scenario.requests}
-    order = [r.id for r in scenario.requests]
-    target = {rid: _length_and_reason(r, config.max_model_len) for rid, r in specs.items()}
-    blocks_needed = {rid: math.ceil((specs[rid].prompt_len + target[rid][0]) / block_size)
-                     for rid in order}
-    last_arrival = max((r.arrival_step for r in scenario.requests), default=-1)
+    b = _Batching(scenario, kind, config)
     arrivals, aborts = scenario.events_by_step()
-
-    outputs = {rid: 0 for rid in order}
-    summary = {rid: {"first_token_step": None, "finish_step": None, "finish_reason": None,
-                     "num_output_tokens": 0, "num_preemptions": 0} for rid in order}
-    pending = set(order)  # not finished
-    arrived: set[str] = set()
-    waiting: list[str] = []
-    running: list[str] = []  # admitted, still generating, in admission order
-    batch: list[str] = []  # static/request: every member of the current batch
-    free_blocks = config.num_usable_blocks
-    reserved: dict[str, int] = {}
     steps: list[dict[str, Any]] = []
     if sink is not None:
         sink.begin({"format": TRACE_FORMAT, "scenario": scenario.name, "implementation": name})
@@ -134,98 +233,18 @@ def run_baseline(scenario: Scenario, kind: str, *, sink=None) -> dict[str, Any]:
     event_steps = sorted(set(arrivals) | set(aborts))
 
     step = 0
-    while step < scenario.max_steps and pending:
-        if not running and not waiting and step not in arrivals and step not in aborts:
+    while step < scenario.max_steps and b.pending:
+        if not b.running and not b.waiting and step not in arrivals and step not in aborts:
             # Idle: nothing changes before the next arrival or abort.
             k = bisect.bisect_right(event_steps, step)
             step = min(event_steps[k] if k < len(event_steps) else scenario.max_steps, scenario.max_steps)
             continue
-        finished: list[list[str]] = []
-        # 1. aborts (before arrivals)
-        for rid in aborts.get(step, ()):
-            if rid not in pending:
-                continue  # already finished: nothing happens, nothing recorded
-            pending.discard(rid)
-            finished.append([rid, "aborted"])
-            summary[rid]["finish_step"] = step
-            summary[rid]["finish_reason"] = "aborted"
-            if rid in waiting:
-                waiting.remove(rid)
-            if rid in running:
-                running.remove(rid)  # a static/request slot stays in `batch`
-                if kind == "iteration":
-                    free_blocks += reserved.pop(rid)
-        # 2. arrivals
-        for rid in arrivals.get(step, ()):
-            arrived.add(rid)
-            waiting.append(rid)
-        # 3. admission
-        new: list[str] = []
-        if kind == "iteration":
-            while waiting and len(running) < cap:
-                rid = waiting[0]
-                if blocks_needed[rid] > free_blocks:
-                    break  # head-of-line: the ones behind it wait too
-                waiting.pop(0)
-                free_blocks -= blocks_needed[rid]
-                reserved[rid] = blocks_needed[rid]
-                running.append(rid)
-                new.append(rid)
-        else:
-            if batch and not running:
-                batch = []  # the batch is over: its slots are free
-            if not batch and waiting:
-                if kind == "request" or len(waiting) >= cap or step >= last_arrival:
-                    new = waiting[:cap]
-                    del waiting[:cap]
-                    batch = list(new)
-                    running = list(new)
-        # 4. the step: every running request produces one token
-        slots_held = len(batch) if kind != "iteration" else len(running)
-        scheduled: list[list[Any]] = []
-        done_now: list[str] = []
-        for rid in running:
-            scheduled.append([rid, specs[rid].prompt_len if outputs[rid] == 0 else 1])
-            outputs[rid] += 1
-            s = summary[rid]
-            s["num_output_tokens"] = outputs[rid]
-            if s["first_token_step"] is None:
-                s["first_token_step"] = step
-            length, reason = target[rid]
-            if outputs[rid] >= length:
-                done_now.append(rid)
-                finished.append([rid, reason])
-                s["finish_step"] = step
-                s["finish_reason"] = reason
-        sampled = [rid for rid, _ in scheduled]
-        for rid in done_now:
-            pending.discard(rid)
-            running.remove(rid)
-            if kind == "iteration":
-                free_blocks += reserved.pop(rid)  # reaped before the next admission
-
-        record: dict[str, Any] = {
-            "step": step,
-            "scheduled": scheduled,
-            "new": new,
-            "resumed": [],
-            "preempted": [],
-            "finished": finished,
-            "running": list(running),
-            "waiting": list(waiting),
-            "num_computed_tokens": {
-                rid: (specs[rid].prompt_len + outputs[rid] - 1 if outputs[rid] else 0)
-                for rid in order if rid in arrived and rid in pending},
-        }
-        if kind == "iteration":
-            record["num_free_blocks"] = free_blocks
-        record["sampled"] = sampled
-        record["slots_held"] = slots_held
+        record = b.step(step, arrivals, aborts)
         if not is_idle_record(record):
             emit(record)
         step += 1
 
-    return finish_trace(scenario.name, name, steps, step, order, pending, summary, sink)
+    return finish_trace(scenario.name, name, steps, step, b.order, b.pending, b.summary, sink)
 
 
 __all__ = ["KINDS", "run_baseline"]
