@@ -342,6 +342,153 @@ def finish_trace(scenario_name: str, impl_name: str, steps: list, num_steps: int
     return trace
 
 
+def _requests_of(scenario: Scenario, config) -> tuple[dict[str, Request], str | None]:
+    """The spec's Request for every request of the scenario, or the first one's problem."""
+    requests = {}
+    tokens = prompt_token_ids(scenario) if config.enable_prefix_caching else {}
+    for i, r in enumerate(scenario.requests):
+        try:
+            requests[r.id] = make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time,
+                                          tokens.get(r.id), r.lora_int_id, r.grammar_compile_steps is not None,
+                                          r.kv_connector_tokens, r.kv_connector_load_steps is not None,
+                                          r.kv_connector_send_steps is not None, r.mm_features)
+        except ConfigError as e:
+            return requests, f"requests[{i}].{e}"
+    return requests, None
+
+
+def _unmodelled(scenario: Scenario, impl: SchedulerImpl, name: str
+                ) -> tuple[str | None, KVLoads | None, KVSends | None]:
+    """What of the scenario's requests `impl` does not model (KV connector hits, encoder
+    inputs, the worker's KV reports, grammars), as a rejection; else the KV loads and
+    sends the engine reports."""
+    has_mm = any(r.mm_features for r in scenario.requests)
+    held = [i for i, r in enumerate(scenario.requests) if r.kv_connector_tokens]
+    if held and getattr(impl, "models_kv_connector_hits", True) is False:
+        return f"requests[{held[0]}].kv_connector_tokens: {name} does not model KV connector hits", None, None
+    if has_mm and getattr(impl, "models_encoder_inputs", True) is False:
+        i = next(i for i, r in enumerate(scenario.requests) if r.mm_features)
+        return f"requests[{i}].mm_features: {name} does not model encoder inputs", None, None
+    # The worker's reports: each needs its update_from_output argument.
+    steps_of = {}
+    for field, takes, what, argument in (
+            ("kv_connector_load_steps", takes_finished_recving, "asynchronous KV loads", "finished_recving"),
+            ("kv_connector_send_steps", takes_finished_sending, "KV connector sends", "finished_sending")):
+        steps_of[field] = {r.id: getattr(r, field) for r in scenario.requests if getattr(r, field)}
+        if steps_of[field] and not takes(impl):
+            i = next(i for i, r in enumerate(scenario.requests) if getattr(r, field))
+            return (f"requests[{i}].{field}: {name} does not model {what} "
+                    f"(its update_from_output takes no {argument})"), None, None
+    loads = KVLoads(steps_of["kv_connector_load_steps"]) if steps_of["kv_connector_load_steps"] else None
+    sends = KVSends(steps_of["kv_connector_send_steps"]) if steps_of["kv_connector_send_steps"] else None
+    if scenario.grammar_events() and not isinstance(impl, GrammarTaking):
+        return (f"requests[].grammar_compile_steps: {name} does not model structured output "
+                "(it has no grammar_compiled)"), None, None
+    return None, loads, sends
+
+
+def _feature_fields(record: dict[str, Any], config, e: EngineStep, has_mm: bool, kept: Mapping[str, int],
+                    asynchronous: bool) -> None:
+    """The trace fields of the features the scenario uses (formats.md, Trace)."""
+    output = e.output
+    if config.enable_prefix_caching:
+        record["prefix_hits"] = dict(output.prefix_hits)
+    if output.kv_connector_hits:
+        record["kv_connector_hits"] = dict(output.kv_connector_hits)
+    if has_mm:  # on every step, so that a comparison never skips them
+        record["scheduled_encoder_inputs"] = {rid: list(ids) for rid, ids in output.scheduled_encoder_inputs}
+        record["free_encoder_mm_hashes"] = list(output.free_encoder_mm_hashes)
+    if config.num_speculative_tokens:
+        record["scheduled_spec_decode_tokens"] = {rid: len(ids) for rid, ids in output.scheduled_spec_decode_tokens}
+        record["new_tokens"] = kept
+    if asynchronous:
+        record["schedule_called"] = e.called
+        record["applied_step"] = e.applied
+
+
+class _EngineRun:
+    """One run of a scenario between its steps: the events by step, the fake model,
+    the batches in flight, and each request's summary."""
+
+    def __init__(self, scenario: Scenario, impl: SchedulerImpl, config, requests: dict[str, Request],
+                 loads: KVLoads | None, sends: KVSends | None):
+        self.impl, self.config, self.requests, self.loads, self.sends = impl, config, requests, loads, sends
+        self.arrivals, self.aborts = scenario.events_by_step()
+        self.event_steps = sorted(set(self.arrivals) | set(self.aborts))
+        self.grammars = scenario.grammar_events()
+        self.has_mm = any(r.mm_features for r in scenario.requests)
+        self.summary = {r.id: {"first_token_step": None, "finish_step": None, "finish_reason": None,
+                               "num_output_tokens": 0, "num_preemptions": 0} for r in scenario.requests}
+        self.order = [r.id for r in scenario.requests]
+        self.position = {rid: i for i, rid in enumerate(self.order)}
+        self.pending = set(self.order)  # not finished yet
+        self.holds_requests = False  # whether the implementation held a request after the last step
+        self.model = FakeModel.of(scenario, config.num_speculative_tokens)
+        # Async scheduling: the batches in flight, oldest first (formats.md, async engine step).
+        self.in_flight: deque | None = deque() if config.async_scheduling else None
+
+    def idle_at(self, step: int) -> bool:
+        """Whether nothing can happen at `step`: no request held, no arrival or abort."""
+        return not self.holds_requests and step not in self.arrivals and step not in self.aborts
+
+    def next_event(self, step: int, max_steps: int) -> int:
+        """The next step with an arrival or an abort after `step` (max_steps: none)."""
+        k = bisect.bisect_right(self.event_steps, step)
+        return min(self.event_steps[k] if k < len(self.event_steps) else max_steps, max_steps)
+
+    def step(self, step: int) -> tuple[dict[str, Any], EngineStep]:
+        """One engine step: its trace record, and what the step did."""
+        impl, in_flight = self.impl, self.in_flight
+        finished = self.apply_events(step)
+        e = engine_step(impl, step, self.model, in_flight, self.loads, self.sends)
+        # Requests finished with an error come last, in id order: vLLM finishes them from a set.
+        finished += [[rid, FINISH_REASON[status]] for rid, status in e.stopped
+                     if status != RequestStatus.FINISHED_ERROR]
+        finished += sorted([rid, FINISH_REASON[status]] for rid, status in e.stopped
+                           if status == RequestStatus.FINISHED_ERROR)
+        if self.sends is not None:
+            self.sends.finished(step, [rid for rid, _ in finished])
+        after = e.after
+        self.holds_requests = bool(after.requests or after.running or after.waiting or in_flight
+                                   or after.finished_req_ids and in_flight is not None)
+        kept = num_kept(e.mid, e.sampled)
+        self.tally(step, kept, e.output, finished)
+        record = step_record(step, e.output, e.mid, after, finished, e.sampled, self.position)
+        _feature_fields(record, self.config, e, self.has_mm, kept, in_flight is not None)
+        return record, e
+
+    def apply_events(self, step: int) -> list[list[str]]:
+        """formats.md steps 1-2 of an engine step: aborts, arrivals, then the grammars that
+        finish compiling now, before schedule() reads them.  The requests the aborts finished."""
+        impl = self.impl
+        finished: list[list[str]] = []
+        for rid in self.aborts.get(step, ()):
+            for done in impl.finish_requests([rid], RequestStatus.FINISHED_ABORTED):
+                finished.append([done, "aborted"])
+        for rid in self.arrivals.get(step, ()):
+            impl.add_request(self.requests[rid])
+        for failed in (False, True):
+            ids = [rid for rid, f in self.grammars.get(step, ()) if f == failed]
+            if ids:
+                impl.grammar_compiled(ids, failed)
+        return finished
+
+    def tally(self, step: int, kept: Mapping[str, int], output: SchedulerOutput, finished: list[list[str]]) -> None:
+        """The step's outputs, preemptions and finishes into the per-request summary."""
+        summary = self.summary
+        for rid, n in kept.items():
+            s = summary[rid]
+            s["num_output_tokens"] += n
+            if s["first_token_step"] is None:
+                s["first_token_step"] = step
+        for rid in output.preempted_req_ids:
+            summary[rid]["num_preemptions"] += 1
+        for rid, reason in finished:
+            summary[rid]["finish_step"] = step
+            summary[rid]["finish_reason"] = reason
+            self.pending.discard(rid)
+
+
 def run_scenario(
     scenario: Scenario,
     impl: SchedulerImpl,
@@ -381,125 +528,35 @@ def run_scenario(
         impl.reset(config)
     except (ConfigError, ValueError) as e:
         return rejected(str(e))
-    requests = {}
-    tokens = prompt_token_ids(scenario) if config.enable_prefix_caching else {}
-    for i, r in enumerate(scenario.requests):
-        try:
-            requests[r.id] = make_request(config, r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_time,
-                                          tokens.get(r.id), r.lora_int_id, r.grammar_compile_steps is not None,
-                                          r.kv_connector_tokens, r.kv_connector_load_steps is not None,
-                                          r.kv_connector_send_steps is not None, r.mm_features)
-        except ConfigError as e:
-            return rejected(f"requests[{i}].{e}")
+    requests, problem = _requests_of(scenario, config)
+    if problem is None:
+        problem, loads, sends = _unmodelled(scenario, impl, name)
+    if problem is not None:
+        return rejected(problem)
 
-    arrivals, aborts = scenario.events_by_step()
-    event_steps = sorted(set(arrivals) | set(aborts))
-    grammars = scenario.grammar_events()
-    has_mm = any(r.mm_features for r in scenario.requests)
-    held = [i for i, r in enumerate(scenario.requests) if r.kv_connector_tokens]
-    if held and getattr(impl, "models_kv_connector_hits", True) is False:
-        return rejected(f"requests[{held[0]}].kv_connector_tokens: {name} does not model KV connector hits")
-    if has_mm and getattr(impl, "models_encoder_inputs", True) is False:
-        i = next(i for i, r in enumerate(scenario.requests) if r.mm_features)
-        return rejected(f"requests[{i}].mm_features: {name} does not model encoder inputs")
-    # The worker's reports: each needs its update_from_output argument.
-    steps_of = {}
-    for field, takes, what, argument in (
-            ("kv_connector_load_steps", takes_finished_recving, "asynchronous KV loads", "finished_recving"),
-            ("kv_connector_send_steps", takes_finished_sending, "KV connector sends", "finished_sending")):
-        steps_of[field] = {r.id: getattr(r, field) for r in scenario.requests if getattr(r, field)}
-        if steps_of[field] and not takes(impl):
-            i = next(i for i, r in enumerate(scenario.requests) if getattr(r, field))
-            return rejected(f"requests[{i}].{field}: {name} does not model {what} "
-                            f"(its update_from_output takes no {argument})")
-    loads = KVLoads(steps_of["kv_connector_load_steps"]) if steps_of["kv_connector_load_steps"] else None
-    sends = KVSends(steps_of["kv_connector_send_steps"]) if steps_of["kv_connector_send_steps"] else None
-    if grammars and not isinstance(impl, GrammarTaking):
-        return rejected(f"requests[].grammar_compile_steps: {name} does not model structured output "
-                        "(it has no grammar_compiled)")
-
-    summary = {r.id: {"first_token_step": None, "finish_step": None, "finish_reason": None,
-                      "num_output_tokens": 0, "num_preemptions": 0} for r in scenario.requests}
-    order = [r.id for r in scenario.requests]
-    position = {rid: i for i, rid in enumerate(order)}
-    pending = set(order)  # not finished yet
+    run = _EngineRun(scenario, impl, config, requests, loads, sends)
     steps: list[dict[str, Any]] = []
     if sink is not None:
         sink.begin(header)
     emit = sink.step if sink is not None else steps.append
-    holds_requests = False  # whether the implementation held a request after the last step
-    model = FakeModel.of(scenario, config.num_speculative_tokens)
     if config.num_speculative_tokens and not config.async_scheduling and not isinstance(impl, DraftTaking):
         return rejected(f"config.num_speculative_tokens: {name} does not model speculative decoding "
                         "(it has no update_draft_token_ids)")
-    # Async scheduling: the batches in flight, oldest first (formats.md, async engine step).
-    in_flight: deque | None = deque() if config.async_scheduling else None
     step = 0
-    while step < scenario.max_steps and pending:
-        if not holds_requests and step not in arrivals and step not in aborts:
+    while step < scenario.max_steps and run.pending:
+        if run.idle_at(step):
             # Nothing can happen before the next arrival or abort: go there.
-            k = bisect.bisect_right(event_steps, step)
-            step = min(event_steps[k] if k < len(event_steps) else scenario.max_steps, scenario.max_steps)
+            step = run.next_event(step, scenario.max_steps)
             if progress is not None:
                 progress(step, scenario.max_steps)
             continue
-        finished: list[list[str]] = []
-        for rid in aborts.get(step, ()):
-            for done in impl.finish_requests([rid], RequestStatus.FINISHED_ABORTED):
-                finished.append([done, "aborted"])
-        for rid in arrivals.get(step, ()):
-            impl.add_request(requests[rid])
-        # Grammars that finish compiling now, before schedule() reads them (formats.md).
-        for failed in (False, True):
-            ids = [rid for rid, f in grammars.get(step, ()) if f == failed]
-            if ids:
-                impl.grammar_compiled(ids, failed)
-        e = engine_step(impl, step, model, in_flight, loads, sends)
-        before, output, mid, after, sampled, stopped = e.before, e.output, e.mid, e.after, e.sampled, e.stopped
-        called, applied = e.called, e.applied
-        # Requests finished with an error come last, in id order: vLLM finishes them from a set.
-        finished += [[rid, FINISH_REASON[status]] for rid, status in stopped
-                     if status != RequestStatus.FINISHED_ERROR]
-        finished += sorted([rid, FINISH_REASON[status]] for rid, status in stopped
-                           if status == RequestStatus.FINISHED_ERROR)
-        if sends is not None:
-            sends.finished(step, [rid for rid, _ in finished])
-        holds_requests = bool(after.requests or after.running or after.waiting or in_flight
-                              or after.finished_req_ids and in_flight is not None)
-
-        kept = num_kept(mid, sampled)
-        for rid, n in kept.items():
-            s = summary[rid]
-            s["num_output_tokens"] += n
-            if s["first_token_step"] is None:
-                s["first_token_step"] = step
-        for rid in output.preempted_req_ids:
-            summary[rid]["num_preemptions"] += 1
-        for rid, reason in finished:
-            summary[rid]["finish_step"] = step
-            summary[rid]["finish_reason"] = reason
-            pending.discard(rid)
-
-        record = step_record(step, output, mid, after, finished, sampled, position)
-        if config.enable_prefix_caching:
-            record["prefix_hits"] = dict(output.prefix_hits)
-        if output.kv_connector_hits:
-            record["kv_connector_hits"] = dict(output.kv_connector_hits)
-        if has_mm:  # on every step, so that a comparison never skips them
-            record["scheduled_encoder_inputs"] = {rid: list(ids) for rid, ids in output.scheduled_encoder_inputs}
-            record["free_encoder_mm_hashes"] = list(output.free_encoder_mm_hashes)
-        if config.num_speculative_tokens:
-            record["scheduled_spec_decode_tokens"] = {rid: len(ids) for rid, ids in output.scheduled_spec_decode_tokens}
-            record["new_tokens"] = kept
-        if in_flight is not None:
-            record["schedule_called"] = called
-            record["applied_step"] = applied
+        record, e = run.step(step)
         if not is_idle_record(record):
             emit(record)
             if on_step is not None:
-                on_step(Transition(step, before, output, after, record))
+                on_step(Transition(step, e.before, e.output, e.after, record))
         step += 1
         if progress is not None:
             progress(step, scenario.max_steps)
 
-    return finish_trace(scenario.name, name, steps, step, order, pending, summary, sink)
+    return finish_trace(scenario.name, name, steps, step, run.order, run.pending, run.summary, sink)
