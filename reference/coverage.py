@@ -197,7 +197,7 @@ class StepCoverage:
         self._prev_after = None  # the state after the previous listed step
 
     def __call__(self, t: Transition) -> None:
-        cov, before, after, out = self.cov, t.before, t.after, t.output
+        cov, before, after = self.cov, t.before, t.after
         c = before.config
         _bump(cov, "steps (" + flag_label(c.enable_prefix_caching, c.async_scheduling) + ")")
         prev = self._prev_after
@@ -207,96 +207,134 @@ class StepCoverage:
                 r = prev.requests.get(rid)
                 if r is not None and r.num_in_flight_tokens > 0:
                     _bump(cov, "aborts with a batch in flight")
+        # In this order, so that the counts come out in the order they always have.
         if c.async_scheduling:
-            scheduled = out.scheduled
-            for rid in before.running:
-                r = before.requests[rid]
-                if (rid not in scheduled and r.num_output_placeholders > 0 and r.num_computed_tokens + 2
-                        - r.num_output_placeholders >= r.num_prompt_tokens + r.max_tokens):
-                    _bump(cov, "async max_tokens guard")
-            if t.record.get("schedule_called") and not out.num_scheduled_tokens:
-                _bump(cov, "empty async batches")
-        if c.num_speculative_tokens:
-            spec_decode_coverage(t, cov)
-        if any(r.mm_features for r in before.requests.values()):
-            encoder_coverage(t, cov)
-        if c.num_prefill_lookahead_tokens > 1 and any(
-                rid in before.requests and before.requests[rid].num_computed_tokens + n < before.requests[rid].num_tokens
-                for rid, n in out.num_scheduled_tokens):
-            _bump(cov, "steps with a prefill chunk under an MTP drafter's lookahead")
-        if c.max_loras is not None:
-            running = {after.requests[x].lora_int_id for x in after.running} - {0}
-            if len(running) == c.max_loras:
-                _bump(cov, "steps at max_loras")
-                if any(after.requests[w].lora_int_id not in running | {0} for w in after.waiting):
-                    _bump(cov, "steps holding an adapter back")
-        if c.long_prefill_token_threshold_adaptive and \
-                long_prefill_threshold(c, len(before.running) + len(before.waiting)) > c.long_prefill_token_threshold:
-            _bump(cov, "steps with the long-prefill cap raised to a fair share")
-        if c.prefill_schedule_interval > 1 and prefill_throttle.holds_prefill(before):
-            _bump(cov, "steps holding prefill back")
-            if before.waiting and not out.scheduled_new_reqs and not out.scheduled_resumed_reqs:
-                _bump(cov, "steps holding an admission back")
-        if any(before.requests[w].grammar in ("compiling", "failed") for w in before.waiting):
-            _bump(cov, "steps with a request waiting for its grammar")
-            if out.num_scheduled_tokens:
-                _bump(cov, "steps scheduling past a request waiting for its grammar")
-        resumed = {rid for rid in out.admitted if before.requests[rid].status == RequestStatus.PREEMPTED}
-        for rid, r in t.after.requests.items():
-            was = before.requests.get(rid)
-            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and (was is None or was.status != r.status):
-                _bump(cov, "KV connector async loads")
-        for rid in out.admitted:
-            if before.requests[rid].status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-                _bump(cov, "KV connector async loads admitted")
-        for rid, r in before.requests.items():  # finished, its blocks held until a load or a send ends
-            if r.status.is_finished and rid not in after.requests:
-                _bump(cov, "KV connector sends ended after their request finished" if r.kv_connector_sends
-                      else "KV connector loads ended after their request finished")
-        if out.num_scheduled_tokens and any(r.status.is_finished and r.kv_connector_sends
-                                            for r in before.requests.values()):
-            _bump(cov, "steps scheduling past blocks held for a KV send")
-        if any(before.requests[w].status == RequestStatus.WAITING_FOR_REMOTE_KVS for w in before.waiting) \
-                and out.num_scheduled_tokens:
-            _bump(cov, "steps scheduling past a request loading KV")
-        for rid, n in out.kv_connector_hits:
-            _bump(cov, "KV connector loads on resumption" if rid in resumed else "KV connector loads")
-            _bump(cov, "KV connector tokens loaded", n)
-            if dict(out.prefix_hits).get(rid):
-                _bump(cov, "KV connector loads beyond a prefix hit")
-        for rid, hit in out.prefix_hits:
-            if hit > 0:
-                _bump(cov, "prefix hits on resumption" if rid in resumed else "prefix hits")
-                _bump(cov, "prefix tokens saved", hit)
-                if c.num_hash_lookahead_tokens:
-                    _bump(cov, "prefix hits on lookahead block hashes")
-                if c.use_eagle_block_drop:
-                    _bump(cov, "prefix hits with the EAGLE block dropped")
-        # Stale outputs: pending before the step, or made stale by this step's preemptions.
-        stale = {rid: r.num_stale_output_tokens for rid, r in before.requests.items()
-                 if r.num_stale_output_tokens > 0}
-        for rid in out.preempted_req_ids:
-            r = before.requests.get(rid)
-            if r is not None and r.num_in_flight_tokens > 0:
-                _bump(cov, "in-flight preemptions")
-                if c.requires_kv_delivery:
-                    _bump(cov, "in-flight outputs dropped for KV delivery")
-                stale[rid] = stale.get(rid, 0) + r.num_in_flight_tokens
-        finished = {rid for rid, _ in t.record.get("finished", ())}
-        for rid, n in stale.items():
-            r = after.requests.get(rid)
-            if r is None:
-                if rid in finished:
-                    _bump(cov, "stale outputs applied")
-                    if not any(rid == x and reason == "aborted" for x, reason in t.record["finished"]):
-                        _bump(cov, "finished while preempted")
-            elif r.num_stale_output_tokens < n:
+            _async_coverage(t, cov)
+        _feature_coverage(t, cov)
+        resumed = {rid for rid in t.output.admitted if before.requests[rid].status == RequestStatus.PREEMPTED}
+        _kv_connector_coverage(t, cov, resumed)
+        _prefix_coverage(t, cov, resumed)
+        _stale_coverage(t, cov)
+        _block_coverage(t, cov)
+
+
+def _async_coverage(t: Transition, cov: dict[str, int]) -> None:
+    """The async max_tokens guard and empty async batches (StepCoverage)."""
+    before, out = t.before, t.output
+    scheduled = out.scheduled
+    for rid in before.running:
+        r = before.requests[rid]
+        if (rid not in scheduled and r.num_output_placeholders > 0 and r.num_computed_tokens + 2
+                - r.num_output_placeholders >= r.num_prompt_tokens + r.max_tokens):
+            _bump(cov, "async max_tokens guard")
+    if t.record.get("schedule_called") and not out.num_scheduled_tokens:
+        _bump(cov, "empty async batches")
+
+
+def _feature_coverage(t: Transition, cov: dict[str, int]) -> None:
+    """Speculative decoding, encoder inputs, an MTP drafter's lookahead, LoRA, the
+    adaptive long-prefill threshold, prefill throttling and grammars (StepCoverage)."""
+    before, after, out = t.before, t.after, t.output
+    c = before.config
+    if c.num_speculative_tokens:
+        spec_decode_coverage(t, cov)
+    if any(r.mm_features for r in before.requests.values()):
+        encoder_coverage(t, cov)
+    if c.num_prefill_lookahead_tokens > 1 and any(
+            rid in before.requests and before.requests[rid].num_computed_tokens + n < before.requests[rid].num_tokens
+            for rid, n in out.num_scheduled_tokens):
+        _bump(cov, "steps with a prefill chunk under an MTP drafter's lookahead")
+    if c.max_loras is not None:
+        running = {after.requests[x].lora_int_id for x in after.running} - {0}
+        if len(running) == c.max_loras:
+            _bump(cov, "steps at max_loras")
+            if any(after.requests[w].lora_int_id not in running | {0} for w in after.waiting):
+                _bump(cov, "steps holding an adapter back")
+    if c.long_prefill_token_threshold_adaptive and \
+            long_prefill_threshold(c, len(before.running) + len(before.waiting)) > c.long_prefill_token_threshold:
+        _bump(cov, "steps with the long-prefill cap raised to a fair share")
+    if c.prefill_schedule_interval > 1 and prefill_throttle.holds_prefill(before):
+        _bump(cov, "steps holding prefill back")
+        if before.waiting and not out.scheduled_new_reqs and not out.scheduled_resumed_reqs:
+            _bump(cov, "steps holding an admission back")
+    if any(before.requests[w].grammar in ("compiling", "failed") for w in before.waiting):
+        _bump(cov, "steps with a request waiting for its grammar")
+        if out.num_scheduled_tokens:
+            _bump(cov, "steps scheduling past a request waiting for its grammar")
+
+
+def _kv_connector_coverage(t: Transition, cov: dict[str, int], resumed: set[str]) -> None:
+    """KV connector loads (asynchronous or not, on resumption or not) and sends (StepCoverage)."""
+    before, after, out = t.before, t.after, t.output
+    for rid, r in after.requests.items():
+        was = before.requests.get(rid)
+        if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and (was is None or was.status != r.status):
+            _bump(cov, "KV connector async loads")
+    for rid in out.admitted:
+        if before.requests[rid].status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            _bump(cov, "KV connector async loads admitted")
+    for rid, r in before.requests.items():  # finished, its blocks held until a load or a send ends
+        if r.status.is_finished and rid not in after.requests:
+            _bump(cov, "KV connector sends ended after their request finished" if r.kv_connector_sends
+                  else "KV connector loads ended after their request finished")
+    if out.num_scheduled_tokens and any(r.status.is_finished and r.kv_connector_sends
+                                        for r in before.requests.values()):
+        _bump(cov, "steps scheduling past blocks held for a KV send")
+    if any(before.requests[w].status == RequestStatus.WAITING_FOR_REMOTE_KVS for w in before.waiting) \
+            and out.num_scheduled_tokens:
+        _bump(cov, "steps scheduling past a request loading KV")
+    for rid, n in out.kv_connector_hits:
+        _bump(cov, "KV connector loads on resumption" if rid in resumed else "KV connector loads")
+        _bump(cov, "KV connector tokens loaded", n)
+        if dict(out.prefix_hits).get(rid):
+            _bump(cov, "KV connector loads beyond a prefix hit")
+
+
+def _prefix_coverage(t: Transition, cov: dict[str, int], resumed: set[str]) -> None:
+    """Prefix hits, new or on resumption, and the tokens they saved (StepCoverage)."""
+    c = t.before.config
+    for rid, hit in t.output.prefix_hits:
+        if hit > 0:
+            _bump(cov, "prefix hits on resumption" if rid in resumed else "prefix hits")
+            _bump(cov, "prefix tokens saved", hit)
+            if c.num_hash_lookahead_tokens:
+                _bump(cov, "prefix hits on lookahead block hashes")
+            if c.use_eagle_block_drop:
+                _bump(cov, "prefix hits with the EAGLE block dropped")
+
+
+def _stale_coverage(t: Transition, cov: dict[str, int]) -> None:
+    """In-flight preemptions and the stale outputs applied (StepCoverage)."""
+    before, after, out = t.before, t.after, t.output
+    # Stale outputs: pending before the step, or made stale by this step's preemptions.
+    stale = {rid: r.num_stale_output_tokens for rid, r in before.requests.items()
+             if r.num_stale_output_tokens > 0}
+    for rid in out.preempted_req_ids:
+        r = before.requests.get(rid)
+        if r is not None and r.num_in_flight_tokens > 0:
+            _bump(cov, "in-flight preemptions")
+            if before.config.requires_kv_delivery:
+                _bump(cov, "in-flight outputs dropped for KV delivery")
+            stale[rid] = stale.get(rid, 0) + r.num_in_flight_tokens
+    finished = {rid for rid, _ in t.record.get("finished", ())}
+    for rid, n in stale.items():
+        r = after.requests.get(rid)
+        if r is None:
+            if rid in finished:
                 _bump(cov, "stale outputs applied")
-        pa, pb = before.block_pool, after.block_pool
-        if pa is not None and pb is not None:
-            if pa.block_hash is not pb.block_hash:
-                evicted = sum(1 for b, h in pa.block_hash.items() if pb.block_hash.get(b) != h)
-                if evicted:
-                    _bump(cov, "evicted blocks", evicted)
-            if any(n > 1 for n in pb.ref_cnt.values()):
-                _bump(cov, "steps with shared blocks")
+                if not any(rid == x and reason == "aborted" for x, reason in t.record["finished"]):
+                    _bump(cov, "finished while preempted")
+        elif r.num_stale_output_tokens < n:
+            _bump(cov, "stale outputs applied")
+
+
+def _block_coverage(t: Transition, cov: dict[str, int]) -> None:
+    """Evicted blocks and shared blocks, from the block pools around the step (StepCoverage)."""
+    pa, pb = t.before.block_pool, t.after.block_pool
+    if pa is not None and pb is not None:
+        if pa.block_hash is not pb.block_hash:
+            evicted = sum(1 for b, h in pa.block_hash.items() if pb.block_hash.get(b) != h)
+            if evicted:
+                _bump(cov, "evicted blocks", evicted)
+        if any(n > 1 for n in pb.ref_cnt.values()):
+            _bump(cov, "steps with shared blocks")
