@@ -109,6 +109,82 @@ def resumed_campaign(args: argparse.Namespace):
     return store, options, files, store.resume()
 
 
+def _new_campaign(args: argparse.Namespace):
+    """A campaign the flags describe (no --resume): its store (--results) or None, its
+    options, its scenario files and its device.  Defaults fill the flags not given."""
+    for key, value in DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    store = None
+    if args.files and args.num_scenarios:
+        raise UsageError("give scenario files or --scenarios N, not both")
+    if not args.files and not args.num_scenarios and not args.configs:
+        raise UsageError("nothing to compare: give scenario files, --scenarios N or --configs N")
+    if args.impl == args.against:
+        raise UsageError(f"--impl and --against are both {shown(args.impl)}; compare two implementations")
+    from schedspec.reference.outputs import check_output_dir
+
+    outdir = check_output_dir(args.out, "-o")
+    device = device_for(args.device, (args.impl, args.against))
+    options = campaign_options(args, device, outdir)
+    campaign_flags(options)  # --flags that torch cannot honour fail before any loading
+    # Load the scenario files first, so a bad file fails before the slow imports.
+    scenarios = load_scenario_files(args.files, options.release)
+    if args.results and (args.files or args.num_scenarios):
+        from schedspec.reference.campaign_store import ResultStore, describe_campaign
+        from schedspec.reference.example_files import resolve_scenario_path
+
+        store = ResultStore(Path(args.results))
+        store.start(describe_campaign(options, [resolve_scenario_path(f) for f in args.files]))
+    return store, options, scenarios, device
+
+
+def _config_agreement(args: argparse.Namespace, options: CampaignOptions, devices, out) -> dict[str, Any]:
+    """`--configs N`: both implementations judge the same random configs; the result, printed
+    unless --json."""
+    impl_a = load_impl_or_fail(args.impl, devices[0])
+    impl_b = load_impl_or_fail(args.against, devices[1])
+    try:
+        res = run_config_agreement(options, impl_a, impl_b, out)
+    finally:
+        close_impl(impl_a)
+        close_impl(impl_b)
+    if not args.json:
+        print(f"configs: {res['configs']}  both accept: {res['both_accept']}  both reject: "
+              f"{res['both_reject']}  disagreements: {len(res['disagreements'])}", file=out)
+    return res
+
+
+def _scenario_campaign(args: argparse.Namespace, options: CampaignOptions, scenarios, store, done, devices,
+                      out) -> dict[str, Any]:
+    """The scenarios compared, where --workers, --ray or a torch batch says; the store
+    (--results) gets the report."""
+    from schedspec.gpu.campaign import is_batched_pair, run_batched_campaign
+
+    if is_batched_pair(args.impl, args.against):
+        execution_for(args, 0, True, None, {}, devices)  # refuses what a batch cannot do
+        return run_batched_campaign(options, scenarios, out)  # torch steps whole batches
+    pending = len(scenarios) + (options.num_scenarios or 0) - len(done)
+    execution = execution_for(args, pending, False, store, done, devices)
+    if not args.json and execution.workers > 1:
+        where = f"Ray at {args.ray}" if execution.ray_address else "processes"
+        status_line(f"{execution.workers} workers ({where}); each loads {shown(args.impl)} and "
+                    f"{shown(args.against)} once")
+    res = run_campaign(options, scenarios, out, execution)
+    if store is not None:
+        path = store.finish(deterministic_report(res))
+        if not args.json:
+            print(f"results: {store.dir} (report: {path})", file=out)
+    return res
+
+
+def _print_load_times(report: dict[str, Any], out) -> None:
+    # Loading vLLM takes about 20 s; the campaign's time above leaves it out.
+    print("load time per worker (not in the figures above): "
+          + ", ".join(f"{shown(k)} " + " ".join(f"{v:.1f}" for v in vs) + " s"
+                      for k, vs in report["load_seconds"].items() if vs), file=out)
+
+
 def cmd_diff(args) -> int:
     out = sys.stdout
     if args.resume:
@@ -116,32 +192,8 @@ def cmd_diff(args) -> int:
         device = options.device
         args.impl, args.against = options.impl, options.against
     else:
-        for key, value in DEFAULTS.items():
-            if getattr(args, key) is None:
-                setattr(args, key, value)
-        store, done = None, {}
-        if args.files and args.num_scenarios:
-            raise UsageError("give scenario files or --scenarios N, not both")
-        if not args.files and not args.num_scenarios and not args.configs:
-            raise UsageError("nothing to compare: give scenario files, --scenarios N or --configs N")
-        if args.impl == args.against:
-            raise UsageError(f"--impl and --against are both {shown(args.impl)}; compare two implementations")
-        from schedspec.reference.outputs import check_output_dir
-
-        outdir = check_output_dir(args.out, "-o")
-        device = device_for(args.device, (args.impl, args.against))
-        options = campaign_options(args, device, outdir)
-        campaign_flags(options)  # --flags that torch cannot honour fail before any loading
-        # Load the scenario files first, so a bad file fails before the slow imports.
-        scenarios = load_scenario_files(args.files, options.release)
-        if args.results and (args.files or args.num_scenarios):
-            from schedspec.reference.campaign_store import ResultStore, describe_campaign
-            from schedspec.reference.example_files import resolve_scenario_path
-
-            store = ResultStore(Path(args.results))
-            store.start(describe_campaign(options, [resolve_scenario_path(f) for f in args.files]))
-    from schedspec.gpu.campaign import is_batched_pair, run_batched_campaign
-
+        store, options, scenarios, device = _new_campaign(args)
+        done = {}
     from schedspec.reference.loader import ImplementationError, check_impl_name
 
     for name in (args.impl, args.against):  # before any worker starts to load it
@@ -149,41 +201,17 @@ def cmd_diff(args) -> int:
             check_impl_name(name)
         except ImplementationError as e:
             raise UsageError(str(e)) from None
-    batched = is_batched_pair(args.impl, args.against)
     devices = (impl_device(args.impl, device), impl_device(args.against, device))
     report: dict[str, Any] = {"implementations": [args.impl, args.against]}
     status = 0
     try:
         if options.configs:
-            impl_a = load_impl_or_fail(args.impl, devices[0])
-            impl_b = load_impl_or_fail(args.against, devices[1])
-            try:
-                res = run_config_agreement(options, impl_a, impl_b, out)
-            finally:
-                close_impl(impl_a)
-                close_impl(impl_b)
+            res = _config_agreement(args, options, devices, out)
             report["config_agreement"] = res
             if res["disagreements"]:
                 status = 1
-            if not args.json:
-                print(f"configs: {res['configs']}  both accept: {res['both_accept']}  both reject: "
-                      f"{res['both_reject']}  disagreements: {len(res['disagreements'])}", file=out)
         if scenarios or options.num_scenarios:
-            if batched:
-                execution_for(args, 0, True, None, {}, devices)  # refuses what a batch cannot do
-                res = run_batched_campaign(options, scenarios, out)  # torch steps whole batches
-            else:
-                pending = len(scenarios) + (options.num_scenarios or 0) - len(done)
-                execution = execution_for(args, pending, False, store, done, devices)
-                if not args.json and execution.workers > 1:
-                    where = f"Ray at {args.ray}" if execution.ray_address else "processes"
-                    status_line(f"{execution.workers} workers ({where}); each loads {shown(args.impl)} and "
-                                f"{shown(args.against)} once")
-                res = run_campaign(options, scenarios, out, execution)
-                if store is not None:
-                    path = store.finish(deterministic_report(res))
-                    if not args.json:
-                        print(f"results: {store.dir} (report: {path})", file=out)
+            res = _scenario_campaign(args, options, scenarios, store, done, devices, out)
             report.update(res)
             if res["divergences"] or res.get("failures"):
                 status = 1
@@ -201,10 +229,7 @@ def cmd_diff(args) -> int:
     if args.json:
         print(json.dumps(report, indent=1), file=out)
     elif "load_seconds" in report:
-        # Loading vLLM takes about 20 s; the campaign's time above leaves it out.
-        print("load time per worker (not in the figures above): "
-              + ", ".join(f"{shown(k)} " + " ".join(f"{v:.1f}" for v in vs) + " s"
-                          for k, vs in report["load_seconds"].items() if vs), file=out)
+        _print_load_times(report, out)
     return status
 
 
