@@ -89,29 +89,7 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
     # The scheduler's own num_hash_lookahead_tokens decides nothing here: the block pool
     # puts it in KV events only (P:298-343), and the scheduler re-hashes streaming requests
     # with it (S:1150-1153), outside scope anyway; each request's hasher is judged per call.
-    # A connector the watch can judge call by call is named only where it acts (ConnectorWatch).
-    for attr, feature in CONNECTOR_ATTRS:
-        conn = getattr(sched, attr, None)
-        if (conn is not None and not connector_watchable(conn, feature)) or \
-                (feature == KV_CONNECTOR and getattr(sched, "defer_block_free", False)):
-            out.append(feature)
-    # KV loads that failed, or whose start waits for the step in flight (S:1529-1539,
-    # 2334-2344): not modelled (spec/kv_connector.py).
-    if getattr(sched, "failed_recving_kv_req_ids", None) or getattr(sched, "defer_async_loads", False) \
-            or getattr(sched, "deferred_loads", None):
-        out.append(KV_CONNECTOR)
-    if failed_load_residue(sched):
-        out.append(KV_CONNECTOR)
-    # Bridge (max_num_inflight_kv_loads): 0.34.0's cap on asynchronous KV loads, with the
-    # queue of requests that may load asynchronously it sorts them into (0.34.0
-    # scheduler.py:2781-2786) and the loads it starts while the batch is full
-    # (:1090-1113, 1325-1334); it acts only through a KV connector.  Not modelled unless
-    # the spec's config has the field (vllm_lift.SCHEDULER_CONFIG_FIELDS).
-    if (getattr(sched.scheduler_config, "max_num_inflight_kv_loads", None) is not None
-            and getattr(sched, "connector", None) is not None
-            and "max_num_inflight_kv_loads" not in vllm_lift.SCHEDULER_CONFIG_FIELDS) \
-            or getattr(sched, "async_kv_waiting", None):
-        out.append(KV_LOAD_CAP)
+    out += _kv_connector_features(sched)
     if getattr(sched, "is_encoder_decoder", False):
         out.append(ENCODER_DECODER)
     if not encoder_cache_modelled(sched):
@@ -158,6 +136,35 @@ def scheduler_features(sched: Any, throttle_prefills: bool = False) -> list[str]
         out.append(STREAMING_INPUT)
     if patched(sched):
         out.append(PATCHED_INTERNALS)
+    return out
+
+
+def _kv_connector_features(sched: Any) -> list[str]:
+    """The KV connector's features the spec does not model, in scheduler_features' order."""
+    out = []
+    # A connector the watch can judge call by call is named only where it acts (ConnectorWatch).
+    for attr, feature in CONNECTOR_ATTRS:
+        conn = getattr(sched, attr, None)
+        if (conn is not None and not connector_watchable(conn, feature)) or \
+                (feature == KV_CONNECTOR and getattr(sched, "defer_block_free", False)):
+            out.append(feature)
+    # KV loads that failed, or whose start waits for the step in flight (S:1529-1539,
+    # 2334-2344): not modelled (spec/kv_connector.py).
+    if getattr(sched, "failed_recving_kv_req_ids", None) or getattr(sched, "defer_async_loads", False) \
+            or getattr(sched, "deferred_loads", None):
+        out.append(KV_CONNECTOR)
+    if failed_load_residue(sched):
+        out.append(KV_CONNECTOR)
+    # Bridge (max_num_inflight_kv_loads): 0.34.0's cap on asynchronous KV loads, with the
+    # queue of requests that may load asynchronously it sorts them into (0.34.0
+    # scheduler.py:2781-2786) and the loads it starts while the batch is full
+    # (:1090-1113, 1325-1334); it acts only through a KV connector.  Not modelled unless
+    # the spec's config has the field (vllm_lift.SCHEDULER_CONFIG_FIELDS).
+    if (getattr(sched.scheduler_config, "max_num_inflight_kv_loads", None) is not None
+            and getattr(sched, "connector", None) is not None
+            and "max_num_inflight_kv_loads" not in vllm_lift.SCHEDULER_CONFIG_FIELDS) \
+            or getattr(sched, "async_kv_waiting", None):
+        out.append(KV_LOAD_CAP)
     return out
 
 
