@@ -466,6 +466,179 @@ class ReportedSet(set):
         return iter(self.order)
 
 
+def _check_runnable(v: Mapping[str, Any], c: SchedulerConfig) -> None:
+    """What the adapter refuses before vLLM sees the config: a prompt too long to hold,
+    a release other than this interpreter's."""
+    if c.max_model_len > MAX_MODEL_LEN:
+        # vLLM's Request holds every prompt token id in a Python list.
+        raise ValueError(f"config.max_model_len: = {c.max_model_len} is beyond what the vLLM adapter "
+                         f"runs ({MAX_MODEL_LEN}): vLLM keeps every token id of a prompt in memory")
+    # `schedspec keep-up X --against Y` compares vLLM X with the spec at an older Y.
+    if c.vllm_version != v["version"] and c.vllm_version != os.environ.get(COMPARE_WITH_ENV):
+        raise ValueError(f"config.vllm_version: = {c.vllm_version!r}, but this interpreter runs vLLM "
+                         f"{v['installed']}; use --impl vllm=={c.vllm_version}")
+
+
+def _vllm_config(v: Mapping[str, Any], c: SchedulerConfig) -> tuple[Any, Any]:
+    """vLLM's VllmConfig for `c` and the KV cache spec of its one group; a config vLLM
+    (or EngineCore's start-up check) rejects raises ValueError on one line."""
+    try:
+        scheduler_config = v["SchedulerConfig"](is_encoder_decoder=False, **scheduler_config_kwargs(v, c))
+        model_config = v["ModelConfig"](
+            model=model_dir(c.max_model_len) if isinstance(c.max_model_len, int) else "",
+            skip_tokenizer_init=True,
+            max_model_len=c.max_model_len,
+            dtype="float16",
+            seed=42,
+        )
+        cache_config = v["CacheConfig"](
+            block_size=c.block_size,
+            enable_prefix_caching=c.enable_prefix_caching,
+        )
+        # Speculative decoding with an n-gram drafter, as vLLM's tests build it
+        # (tests/v1/core/utils.py create_scheduler): no draft model to load.  Async
+        # scheduling takes the GPU n-gram drafter only (config/vllm.py:1655-1680);
+        # neither has rows or lookahead of its own (speculative.py:2058-2098).
+        # A drafter's rows in the target batch: see `drafter_kwargs`.
+        speculative_config = v["SpeculativeConfig"](
+            **drafter_kwargs(v["version"], c, model_config)) if c.num_speculative_tokens else None
+        with platform_keeps_async_scheduling():
+            vllm_config = v["VllmConfig"](
+                scheduler_config=scheduler_config,
+                model_config=model_config,
+                cache_config=cache_config,
+                speculative_config=speculative_config,
+                # LoRA: the scheduler reads max_loras only; no adapter weights are loaded.
+                lora_config=v["LoRAConfig"](max_loras=c.max_loras) if c.max_loras is not None else None,
+            )
+        if c.num_prefill_lookahead_tokens:
+            _switch_to_eagle_family(v, c, vllm_config.speculative_config)
+        # The engine core resolves the physical KV layout before sizing the
+        # pool (v1/attention/backends/utils.py:293); a pre-set value is
+        # honoured as is.  One block is one page whatever the layout.
+        # Bridge (KV layout): CacheConfig.kv_cache_layout exists from 0.30.0
+        # (0.30.0 config/cache.py:80); 0.28.0 and earlier size pages without it.
+        if getattr(vllm_config.cache_config, "kv_cache_layout", "absent") is None:
+            vllm_config.cache_config.kv_cache_layout = "LBNHC"
+        kv_spec = v["FullAttentionSpec"](
+            block_size=vllm_config.cache_config.block_size, num_kv_heads=1, head_size=1, dtype=v["torch"].float32)
+        _check_enough_kv_cache(v, c, vllm_config, kv_spec)
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        raise ValueError(_one_line(e)) from None
+    return vllm_config, kv_spec
+
+
+def _switch_to_eagle_family(v: Mapping[str, Any], c: SchedulerConfig, spec: Any) -> None:
+    """An EAGLE-family drafter: EAGLE-3 reads one prompt token past a chunk, a
+    multi-module MTP drafter num_speculative_tokens (config/vllm.py:654-675).
+    Building one needs a draft model, so the n-gram config is switched in place
+    before the scheduler reads it, as vLLM's own
+    test_block_drafters_cap_requests_instead_of_draft_slots does.  The request
+    hashers take the scenario's lookahead (VllmScheduler.reset), so the scheduler's own is
+    off, and its block drop follows the scenario (S:330-345, T:834-842)."""
+    lookahead, k = c.num_prefill_lookahead_tokens, c.num_speculative_tokens
+    if lookahead not in (1, k):
+        raise ValueError(f"config.num_prefill_lookahead_tokens: = {lookahead}: the vLLM adapter builds "
+                         f"an EAGLE-3 drafter, reading 1, or a multi-module MTP one, reading "
+                         f"num_speculative_tokens = {k}; use one of those")
+    if c.max_num_new_slots_for_drafting and \
+            release_key(v["version"]) >= release_key(DRAFTER_ROWS_BY_METHOD_SINCE):
+        raise ValueError(f"config.num_prefill_lookahead_tokens: = {lookahead} with "
+                         f"max_num_new_slots_for_drafting = {c.max_num_new_slots_for_drafting}: vLLM "
+                         f"{v['version']}'s EAGLE-family drafters add no rows (see drafter_kwargs)")
+    object.__setattr__(spec, "method", "eagle3" if lookahead == 1 else "mtp")
+    if lookahead > 1:
+        # 0.33.0 counts the modules from num_nextn_predict_layers; 0.34.0 picks the
+        # multi-module drafter from n_predict and the model type (0.34.0
+        # config/speculative.py:1808-1827, spec_decode/mtp/config.py:31-40).
+        object.__setattr__(spec, "draft_model_config", SimpleNamespace(
+            hf_config=SimpleNamespace(num_nextn_predict_layers=k, n_predict=k,
+                                      model_type="deepseek_mtp"), architectures=[]))
+    object.__setattr__(spec, "disable_lookahead_block_hashes", True)
+    object.__setattr__(spec, "disable_eagle_block_drop", not c.use_eagle_block_drop)
+
+
+def _check_enough_kv_cache(v: Mapping[str, Any], c: SchedulerConfig, vllm_config: Any, kv_spec: Any) -> None:
+    """EngineCore's start-up check (kv_cache_planning.py:151): a pool of
+    num_gpu_blocks pages, less the null block, must hold one max_model_len sequence."""
+    block_size = vllm_config.cache_config.block_size
+    try:
+        v["check_enough_kv_cache_memory"](
+            vllm_config, {"layer": kv_spec}, c.num_gpu_blocks * kv_spec.page_size_bytes)
+    except ValueError as e:
+        need = -(-c.max_model_len // block_size)
+        raise ValueError(
+            f"engine start-up check: num_gpu_blocks = {c.num_gpu_blocks} leaves "
+            f"{c.num_gpu_blocks - 1} usable blocks, fewer than the {need} one "
+            f"max_model_len ({c.max_model_len}) sequence needs at block_size {block_size}. "
+            f"vLLM says: {e}") from None
+
+
+def _scheduler_class(v: Mapping[str, Any], vllm_config: Any) -> type:
+    """The Scheduler class vLLM resolved (pydantic takes 1, "yes", ... as true; None =
+    auto), checked against the engine loop's: AsyncScheduler with two batches in flight
+    under async scheduling, Scheduler with one otherwise."""
+    want_async = bool(vllm_config.scheduler_config.async_scheduling)
+    scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
+    expected_cls = v["AsyncScheduler"] if want_async else v["Scheduler"]
+    # EngineCore keeps max_concurrent_batches batches in flight (core.py:208);
+    # formats.md's async engine loop is written for two.
+    expected_batches = 2 if want_async else 1
+    batches = max_concurrent_batches(vllm_config)
+    if scheduler_cls is not expected_cls or batches != expected_batches:
+        raise RuntimeError(
+            f"vLLM adapter: async_scheduling={want_async} gives {scheduler_cls.__name__} with "
+            f"max_concurrent_batches={batches}; expected "
+            f"{expected_cls.__name__} with {expected_batches}")
+    return scheduler_cls
+
+
+def _check_drafter_built(sched: Any, spec: Any, c: SchedulerConfig) -> None:
+    """The drafter vLLM built reads ahead, drops blocks and adds rows as the scenario asks."""
+    built = (getattr(sched, "num_prefill_lookahead", 0), bool(getattr(sched, "use_eagle_block_drop", False)),
+             # (a release without the property reads as the scenario's rows)
+             getattr(spec, "max_num_new_slots_for_drafting", c.max_num_new_slots_for_drafting)
+             if spec is not None else 0)
+    if built != (c.num_prefill_lookahead_tokens, c.use_eagle_block_drop, c.max_num_new_slots_for_drafting):
+        raise RuntimeError(f"vLLM adapter: the drafter built reads {built[0]} prompt tokens ahead, "
+                           f"{'drops' if built[1] else 'keeps'} a prefix hit's last block and adds {built[2]} "
+                           f"rows; the scenario asks {c.num_prefill_lookahead_tokens}, "
+                           f"use_eagle_block_drop={c.use_eagle_block_drop} and "
+                           f"max_num_new_slots_for_drafting={c.max_num_new_slots_for_drafting}")
+
+
+def _set_drafter_lookahead(sched: Any, c: SchedulerConfig, block_size: int) -> None:
+    """A drafter with its own forward pass (EAGLE, a draft model) reserves
+    lookahead KV slots (config/vllm.py:626-653); building one needs its
+    weights' config, so the adapter sets the one value the scheduler reads
+    from it, once, at construction (S:300), as such a drafter would.  (The
+    EAGLE-family switch (_switch_to_eagle_family) and 0.34.0's draft model made it
+    num_speculative_tokens: the scenario's replaces it.)"""
+    sched.num_lookahead_tokens = c.num_lookahead_tokens
+    if not hasattr(sched, "use_v2_model_runner") and hasattr(sched, "can_skip_drafts"):
+        # 0.34.0 derives from it, at construction, whether a step may skip drafting
+        # (0.34.0 scheduler.py:321), which only the output's skip_drafts reports.
+        sched.can_skip_drafts = c.num_lookahead_tokens > 0
+    if hasattr(sched, "_spec_decode_step_blocks"):
+        # 0.33.0 sizes one speculative step's blocks from it at construction (S:372-381),
+        # which an asynchronous KV load leaves free (S:1489-1492): one full-attention group.
+        step_tokens = 1 + c.num_speculative_tokens + c.num_lookahead_tokens
+        sched._spec_decode_step_blocks = -(-step_tokens // block_size)
+
+
+def _record_preemptions(sched: Any, preempted: list[str]) -> None:
+    """vLLM keeps the ids preempted in a step in a set; record the order of
+    `_preempt_request` calls in `preempted` instead (S:1853)."""
+    original = sched._preempt_request
+
+    def _preempt_request(request, *args, **kwargs):
+        preempted.append(request.request_id)
+        return original(request, *args, **kwargs)
+
+    _preempt_request.schedspec_recorder = True  # an observer, not a change: the monitor's scope allows it
+    sched._preempt_request = _preempt_request
+
+
 class VllmScheduler:
     """vLLM's `Scheduler` (or `AsyncScheduler`), of the release this interpreter has,
     behind the implementation protocol (reference/impl.py)."""
@@ -495,113 +668,11 @@ class VllmScheduler:
         self.close()
         v = self._v
         c = config
-        if c.max_model_len > MAX_MODEL_LEN:
-            # vLLM's Request holds every prompt token id in a Python list.
-            raise ValueError(f"config.max_model_len: = {c.max_model_len} is beyond what the vLLM adapter "
-                             f"runs ({MAX_MODEL_LEN}): vLLM keeps every token id of a prompt in memory")
-        # `schedspec keep-up X --against Y` compares vLLM X with the spec at an older Y.
-        if c.vllm_version != v["version"] and c.vllm_version != os.environ.get(COMPARE_WITH_ENV):
-            raise ValueError(f"config.vllm_version: = {c.vllm_version!r}, but this interpreter runs vLLM "
-                             f"{v['installed']}; use --impl vllm=={c.vllm_version}")
-        try:
-            scheduler_config = v["SchedulerConfig"](is_encoder_decoder=False, **scheduler_config_kwargs(v, c))
-            model_config = v["ModelConfig"](
-                model=model_dir(c.max_model_len) if isinstance(c.max_model_len, int) else "",
-                skip_tokenizer_init=True,
-                max_model_len=c.max_model_len,
-                dtype="float16",
-                seed=42,
-            )
-            cache_config = v["CacheConfig"](
-                block_size=c.block_size,
-                enable_prefix_caching=c.enable_prefix_caching,
-            )
-            # Speculative decoding with an n-gram drafter, as vLLM's tests build it
-            # (tests/v1/core/utils.py create_scheduler): no draft model to load.  Async
-            # scheduling takes the GPU n-gram drafter only (config/vllm.py:1655-1680);
-            # neither has rows or lookahead of its own (speculative.py:2058-2098).
-            # A drafter's rows in the target batch: see `drafter_kwargs`.
-            speculative_config = v["SpeculativeConfig"](
-                **drafter_kwargs(v["version"], c, model_config)) if c.num_speculative_tokens else None
-            with platform_keeps_async_scheduling():
-                vllm_config = v["VllmConfig"](
-                    scheduler_config=scheduler_config,
-                    model_config=model_config,
-                    cache_config=cache_config,
-                    speculative_config=speculative_config,
-                    # LoRA: the scheduler reads max_loras only; no adapter weights are loaded.
-                    lora_config=v["LoRAConfig"](max_loras=c.max_loras) if c.max_loras is not None else None,
-                )
-            if c.num_prefill_lookahead_tokens:
-                # An EAGLE-family drafter: EAGLE-3 reads one prompt token past a chunk, a
-                # multi-module MTP drafter num_speculative_tokens (config/vllm.py:654-675).
-                # Building one needs a draft model, so the n-gram config is switched in place
-                # before the scheduler reads it, as vLLM's own
-                # test_block_drafters_cap_requests_instead_of_draft_slots does.  The request
-                # hashers take the scenario's lookahead (below), so the scheduler's own is
-                # off, and its block drop follows the scenario (S:330-345, T:834-842).
-                lookahead, k = c.num_prefill_lookahead_tokens, c.num_speculative_tokens
-                if lookahead not in (1, k):
-                    raise ValueError(f"config.num_prefill_lookahead_tokens: = {lookahead}: the vLLM adapter builds "
-                                     f"an EAGLE-3 drafter, reading 1, or a multi-module MTP one, reading "
-                                     f"num_speculative_tokens = {k}; use one of those")
-                if c.max_num_new_slots_for_drafting and \
-                        release_key(v["version"]) >= release_key(DRAFTER_ROWS_BY_METHOD_SINCE):
-                    raise ValueError(f"config.num_prefill_lookahead_tokens: = {lookahead} with "
-                                     f"max_num_new_slots_for_drafting = {c.max_num_new_slots_for_drafting}: vLLM "
-                                     f"{v['version']}'s EAGLE-family drafters add no rows (see drafter_kwargs)")
-                spec = vllm_config.speculative_config
-                object.__setattr__(spec, "method", "eagle3" if lookahead == 1 else "mtp")
-                if lookahead > 1:
-                    # 0.33.0 counts the modules from num_nextn_predict_layers; 0.34.0 picks the
-                    # multi-module drafter from n_predict and the model type (0.34.0
-                    # config/speculative.py:1808-1827, spec_decode/mtp/config.py:31-40).
-                    object.__setattr__(spec, "draft_model_config", SimpleNamespace(
-                        hf_config=SimpleNamespace(num_nextn_predict_layers=k, n_predict=k,
-                                                  model_type="deepseek_mtp"), architectures=[]))
-                object.__setattr__(spec, "disable_lookahead_block_hashes", True)
-                object.__setattr__(spec, "disable_eagle_block_drop", not c.use_eagle_block_drop)
-            # The engine core resolves the physical KV layout before sizing the
-            # pool (v1/attention/backends/utils.py:293); a pre-set value is
-            # honoured as is.  One block is one page whatever the layout.
-            # Bridge (KV layout): CacheConfig.kv_cache_layout exists from 0.30.0
-            # (0.30.0 config/cache.py:80); 0.28.0 and earlier size pages without it.
-            if getattr(vllm_config.cache_config, "kv_cache_layout", "absent") is None:
-                vllm_config.cache_config.kv_cache_layout = "LBNHC"
-            block_size = vllm_config.cache_config.block_size
-            kv_spec = v["FullAttentionSpec"](
-                block_size=block_size, num_kv_heads=1, head_size=1, dtype=v["torch"].float32)
-            # EngineCore's start-up check (kv_cache_planning.py:151): a pool of
-            # num_gpu_blocks pages, less the null block, must hold one
-            # max_model_len sequence.
-            try:
-                v["check_enough_kv_cache_memory"](
-                    vllm_config, {"layer": kv_spec}, c.num_gpu_blocks * kv_spec.page_size_bytes)
-            except ValueError as e:
-                need = -(-c.max_model_len // block_size)
-                raise ValueError(
-                    f"engine start-up check: num_gpu_blocks = {c.num_gpu_blocks} leaves "
-                    f"{c.num_gpu_blocks - 1} usable blocks, fewer than the {need} one "
-                    f"max_model_len ({c.max_model_len}) sequence needs at block_size {block_size}. "
-                    f"vLLM says: {e}") from None
-        except ValueError as e:  # pydantic's ValidationError is a ValueError
-            raise ValueError(_one_line(e)) from None
-
-        # What vLLM resolved (pydantic takes 1, "yes", ... as true; None = auto).
-        want_async = bool(vllm_config.scheduler_config.async_scheduling)
+        _check_runnable(v, c)
+        vllm_config, kv_spec = _vllm_config(v, c)
+        block_size = vllm_config.cache_config.block_size
         want_caching = bool(vllm_config.cache_config.enable_prefix_caching)
-        scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
-        expected_cls = v["AsyncScheduler"] if want_async else v["Scheduler"]
-        # EngineCore keeps max_concurrent_batches batches in flight (core.py:208);
-        # formats.md's async engine loop is written for two.
-        expected_batches = 2 if want_async else 1
-        batches = max_concurrent_batches(vllm_config)
-        if scheduler_cls is not expected_cls or batches != expected_batches:
-            raise RuntimeError(
-                f"vLLM adapter: async_scheduling={want_async} gives {scheduler_cls.__name__} with "
-                f"max_concurrent_batches={batches}; expected "
-                f"{expected_cls.__name__} with {expected_batches}")
-
+        scheduler_cls = _scheduler_class(v, vllm_config)
         kv_cache_config = v["KVCacheConfig"](
             num_blocks=c.num_gpu_blocks,
             kv_cache_tensors=[],
@@ -618,34 +689,9 @@ class VllmScheduler:
             hash_block_size=block_size,
             log_stats=True,
         )
-        spec = vllm_config.speculative_config
-        built = (getattr(sched, "num_prefill_lookahead", 0), bool(getattr(sched, "use_eagle_block_drop", False)),
-                 # (a release without the property reads as the scenario's rows)
-                 getattr(spec, "max_num_new_slots_for_drafting", c.max_num_new_slots_for_drafting)
-                 if spec is not None else 0)
-        if built != (c.num_prefill_lookahead_tokens, c.use_eagle_block_drop, c.max_num_new_slots_for_drafting):
-            raise RuntimeError(f"vLLM adapter: the drafter built reads {built[0]} prompt tokens ahead, "
-                               f"{'drops' if built[1] else 'keeps'} a prefix hit's last block and adds {built[2]} "
-                               f"rows; the scenario asks {c.num_prefill_lookahead_tokens}, "
-                               f"use_eagle_block_drop={c.use_eagle_block_drop} and "
-                               f"max_num_new_slots_for_drafting={c.max_num_new_slots_for_drafting}")
+        _check_drafter_built(sched, vllm_config.speculative_config, c)
         if c.num_lookahead_tokens or c.num_prefill_lookahead_tokens or getattr(sched, "num_lookahead_tokens", 0):
-            # A drafter with its own forward pass (EAGLE, a draft model) reserves
-            # lookahead KV slots (config/vllm.py:626-653); building one needs its
-            # weights' config, so the adapter sets the one value the scheduler reads
-            # from it, once, at construction (S:300), as such a drafter would.  (The
-            # EAGLE-family switch above and 0.34.0's draft model made it
-            # num_speculative_tokens: the scenario's replaces it.)
-            sched.num_lookahead_tokens = c.num_lookahead_tokens
-            if not hasattr(sched, "use_v2_model_runner") and hasattr(sched, "can_skip_drafts"):
-                # 0.34.0 derives from it, at construction, whether a step may skip drafting
-                # (0.34.0 scheduler.py:321), which only the output's skip_drafts reports.
-                sched.can_skip_drafts = c.num_lookahead_tokens > 0
-            if hasattr(sched, "_spec_decode_step_blocks"):
-                # 0.33.0 sizes one speculative step's blocks from it at construction (S:372-381),
-                # which an asynchronous KV load leaves free (S:1489-1492): one full-attention group.
-                step_tokens = 1 + c.num_speculative_tokens + c.num_lookahead_tokens
-                sched._spec_decode_step_blocks = -(-step_tokens // block_size)
+            _set_drafter_lookahead(sched, c, block_size)
         if models(v["version"], ENCODER_INPUTS):
             # Encoder inputs: the model directory is a text-only one, for which vLLM sizes
             # no encoder budget or cache (S:267-295); the adapter gives the scheduler the
@@ -662,18 +708,7 @@ class VllmScheduler:
             v["init_none_hash"](hash_fn)
             self._block_hasher = request_block_hasher(v, vllm_config, block_size, hash_fn,
                                                       c.num_hash_lookahead_tokens)
-
-        # vLLM keeps the ids preempted in a step in a set; record the order of
-        # `_preempt_request` calls instead (S:1853).
-        original = sched._preempt_request
-        preempted = self._preempted
-
-        def _preempt_request(request, *args, **kwargs):
-            preempted.append(request.request_id)
-            return original(request, *args, **kwargs)
-
-        _preempt_request.schedspec_recorder = True  # an observer, not a change: the monitor's scope allows it
-        sched._preempt_request = _preempt_request
+        _record_preemptions(sched, self._preempted)
         self.sched = sched
         self.config = config
         self._vllm_config = vllm_config
