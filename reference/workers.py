@@ -20,7 +20,26 @@ pool and fails every pending future, and no single task can be stopped when it
 hangs.  Here each worker has its own pipe and runs one item at a time (the next
 one waits in the pipe, so no round trip leaves it idle); results come back in
 the order sent, so a crash or a hang is charged to exactly the item running,
-the ones waiting go back in line, and only that worker is replaced.  Across machines the same job runs on Ray actors (`ray_address`):
+the ones waiting go back in line, and only that worker is replaced.
+
+Why not a maintained pool (measured with pebble 5.2.3 and loky 3.7.0, spawn, 2
+workers, a setup run once per worker as their initializer):
+- loky: a worker that dies (`os._exit(5)`) fails its item and every item still
+  pending with TerminatedWorkerError (4 of 7 lost), and there is no per-item
+  timeout (a hung item still ran after 5 s; only the whole executor can be stopped).
+- pebble charges a crash (ProcessExpired, exit code 5) and a hang (`timeout=2`,
+  counted from the item's start) to their item and loses none, as here, but:
+  one worker dying in setup while no item runs (a transient failure, e.g. out of
+  memory while loading vLLM) breaks the pool, and every pending item fails with
+  BrokenProcessPool "All workers expired" (4 of 4 lost, in each of 3 runs; here the
+  worker is replaced and all 4 finish); a setup that raises loses its one-line
+  reason to the same error (pebble logs it with a traceback); a setup that hangs
+  is never stopped (nothing after 30 s; here SETUP_TIMEOUT); an item's timeout is
+  fixed when it is sent, so `heartbeat` cannot give a shrink its longer time
+  (every scenario would get scenario_timeout + shrink_seconds before it counts
+  as hung); and setup reports nothing back (the campaign's load time per worker).
+
+Across machines the same job runs on Ray actors (`ray_address`):
 Ray places, starts and restarts them; nothing of a scheduler or RPC is
 rebuilt here.
 
@@ -39,7 +58,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from multiprocessing.connection import wait as wait_ready
 from typing import Any
 
@@ -251,88 +270,107 @@ class ProcessPool:
         self.pool = []
 
     def run(self, items: Sequence[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
-        job, info = self.job, self.info
-        todo: deque[tuple[int, Any]] = deque(items)
-        items_by_index = dict(items)
-        remaining = len(items)
-
-        def give(w: LocalWorker) -> None:
-            """Tops the worker up to HELD_PER_WORKER items (the next one waits in its
-            pipe while it runs one: no idle round trip); the oldest one's clock runs."""
-            while todo and len(w.held) < HELD_PER_WORKER:
-                index, item = todo.popleft()
-                try:
-                    w.conn.send((index, item))
-                except OSError:  # it died after its last answer: the wait below sees it; the item waits
-                    todo.appendleft((index, item))
-                    break
-                w.held.append(index)
-            w.deadline = time.monotonic() + job.item_timeout if w.held else float("inf")
-
+        rnd = _Round(deque(items), dict(items), len(items))
         try:
-            while len(self.pool) < min(self.n, max(1, remaining)):
+            while len(self.pool) < min(self.n, max(1, rnd.remaining)):
                 self.pool.append(self.start())
             for w in self.pool:
                 if w.ready and not w.held:
-                    give(w)
-            while remaining:
+                    self.give(w, rnd)
+            while rnd.remaining:
                 timeout = max(0.0, min(w.deadline for w in self.pool) - time.monotonic())
                 ready = wait_ready([w.conn for w in self.pool] + [w.process.sentinel for w in self.pool],
                                    timeout=min(timeout, 60.0))
                 for w in list(self.pool):
-                    lost: str | None = None
-                    if w.conn in ready:
-                        try:
-                            msg = w.conn.recv()
-                        except (EOFError, OSError):
-                            msg = None
-                        if msg is None:
-                            lost = "crashed"
-                        elif msg[0] == "setup_error":
-                            raise SetupError(msg[1])
-                        elif msg[0] == "ready":
-                            w.ready, self.setup_failures = True, 0
-                            info.setups.append(msg[1])
-                            give(w)
-                        elif msg[0] == "long":
-                            w.deadline = time.monotonic() + job.long_timeout
-                        else:
-                            kind, index, payload = msg
-                            remaining -= 1
-                            w.held.popleft()  # results come back in the order sent
-                            give(w)
-                            yield index, (payload if kind == "done" else WorkerFailure("raised", payload))
-                    elif w.process.sentinel in ready and not w.process.is_alive():
-                        lost = "crashed"
-                    elif time.monotonic() > w.deadline:
-                        lost = "hung"
-                    if lost is None:
-                        continue
-                    if lost == "crashed":
-                        w.process.join(5)  # its pipe closes a moment before its exit code is known
-                    code = w.process.exitcode
-                    self.stop(w)
-                    if not w.ready:
-                        self.setup_failures += 1
-                        if self.setup_failures >= MAX_SETUP_FAILURES:
-                            raise SetupError(f"a worker took more than {SETUP_TIMEOUT:g} s to set up" if lost == "hung"
-                                             else f"a worker died while setting up (exit code {code})")
-                    elif w.held:
-                        # The oldest item sent was the one running; the others go back in line, first.
-                        remaining -= 1
-                        running = w.held.popleft()
-                        todo.extendleft((i, items_by_index[i]) for i in reversed(w.held))
-                        detail = (f"no result within {job.item_timeout:g} s; the worker was stopped"
-                                  if lost == "hung" else f"the worker process died (exit code {code})")
-                        yield running, WorkerFailure(lost, detail)
-                    self.pool.remove(w)
-                    if todo or not self.pool:  # a replacement only when there is work left for it
-                        info.restarts += 1
-                        self.pool.append(self.start())
+                    yield from self.serve(w, ready, rnd)
         except BaseException:
             self.close()  # an interrupted round leaves workers holding items: start afresh
             raise
 
+    def give(self, w: LocalWorker, rnd: "_Round") -> None:
+        """Tops the worker up to HELD_PER_WORKER items (the next one waits in its
+        pipe while it runs one: no idle round trip); the oldest one's clock runs."""
+        while rnd.todo and len(w.held) < HELD_PER_WORKER:
+            index, item = rnd.todo.popleft()
+            try:
+                w.conn.send((index, item))
+            except OSError:  # it died after its last answer: the wait below sees it; the item waits
+                rnd.todo.appendleft((index, item))
+                break
+            w.held.append(index)
+        w.deadline = time.monotonic() + self.job.item_timeout if w.held else float("inf")
+
+    def serve(self, w: LocalWorker, ready: list, rnd: "_Round") -> Iterator[tuple[int, Any]]:
+        """What worker `w` said, or its death or silence past its deadline: yields the
+        results it brings."""
+        lost: str | None = None
+        if w.conn in ready:
+            lost = yield from self.receive(w, rnd)
+        elif w.process.sentinel in ready and not w.process.is_alive():
+            lost = "crashed"
+        elif time.monotonic() > w.deadline:
+            lost = "hung"
+        if lost is not None:
+            yield from self.replace(w, lost, rnd)
+
+    def receive(self, w: LocalWorker, rnd: "_Round") -> Generator[tuple[int, Any], None, str | None]:
+        """One message of `w`: yields the result it carries; returns "crashed" when the
+        pipe closed instead."""
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            msg = None
+        if msg is None:
+            return "crashed"
+        if msg[0] == "setup_error":
+            raise SetupError(msg[1])
+        if msg[0] == "ready":
+            w.ready, self.setup_failures = True, 0
+            self.info.setups.append(msg[1])
+            self.give(w, rnd)
+        elif msg[0] == "long":
+            w.deadline = time.monotonic() + self.job.long_timeout
+        else:
+            kind, index, payload = msg
+            rnd.remaining -= 1
+            w.held.popleft()  # results come back in the order sent
+            self.give(w, rnd)
+            yield index, (payload if kind == "done" else WorkerFailure("raised", payload))
+        return None
+
+    def replace(self, w: LocalWorker, lost: str, rnd: "_Round") -> Iterator[tuple[int, Any]]:
+        """`w` crashed or hung: stop it, charge the item it ran, put the others it held
+        back in line, and start a replacement while there is work left."""
+        if lost == "crashed":
+            w.process.join(5)  # its pipe closes a moment before its exit code is known
+        code = w.process.exitcode
+        self.stop(w)
+        if not w.ready:
+            self.setup_failures += 1
+            if self.setup_failures >= MAX_SETUP_FAILURES:
+                raise SetupError(f"a worker took more than {SETUP_TIMEOUT:g} s to set up" if lost == "hung"
+                                 else f"a worker died while setting up (exit code {code})")
+        elif w.held:
+            # The oldest item sent was the one running; the others go back in line, first.
+            rnd.remaining -= 1
+            running = w.held.popleft()
+            rnd.todo.extendleft((i, rnd.items_by_index[i]) for i in reversed(w.held))
+            detail = (f"no result within {self.job.item_timeout:g} s; the worker was stopped"
+                      if lost == "hung" else f"the worker process died (exit code {code})")
+            yield running, WorkerFailure(lost, detail)
+        self.pool.remove(w)
+        if rnd.todo or not self.pool:  # a replacement only when there is work left for it
+            self.info.restarts += 1
+            self.pool.append(self.start())
+
+
+@dataclasses.dataclass
+class _Round:
+    """One `ProcessPool.run` call's items: those not sent yet, and how many still lack a result."""
+
+    todo: deque
+    items_by_index: dict[int, Any]
+    remaining: int
 
 __all__ = ["DEFAULT_ITEM_TIMEOUT", "InlinePool", "Job", "ProcessPool", "SetupError", "WorkerFailure", "WorkerInfo",
            "default_workers", "one_line", "open_pool", "resolve", "run_job", "setup_report"]
