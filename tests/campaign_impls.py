@@ -68,6 +68,16 @@ def setup_echo(tag: str) -> str:
     return tag
 
 
+def setup_echo_dying_once(tag: str, marker: str) -> str:
+    """setup_echo, but the first worker to set up dies doing it (a transient failure:
+    out of memory while loading, say); `marker` is a path that does not exist yet."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return tag
+    os._exit(9)
+
+
 def run_echo(tag: str, item, heartbeat):
     if item == "boom":
         raise ValueError("boom")

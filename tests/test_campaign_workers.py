@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from schedspec.reference.workers import Job, WorkerFailure, run_job
+from schedspec.reference.workers import Job, WorkerFailure, WorkerInfo, run_job
 from schedspec.reference.campaign import random_scenario
 from schedspec.reference.generator import FLAGS_ALL
 from tests.campaign_impls import selected
@@ -184,6 +184,18 @@ def test_the_pool_keeps_results_and_charges_failures_to_their_item():
     assert dict(run_job(job, items[:1], workers=1)) == {0: "w:a"}
     with pytest.raises(ValueError, match="boom"):
         dict(run_job(job, items[:3], workers=1))
+
+
+def test_a_worker_dying_once_while_setting_up_is_replaced_and_nothing_lost(tmp_path):
+    # The guarantee pebble's pool lacks (reference/workers.py): there, one death in setup while
+    # no item runs fails every pending item.
+    marker = tmp_path / "died"
+    job = Job("tests.campaign_impls:setup_echo_dying_once", ("w", str(marker)), "tests.campaign_impls:run_echo")
+    info = WorkerInfo()
+    got = dict(run_job(job, list(enumerate("abcd")), workers=2, info=info))
+    assert marker.exists()  # a worker did die in setup
+    assert got == {0: "w:a", 1: "w:b", 2: "w:c", 3: "w:d"}
+    assert info.restarts == 1
 
 
 # --- a local Ray cluster ------------------------------------------------------------------------
