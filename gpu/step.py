@@ -10,9 +10,15 @@ by block (gpu/pool.py) and admissions run one at a time per scenario (see
 and stale tokens, and `engine_step_async` keeps one batch in flight per
 scenario, applied by `deliver` one step later (docs/rules.md §9).
 
-Every function maps (Batch, State, ...) to new tensors; nothing loops over
+Every public function maps (Batch, State, ...) to new tensors (the steps of
+`schedule` update one `_ScheduleWork`, the step's own); nothing loops over
 scenarios or requests.  The one loop is in the running loop of `schedule`: one
-pass per preemption (see there).
+pass per preemption (`_schedule_running`).  `schedule` is split as
+spec/scheduler.py's `schedule` is: the budget (`_budget`), the running loop
+(`_schedule_running`, `_running_pass`, `_choose_victim`, `_preempt`), the
+waiting loop (`_schedule_waiting`, or `_admit_one_by_one` and `_admit` with
+prefix caching) and the tail (`_update_after_schedule`), over one
+`_ScheduleWork` of the step's tensors.
 
 Budgets: vLLM keeps a token budget and an input budget (S:735-738).  Without
 speculative decoding both start at their limits, both lose each grant and both
@@ -23,7 +29,8 @@ here `budget`.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -156,21 +163,78 @@ def schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision
         ph=new.ph + both(sample, batch.async_sched[:, None]))
 
 
-def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision, State]:
-    """Scheduler.schedule() (S:716-1838) then the optimistic advance of
-    num_computed_tokens (S:1899-1926), for the scenarios in `active` (S,).
+@dataclass(slots=True)
+class _ScheduleWork:
+    """One schedule()'s tensors, as spec/scheduler.py's `ScheduleWork` holds one
+    schedule()'s working state: the step's constants (set by `_budget`), then
+    what the running loop, the waiting loop and the tail read and update.
 
     Per-request arithmetic is int32 (token and block counts of one request are
     below 2**31, gpu/limits.py); prefix sums over requests and per-scenario
     budgets and pools are int64.  Masks select by multiplication."""
+
+    # the step's constants
+    active: torch.Tensor  # (S,) the scenarios scheduled
+    pos: torch.Tensor  # (1, R) int32 positions 0 .. R - 1
+    num_tokens: torch.Tensor  # prompt plus outputs
+    target: torch.Tensor  # the tokens a request's need counts up to (async: with its placeholders)
+    schedulable: torch.Tensor | None  # async: not passed over by the max_tokens guard
+    L: torch.Tensor  # max_model_len, (S, 1) int32
+    bs: torch.Tensor  # block size for the room left in blocks held, (S, 1) int32
+    bsf: torch.Tensor  # block size for block floors and ceilings, (S, 1) float
+    cap1: torch.Tensor  # the long-prefill cap, (S, 1) int32
+    # what the loops update
+    budget: torch.Tensor  # (S,) tokens left to grant
+    free: torch.Tensor  # (S,) free blocks
+    pool: Any  # the block-level pool (prefix caching), else None
+    grant: torch.Tensor  # (S, R) int32 tokens granted
+    held: torch.Tensor  # (S, R) blocks held
+    ncomp: torch.Tensor  # (S, R) num_computed_tokens
+    status: torch.Tensor
+    running: torch.Tensor  # status == RUNNING
+    num_preemptions: torch.Tensor
+    wait_key: torch.Tensor
+    next_front_key: torch.Tensor
+    preempt_order: torch.Tensor  # (S, R) int32: index of the preemption in this step, -1 = none
+    preempted: torch.Tensor  # (S,) some request was preempted
+    ph: torch.Tensor | None  # async: output placeholders
+    stale: torch.Tensor | None  # async: stale tokens in flight
+
+
+def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decision, State]:
+    """Scheduler.schedule() (S:716-1838) then the optimistic advance of
+    num_computed_tokens (S:1899-1926), for the scenarios in `active` (S,), in
+    spec/scheduler.py `schedule`'s steps: the budget, the running loop, the
+    waiting loop, the tail (`_update_after_schedule`)."""
+    w = _budget(batch, state, active)
+    _schedule_running(batch, state, w)
+
+    # ---- The waiting loop (S:1066-1687), skipped after any preemption (S:1066). ----
+    in_wait = _in_waiting(w.status)
+    if w.stale is not None:
+        # Async: a request whose stale output is still in flight is skipped; it
+        # keeps its place (S:1123-1128, S:1675-1681).  Skipping changes no budget
+        # or slot, so the skipped requests simply drop out of the admission order.
+        in_wait = in_wait & eq(w.stale, 0)
+    num_running = count_rows(w.running)
+    if not _any(any_rows(in_wait) & active):  # no active scenario has a waiting request
+        return _update_after_schedule(state, w, torch.zeros_like(w.status), num_running, state.run_pos,
+                                      state.next_run_pos, None if w.pool is None else torch.zeros_like(w.grant))
+    worder, num_waiting = _order(waiting_key(batch, replace(state, wait_key=w.wait_key)), in_wait)
+    if w.pool is not None:
+        return _admit_one_by_one(batch, state, w, active & ~w.preempted, worder, num_waiting, num_running)
+    return _schedule_waiting(batch, state, w, worder, num_waiting, num_running)
+
+
+def _budget(batch: Batch, state: State, active: torch.Tensor) -> _ScheduleWork:
+    """The start of schedule(): the budget (S:735-738, one budget here, see the
+    module's docstring), the long-prefill cap (S:770-779), the async guard, and
+    the working tensors the loops update."""
     S, R = batch.shape
     dev = batch.valid.device
-    pos = torch.arange(R, device=dev, dtype=I32)[None, :]
     status = state.status
     ncomp = state.num_computed_tokens
     num_tokens = batch.num_prompt_tokens + state.num_output_tokens
-    held = state.num_blocks
-    L = batch.max_model_len.to(I32)[:, None]
     # Block floors and ceilings divide by the block size in floating point (`bsf`,
     # exact: gpu/limits.py).  The room left in the blocks held counts a block
     # larger than max_model_len as max_model_len (`bs`): such a request holds at
@@ -178,7 +242,6 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     # ceilings of `n - room` are the same, and int32-safe (held * bs <
     # max_model_len + bs <= 2**31).
     bs = torch.minimum(batch.block_size, batch.max_model_len).to(I32)[:, None]
-    bsf = batch.block_size_f[:, None]
 
     running = eq(status, RUNNING)
     # R: the long-prefill cap applies only with more than one eligible request,
@@ -188,16 +251,7 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     threshold = torch.where(num_eligible > 1, batch.long_prefill_token_threshold, 0)[:, None]
     # cap 1 as a minimum: threshold 0 caps nothing (threshold <= max_model_len < 2**31)
     cap1 = torch.where(threshold > 0, threshold, 2**31 - 1).to(I32)
-    budget = torch.where(active, batch.token_budget, 0)
-    free = state.num_free_blocks
-    pool = state.pool
 
-    grant = torch.zeros((S, R), dtype=I32, device=dev)
-    preempt_order = torch.full((S, R), -1, dtype=I32, device=dev)
-    num_preemptions = state.num_preemptions
-    wait_key = state.wait_key
-    next_front_key = state.next_front_key
-    preempted = torch.zeros(S, dtype=torch.bool, device=dev)
     # Async: a decode is scheduled again while its token is in flight, the need
     # counting the placeholders (S:855); a request whose last allowed token is
     # already in flight is passed over, not stopped (the max_tokens guard,
@@ -209,73 +263,42 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
     if ph is not None:
         target = num_tokens + ph
         schedulable = ~(gt(ph, 0) & ge(ncomp + 2 - ph, batch.num_prompt_tokens + batch.max_tokens))
+    return _ScheduleWork(
+        active=active, pos=torch.arange(R, device=dev, dtype=I32)[None, :], num_tokens=num_tokens, target=target,
+        schedulable=schedulable, L=batch.max_model_len.to(I32)[:, None], bs=bs, bsf=batch.block_size_f[:, None],
+        cap1=cap1, budget=torch.where(active, batch.token_budget, 0), free=state.num_free_blocks, pool=state.pool,
+        grant=torch.zeros((S, R), dtype=I32, device=dev), held=state.num_blocks, ncomp=ncomp, status=status,
+        running=running, num_preemptions=state.num_preemptions, wait_key=state.wait_key,
+        next_front_key=state.next_front_key, preempt_order=torch.full((S, R), -1, dtype=I32, device=dev),
+        preempted=torch.zeros(S, dtype=torch.bool, device=dev), ph=ph, stale=stale)
 
-    # ---- The running loop (S:809-1052). ----
-    # One pass grants every running request from the cursor on, in running order:
-    # request j gets min(its need, what the budget has left), i.e. the differences
-    # of the prefix sums of the needs clipped at the budget.  Its blocks come out
-    # of the pool in the same order; the first request whose blocks do not fit
-    # (K:605) stops the pass: the grants before it stand, one victim is preempted
-    # (S:928-996), and the next pass retries that request with the same n.  So
-    # the loop runs once plus once per preemption in the step.
-    # The pass's prefix sums (of needs, of blocks) are at most R * max_model_len:
-    # int32 when that fits (gpu/limits.py), with the budget and the free blocks
-    # they are compared with clipped to int32 (above every sum, so no comparison changes).
+
+def _schedule_running(batch: Batch, state: State, w: _ScheduleWork) -> None:
+    """The running loop (S:809-1052).
+
+    One pass (`_running_pass`) grants every running request from the cursor on,
+    in running order: request j gets min(its need, what the budget has left),
+    i.e. the differences of the prefix sums of the needs clipped at the budget.
+    Its blocks come out of the pool in the same order; the first request whose
+    blocks do not fit (K:605) stops the pass: the grants before it stand, one
+    victim is preempted (S:928-996), and the next pass retries that request with
+    the same n.  So the loop runs once plus once per preemption in the step.
+    The pass's prefix sums (of needs, of blocks) are at most R * max_model_len:
+    int32 when that fits (gpu/limits.py), with the budget and the free blocks
+    they are compared with clipped to int32 (above every sum, so no comparison changes)."""
+    S, R = batch.shape
+    dev = batch.valid.device
     sums = I32 if R * (batch.longest_model_len + 1) < 2**31 else I64
-    sums_max = torch.iinfo(sums).max
     cursor = torch.zeros(S, dtype=I32, device=dev)  # index into the running list
     retry_n = torch.zeros(S, dtype=I32, device=dev)  # n of the request at the cursor being retried
-    loop_done = ~active | ~any_rows(running)
+    loop_done = ~w.active | ~any_rows(w.running)
     it = 0
     while True:
         todo = ~loop_done
         if not _any(todo):
             break
-        # Per slot, then once into running order: the need (zero off the running
-        # list) and the room left in the blocks held (0 off the running list).
-        need_s = torch.minimum(target - ncomp, cap1)  # S:855, cap 1 (S:860)
-        # cap 3: room for the sampled token (S:868); async: 0 for a decode whose token in flight reaches L
-        need_s = torch.minimum(need_s, L - ncomp - 1) * (running if schedulable is None else running & schedulable)
-        room_s = held * bs - ncomp * running
-        order, num_running = _order(state.run_pos, running)
-        in_running = lt(pos, num_running[:, None])
-        need = need_s.gather(1, order)
-        if it == 0:
-            need = need * todo[:, None]
-        else:
-            need = need * ((pos >= cursor[:, None]) & todo[:, None])
-            at_cursor = pos == cursor[:, None]
-            need = torch.where(at_cursor & (retry_n[:, None] > 0), retry_n[:, None], need)
-        # cap 2, the budget (S:862): the loop also stops once it reaches 0 (S:811).
-        cum = need.cumsum(1, dtype=sums)
-        b = budget.clamp(max=sums_max).to(sums)[:, None]
-        n = (torch.minimum(cum, b) - torch.minimum(cum - need, b)).to(I32)
-        # allocate_slots for a running request: no watermark, no full-ISL gate (K:539).
-        # cdiv(ncomp + n, bs) - held == cdiv(n - room, bs); nothing for n = 0 (S:907).
-        blocks = ceil_div(n - room_s.gather(1, order), bsf).clamp_(min=0) * gt(n, 0)
-        # The block prefix sums only grow, so the requests whose blocks fit are
-        # a prefix of the pass: `keep`; the first one outside it fails (K:605).
-        keep = le(blocks.cumsum(1, dtype=sums), free.clamp(max=sums_max).to(sums)[:, None])
-        num_kept = count_rows(keep).long()
-        has_fail = (num_kept < R) & todo
-        first_fail = num_kept
-        n_kept = n * keep
-        blocks_kept = blocks * keep
-        if pool is not None:
-            # The blocks come off the free queue's head in running order (an
-            # eviction when one is cached), then each granted request hashes the
-            # blocks it fills, so a later admission in this step can hit them.
-            pool = pop(batch.num_usable_blocks, pool, blocks_kept, order, held.gather(1, order))
-            n_slot = torch.zeros_like(grant).scatter(1, order, n_kept)
-            upto = floor_div(torch.minimum(ncomp + n_slot, num_tokens), bsf)
-            # each request's place in the running order ranks its caching
-            place = torch.empty_like(order).scatter_(1, order, pos.to(order.dtype).expand(S, R))
-            pool = cache(batch.block_hashes, pool, upto * gt(n_slot, 0), place, ranked=True)
-        grant = grant.scatter_add(1, order, n_kept)
-        held = held.scatter_add(1, order, blocks_kept)
-        # both sums are at most what they are clipped to above (b, free): `sums` holds them
-        budget = budget - n_kept.sum(1, dtype=sums)
-        free = free - blocks_kept.sum(1, dtype=sums)
+        n, first_fail, order, num_running = _running_pass(batch, state, w, todo, cursor, retry_n, it, sums)
+        has_fail = (first_fail < R) & todo
         loop_done = loop_done | (todo & ~has_fail)
         if not _any(has_fail):
             break
@@ -284,208 +307,280 @@ def _schedule(batch: Batch, state: State, active: torch.Tensor) -> tuple[Decisio
         ff = first_fail.clamp(max=R - 1)
         retry = n.gather(1, ff[:, None])[:, 0]
         cursor = torch.where(has_fail, ff, cursor).to(I32)
-        # FCFS: the tail of running (S:986).  PRIORITY: the largest (priority,
-        # arrival_time), the first in running order on a tie, from all of running,
-        # so possibly already scheduled this step, or the request itself (S:948-952).
-        victim_key = torch.where(in_running, batch.victim_rank.gather(1, order) * (R + 1) + (R - pos), -1)
-        victim_pos = torch.where(batch.priority_policy, victim_key.argmax(1), (num_running - 1).clamp(min=0))
+        victim_pos = _choose_victim(batch, order, num_running, w.pos)
         victim = order.gather(1, victim_pos[:, None])[:, 0]
         self_preempt = victim_pos == ff
         # Removing a victim ahead of the cursor shifts the list left (the fix #49206, S:964).
         cursor = torch.where(has_fail & (victim_pos < cursor), cursor - 1, cursor)
         vmask = torch.zeros((S, R), dtype=torch.bool, device=dev).scatter_(1, victim[:, None], has_fail[:, None])
-        # A victim already scheduled this step gives its grant back (S:967-973).
-        budget = budget + torch.where(vmask, grant, 0).sum(1)
-        grant = torch.where(vmask, 0, grant)
-        # _preempt_request (S:1853-1897): free the blocks, restart from zero, to waiting.
-        if pool is not None:
-            pool, freed = free_blocks(pool, vmask, state.run_pos, held, batch.unhashed_first)
-            free = free + freed
-        else:
-            free = free + torch.where(vmask, held, 0).sum(1)
-        held = torch.where(vmask, 0, held)
-        ncomp = torch.where(vmask, 0, ncomp)
-        if ph is not None:
-            # Its tokens in flight become stale (they are still delivered, docs/rules.md §9.3), and
-            # its placeholders go (S:1889-1890).
-            stale = torch.where(vmask, state.inflight, stale)
-            ph = torch.where(vmask, 0, ph)
-        status = torch.where(vmask, PREEMPTED, status).to(I8)
-        running = eq(status, RUNNING)
-        num_preemptions = num_preemptions + vmask.to(I32)
-        # FCFS: the front of the waiting deque (Q:92-95); PRIORITY: a heap push,
-        # whose place `waiting_key` reads from queue_rank.
-        wait_key = torch.where(vmask, next_front_key[:, None], wait_key)
-        next_front_key = next_front_key - has_fail.to(I64)
-        preempt_order = torch.where(vmask, it, preempt_order)
-        preempted = preempted | has_fail
+        _preempt(batch, state, w, vmask, has_fail, it)
         retry_n = torch.where(has_fail & ~self_preempt, retry, 0)
         # Self-preemption: FCFS breaks (the request was the tail, nothing follows);
         # PRIORITY continues with the request now at the cursor (R, S:998-1008).
         loop_done = loop_done | (has_fail & self_preempt & ~batch.priority_policy)
         it += 1
 
-    # ---- The waiting loop (S:1066-1687), skipped after any preemption (S:1066). ----
-    in_wait = _in_waiting(status)
-    if stale is not None:
-        # Async: a request whose stale output is still in flight is skipped; it
-        # keeps its place (S:1123-1128, S:1675-1681).  Skipping changes no budget
-        # or slot, so the skipped requests simply drop out of the admission order.
-        in_wait = in_wait & eq(stale, 0)
-    num_running = count_rows(running)
-    if not _any(any_rows(in_wait) & active):  # no active scenario has a waiting request
-        ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1912)
-        decision = Decision(num_scheduled_tokens=grant, admitted=torch.zeros_like(status),
-                            preempt_order=preempt_order, num_running=num_running,
-                            hit_tokens=None if pool is None else torch.zeros_like(grant))
-        return decision, replace(
-            state, status=status, num_computed_tokens=ncomp, num_preemptions=num_preemptions,
-            num_blocks=held, wait_key=wait_key, num_free_blocks=free, next_front_key=next_front_key, pool=pool,
-            ph=ph, stale=stale)
-    if pool is not None:
-        worder, num_waiting = _order(waiting_key(batch, replace(state, wait_key=wait_key)), in_wait)
-        return _admit_one_by_one(
-            batch, state, active & ~preempted, worder, num_waiting, num_tokens, cap1, bs, L, budget, free, pool,
-            grant, held, ncomp, status, num_running,
-            dict(preempt_order=preempt_order, num_preemptions=num_preemptions, wait_key=wait_key,
-                 next_front_key=next_front_key, ph=ph, stale=stale))
-    # Admission k (in queue order) is tried only if admissions 0..k-1 succeeded,
-    # and any failure ends the loop, so the admitted requests are the longest
-    # prefix of the queue whose conditions all hold, each evaluated with the
-    # budget and pool left by the admissions before it (prefix sums again).
-    worder, num_waiting = _order(waiting_key(batch, replace(state, wait_key=wait_key)), in_wait)
-    k = pos
+
+def _running_pass(batch: Batch, state: State, w: _ScheduleWork, todo: torch.Tensor, cursor: torch.Tensor,
+                  retry_n: torch.Tensor, it: int, sums: torch.dtype):
+    """One pass of the running loop over the scenarios in `todo`: grants and
+    blocks from the cursor on, up to the first request whose blocks do not fit.
+    Returns (n, first_fail, order, num_running): the grants the pass computed in
+    running order (those from first_fail on not applied), the position of the
+    first failed allocation (R: none), the running order and its length."""
+    S, R = batch.shape
+    pos = w.pos
+    sums_max = torch.iinfo(sums).max
+    # Per slot, then once into running order: the need (zero off the running
+    # list) and the room left in the blocks held (0 off the running list).
+    need_s = torch.minimum(w.target - w.ncomp, w.cap1)  # S:855, cap 1 (S:860)
+    # cap 3: room for the sampled token (S:868); async: 0 for a decode whose token in flight reaches L
+    need_s = torch.minimum(need_s, w.L - w.ncomp - 1) * (w.running if w.schedulable is None
+                                                         else w.running & w.schedulable)
+    room_s = w.held * w.bs - w.ncomp * w.running
+    order, num_running = _order(state.run_pos, w.running)
+    need = need_s.gather(1, order)
+    if it == 0:
+        need = need * todo[:, None]
+    else:
+        need = need * ((pos >= cursor[:, None]) & todo[:, None])
+        at_cursor = pos == cursor[:, None]
+        need = torch.where(at_cursor & (retry_n[:, None] > 0), retry_n[:, None], need)
+    # cap 2, the budget (S:862): the loop also stops once it reaches 0 (S:811).
+    cum = need.cumsum(1, dtype=sums)
+    b = w.budget.clamp(max=sums_max).to(sums)[:, None]
+    n = (torch.minimum(cum, b) - torch.minimum(cum - need, b)).to(I32)
+    # allocate_slots for a running request: no watermark, no full-ISL gate (K:539).
+    # cdiv(ncomp + n, bs) - held == cdiv(n - room, bs); nothing for n = 0 (S:907).
+    blocks = ceil_div(n - room_s.gather(1, order), w.bsf).clamp_(min=0) * gt(n, 0)
+    # The block prefix sums only grow, so the requests whose blocks fit are
+    # a prefix of the pass: `keep`; the first one outside it fails (K:605).
+    keep = le(blocks.cumsum(1, dtype=sums), w.free.clamp(max=sums_max).to(sums)[:, None])
+    num_kept = count_rows(keep).long()
+    n_kept = n * keep
+    blocks_kept = blocks * keep
+    if w.pool is not None:
+        # The blocks come off the free queue's head in running order (an
+        # eviction when one is cached), then each granted request hashes the
+        # blocks it fills, so a later admission in this step can hit them.
+        pool = pop(batch.num_usable_blocks, w.pool, blocks_kept, order, w.held.gather(1, order))
+        n_slot = torch.zeros_like(w.grant).scatter(1, order, n_kept)
+        upto = floor_div(torch.minimum(w.ncomp + n_slot, w.num_tokens), w.bsf)
+        # each request's place in the running order ranks its caching
+        place = torch.empty_like(order).scatter_(1, order, pos.to(order.dtype).expand(S, R))
+        w.pool = cache(batch.block_hashes, pool, upto * gt(n_slot, 0), place, ranked=True)
+    w.grant = w.grant.scatter_add(1, order, n_kept)
+    w.held = w.held.scatter_add(1, order, blocks_kept)
+    # both sums are at most what they are clipped to above (b, free): `sums` holds them
+    w.budget = w.budget - n_kept.sum(1, dtype=sums)
+    w.free = w.free - blocks_kept.sum(1, dtype=sums)
+    return n, num_kept, order, num_running
+
+
+def _choose_victim(batch: Batch, order: torch.Tensor, num_running: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The preemption victim's position in running order (S:948-952, S:986).
+    FCFS: the tail of running (S:986).  PRIORITY: the largest (priority,
+    arrival_time), the first in running order on a tie, from all of running,
+    so possibly already scheduled this step, or the request itself (S:948-952)."""
+    R = batch.shape[1]
+    in_running = lt(pos, num_running[:, None])
+    victim_key = torch.where(in_running, batch.victim_rank.gather(1, order) * (R + 1) + (R - pos), -1)
+    return torch.where(batch.priority_policy, victim_key.argmax(1), (num_running - 1).clamp(min=0))
+
+
+def _preempt(batch: Batch, state: State, w: _ScheduleWork, vmask: torch.Tensor, has_fail: torch.Tensor,
+             it: int) -> None:
+    """Preempt the requests in `vmask` (one per scenario in `has_fail`), the
+    `it`-th preemption of the step."""
+    # A victim already scheduled this step gives its grant back (S:967-973).
+    w.budget = w.budget + torch.where(vmask, w.grant, 0).sum(1)
+    w.grant = torch.where(vmask, 0, w.grant)
+    # _preempt_request (S:1853-1897): free the blocks, restart from zero, to waiting.
+    if w.pool is not None:
+        w.pool, freed = free_blocks(w.pool, vmask, state.run_pos, w.held, batch.unhashed_first)
+        w.free = w.free + freed
+    else:
+        w.free = w.free + torch.where(vmask, w.held, 0).sum(1)
+    w.held = torch.where(vmask, 0, w.held)
+    w.ncomp = torch.where(vmask, 0, w.ncomp)
+    if w.ph is not None:
+        # Its tokens in flight become stale (they are still delivered, docs/rules.md §9.3), and
+        # its placeholders go (S:1889-1890).
+        w.stale = torch.where(vmask, state.inflight, w.stale)
+        w.ph = torch.where(vmask, 0, w.ph)
+    w.status = torch.where(vmask, PREEMPTED, w.status).to(I8)
+    w.running = eq(w.status, RUNNING)
+    w.num_preemptions = w.num_preemptions + vmask.to(I32)
+    # FCFS: the front of the waiting deque (Q:92-95); PRIORITY: a heap push,
+    # whose place `waiting_key` reads from queue_rank.
+    w.wait_key = torch.where(vmask, w.next_front_key[:, None], w.wait_key)
+    w.next_front_key = w.next_front_key - has_fail.to(I64)
+    w.preempt_order = torch.where(vmask, it, w.preempt_order)
+    w.preempted = w.preempted | has_fail
+
+
+def _schedule_waiting(batch: Batch, state: State, w: _ScheduleWork, worder: torch.Tensor,
+                      num_waiting: torch.Tensor, num_running: torch.Tensor) -> tuple[Decision, State]:
+    """The waiting loop without prefix caching, in one pass, then the tail.
+
+    Admission k (in queue order) is tried only if admissions 0..k-1 succeeded,
+    and any failure ends the loop, so the admitted requests are the longest
+    prefix of the queue whose conditions all hold, each evaluated with the
+    budget and pool left by the admissions before it (prefix sums again)."""
+    k = w.pos
     queued = k < num_waiting[:, None]
-    w_tokens = num_tokens.gather(1, worder)  # num_computed_tokens is 0: no prefix cache
-    want = torch.minimum(w_tokens, cap1) * queued  # S:1382
+    w_tokens = w.num_tokens.gather(1, worder)  # num_computed_tokens is 0: no prefix cache
+    want = torch.minimum(w_tokens, w.cap1) * queued  # S:1382
     cum = want.cumsum(1, dtype=I64)
-    b = budget[:, None]
+    b = w.budget[:, None]
     left = b - torch.minimum(cum - want, b)  # budget left when admission k is tried
     n = torch.minimum(want, left).to(I32)  # S:1396
     ok = queued & (left > 0)  # S:1091, S:1110
     ok &= num_running[:, None] + k < batch.max_num_active_reqs[:, None]  # the run-slot check (S:1093)
     # chunked prefill off: the whole request must fit, else admission stops (S:1387-1394).
     ok &= batch.enable_chunked_prefill[:, None] | (want <= left)
-    blocks = ceil_div(n, bsf)
-    free_k = free[:, None] - (blocks.cumsum(1, dtype=I64) - blocks)
+    blocks = ceil_div(n, w.bsf)
+    free_k = w.free[:, None] - (blocks.cumsum(1, dtype=I64) - blocks)
     # The watermark: admissions only, not while running is empty (K:539-546).
     wm = batch.watermark_blocks[:, None] * (num_running[:, None] + k > 0)
     # The full-ISL gate: the whole sequence must fit (K:552-569).
-    full = ceil_div(w_tokens, bsf)
+    full = ceil_div(w_tokens, w.bsf)
     ok &= ~batch.reserve_full_isl[:, None] | (full + wm <= free_k)
     ok &= blocks + wm <= free_k  # K:605
-    ok &= (active & ~preempted)[:, None]
+    ok &= (w.active & ~w.preempted)[:, None]
     admit = ok.to(I8).cumprod(1).bool()
     n_adm = n * admit
     blocks_adm = blocks * admit
     num_admitted = admit.sum(1)
     amask = torch.zeros_like(admit).scatter_(1, worder, admit)
-    admitted = (amask * (2 - ((status == WAITING) | batch.resumed_as_new[:, None]).to(I8))).to(I8)
-    grant = grant.scatter_add(1, worder, n_adm)
-    held = held.scatter_add(1, worder, blocks_adm)
-    free = free - blocks_adm.sum(1)
+    admitted = (amask * (2 - ((w.status == WAITING) | batch.resumed_as_new[:, None]).to(I8))).to(I8)
+    w.grant = w.grant.scatter_add(1, worder, n_adm)
+    w.held = w.held.scatter_add(1, worder, blocks_adm)
+    w.free = w.free - blocks_adm.sum(1)
     run_pos_adm = torch.zeros_like(state.run_pos).scatter_(1, worder, state.next_run_pos[:, None] + k)
     run_pos = torch.where(amask, run_pos_adm, state.run_pos)
-    status = torch.where(amask, RUNNING, status).to(I8)
+    w.status = torch.where(amask, RUNNING, w.status).to(I8)
+    return _update_after_schedule(state, w, admitted, num_running + num_admitted, run_pos,
+                                  state.next_run_pos + num_admitted, None)
 
-    # _update_after_schedule: the optimistic advance (S:1912).
-    ncomp = ncomp + grant
-    decision = Decision(num_scheduled_tokens=grant, admitted=admitted, preempt_order=preempt_order,
-                        num_running=num_running + num_admitted)
+
+def _update_after_schedule(state: State, w: _ScheduleWork, admitted: torch.Tensor, num_running: torch.Tensor,
+                           run_pos: torch.Tensor, next_run_pos: torch.Tensor,
+                           hit_tokens: torch.Tensor | None) -> tuple[Decision, State]:
+    """The tail: _update_after_schedule's optimistic advance (S:1912), and the
+    step's decision and state."""
+    decision = Decision(num_scheduled_tokens=w.grant, admitted=admitted, preempt_order=w.preempt_order,
+                        num_running=num_running, hit_tokens=hit_tokens)
     return decision, replace(
-        state, status=status, num_computed_tokens=ncomp, num_preemptions=num_preemptions,
-        num_blocks=held, run_pos=run_pos, wait_key=wait_key, num_free_blocks=free,
-        next_run_pos=state.next_run_pos + num_admitted, next_front_key=next_front_key, ph=ph, stale=stale)
+        state, status=w.status, num_computed_tokens=w.ncomp + w.grant, num_preemptions=w.num_preemptions,
+        num_blocks=w.held, run_pos=run_pos, wait_key=w.wait_key, num_free_blocks=w.free, next_run_pos=next_run_pos,
+        next_front_key=w.next_front_key, pool=w.pool, ph=w.ph, stale=w.stale)
 
 
-def _admit_one_by_one(batch: Batch, state: State, cont: torch.Tensor, worder, num_waiting, num_tokens, cap1,
-                      bs, L, budget, free, pool, grant, held, ncomp, status, num_running, rest):
+def _admit_one_by_one(batch: Batch, state: State, w: _ScheduleWork, cont: torch.Tensor, worder: torch.Tensor,
+                      num_waiting: torch.Tensor, num_running: torch.Tensor) -> tuple[Decision, State]:
     """The waiting loop with the block-level pool (S:1066-1687, K:318-329,
-    K:401-648): admission k of every scenario at once, k = 0, 1, ... while some
-    scenario goes on, since admission k's hit depends on what admissions 0..k-1
-    cached, evicted and touched.  A scenario stops at its first admission that
-    fails (budget, run slot, chunked prefill off, blocks)."""
+    K:401-648), then the tail: admission k of every scenario at once, k = 0, 1,
+    ... while some scenario goes on, since admission k's hit depends on what
+    admissions 0..k-1 cached, evicted and touched.  A scenario stops at its
+    first admission that fails (budget, run slot, chunked prefill off, blocks)."""
     S, R = batch.shape
-    H = batch.block_hashes.shape[2]
     dev = batch.valid.device
-    i = torch.arange(H, dtype=I64, device=dev)[None, :]
-    bsz = bs[:, 0].to(I64)
-    bsf = batch.block_size_f
-    Lz = L[:, 0].to(I64)
-    cap = cap1[:, 0].to(I64)
-    budget = budget.clone()
-    nrun = num_running.to(I64)
-    run_pos = state.run_pos
-    admitted = torch.zeros_like(status)
-    hit_tokens = torch.zeros_like(grant)
-    rows = torch.arange(S, device=dev)
+    a = _Admissions(
+        rows=torch.arange(S, device=dev), i=torch.arange(batch.block_hashes.shape[2], dtype=I64, device=dev)[None, :],
+        bsz=w.bs[:, 0].to(I64), Lz=w.L[:, 0].to(I64), cap=w.cap1[:, 0].to(I64), nrun=num_running.to(I64),
+        run_pos=state.run_pos, admitted=torch.zeros_like(w.status), hit_tokens=torch.zeros_like(w.grant))
+    w.budget = w.budget.clone()
     k = 0
     while True:
         # S:1091-1113: budget left, a request waiting, a run slot free.
-        cont = cont & (k < num_waiting) & (budget > 0) & (nrun < batch.max_num_active_reqs)
+        cont = cont & (k < num_waiting) & (w.budget > 0) & (a.nrun < batch.max_num_active_reqs)
         if not _any(cont):
             break
         r = worder[:, min(k, R - 1)]
-        ntok = num_tokens[rows, r].to(I64)
-        # The hit (S:1149-1166): num_computed_tokens is 0 for every waiting request
-        # here; at most num_tokens - 1 tokens, whole blocks.
-        hits, hblocks = lookup(pool, batch.block_hashes[rows, r], floor_div(ntok - 1, bsf) * cont)
-        hits = hits.to(I64)
-        hvalid = i[:, : hblocks.shape[1]] < hits[:, None]
-        evictable = ((pool.ref.gather(1, hblocks.clamp(min=0)) == 0) & hvalid).sum(1)
-        comp = hits * bsz
-        want = torch.minimum(ntok - comp, cap)  # S:1356, S:1382
-        ok = cont & (batch.enable_chunked_prefill | (want <= budget))  # S:1387-1394
-        n = torch.minimum(want, budget)  # S:1396
-        wm = batch.watermark_blocks * (nrun > 0)  # K:539-546
-        full = (ceil_div(torch.minimum(ntok, Lz), bsf) - hits).clamp(min=0)  # K:552-569
-        ok &= ~batch.reserve_full_isl | (full + evictable + wm <= free)
-        new = (ceil_div(torch.minimum(comp + n, Lz), bsf) - hits).clamp(min=0)  # K:571-609
-        ok &= new + evictable + wm <= free
-        cont = ok
-        if not _any(ok):
+        cont = _admit(batch, state, w, a, r, cont, num_running)
+        if not _any(cont):
             break
-        # allocate_slots (K:611-648): touch the hits, they open the block table,
-        # then the new blocks; then cache what the grant fills.
-        hv = hvalid & ok[:, None]
-        pool = touch(pool, hblocks, hv)
-        hs, hi = nonzero_rc(hv)
-        pool.table[hs, r[hs], hi] = hblocks[hs, hi].to(I32)
-        onehot = torch.zeros((S, R), dtype=torch.bool, device=dev)
-        onehot[rows, r] = ok
-        pool = replace(pool, ncached=torch.where(onehot, hits.to(I32)[:, None], pool.ncached))
-        new_ok = new * ok
-        pool = pop(batch.num_usable_blocks, pool, new_ok[:, None], r[:, None], hits[:, None])
-        upto = floor_div(torch.minimum(comp + n, ntok), bsf)
-        pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), torch.zeros_like(run_pos),
-                     ranked=True)
-        free = free - (evictable + new) * ok
-        n_ok = (n * ok).to(I32)
-        grant = grant.clone()
-        grant[rows, r] += n_ok
-        held = held.clone()
-        held[rows, r] = torch.where(ok, (hits + new).to(I32), held[rows, r])
-        ncomp = ncomp.clone()
-        ncomp[rows, r] = torch.where(ok, comp.to(I32), ncomp[rows, r])
-        hit_tokens[rows, r] = torch.where(ok, comp.to(I32), hit_tokens[rows, r])
-        admitted[rows, r] = torch.where(ok, (2 - ((status[rows, r] == WAITING) | batch.resumed_as_new[rows]).to(I8)).to(I8),
-                                        admitted[rows, r])
-        run_pos = run_pos.clone()
-        run_pos[rows, r] = torch.where(ok, state.next_run_pos + nrun - num_running, run_pos[rows, r])
-        status = status.clone()
-        status[rows, r] = torch.where(ok, torch.tensor(RUNNING, dtype=I8, device=dev), status[rows, r])
-        budget = budget - n * ok
-        nrun = nrun + ok
         k += 1
-    num_admitted = nrun - num_running
-    ncomp = ncomp + grant  # _update_after_schedule: the optimistic advance (S:1912)
-    decision = Decision(num_scheduled_tokens=grant, admitted=admitted, preempt_order=rest["preempt_order"],
-                        num_running=nrun, hit_tokens=hit_tokens)
-    return decision, replace(
-        state, status=status, num_computed_tokens=ncomp, num_preemptions=rest["num_preemptions"],
-        num_blocks=held, run_pos=run_pos, wait_key=rest["wait_key"], num_free_blocks=free,
-        next_run_pos=state.next_run_pos + num_admitted, next_front_key=rest["next_front_key"], pool=pool,
-        ph=rest["ph"], stale=rest["stale"])
+    num_admitted = a.nrun - num_running
+    return _update_after_schedule(state, w, a.admitted, a.nrun, a.run_pos, state.next_run_pos + num_admitted,
+                                  a.hit_tokens)
+
+
+@dataclass(slots=True)
+class _Admissions:
+    """`_admit_one_by_one`'s constants and what its admissions update besides `_ScheduleWork`."""
+
+    rows: torch.Tensor  # (S,) 0 .. S - 1
+    i: torch.Tensor  # (1, H) block positions
+    bsz: torch.Tensor  # (S,) int64 `_ScheduleWork.bs`
+    Lz: torch.Tensor  # (S,) int64 max_model_len
+    cap: torch.Tensor  # (S,) int64 the long-prefill cap
+    nrun: torch.Tensor  # (S,) int64 len(running)
+    run_pos: torch.Tensor
+    admitted: torch.Tensor
+    hit_tokens: torch.Tensor
+
+
+def _admit(batch: Batch, state: State, w: _ScheduleWork, a: _Admissions, r: torch.Tensor, cont: torch.Tensor,
+           num_running: torch.Tensor) -> torch.Tensor:
+    """One admission per scenario in `cont`: request `r` (S,), with its
+    prefix-cache hit; returns the scenarios that admitted it."""
+    S, R = batch.shape
+    dev = batch.valid.device
+    rows, bsf, pool, budget, free, status = a.rows, batch.block_size_f, w.pool, w.budget, w.free, w.status
+    ntok = w.num_tokens[rows, r].to(I64)
+    # The hit (S:1149-1166): num_computed_tokens is 0 for every waiting request
+    # here; at most num_tokens - 1 tokens, whole blocks.
+    hits, hblocks = lookup(pool, batch.block_hashes[rows, r], floor_div(ntok - 1, bsf) * cont)
+    hits = hits.to(I64)
+    hvalid = a.i[:, : hblocks.shape[1]] < hits[:, None]
+    evictable = ((pool.ref.gather(1, hblocks.clamp(min=0)) == 0) & hvalid).sum(1)
+    comp = hits * a.bsz
+    want = torch.minimum(ntok - comp, a.cap)  # S:1356, S:1382
+    ok = cont & (batch.enable_chunked_prefill | (want <= budget))  # S:1387-1394
+    n = torch.minimum(want, budget)  # S:1396
+    wm = batch.watermark_blocks * (a.nrun > 0)  # K:539-546
+    full = (ceil_div(torch.minimum(ntok, a.Lz), bsf) - hits).clamp(min=0)  # K:552-569
+    ok &= ~batch.reserve_full_isl | (full + evictable + wm <= free)
+    new = (ceil_div(torch.minimum(comp + n, a.Lz), bsf) - hits).clamp(min=0)  # K:571-609
+    ok &= new + evictable + wm <= free
+    if not _any(ok):
+        return ok
+    # allocate_slots (K:611-648): touch the hits, they open the block table,
+    # then the new blocks; then cache what the grant fills.
+    hv = hvalid & ok[:, None]
+    pool = touch(pool, hblocks, hv)
+    hs, hi = nonzero_rc(hv)
+    pool.table[hs, r[hs], hi] = hblocks[hs, hi].to(I32)
+    onehot = torch.zeros((S, R), dtype=torch.bool, device=dev)
+    onehot[rows, r] = ok
+    pool = replace(pool, ncached=torch.where(onehot, hits.to(I32)[:, None], pool.ncached))
+    new_ok = new * ok
+    pool = pop(batch.num_usable_blocks, pool, new_ok[:, None], r[:, None], hits[:, None])
+    upto = floor_div(torch.minimum(comp + n, ntok), bsf)
+    pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), torch.zeros_like(a.run_pos),
+                 ranked=True)
+    w.pool = pool
+    w.free = free - (evictable + new) * ok
+    n_ok = (n * ok).to(I32)
+    w.grant = w.grant.clone()
+    w.grant[rows, r] += n_ok
+    w.held = w.held.clone()
+    w.held[rows, r] = torch.where(ok, (hits + new).to(I32), w.held[rows, r])
+    w.ncomp = w.ncomp.clone()
+    w.ncomp[rows, r] = torch.where(ok, comp.to(I32), w.ncomp[rows, r])
+    a.hit_tokens[rows, r] = torch.where(ok, comp.to(I32), a.hit_tokens[rows, r])
+    kind = (2 - ((status[rows, r] == WAITING) | batch.resumed_as_new[rows]).to(I8)).to(I8)  # 1 new, 2 resumed
+    a.admitted[rows, r] = torch.where(ok, kind, a.admitted[rows, r])
+    a.run_pos = a.run_pos.clone()
+    a.run_pos[rows, r] = torch.where(ok, state.next_run_pos + a.nrun - num_running, a.run_pos[rows, r])
+    status = status.clone()
+    status[rows, r] = torch.where(ok, torch.tensor(RUNNING, dtype=I8, device=dev), status[rows, r])
+    w.status = status
+    w.budget = budget - n * ok
+    a.nrun = a.nrun + ok
+    return ok
 
 
 def fake_model(batch: Batch, state: State, decision: Decision) -> tuple[torch.Tensor, torch.Tensor]:

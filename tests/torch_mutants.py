@@ -35,10 +35,10 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # the wrong preemption victim: PRIORITY takes the last of equal keys instead of the first.
     "priority_victim_tie_last": [(ST, "* (R + 1) + (R - pos), -1)", "* (R + 1) + pos, -1)")],
     # admitting after a preemption.
-    "admit_after_preemption": [(ST, "ok &= (active & ~preempted)[:, None]", "ok &= active[:, None]"),
-                               (ST, "batch, state, active & ~preempted, worder", "batch, state, active, worder")],
+    "admit_after_preemption": [(ST, "ok &= (w.active & ~w.preempted)[:, None]", "ok &= w.active[:, None]"),
+                               (ST, "batch, state, w, active & ~w.preempted, worder", "batch, state, w, active, worder")],
     # not resetting computed tokens on preemption.
-    "preempt_keeps_computed_tokens": [(ST, "        ncomp = torch.where(vmask, 0, ncomp)\n", "")],
+    "preempt_keeps_computed_tokens": [(ST, "    w.ncomp = torch.where(vmask, 0, w.ncomp)\n", "")],
     # forgetting the null block: the whole pool counted as usable.
     "null_block_forgotten": [("batch.py", '"num_usable_blocks": config.num_gpu_blocks - 1,',
                               '"num_usable_blocks": config.num_gpu_blocks,')],
@@ -46,19 +46,19 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "threshold_with_one_request": [(ST, "torch.where(num_eligible > 1, batch.long_prefill_token_threshold, 0)",
                                     "torch.where(num_eligible > 0, batch.long_prefill_token_threshold, 0)")],
     # a preempted FCFS request requeued at the back of waiting.
-    "requeue_at_back": [(ST, "wait_key = torch.where(vmask, next_front_key[:, None], wait_key)",
-                         "wait_key = torch.where(vmask, -next_front_key[:, None] + 2**40, wait_key)")],
+    "requeue_at_back": [(ST, "w.wait_key = torch.where(vmask, w.next_front_key[:, None], w.wait_key)",
+                         "w.wait_key = torch.where(vmask, -w.next_front_key[:, None] + 2**40, w.wait_key)")],
     # a PRIORITY victim scheduled earlier in the step keeps its grant's budget (no refund).
-    "refund_not_refunded": [(ST, "        budget = budget + torch.where(vmask, grant, 0).sum(1)\n", "")],
+    "refund_not_refunded": [(ST, "    w.budget = w.budget + torch.where(vmask, w.grant, 0).sum(1)\n", "")],
     # a refunded PRIORITY victim stays in the step's grants (its tokens still advance).
-    "refunded_grant_kept": [(ST, "        grant = torch.where(vmask, 0, grant)\n", "")],
+    "refunded_grant_kept": [(ST, "    w.grant = torch.where(vmask, 0, w.grant)\n", "")],
     # the priority cursor not adjusted when the victim sits before it (before #49206).
     "cursor_not_adjusted": [(ST, "        cursor = torch.where(has_fail & (victim_pos < cursor), cursor - 1, cursor)\n", "")],
     # the watermark charged to the first admission too (running empty).
     "watermark_on_first_admission": [(ST, "batch.watermark_blocks[:, None] * (num_running[:, None] + k > 0)",
                                       "batch.watermark_blocks[:, None] * (num_running[:, None] + k >= 0)"),
-                                     (ST, "wm = batch.watermark_blocks * (nrun > 0)",
-                                      "wm = batch.watermark_blocks * (nrun >= 0)")],
+                                     (ST, "wm = batch.watermark_blocks * (a.nrun > 0)",
+                                      "wm = batch.watermark_blocks * (a.nrun >= 0)")],
     # EOS checked after length: an EOS at the last allowed token reported as "length".
     "length_before_eos": [(ST, "length = sampled & ~eos & (", "length = sampled & (")],
     # --- prefix caching (gpu/pool.py and the admissions of gpu/step.py) ---
@@ -70,8 +70,8 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "hashed_to_front": [(PL, "back = (pool.bhash.view(-1)[ub] >= 0) | ~unhashed_first[us]",
                          "back = ~unhashed_first[us]")],
     # an admission's blocks not hashed within the step: a later admission of the step misses them.
-    "no_hashing_within_step": [(ST, "        pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), "
-                                    "torch.zeros_like(run_pos),\n                     ranked=True)\n", "")],
+    "no_hashing_within_step": [(ST, "    pool = cache(batch.block_hashes, pool, (upto[:, None] * onehot).to(I32), "
+                                    "torch.zeros_like(a.run_pos),\n                 ranked=True)\n", "")],
     # the running loop's blocks cached in reverse running order: a hash filled by two requests in one
     # step keeps the later request's block as the one a lookup finds.
     "cache_rank_reversed": [(ST, "place = torch.empty_like(order).scatter_(1, order, pos.to(order.dtype).expand(S, R))",
@@ -91,7 +91,7 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # AsyncScheduler's output placeholders not added: a decode is not scheduled while its token is in flight.
     "async_no_placeholders": [(ST, "ph=new.ph + both(sample, batch.async_sched[:, None]))", "ph=new.ph)")],
     # a preemption keeps the request's placeholders: it resumes wanting tokens that will never come.
-    "async_preempt_keeps_placeholders": [(ST, "            ph = torch.where(vmask, 0, ph)\n", "")],
+    "async_preempt_keeps_placeholders": [(ST, "        w.ph = torch.where(vmask, 0, w.ph)\n", "")],
     # stale output (from before a preemption) dropped instead of appended (docs/rules.md §9.3, S:2362-2369).
     "async_stale_output_dropped": [(ST, "    tokens = tokens & mine\n",
                                     "    tokens = tokens & mine & (state.stale == 0)\n")],
@@ -108,7 +108,7 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
                                       "    hashing = fresh & had_ph & was_running & False\n")],
     # the waiting loop does not skip a request whose stale output is in flight (S:1123-1128); the
     # two-batch engine never reaches it (formats.md), a deeper pipeline does (test_torch_async.py).
-    "async_no_stale_skip": [(ST, "        in_wait = in_wait & eq(stale, 0)\n", "        pass\n")],
+    "async_no_stale_skip": [(ST, "        in_wait = in_wait & eq(w.stale, 0)\n", "        pass\n")],
 }
 
 # Mutants the default campaign cannot see, by the engine's construction, with the test that catches each.
