@@ -558,86 +558,31 @@ def _by_size(prepared: list[_Prepared]) -> list[list[_Prepared]]:
 
 
 def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: bool, ran) -> None:
+    """Step one sub-batch to its end: each scenario's records become its trace
+    text chunk by chunk (`_Records`), and `ran(p, summary)` is told of each
+    scenario once it has run."""
     if any(p.path is not None for p in prepared):  # write_batch_traces
         _open_writers(prepared)
-    extra = {}
-    if any(p.prefix_caching for p in prepared):
-        extra = prefix_columns(prepared, max([len(p.ids) for p in prepared] + [1]), dev)
-    asy = any(p.async_scheduling for p in prepared)
-    if asy:  # the whole batch steps through the async engine step (gpu/step.py)
-        extra["async_sched"] = torch.tensor([p.async_scheduling for p in prepared], dtype=torch.bool, device=dev)
-    batch = build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared], dev, extra)
+    batch, asy = _build(prepared, dev)
     state = initial_state(batch)
     max_steps = torch.tensor([p.scenario.max_steps for p in prepared], dtype=I64, device=dev)
     horizon = max(p.scenario.max_steps for p in prepared)
-    owners = list(prepared)  # the scenario of each batch row
+    records = _Records(list(prepared))
     steps_done = torch.zeros(len(prepared), dtype=I64, device=dev)
     # steps at which some scenario has an abort or an arrival (the others skip that work)
     abort_steps = {x for p in prepared for x in p.columns["abort_step"]}
     arrival_steps = {x for p in prepared for x in p.columns["arrival_step"]}
-    bufs: dict[str, torch.Tensor] = {}  # the chunk's records, (T, S, R) per field; "scalars" (T, S, columns)
-    used, first = 0, 0  # steps in bufs, the step number of the first
-    text = None  # what the trace text of the batch's rows needs (their ids, flags), made at the first flush
-
-    def text_tables(owners, R):
-        return (IdTables([p.quoted for p in owners], [p.abort_rank for p in owners], R),
-                np.array([p.prefix_caching for p in owners], dtype=bool),
-                np.array([p.async_scheduling for p in owners], dtype=bool))
-
-    def flush():
-        nonlocal used, first, text
-        if used:  # on the CPU the arrays are the buffers themselves: render_chunk keeps no reference to them
-            rec = {name: b[:used].cpu().numpy() for name, b in bufs.items() if name != "scalars"}
-            if text is None:
-                text = text_tables(owners, rec["status"].shape[2])
-            # the text goes to open trace files straight from the renderer's buffer
-            direct = any(p.writer is not None for p in owners)
-            for row, piece, count in render_chunk(rec, first, bufs["scalars"][:used].cpu().numpy(), *text,
-                                                  transient=direct):
-                owners[row].take(piece, count, direct)
-            first += used
-            used = 0
-
-    def record(rec: dict[str, torch.Tensor], cols: list[torch.Tensor]) -> None:
-        nonlocal bufs, used
-        if (bufs.keys() - {"scalars"} != rec.keys()
-                or any(bufs[k].shape[1:] != t.shape or bufs[k].dtype != t.dtype for k, t in rec.items())
-                or bufs["scalars"].shape[2] != len(cols)):
-            flush()  # the first record, or the rows changed: buffers of the new shape
-            steps = max(1, -(-_CHUNK_BYTES // (_RECORD_BYTES * rec["status"].numel())))
-            bufs = {k: torch.empty((steps, *t.shape), dtype=t.dtype, device=t.device) for k, t in rec.items()}
-            bufs["scalars"] = torch.empty((steps, cols[0].shape[0], len(cols)), dtype=I64, device=cols[0].device)
-        for k, t in rec.items():
-            bufs[k][used].copy_(t)
-        row = bufs["scalars"][used]
-        for j, c in enumerate(cols):
-            row[:, j].copy_(c)
-        used += 1
-        if used == bufs["status"].shape[0]:
-            flush()
-
     step = 0
     while True:
         active = pending(batch, state) & (step < max_steps)
         num_active = int(active.sum())
         if num_active == 0:
             break
-        S = active.shape[0]
-        if num_active <= S // 2:
+        if num_active <= active.shape[0] // 2:
             # Finished scenarios never change again: drop their rows (and the
             # padding slots no remaining scenario uses) so the work shrinks with them.
-            flush()
-            rows = active.nonzero()[:, 0]
-            keep = rows.cpu().tolist()
-            kept = set(keep)
-            final_rows = [i for i in range(S) if i not in kept]
-            _finish(owners, final_rows, state, steps_done, ran)
-            owners = [owners[i] for i in keep]
-            num_slots = max(len(p.ids) for p in owners)
-            batch, state = select(batch, rows, num_slots), select(state, rows, num_slots)
-            text = None  # the rows changed
-            max_steps, active = max_steps.index_select(0, rows), active.index_select(0, rows)
-            steps_done = steps_done.index_select(0, rows)
+            batch, state, max_steps, active, steps_done = _drop_finished(records, batch, state, max_steps, active,
+                                                                         steps_done, ran)
         if asy:
             state, decision, aborted, sampled, stopped, called, app_step, app_key = engine_step_async(
                 batch, state, step, active, step in abort_steps, step in arrival_steps)
@@ -658,9 +603,101 @@ def _run(prepared: list[_Prepared], dev: torch.device, progress, record_steps: b
         if asy:
             rec["app_key"], rec["stopped"] = app_key, stopped
             cols += [called, app_step]
-        record(rec, cols)
-    flush()
-    _finish(owners, range(len(owners)), state, steps_done, ran)
+        records.record(rec, cols)
+    records.flush()
+    _finish(records.owners, range(len(records.owners)), state, steps_done, ran)
+
+
+def _build(prepared: list[_Prepared], dev: torch.device) -> tuple[Batch, bool]:
+    """The sub-batch's `Batch`, and whether it steps with async scheduling."""
+    extra = {}
+    if any(p.prefix_caching for p in prepared):
+        extra = prefix_columns(prepared, max([len(p.ids) for p in prepared] + [1]), dev)
+    asy = any(p.async_scheduling for p in prepared)
+    if asy:  # the whole batch steps through the async engine step (gpu/step.py)
+        extra["async_sched"] = torch.tensor([p.async_scheduling for p in prepared], dtype=torch.bool, device=dev)
+    return build_batch([config_row(p.config) for p in prepared], [p.columns for p in prepared], dev, extra), asy
+
+
+def _drop_finished(records: _Records, batch: Batch, state, max_steps: torch.Tensor, active: torch.Tensor,
+                   steps_done: torch.Tensor, ran):
+    """The batch rows of the scenarios still `active` only: the others' summaries
+    go to `ran`, and the per-row tensors keep the remaining rows.  Returns
+    (batch, state, max_steps, active, steps_done)."""
+    records.flush()
+    S = active.shape[0]
+    rows = active.nonzero()[:, 0]
+    keep = rows.cpu().tolist()
+    kept = set(keep)
+    final_rows = [i for i in range(S) if i not in kept]
+    _finish(records.owners, final_rows, state, steps_done, ran)
+    owners = [records.owners[i] for i in keep]
+    records.rows_changed(owners)
+    num_slots = max(len(p.ids) for p in owners)
+    batch, state = select(batch, rows, num_slots), select(state, rows, num_slots)
+    return (batch, state, max_steps.index_select(0, rows), active.index_select(0, rows),
+            steps_done.index_select(0, rows))
+
+
+class _Records:
+    """A sub-batch's per-step records, held on the device a chunk of steps at a
+    time, then turned into the trace text of the scenarios of its rows."""
+
+    def __init__(self, owners: list[_Prepared]) -> None:
+        self.owners = owners  # the scenario of each batch row
+        self.bufs: dict[str, torch.Tensor] = {}  # the chunk's records, (T, S, R) per field; "scalars" (T, S, columns)
+        self.used, self.first = 0, 0  # steps in bufs, the step number of the first
+        self.text = None  # what the trace text of the batch's rows needs (their ids, flags), made at the first flush
+
+    def rows_changed(self, owners: list[_Prepared]) -> None:
+        """The batch's rows are now those of `owners` (after a flush)."""
+        self.owners = owners
+        self.text = None
+
+    def _text_tables(self, R: int):
+        owners = self.owners
+        return (IdTables([p.quoted for p in owners], [p.abort_rank for p in owners], R),
+                np.array([p.prefix_caching for p in owners], dtype=bool),
+                np.array([p.async_scheduling for p in owners], dtype=bool))
+
+    def flush(self) -> None:
+        """The records held become trace text (given to each row's scenario)."""
+        if not self.used:
+            return
+        used, bufs = self.used, self.bufs
+        # on the CPU the arrays are the buffers themselves: render_chunk keeps no reference to them
+        rec = {name: b[:used].cpu().numpy() for name, b in bufs.items() if name != "scalars"}
+        if self.text is None:
+            self.text = self._text_tables(rec["status"].shape[2])
+        # the text goes to open trace files straight from the renderer's buffer
+        owners = self.owners
+        direct = any(p.writer is not None for p in owners)
+        for row, piece, count in render_chunk(rec, self.first, bufs["scalars"][:used].cpu().numpy(), *self.text,
+                                              transient=direct):
+            owners[row].take(piece, count, direct)
+        self.first += used
+        self.used = 0
+
+    def record(self, rec: dict[str, torch.Tensor], cols: list[torch.Tensor]) -> None:
+        """One step's records: `rec` (S, R) per field, `cols` (S,) per scalar column."""
+        bufs = self.bufs
+        if (bufs.keys() - {"scalars"} != rec.keys()
+                or any(bufs[k].shape[1:] != t.shape or bufs[k].dtype != t.dtype for k, t in rec.items())
+                or bufs["scalars"].shape[2] != len(cols)):
+            self.flush()  # the first record, or the rows changed: buffers of the new shape
+            steps = max(1, -(-_CHUNK_BYTES // (_RECORD_BYTES * rec["status"].numel())))
+            bufs = {k: torch.empty((steps, *t.shape), dtype=t.dtype, device=t.device) for k, t in rec.items()}
+            bufs["scalars"] = torch.empty((steps, cols[0].shape[0], len(cols)), dtype=I64, device=cols[0].device)
+            self.bufs = bufs
+        used = self.used
+        for k, t in rec.items():
+            bufs[k][used].copy_(t)
+        row = bufs["scalars"][used]
+        for j, c in enumerate(cols):
+            row[:, j].copy_(c)
+        self.used = used + 1
+        if self.used == bufs["status"].shape[0]:
+            self.flush()
 
 
 def _finish(owners: list[_Prepared], rows, state, steps_done, ran) -> None:
