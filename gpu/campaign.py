@@ -130,100 +130,121 @@ def run_batched_campaign(options: CampaignOptions, files: list[tuple[Scenario, b
     """The batched counterpart of reference/campaign.py `run_campaign`, torch on
     `options.device` against the spec: the same report keys, and `batch_size`,
     `device` and the torch timing basis."""
-    from .device import resolve_device
-    from .impl import TorchScheduler
-
-    device = options.device
     batch_size = options.batch_size or DEFAULT_BATCH_SIZE
-    torch_is_a = options.impl == "torch"
     flags = options.flags if options.flags and set(options.flags) <= set(TORCH_FLAGS) else TORCH_FLAGS
     total, source = campaign_source(options, files, flags)
-    spec = TimedImpl(SpecScheduler())
-    shrink_impls: list[Any] = []  # (a, b), made at the first divergence
-
-    def impls_for_shrinking():
-        if not shrink_impls:
-            torch_impl = TorchScheduler(device=device)  # one scenario at a time
-            pair = (torch_impl, SpecScheduler()) if torch_is_a else (SpecScheduler(), torch_impl)
-            shrink_impls.extend(pair)
-        return shrink_impls
-
-    progress = Progress("diff", total, min_total=20)
-    divergences: list[dict[str, Any]] = []
-    coverage: dict[str, int] = {}
-    rejected: list[dict[str, str]] = []  # given files both implementations refused
-    steps = 0
-    torch_seconds = spec_seconds = compare_seconds = 0.0
-    parsed_traces = 0  # torch traces parsed into dicts (a side's text differed, or an error or crash trace)
-    torch_steps = spec_steps = 0
-    done = 0
+    c = _BatchedCampaign(options, out, Progress("diff", total, min_total=20))
     t0 = time.monotonic()
     try:
         for chunk in _chunks(source, batch_size):
-            scenarios = [s for s, _ in chunk]
-            # A big batch steps for a while before its first trace: show its steps too.
-            steps_bar = Progress(f"torch batch of {len(chunk)}, step", 1, enabled=progress.enabled)
-            t = time.perf_counter()
-            try:
-                torch_traces = run_torch_batch(scenarios, device, steps_bar if steps_bar.enabled else None)
-            finally:
-                steps_bar.close()
-            torch_seconds += time.perf_counter() - t
-            torch_steps += sum(tt.num_steps for tt in torch_traces)
+            torch_traces = c.run_torch(chunk)
             for (scenario, is_random), tt in zip(chunk, torch_traces):
-                t = time.perf_counter()
-                # Coverage of what prefix caching did (hits, hits on resumption,
-                # evictions) comes from the spec's states, step by step.
-                st = run_guarded(scenario, spec, StepCoverage(coverage))
-                spec_seconds += time.perf_counter() - t
-                spec_steps += len(st.get("steps", []))
-                t = time.perf_counter()
-                d, parsed = compare_with_spec(tt, st, torch_is_a, options.impl, options.against)
-                compare_seconds += time.perf_counter() - t
-                parsed_traces += parsed
-                steps += min(tt.num_steps, len(st.get("steps", [])))
-                # coverage reads the second trace; torch's (parsed) only when it differs from the spec's
-                add_coverage(scenario, st if torch_is_a or d is None else tt.to_dict(), coverage)
-                done += 1
-                if d is None and not is_random and "error" in st:  # a given file both refused: say why
-                    progress.close()
-                    rejected.append(note_rejected(scenario.name, st["error"], None if options.quiet else out))
-                if d is not None:
-                    progress.close()
-                    a_impl, b_impl = impls_for_shrinking()
-                    divergences.append(report_divergence(options, scenario, is_random, d, a_impl, b_impl, out))
-                progress(done, total)
+                c.compare(scenario, is_random, tt)
+                c.progress(c.done, total)
     finally:
-        progress.close()
-        for impl in shrink_impls:
+        c.progress.close()
+        for impl in c.shrink_impls:
             close_impl(impl)
-    elapsed = time.monotonic() - t0
-    ms = lambda sec, n: 1000.0 * sec / n if n else None  # noqa: E731
-    per_step = {"torch": ms(torch_seconds, torch_steps), "spec": ms(spec.seconds, spec.steps)}
-    engine_per_step = {"torch": per_step["torch"], "spec": ms(spec_seconds, spec_steps)}
-    res = {
-        "scenarios": total,
-        "steps_compared": steps,
-        "divergences": divergences,
-        "ms_per_step": per_step,
-        "ms_per_step_engine": engine_per_step,
-        "batch_size": batch_size,
-        "device": str(resolve_device(device)),
-        "seconds": round(elapsed, 1),
-        "compare_seconds": round(compare_seconds, 2),
-        "torch_traces_parsed": parsed_traces,
-        "coverage": dict(sorted(coverage.items())),
-        **({"rejected": rejected} if rejected else {}),
-    }
-    if not options.quiet:
-        fmt = lambda x: f"{x:.4f} ms" if x is not None else "-"  # noqa: E731
-        pt, ps, pse = per_step["torch"], per_step["spec"], engine_per_step["spec"]
-        ratio = f"  (torch: {pse / pt:.1f}x the spec's steps per second)" if pt and pse else ""
-        print_campaign_report(
-            res, elapsed, f"time per scenario-step: torch {fmt(pt)} (batches of {batch_size} on {res['device']}, "
-            f"the whole run_batch, traces included), spec {fmt(pse)} (the whole engine loop; {fmt(ps)} of it in "
-            f"scheduler calls){ratio}", out)
-    return res
+    return c.report(total, batch_size, time.monotonic() - t0)
+
+
+class _BatchedCampaign:
+    """`run_batched_campaign`'s state: the spec, the findings (divergences,
+    coverage, given files both refused) and the counts and times it reports."""
+
+    def __init__(self, options: CampaignOptions, out, progress: Progress) -> None:
+        self.options, self.out, self.progress = options, out, progress
+        self.torch_is_a = options.impl == "torch"
+        self.spec = TimedImpl(SpecScheduler())
+        self.shrink_impls: list[Any] = []  # (a, b), made at the first divergence
+        self.divergences: list[dict[str, Any]] = []
+        self.coverage: dict[str, int] = {}
+        self.rejected: list[dict[str, str]] = []  # given files both implementations refused
+        self.steps = 0
+        self.torch_seconds = self.spec_seconds = self.compare_seconds = 0.0
+        self.parsed_traces = 0  # torch traces parsed into dicts (a side's text differed, or an error or crash trace)
+        self.torch_steps = self.spec_steps = 0
+        self.done = 0
+
+    def impls_for_shrinking(self) -> list[Any]:
+        if not self.shrink_impls:
+            from .impl import TorchScheduler
+
+            torch_impl = TorchScheduler(device=self.options.device)  # one scenario at a time
+            pair = (torch_impl, SpecScheduler()) if self.torch_is_a else (SpecScheduler(), torch_impl)
+            self.shrink_impls.extend(pair)
+        return self.shrink_impls
+
+    def run_torch(self, chunk: list[tuple[Scenario, bool]]) -> list[TorchTrace]:
+        """The torch traces of a chunk of scenarios, timed."""
+        # A big batch steps for a while before its first trace: show its steps too.
+        steps_bar = Progress(f"torch batch of {len(chunk)}, step", 1, enabled=self.progress.enabled)
+        t = time.perf_counter()
+        try:
+            torch_traces = run_torch_batch([s for s, _ in chunk], self.options.device,
+                                           steps_bar if steps_bar.enabled else None)
+        finally:
+            steps_bar.close()
+        self.torch_seconds += time.perf_counter() - t
+        self.torch_steps += sum(tt.num_steps for tt in torch_traces)
+        return torch_traces
+
+    def compare(self, scenario: Scenario, is_random: bool, tt: TorchTrace) -> None:
+        """Run the spec on `scenario`, compare its trace with torch's `tt`, and
+        report what that finds."""
+        options, out = self.options, self.out
+        t = time.perf_counter()
+        # Coverage of what prefix caching did (hits, hits on resumption,
+        # evictions) comes from the spec's states, step by step.
+        st = run_guarded(scenario, self.spec, StepCoverage(self.coverage))
+        self.spec_seconds += time.perf_counter() - t
+        self.spec_steps += len(st.get("steps", []))
+        t = time.perf_counter()
+        d, parsed = compare_with_spec(tt, st, self.torch_is_a, options.impl, options.against)
+        self.compare_seconds += time.perf_counter() - t
+        self.parsed_traces += parsed
+        self.steps += min(tt.num_steps, len(st.get("steps", [])))
+        # coverage reads the second trace; torch's (parsed) only when it differs from the spec's
+        add_coverage(scenario, st if self.torch_is_a or d is None else tt.to_dict(), self.coverage)
+        self.done += 1
+        if d is None and not is_random and "error" in st:  # a given file both refused: say why
+            self.progress.close()
+            self.rejected.append(note_rejected(scenario.name, st["error"], None if options.quiet else out))
+        if d is not None:
+            self.progress.close()
+            a_impl, b_impl = self.impls_for_shrinking()
+            self.divergences.append(report_divergence(options, scenario, is_random, d, a_impl, b_impl, out))
+
+    def report(self, total: int, batch_size: int, elapsed: float) -> dict[str, Any]:
+        """The campaign's report (and, unless quiet, its closing lines)."""
+        from .device import resolve_device
+
+        ms = lambda sec, n: 1000.0 * sec / n if n else None  # noqa: E731
+        per_step = {"torch": ms(self.torch_seconds, self.torch_steps), "spec": ms(self.spec.seconds, self.spec.steps)}
+        engine_per_step = {"torch": per_step["torch"], "spec": ms(self.spec_seconds, self.spec_steps)}
+        res = {
+            "scenarios": total,
+            "steps_compared": self.steps,
+            "divergences": self.divergences,
+            "ms_per_step": per_step,
+            "ms_per_step_engine": engine_per_step,
+            "batch_size": batch_size,
+            "device": str(resolve_device(self.options.device)),
+            "seconds": round(elapsed, 1),
+            "compare_seconds": round(self.compare_seconds, 2),
+            "torch_traces_parsed": self.parsed_traces,
+            "coverage": dict(sorted(self.coverage.items())),
+            **({"rejected": self.rejected} if self.rejected else {}),
+        }
+        if not self.options.quiet:
+            fmt = lambda x: f"{x:.4f} ms" if x is not None else "-"  # noqa: E731
+            pt, ps, pse = per_step["torch"], per_step["spec"], engine_per_step["spec"]
+            ratio = f"  (torch: {pse / pt:.1f}x the spec's steps per second)" if pt and pse else ""
+            print_campaign_report(
+                res, elapsed, f"time per scenario-step: torch {fmt(pt)} (batches of {batch_size} on {res['device']}, "
+                f"the whole run_batch, traces included), spec {fmt(pse)} (the whole engine loop; {fmt(ps)} of it in "
+                f"scheduler calls){ratio}", self.out)
+        return res
 
 
 __all__ = ["DEFAULT_BATCH_SIZE", "TORCH_FLAGS", "compare_with_spec", "is_batched_pair", "run_batched_campaign",
