@@ -21,7 +21,8 @@ book, differential-tested against the spec.
   interned on the host.
 - `masks.py`: comparisons, mask ands and row counts, through numpy on the CPU
   (torch writes bool results there one element at a time).
-- `limits.py`: dtype limits and the check that rejects a scenario beyond them.
+- `limits.py`: dtype limits, the table of features torch does not model
+  (`UNMODELLED`), and the checks that reject a scenario beyond either.
 - `device.py`: `resolve_device`.
 
 torch is imported by these modules; import them inside functions in CLI code.

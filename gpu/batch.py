@@ -36,7 +36,7 @@ from schedspec.spec.versions import (LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFIL
                                      UNHASHED_FREE_BLOCKS_FIRST, has)
 from .device import resolve_device
 from .hashes import hash_ids, is_private, private_hash_rows
-from .limits import MAX_FLOAT32_DIV_LEN, limit_violation
+from .limits import MAX_FLOAT32_DIV_LEN, limit_violation, unmodelled_in_requests
 from .state import (ABORTED, I32, I64, LENGTH_CAPPED, NEVER, PREEMPTED, RUNNING, STOPPED, WAITING, Batch,
                     initial_state, select)
 from .step import engine_step, engine_step_async, pending, waiting_key
@@ -262,19 +262,9 @@ def prepare(scenario: Scenario, configs: dict | None = None) -> _Prepared | str:
     beyond = limit_violation(config, scenario.max_steps)
     if beyond:
         return beyond
-    for i, r in enumerate(scenario.requests):
-        if r.grammar_compile_steps is not None:  # refused, never ignored
-            return (f"requests[{i}].grammar_compile_steps: = {r.grammar_compile_steps}: the torch implementation "
-                    "does not model structured output; use --impl spec or vllm")
-        if r.kv_connector_tokens:
-            return (f"requests[{i}].kv_connector_tokens: = {r.kv_connector_tokens}: the torch implementation "
-                    "does not model KV connector hits; use --impl spec or vllm")
-        if r.kv_connector_send_steps is not None:
-            return (f"requests[{i}].kv_connector_send_steps: = {r.kv_connector_send_steps}: the torch "
-                    "implementation does not model KV connector sends; use --impl spec or vllm")
-        if r.mm_features:
-            return (f"requests[{i}].mm_features: {len(r.mm_features)} item(s): the torch implementation does not "
-                    "model encoder inputs; use --impl spec or vllm")
+    unmodelled = unmodelled_in_requests(scenario.requests)  # refused, never ignored
+    if unmodelled:
+        return unmodelled
     # The front end's checks that apply to what is left (spec/input_processor.py
     # `make_request` runs them first; hashes come from gpu/hashes.py).
     requests = []

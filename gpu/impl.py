@@ -25,7 +25,7 @@ from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST, has
 from .batch import build_batch, config_row, request_ranks
 from .device import resolve_device
 from .hashes import OUTPUT_TOKEN_ID, block_hash_bytes, chain_ids
-from .limits import limit_violation
+from .limits import UNMODELLED_FEATURES, limit_violation, unmodelled_in_request
 from .pool import BACK, HELD, grow_requests
 from .state import I64, PREEMPTED, RUNNING, WAITING, Decision, grow, initial_state
 from .step import abort, arrive, deliver, finish, schedule, update, waiting_key
@@ -35,6 +35,8 @@ class TorchScheduler:
     name = "torch"
     models_kv_connector_hits = False  # scenarios with kv_connector_tokens are refused (reference/engine.py)
     models_encoder_inputs = False  # and those with mm_features
+    # The features (reference/generator.py FEATURES) random campaigns against torch leave out (gpu/limits.py).
+    unmodelled_features = UNMODELLED_FEATURES
 
     def __init__(self, device: str | None = None) -> None:
         self.device = resolve_device(device)
@@ -74,18 +76,9 @@ class TorchScheduler:
         self._active = torch.ones(1, dtype=torch.bool, device=self.device)
 
     def add_request(self, request: Request) -> None:
-        if request.grammar:  # refused, never ignored
-            raise ValueError(f"request {request.request_id}: the torch implementation does not model structured "
-                             "output; use --impl spec or vllm")
-        if request.kv_connector_tokens:  # refused, never ignored
-            raise ValueError(f"request {request.request_id}: kv_connector_tokens: the torch implementation does not "
-                             "model KV connector hits; use --impl spec or vllm")
-        if request.kv_connector_sends:  # refused, never ignored
-            raise ValueError(f"request {request.request_id}: kv_connector_sends: the torch implementation does not "
-                             "model KV connector sends; use --impl spec or vllm")
-        if request.mm_features:  # refused, never ignored
-            raise ValueError(f"request {request.request_id}: mm_features: the torch implementation does not "
-                             "model encoder inputs; use --impl spec or vllm")
+        unmodelled = unmodelled_in_request(request)  # refused, never ignored
+        if unmodelled:
+            raise ValueError(unmodelled)
         if request.request_id in self.slot:
             raise ConfigError("id", f"duplicate request id {request.request_id!r}")
         j = len(self.requests)

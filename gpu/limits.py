@@ -1,5 +1,14 @@
-"""The torch implementation's size limits, in one place, and the check that
-rejects a scenario beyond them.
+"""The torch implementation's size limits and the features it does not model,
+in one place, and the checks that reject a scenario beyond them.
+
+Features (`UNMODELLED`): one table row per scenario field that only a feature
+torch does not model uses.  The refusals of gpu/batch.py (`prepare`: a
+scenario's config and requests) and gpu/impl.py (`TorchScheduler`: a config at
+reset, a request at add_request) and their messages derive from it, and so does
+what torch declares it does not model (`UNMODELLED_FEATURES`, the generator's
+feature names, reference/generator.py FEATURES), which `TorchScheduler` carries
+as `unmodelled_features` for random campaigns to leave out (the generator reads
+it through the implementation: reference may not import gpu).
 
 Dtypes (gpu/state.py, gpu/step.py):
 - per-request token and block counters (`num_computed_tokens`,
@@ -68,6 +77,8 @@ The brief's sizes, R = 4096 and max_model_len = 1M (2**20), are well inside.
 
 from __future__ import annotations
 
+from typing import Any, Callable, NamedTuple
+
 # The oldest release whose rules the torch implementation has: it applies every gate of
 # spec/versions.py up to 0.33.0 as in force, and asks those after it (gpu/batch.py config_row).
 OLDEST_RELEASE = "0.33.0"
@@ -82,31 +93,100 @@ _INT64_FIELDS = ("max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_
                  "max_num_active_seqs", "num_gpu_blocks", "block_size", "long_prefill_token_threshold")
 
 
+class Unmodelled(NamedTuple):
+    """A feature the torch implementation does not model, by the scenario field
+    that uses it: a scenario using it is refused, never run as if it did not."""
+
+    features: tuple[str, ...]  # its names in reference/generator.py FEATURES
+    field: str  # the field of a scenario's config (`request_attr` None) or of each of its requests
+    what: str  # what torch does not model, as the refusal says
+    used: Callable[[Any], bool]  # whether the field's value uses the feature
+    shown: Callable[[Any], str]  # the value, as the refusal shows it
+    request_attr: str | None = None  # a request field: the spec Request's attribute (TorchScheduler.add_request)
+
+
+def _is_set(value) -> bool:
+    return value is not None
+
+
+def _equals(value) -> str:
+    return f"= {value}"
+
+
+def _true(value) -> str:
+    return "= true"
+
+
+def _items(value) -> str:
+    return f"{len(value)} item(s)"
+
+
+UNMODELLED: tuple[Unmodelled, ...] = (
+    # config fields, checked in this order
+    Unmodelled(("spec_decode", "eagle"), "num_speculative_tokens", "speculative decoding", bool, _equals),
+    Unmodelled(("lora",), "max_loras", "LoRA", _is_set, _equals),
+    Unmodelled(("kv_connector",), "requires_kv_delivery", "KV connectors", bool, _true),
+    Unmodelled(("hash_lookahead",), "num_hash_lookahead_tokens", "lookahead block hashes", bool, _equals),
+    Unmodelled(("adaptive_threshold",), "long_prefill_token_threshold_adaptive",
+               "the adaptive long-prefill threshold", bool, _true),
+    Unmodelled(("prefill_throttle",), "prefill_schedule_interval", "prefill throttling", lambda v: v > 1, _equals),
+    Unmodelled(("cache_aware",), "cache_aware_admission_window", "cache-aware admission", bool, _equals),
+    # request fields, checked in this order for each request
+    Unmodelled(("structured_output",), "grammar_compile_steps", "structured output", _is_set, _equals, "grammar"),
+    Unmodelled(("kv_connector",), "kv_connector_tokens", "KV connector hits", bool, _equals, "kv_connector_tokens"),
+    Unmodelled(("kv_connector",), "kv_connector_send_steps", "KV connector sends", _is_set, _equals,
+               "kv_connector_sends"),
+    Unmodelled(("encoder_inputs",), "mm_features", "encoder inputs", bool, _items, "mm_features"),
+)
+UNMODELLED_CONFIG = tuple(u for u in UNMODELLED if u.request_attr is None)
+UNMODELLED_REQUEST = tuple(u for u in UNMODELLED if u.request_attr is not None)
+# What torch declares it does not model (gpu/impl.py `TorchScheduler.unmodelled_features`):
+# random campaigns against it draw none of these.
+UNMODELLED_FEATURES = frozenset(f for u in UNMODELLED for f in u.features)
+_USE_OTHERS = "use --impl spec or vllm"
+
+
+def _refusal(where: str, u: Unmodelled, value) -> str:
+    return f"{where}.{u.field}: {u.shown(value)}: the torch implementation does not model {u.what}; {_USE_OTHERS}"
+
+
+def unmodelled_in_config(config) -> str | None:
+    """The refusal of the first config field that uses a feature torch does not model, or None."""
+    for u in UNMODELLED_CONFIG:
+        value = getattr(config, u.field)
+        if u.used(value):
+            return _refusal("config", u, value)
+    return None
+
+
+def unmodelled_in_requests(requests) -> str | None:
+    """The refusal of the first scenario request (reference/scenario.py) that uses
+    a feature torch does not model, the first such field of it, or None."""
+    for i, r in enumerate(requests):
+        for u in UNMODELLED_REQUEST:
+            value = getattr(r, u.field)
+            if u.used(value):
+                return _refusal(f"requests[{i}]", u, value)
+    return None
+
+
+def unmodelled_in_request(request) -> str | None:
+    """The refusal of a spec Request (spec/request.py) given to `TorchScheduler`,
+    or None."""
+    for u in UNMODELLED_REQUEST:
+        if getattr(request, u.request_attr):
+            return (f"request {request.request_id}: {u.request_attr}: the torch implementation does not model "
+                    f"{u.what}; {_USE_OTHERS}")
+    return None
+
+
 def limit_violation(config, max_steps: int) -> str | None:
     """A one-line message naming the first field beyond the torch limits, or None.
     `config` is a validated spec SchedulerConfig."""
     # Features the torch implementation does not model: refused, never ignored.
-    if config.num_speculative_tokens:
-        return (f"config.num_speculative_tokens: = {config.num_speculative_tokens}: the torch implementation "
-                "does not model speculative decoding; use --impl spec or vllm")
-    if config.max_loras is not None:
-        return (f"config.max_loras: = {config.max_loras}: the torch implementation does not model LoRA; "
-                "use --impl spec or vllm")
-    if config.requires_kv_delivery:
-        return ("config.requires_kv_delivery: = true: the torch implementation does not model KV connectors; "
-                "use --impl spec or vllm")
-    if config.num_hash_lookahead_tokens:
-        return (f"config.num_hash_lookahead_tokens: = {config.num_hash_lookahead_tokens}: the torch implementation "
-                "does not model lookahead block hashes; use --impl spec or vllm")
-    if config.long_prefill_token_threshold_adaptive:
-        return ("config.long_prefill_token_threshold_adaptive: = true: the torch implementation does not model "
-                "the adaptive long-prefill threshold; use --impl spec or vllm")
-    if config.prefill_schedule_interval > 1:
-        return (f"config.prefill_schedule_interval: = {config.prefill_schedule_interval}: the torch implementation "
-                "does not model prefill throttling; use --impl spec or vllm")
-    if config.cache_aware_admission_window:
-        return (f"config.cache_aware_admission_window: = {config.cache_aware_admission_window}: the torch "
-                "implementation does not model cache-aware admission; use --impl spec or vllm")
+    unmodelled = unmodelled_in_config(config)
+    if unmodelled:
+        return unmodelled
     if config.enable_prefix_caching and config.num_gpu_blocks > MAX_PREFIX_BLOCKS:
         return (f"config.num_gpu_blocks: = {config.num_gpu_blocks} exceeds the torch implementation's "
                 f"limit {MAX_PREFIX_BLOCKS} with prefix caching (2**31 - 1; int32 block tables, gpu/limits.py)")

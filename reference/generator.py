@@ -126,6 +126,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from schedspec.base.loader import impl_class
 from schedspec.spec.versions import (ADAPTIVE_THRESHOLD, DEFAULT_RELEASE, ENCODER_INPUTS, HASH_LOOKAHEAD, KV_CONNECTOR, LORA,
                                      PREFILL_THROTTLE, SPEC_DECODE, STRUCTURED_OUTPUT, checks, fields_lacking, models)
 
@@ -252,10 +253,11 @@ def parse_flags(text: str) -> tuple[FlagCombination, ...]:
     return tuple(f for f in FLAG_COMBINATIONS if f in chosen)
 
 
-# Scheduler features beyond the two flags, and the implementations that lack one.
+# Scheduler features beyond the two flags.  An implementation that lacks some
+# declares them itself (`unmodelled_features`, reference/impl.py; torch's come
+# from its table of refusals, gpu/limits.py UNMODELLED).
 FEATURES = frozenset({"spec_decode", "lora", "structured_output", "prefill_throttle", "adaptive_threshold",
                       "kv_connector", "hash_lookahead", "eagle", "encoder_inputs", "cache_aware"})
-IMPL_LACKS: dict[str, frozenset[str]] = {"torch": FEATURES}
 # The spec feature (versions.FEATURES_SINCE) a drawn feature needs; the others are
 # drawn where the release has their config fields.
 FEATURE_NEEDS = {"spec_decode": SPEC_DECODE, "eagle": SPEC_DECODE, "lora": LORA, "structured_output": STRUCTURED_OUTPUT,
@@ -268,9 +270,16 @@ def features_in(release: str) -> frozenset[str]:
     return frozenset(f for f in FEATURES if f not in FEATURE_NEEDS or models(release, FEATURE_NEEDS[f]))
 
 
+def unmodelled_features(impl_name: str) -> frozenset[str]:
+    """The features an implementation declares it does not model: its class's
+    `unmodelled_features` (reference/impl.py); none where it declares none, or
+    where the class cannot be imported (loading it says why)."""
+    return frozenset(getattr(impl_class(impl_name), "unmodelled_features", ()))
+
+
 def features_for(*impl_names: str) -> frozenset[str]:
     """The features every one of `impl_names` models."""
-    return FEATURES.difference(*(IMPL_LACKS.get(n, frozenset()) for n in impl_names))
+    return FEATURES.difference(*(unmodelled_features(n) for n in impl_names))
 
 
 def generate_scenario(rng: random.Random, index: int,
@@ -712,4 +721,4 @@ def generate_config_dict(rng: random.Random, valid_bias: float = 0.5) -> dict[st
 
 __all__ = ["FEATURES", "FLAGS_ALL", "FLAGS_OFF", "FLAG_COMBINATIONS", "FLAG_NAMES", "config_rng", "features_for",
            "flags_for", "generate_config_dict",
-           "generate_scenario", "parse_flags", "scenario_rng"]
+           "generate_scenario", "parse_flags", "scenario_rng", "unmodelled_features"]

@@ -80,6 +80,10 @@ class GrammarTaking(Protocol):
 # `mm_features`, an output its `scheduled_encoder_inputs` and `free_encoder_mm_hashes`.  An
 # implementation without them says so with `models_encoder_inputs = False`, and is refused
 # scenarios with encoder inputs; one that leaves those outputs empty diverges.
+# A class attribute `unmodelled_features` (a frozenset of reference/generator.py FEATURES)
+# names the features an implementation does not model: random campaigns against it draw
+# none of them (generator.py `features_for`); it is read from the class, not built
+# (base/loader.py `impl_class`).  Without it, every feature is taken to be modelled.
 
 
 def takes_finished_recving(impl: object) -> bool:

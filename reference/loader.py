@@ -6,6 +6,7 @@ names the layers above it only as text and imports them only when asked.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -67,6 +68,25 @@ def check_impl_name(name: str) -> None:
         raise ImplementationError(
             f"--impl {shown(name)}: unknown implementation; use one of {', '.join(BUILTIN_IMPLS)} or "
             "module:Class (a dotted module path and a class name)")
+
+
+@functools.cache
+def impl_class(name: str):
+    """The class `name` names (`--impl`'s forms), imported but not built, for
+    what it declares of itself (e.g. `unmodelled_features`, reference/impl.py);
+    None where it cannot be had, which `load_impl` reports when it loads it."""
+    try:
+        check_impl_name(name)
+    except ImplementationError:
+        return None
+    base, _ = split_release(name)
+    module_name, _, cls_name = BUILTIN_IMPLS.get(base, base).partition(":")
+    try:
+        module = _import(module_name, name)
+    except Exception:  # noqa: BLE001 - a missing or broken module: load_impl says what
+        return None
+    cls = getattr(module, cls_name, None)
+    return cls if inspect.isclass(cls) else None
 
 
 def load_impl(name: str, device: str | None = None, status=None) :
