@@ -126,7 +126,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from schedspec.base.loader import impl_class
+from .loader import impl_class
 from schedspec.spec.versions import (ADAPTIVE_THRESHOLD, DEFAULT_RELEASE, ENCODER_INPUTS, HASH_LOOKAHEAD, KV_CONNECTOR, LORA,
                                      PREFILL_THROTTLE, SPEC_DECODE, STRUCTURED_OUTPUT, checks, fields_lacking, models)
 

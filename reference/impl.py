@@ -83,7 +83,7 @@ class GrammarTaking(Protocol):
 # A class attribute `unmodelled_features` (a frozenset of reference/generator.py FEATURES)
 # names the features an implementation does not model: random campaigns against it draw
 # none of them (generator.py `features_for`); it is read from the class, not built
-# (base/loader.py `impl_class`).  Without it, every feature is taken to be modelled.
+# (reference/loader.py `impl_class`).  Without it, every feature is taken to be modelled.
 
 
 def takes_finished_recving(impl: object) -> bool:
