@@ -484,3 +484,32 @@ def test_architecture_md_names_every_module():
     files = {str(p.relative_to(REPO)) for d in package_dirs().values() for p in d.rglob("*.py")
              if "__pycache__" not in p.parts}
     assert files <= named, sorted(files - named)
+
+
+# --- no function a reader cannot take in at once -------------------------------------------------
+
+LONGEST_FUNCTION = 80  # lines of a def, decorators excluded
+
+
+def long_functions(modules: dict[str, Source], limit: int = LONGEST_FUNCTION) -> list[str]:
+    """`module.function: N lines` for every function (methods and nested ones too)
+    longer than `limit` lines."""
+    found = []
+    for module, src in modules.items():
+        for node in ast.walk(ast.parse(src.text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{module}.{node.name}: {lines} lines")
+    return sorted(found)
+
+
+def test_no_function_over_80_lines(project):
+    assert long_functions(project) == []
+
+
+def test_catches_a_long_function():
+    body = "".join(f"    x{i} = {i}\n" for i in range(LONGEST_FUNCTION))
+    modules = _fake({"spec/a.py": f"def long():\n{body}\n\ndef short():\n    return 1\n",
+                     "gpu/b.py": f"class C:\n    def m(self):\n{body.replace('    ', '        ')}"})
+    assert long_functions(modules) == ["schedspec.gpu.b.m: 81 lines", "schedspec.spec.a.long: 81 lines"]
