@@ -534,14 +534,16 @@ def run_scenario(
     if problem is not None:
         return rejected(problem)
 
+    # Refused before the trace is begun: a sink gets the error trace once
+    # (tests/regressions/engine-drafts-refused-one-header.json).
+    if config.num_speculative_tokens and not config.async_scheduling and not isinstance(impl, DraftTaking):
+        return rejected(f"config.num_speculative_tokens: {name} does not model speculative decoding "
+                        "(it has no update_draft_token_ids)")
     run = _EngineRun(scenario, impl, config, requests, loads, sends)
     steps: list[dict[str, Any]] = []
     if sink is not None:
         sink.begin(header)
     emit = sink.step if sink is not None else steps.append
-    if config.num_speculative_tokens and not config.async_scheduling and not isinstance(impl, DraftTaking):
-        return rejected(f"config.num_speculative_tokens: {name} does not model speculative decoding "
-                        "(it has no update_draft_token_ids)")
     step = 0
     while step < scenario.max_steps and run.pending:
         if run.idle_at(step):

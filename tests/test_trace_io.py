@@ -148,3 +148,32 @@ def test_rejected_scenario_writes_no_trace(tmp_path, capsys):
     rc, _, err = cli(capsys, "run", sc, "--trace-out", out)
     assert rc == 2 and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
+
+
+class NoDrafts:
+    """The spec behind the protocol, without update_draft_token_ids."""
+
+    name = "no-drafts"
+
+    def __init__(self):
+        from schedspec.reference.impl import SpecScheduler
+
+        self.inner = SpecScheduler()
+        for method in ("reset", "add_request", "finish_requests", "schedule", "update_from_output", "observe"):
+            setattr(self, method, getattr(self.inner, method))
+
+
+def test_a_refused_run_writes_one_header(tmp_path):
+    """tests/regressions/engine-drafts-refused-one-header.json: the refusal comes
+    before the trace file is begun, so the file holds the error trace once."""
+    from schedspec.reference.engine import run_scenario
+    from schedspec.reference.scenario import load_scenario
+    from schedspec.reference.trace_io import TraceWriter, read_trace
+
+    scenario = load_scenario(Path(__file__).parent / "regressions" / "engine-drafts-refused-one-header.json")
+    path = tmp_path / "t.trace.json"
+    with TraceWriter(path) as sink:
+        trace = run_scenario(scenario, NoDrafts(), sink=sink)
+    assert "update_draft_token_ids" in trace["error"]
+    back = read_trace(path)
+    assert back["error"] == trace["error"] and back["steps"] == []
