@@ -7,14 +7,15 @@ and quote the bad value cut to a short excerpt:
 1. bytes to JSON: at most MAX_FILE_BYTES, UTF-8, strict JSON (no NaN or
    Infinity, no duplicate keys, integers of at most MAX_INT_DIGITS digits,
    nesting at most MAX_DEPTH deep);
-2. the published JSON Schema (reference/schemas/scenario.schema.json), where an
-   integer field takes a JSON integer only (4.0 and 1e30 are not integers);
-   The `config` object is checked by the config table instead (spec/config.py
-   `config_from_json`, whose `config_schema` the published schema holds): the
-   scenario holds the typed SchedulerConfig it states, built once;
+2. the tables of fields, from which the published JSON Schema
+   (reference/schemas/scenario.schema.json) is generated, with the same verdicts:
+   types (an integer field takes a JSON integer only: 4.0 and 1e30 are not
+   integers) and schedspec's size bounds.  The `config` object by the config
+   table (spec/config.py `config_from_json`): the scenario holds the typed
+   SchedulerConfig it states, built once; the rest by reference/scenario_fields.py,
+   whose check `check_bounds` applies to a Scenario built in code too;
 3. the rules a schema cannot say (unique ids, arrival order, arrival before
-   max_steps, prefix fields, aborts) and the size bounds of the requests again, so
-   that a Scenario built in code meets them too.
+   max_steps, prefix fields, aborts).
 
 The vLLM release a scenario models is its config's `vllm_version`; a file whose
 config names none models the release the reader is given (the command's:
@@ -34,21 +35,18 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from schedspec.spec.config import (CONFIG_FIELDS, EXCERPT_CHARS, ConfigError, SchedulerConfig, check_config,
-                                   config_as_given, config_from_json, config_schema, excerpt, field_path, unknown_field,
+                                   config_as_given, config_from_json, config_schema, excerpt, field_path,
                                    validate_config)
 from schedspec.spec.input_processor import make_request
 from schedspec.spec.versions import DEFAULT_RELEASE
 
 from .prompts import OUTPUT_TOKEN_IDS
-from .strict_json import (TYPE_WORDS, DuplicateKeys, Refused, StrictValidator, fast_check_covers, fast_valid, object_pairs,
-                          refuse_constant)
+from .scenario_fields import SCENARIO, FieldProblem, check_field, field_schema
+from .strict_json import DuplicateKeys, Refused, object_pairs, refuse_constant
 
 SCENARIO_FORMAT = "schedspec.scenario/1"
 
@@ -59,38 +57,14 @@ DEFAULT_MAX_STEPS = 10000
 # prompt_token_ids) and 600 000 requests fit in 64 MiB.
 MAX_FILE_BYTES = 64 * 2**20
 MAX_DEPTH = 16
-MAX_INT_DIGITS = 20  # every bound below has at most 16 digits
+MAX_INT_DIGITS = 20  # every bound of the format (the tables of fields) has at most 16 digits
 
-INT32_MAX = 2**31 - 1
-# schedspec's size bounds of the requests, the same in the JSON Schema (tests check
-# that) and in docs/formats.md: (minimum or None, maximum).  A minimum of None leaves
-# the lower end to vLLM's own check (validate_scenario), with vLLM's message.  The
-# config's are in its table (spec/config.py SchedulerConfig).
-REQUEST_BOUNDS: dict[str, tuple[int | None, int]] = {
-    "arrival_step": (0, INT32_MAX - 1),
-    "prompt_len": (None, 2**30 - 1),
-    "max_tokens": (None, INT32_MAX),
-    "output_len": (1, INT32_MAX),
-    "priority": (-2**31, INT32_MAX),
-    "prefix_len": (0, 2**30 - 1),
-    "lora_int_id": (0, INT32_MAX),
-    "grammar_compile_steps": (0, INT32_MAX),
-    "kv_connector_tokens": (0, 2**30 - 1),
-    "kv_connector_load_steps": (1, INT32_MAX),
-    "kv_connector_send_steps": (1, INT32_MAX),
-}
-ARRIVAL_TIME_BOUND = 2**53  # |arrival_time|; every integer up to it is exact in a float
-TOKEN_ID_BOUNDS = (0, INT32_MAX)
-# Speculative decoding's per-request patterns: each entry, and their length.
-DRAFT_COUNT_BOUNDS = (0, 1024)
-MAX_PATTERN_LEN = 4096
+# Speculative decoding's per-request patterns.
 SPEC_PATTERNS = ("num_draft_tokens", "num_accepted_tokens")
 # With prefix caching every implementation keeps each prompt's token ids (the
 # spec and vLLM also hash them per block): the prompts of one scenario may add
 # up to this many tokens then, 32 MiB of ids.  Without it they are counts.
 MAX_CACHED_PROMPT_TOKENS = 2**22
-ABORT_STEP_BOUNDS = (0, INT32_MAX)
-MAX_STEPS_BOUNDS = (1, INT32_MAX)
 
 
 class ScenarioError(ValueError):
@@ -337,114 +311,36 @@ def parse_scenario_bytes(raw: bytes | str) -> Any:
     return data
 
 
-# --- pass 2: the JSON Schema ----------------------------------------------------------
-
-
-_Validator = StrictValidator  # integers exclude 4.0 and true (strict_json.py)
-
-
-def _schema(name: str) -> dict:
-    return json.loads((SCHEMA_DIR / name).read_text())
+# --- pass 2: the tables of fields (the published JSON Schema's source) ------------------
 
 
 def published_schema() -> dict:
-    """The scenario JSON Schema as it should be shipped: the file's, with its `config`
-    from the config table (spec/config.py `config_schema`); scripts/write-scenario-schema.py
-    writes it, and a test checks the file."""
-    schema = _schema("scenario.schema.json")
-    schema["properties"]["config"] = config_schema()
-    return schema
+    """The scenario JSON Schema as it should be shipped: the file's title and
+    description, its fields from the tables (reference/scenario_fields.py, and for
+    `config` spec/config.py `config_schema`); scripts/write-scenario-schema.py writes
+    it, and a test checks the file."""
+    shipped = json.loads((SCHEMA_DIR / "scenario.schema.json").read_text())
+    head = {k: shipped[k] for k in ("$schema", "$id", "title", "description")}
+    return head | field_schema(SCENARIO, lambda _: config_schema())
 
 
-@lru_cache(maxsize=1)
-def _scenario_validator():
-    """The published schema, less its `config` (generated from the config table,
-    which `config_from_json` checks with the same words): any object there."""
-    schema = _schema("scenario.schema.json")
-    schema["properties"]["config"] = {"type": "object"}
-    return _Validator(schema)
-
-
-@lru_cache(maxsize=1)
-def _schema_allows_fast_check() -> bool:
-    return fast_check_covers(_scenario_validator().schema)
-
-
-
-def _schema_message(e: jsonschema.ValidationError) -> tuple[tuple, str]:
-    """(path, problem) for one schema error, in the format's words."""
-    path = tuple(e.absolute_path)
-    v, want, got = e.validator, e.validator_value, e.instance
-    if v == "type":
-        kinds = want if isinstance(want, list) else [want]
-        return path, f"must be {' or '.join(TYPE_WORDS.get(k, k) for k in kinds)}, got {excerpt(got)}"
-    if v == "required":
-        missing = next((k for k in want if k not in got), want[0])
-        return path + (missing,), "missing; this field is required"
-    if v == "additionalProperties":
-        known = e.schema.get("properties", {})
-        extra = next((k for k in got if k not in known), None)
-        return path + (extra,), unknown_field(extra, known)
-    if v == "minimum":
-        return path, f"= {excerpt(got)}, must be >= {want}"
-    if v == "maximum":
-        return path, f"= {excerpt(got)}, must be <= {want} (schedspec's bound, docs/formats.md)"
-    if v == "const":
-        return path, f"= {excerpt(got)}, must be {want!r}"
-    if v == "minLength":
-        return path, f"= {excerpt(got)}, must not be empty"
-    return path, f"{_cut(' '.join(e.message.split()))} (schema rule {v!r})"
-
-
-def _sort_key(e: jsonschema.ValidationError):
-    return [(0, p) if isinstance(p, int) else (1, str(p)) for p in e.absolute_path]
-
-
-# --- pass 3: the rules a schema cannot say --------------------------------------------
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_int(where: str, value: Any, bounds: tuple[int | None, int], nullable: bool = False) -> None:
-    lo, hi = bounds
-    if value is None and nullable:
-        return
-    if not _is_int(value):
-        raise ScenarioError(f"{where}: must be an integer{' or null' if nullable else ''}, got {excerpt(value)}")
-    if lo is not None and value < lo:
-        raise ScenarioError(f"{where}: = {excerpt(value)}, must be >= {lo}")
-    if value > hi:
-        raise ScenarioError(f"{where}: = {excerpt(value)}, must be <= {hi} (schedspec's bound, docs/formats.md)")
+def _problem(e: FieldProblem) -> ScenarioError:
+    return ScenarioError(f"{_path_text(e.path)}: {e.message}")
 
 
 def check_bounds(scenario: Scenario) -> None:
-    """schedspec's size bounds (docs/formats.md) on the requests, aborts and steps of
-    a Scenario, from a file or built in code (its config met its own when it was
-    built); ScenarioError names the first field beyond them."""
-    for i, r in enumerate(scenario.requests):
-        where = f"requests[{i}]"
-        for name, bounds in REQUEST_BOUNDS.items():
-            _check_int(f"{where}.{name}", getattr(r, name), bounds,
-                       nullable=name in ("max_tokens", "output_len", "grammar_compile_steps", "kv_connector_load_steps",
-                                                 "kv_connector_send_steps"))
-        t = r.arrival_time
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not abs(t) <= ARRIVAL_TIME_BOUND:
-            raise ScenarioError(f"{where}.arrival_time: = {excerpt(t)}, must be a number in "
-                                f"[-{ARRIVAL_TIME_BOUND}, {ARRIVAL_TIME_BOUND}] (schedspec's bound, docs/formats.md)")
-        for k, tok in enumerate(r.prompt_token_ids or ()):
-            _check_int(f"{where}.prompt_token_ids[{k}]", tok, TOKEN_ID_BOUNDS)
-        for name in SPEC_PATTERNS:
-            pattern = getattr(r, name)
-            if pattern is not None and not 1 <= len(pattern) <= MAX_PATTERN_LEN:
-                raise ScenarioError(f"{where}.{name}: holds {len(pattern)} entries, must hold 1 to "
-                                    f"{MAX_PATTERN_LEN} (schedspec's bound, docs/formats.md)")
-            for k, v in enumerate(pattern or ()):
-                _check_int(f"{where}.{name}[{k}]", v, DRAFT_COUNT_BOUNDS)
-    for i, a in enumerate(scenario.aborts):
-        _check_int(f"aborts[{i}].step", a.step, ABORT_STEP_BOUNDS)
-    _check_int("max_steps", scenario.max_steps, MAX_STEPS_BOUNDS)
+    """The table's types and schedspec's size bounds (docs/formats.md) on the requests,
+    aborts and steps of a Scenario built in code, as a file would give them (its config
+    met its own when it was built); ScenarioError names the first field beyond them."""
+    data = scenario.to_json()
+    try:
+        for name in ("requests", "aborts", "max_steps"):
+            check_field(SCENARIO.by_name[name], data[name], (name,))
+    except FieldProblem as e:
+        raise _problem(e) from None
+
+
+# --- pass 3: the rules a schema cannot say --------------------------------------------
 
 
 def _check_rules(scenario: Scenario, max_steps_given: bool) -> None:
@@ -575,30 +471,27 @@ def scenario_from_json(data: Any, release: str = DEFAULT_RELEASE) -> Scenario:
     return _from_checked_json(data, release)
 
 
-def _structure_and_config(data: Any, release: str) -> SchedulerConfig:
-    """Pass 2: the schema, and the config by its table; the first problem in the
-    schema's order of fields (ScenarioError)."""
-    validator = _scenario_validator()
-    errors = [] if _schema_allows_fast_check() and fast_valid(validator.schema, data) else \
-        sorted(validator.iter_errors(data), key=_sort_key)
-    first = (_schema_message(errors[0]), _sort_key(errors[0])) if errors else None
-    config, problem = None, None
-    if isinstance(data, dict) and isinstance(data.get("config", {}), dict):
-        try:
-            config = config_from_json(data.get("config", {}), release=release)
-        except ConfigError as e:
-            key = e.field.split(".", 1)[1] if "." in e.field else e.field
-            problem = (str(e), [(1, "config"), (1, key)])
-    if problem is not None and (first is None or problem[1] < first[1]):
-        raise ScenarioError(problem[0])
-    if first is not None:
-        (path, message), _ = first
-        raise ScenarioError(f"{_path_text(path)}: {message}")
-    return config
+def check_structure(data: Any, release: str = DEFAULT_RELEASE) -> SchedulerConfig:
+    """Pass 2 on parsed JSON: the fields by their tables, the config by its own (the
+    published schema's verdict); ScenarioError for the first problem in the order of
+    their paths, the one the schema's first error would name.  The config it states,
+    typed: one that names no vllm_version models `release`."""
+    built: list[SchedulerConfig] = []
+
+    def config(value: dict, _path: tuple) -> None:
+        built.append(config_from_json(value, release=release))
+
+    try:
+        check_field(SCENARIO, data, (), config)
+    except FieldProblem as e:
+        raise _problem(e) from None
+    except ConfigError as e:
+        raise ScenarioError(str(e)) from None
+    return built[0] if built else config_from_json({}, release=release)
 
 
 def _from_checked_json(data: Any, release: str = DEFAULT_RELEASE) -> Scenario:
-    config = _structure_and_config(data, release)
+    config = check_structure(data, release)
     requests = []
     for i, r in enumerate(data["requests"]):
         tokens = r.get("prompt_token_ids")
@@ -626,8 +519,7 @@ def _from_checked_json(data: Any, release: str = DEFAULT_RELEASE) -> Scenario:
         aborts=tuple(Abort(a["id"], a["step"]) for a in data.get("aborts", [])),
         max_steps=data.get("max_steps", DEFAULT_MAX_STEPS),
     )
-    check_bounds(scenario)
-    _check_rules(scenario, "max_steps" in data)
+    _check_rules(scenario, "max_steps" in data)  # pass 2 met the bounds check_bounds asks
     return scenario
 
 
@@ -694,6 +586,6 @@ def save_scenario(scenario: Scenario, path: str | Path, overwrite: bool = False)
 
 __all__ = [
     "Abort", "CONFIG_FIELDS", "RequestSpec", "Scenario", "ScenarioError", "check_bounds", "load_scenario",
-    "parse_scenario_bytes", "save_scenario", "scenario_from_json", "scenario_problem", "validate_scenario",
+    "check_structure", "parse_scenario_bytes", "save_scenario", "scenario_from_json", "scenario_problem", "validate_scenario",
     "SCENARIO_FORMAT",
 ]

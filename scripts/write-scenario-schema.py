@@ -1,6 +1,8 @@
-"""Write reference/schemas/scenario.schema.json's `config` from the config table
-(spec/config.py `config_schema`); tests/test_scenario_input.py checks the shipped
-file equals what this writes.  Run it after changing a config field:
+"""Write what the tables of fields state elsewhere: reference/schemas/scenario.schema.json
+(reference/scenario.py `published_schema`: the config's part from spec/config.py, the
+rest from reference/scenario_fields.py) and the bounds table of docs/formats.md
+(scenario_fields.py `bounds_table`).  tests/test_scenario_input.py checks that both
+equal what this writes.  Run it after changing a field:
 
     .venv/bin/python scripts/write-scenario-schema.py
 """
@@ -11,7 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from schedspec.reference.scenario import SCHEMA_DIR, published_schema
+from schedspec.reference.scenario import MAX_CACHED_PROMPT_TOKENS, SCHEMA_DIR, published_schema
+from schedspec.reference.scenario_fields import bounds_table
+
+FORMATS_MD = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
+TABLE_START = "<!-- bounds table: scripts/write-scenario-schema.py writes it -->\n"
+TABLE_END = "<!-- end of the bounds table -->"
 
 
 def _leaf(value: Any) -> bool:
@@ -29,7 +36,15 @@ def render(value: Any, indent: int = 0) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def with_bounds_table(doc: str) -> str:
+    """docs/formats.md's text with its bounds table as the tables of fields state it."""
+    start = doc.index(TABLE_START) + len(TABLE_START)
+    return doc[:start] + bounds_table(MAX_CACHED_PROMPT_TOKENS) + doc[doc.index(TABLE_END, start):]
+
+
 if __name__ == "__main__":
     path = SCHEMA_DIR / "scenario.schema.json"
     path.write_text(render(published_schema()) + "\n")
     print(f"wrote {path}")
+    FORMATS_MD.write_text(with_bounds_table(FORMATS_MD.read_text()))
+    print(f"wrote the bounds table of {FORMATS_MD}")

@@ -48,11 +48,12 @@ MAX_DRAFTS_BOUND = 1024
 MAX_SMALL_BOUND = 2**16
 
 
-def knob(default: Any, minimum: int | None = None, maximum: int | None = None, doc: str = "") -> Any:
+def knob(default: Any, minimum: int | None = None, maximum: int | None = None, doc: str = "", rule: str = "") -> Any:
     """A config field's row of the table: its default; for an integer, vLLM's least
     value (`minimum`, the newest release's; versions.MINIMUM_SINCE for older ones) and
-    schedspec's bound (`maximum`); and what it means (the JSON Schema's description)."""
-    return field(default=default, metadata={"minimum": minimum, "maximum": maximum, "doc": doc})
+    schedspec's bound (`maximum`); what it means (the JSON Schema's description); and
+    for docs/formats.md's bounds table, the range `validate_config` checks beyond these."""
+    return field(default=default, metadata={"minimum": minimum, "maximum": maximum, "doc": doc, "rule": rule})
 
 
 @dataclass(frozen=True)
@@ -66,18 +67,19 @@ class SchedulerConfig:
     max_num_active_seqs: int | None = knob(None, 1, INT32_MAX)
     enable_chunked_prefill: bool = knob(True)
     # 0 = no per-request chunk cap
-    long_prefill_token_threshold: int = knob(0, 0, MAX_TOKENS_BOUND)
+    long_prefill_token_threshold: int = knob(0, 0, MAX_TOKENS_BOUND, rule="≤ `max_model_len`")
     # Floor the cap at a fair share of the input budget (C:98-102; from vLLM 0.33.0).
     long_prefill_token_threshold_adaptive: bool = knob(False, doc=(
         "the long-prefill cap floored at max_num_batched_tokens divided by the running and waiting requests "
         "(default false); vLLM 0.33.0 and later"))
     policy: str = knob(FCFS)
-    watermark: float = knob(0.0)  # C:208, in [0, 1)
+    watermark: float = knob(0.0, rule="[0, 1)")  # C:208, in [0, 1)
     scheduler_reserve_full_isl: bool = knob(True)  # C:202, the full-ISL admission gate
     # Model- and machine-dependent in vLLM; formats.md fixes these defaults.
     max_model_len: int = knob(8192, 1, MAX_TOKENS_BOUND)
     block_size: int = knob(16, 1, MAX_TOKENS_BOUND)
-    num_gpu_blocks: int = knob(10000, 1, MAX_BLOCKS_BOUND)  # counts vLLM's null block
+    num_gpu_blocks: int = knob(10000, 1, MAX_BLOCKS_BOUND,  # counts vLLM's null block
+                               rule="≥ 1 + ⌈`max_model_len` / `block_size`⌉")
     enable_prefix_caching: bool = knob(False)
     # vLLM's default is on; formats.md keeps the synchronous engine unless asked.
     async_scheduling: bool = knob(False)
@@ -156,7 +158,7 @@ class SchedulerConfig:
         "cache-aware admission: among the first this many waiting requests, those whose prompt prefix is "
         "cached are admitted first, deepest hit first (0, the default, is off); FCFS with prefix caching only; "
         "vLLM 0.34.0 and later"))
-    cache_aware_admission_threshold: float = knob(0.5, doc=(
+    cache_aware_admission_threshold: float = knob(0.5, rule="[0, 1]", doc=(
         "cache-aware admission: the KV cache usage in [0, 1] below which the window does not reorder "
         "(default 0.5); vLLM 0.34.0 and later"))
     # The vLLM release modelled: its rules (spec/versions.py gates) and its config checks.
@@ -228,6 +230,7 @@ class ConfigField:
     maximum: int | None  # schedspec's bound on an integer (docs/formats.md)
     since: str | None  # the release that added it (versions.FIELDS_SINCE); None: every modelled one
     doc: str  # what it means (the JSON Schema's description)
+    rule: str  # the range validate_config checks beyond minimum and maximum (docs/formats.md)
 
     @property
     def json_types(self) -> str | list[str]:
@@ -243,7 +246,7 @@ def _row(f) -> ConfigField:
     meta = f.metadata
     return ConfigField(f.name, _JSON_KINDS[python_type], none == "None", f.default, meta.get("minimum"),
                        meta.get("maximum"), FIELDS_SINCE[f.name][0] if f.name in FIELDS_SINCE else None,
-                       meta.get("doc", ""))
+                       meta.get("doc", ""), meta.get("rule", ""))
 
 
 CONFIG_TABLE: dict[str, ConfigField] = {f.name: _row(f) for f in fields(SchedulerConfig)}

@@ -11,14 +11,17 @@ import pytest
 
 from helpers import assert_one_line_error, cli
 from schedspec.reference.example_files import EXAMPLES_DIR
-from schedspec.reference.scenario import (ABORT_STEP_BOUNDS, ARRIVAL_TIME_BOUND, MAX_DEPTH, MAX_FILE_BYTES,
-                                          MAX_STEPS_BOUNDS, REQUEST_BOUNDS, SCHEMA_DIR, TOKEN_ID_BOUNDS, Abort,
-                                          RequestSpec, Scenario, ScenarioError, check_bounds, load_scenario,
-                                          published_schema, save_scenario, scenario_from_json)
+from schedspec.reference.scenario import (MAX_DEPTH, MAX_FILE_BYTES, SCHEMA_DIR, Abort, RequestSpec, Scenario,
+                                          ScenarioError, check_bounds, load_scenario, published_schema, save_scenario,
+                                          scenario_from_json)
+from schedspec.reference.scenario_fields import ARRIVAL_TIME_BOUND, REQUEST
 from schedspec.spec.config import CONFIG_TABLE
 
-# The config's integer fields with schedspec's bound (the config table, spec/config.py).
+# The integer fields with schedspec's bound: the config's (spec/config.py) and a
+# request's (reference/scenario_fields.py) tables.
 CONFIG_BOUNDS = {name: (None, row.maximum) for name, row in CONFIG_TABLE.items() if row.maximum is not None}
+REQUEST_BOUNDS = {f.name: (f.minimum, f.maximum) for f in REQUEST.fields if f.kind == "integer"}
+OTHER_BOUNDS = (None, 2**31 - 1)  # aborts[].step and max_steps
 
 BASE = json.loads((EXAMPLES_DIR / "group-a.json").read_text())  # 11 requests, max_steps 12
 
@@ -177,8 +180,9 @@ def _schema():
 
 
 def test_the_shipped_schema_is_the_generated_one():
-    """The config part of scenario.schema.json comes from the config table
-    (scripts/write-scenario-schema.py writes it)."""
+    """scenario.schema.json's fields come from the tables of fields: the config's
+    (spec/config.py) and the rest (reference/scenario_fields.py); scripts/write-scenario-schema.py
+    writes it."""
     assert _schema() == published_schema(), "run scripts/write-scenario-schema.py"
     cfg = _schema()["properties"]["config"]["properties"]
     assert list(cfg) == list(CONFIG_TABLE)
@@ -186,22 +190,41 @@ def test_the_shipped_schema_is_the_generated_one():
     assert cfg["max_loras"]["type"] == ["integer", "null"] and cfg["watermark"] == {"type": "number"}
 
 
-def test_schema_and_python_bounds_agree():
+def test_the_bounds_table_is_the_generated_one():
+    """docs/formats.md's bounds table is the one the tables of fields state
+    (scripts/write-scenario-schema.py writes it)."""
+    import runpy
+
+    script = runpy.run_path(str(SCHEMA_DIR.parents[1] / "scripts" / "write-scenario-schema.py"))
+    doc = (SCHEMA_DIR.parents[1] / "docs" / "formats.md").read_text()
+    assert script["with_bounds_table"](doc) == doc, "run scripts/write-scenario-schema.py"
+    assert "| `requests[].priority` | −2 147 483 648 (−2³¹) … 2 147 483 647 (2³¹ − 1) |" in doc
+    assert "| `config.max_model_len` | [≥ 1] … 1 073 741 824 (2³⁰) |" in doc
+
+
+def test_the_schema_states_the_bounds():
+    """The bounds as the format fixes them (docs/formats.md), in the schema generated
+    from the tables; a change to a bound is a change to the format."""
     s = _schema()
     cfg = s["properties"]["config"]["properties"]
     for name, (lo, hi) in CONFIG_BOUNDS.items():
         assert cfg[name]["maximum"] == hi and cfg[name].get("minimum") == lo, name
     req = s["properties"]["requests"]["items"]["properties"]
-    for name, (lo, hi) in REQUEST_BOUNDS.items():
-        assert req[name]["maximum"] == hi and req[name].get("minimum") == lo, name
-    assert (req["arrival_time"]["minimum"], req["arrival_time"]["maximum"]) == (-ARRIVAL_TIME_BOUND,
-                                                                               ARRIVAL_TIME_BOUND)
+    bounds = {name: (req[name].get("minimum"), req[name].get("maximum")) for name in req}
+    assert set(req) == {f.name for f in dataclasses.fields(RequestSpec)}
+    assert {k: v for k, v in bounds.items() if v != (None, None)} == {
+        "arrival_step": (0, 2**31 - 2), "prompt_len": (None, 2**30 - 1), "max_tokens": (None, 2**31 - 1),
+        "output_len": (1, 2**31 - 1), "priority": (-2**31, 2**31 - 1), "arrival_time": (-2**53, 2**53),
+        "prefix_len": (0, 2**30 - 1), "lora_int_id": (0, 2**31 - 1), "grammar_compile_steps": (0, 2**31 - 1),
+        "kv_connector_tokens": (0, 2**30 - 1), "kv_connector_load_steps": (1, 2**31 - 1),
+        "kv_connector_send_steps": (1, 2**31 - 1)}
     tok = req["prompt_token_ids"]["items"]
-    assert (tok["minimum"], tok["maximum"]) == TOKEN_ID_BOUNDS
+    assert (tok["minimum"], tok["maximum"]) == (0, 2**31 - 1)
+    assert (req["num_draft_tokens"]["minItems"], req["num_draft_tokens"]["maxItems"]) == (1, 4096)
     step = s["properties"]["aborts"]["items"]["properties"]["step"]
-    assert (step["minimum"], step["maximum"]) == ABORT_STEP_BOUNDS
+    assert (step["minimum"], step["maximum"]) == (0, 2**31 - 1)
     ms = s["properties"]["max_steps"]
-    assert (ms["minimum"], ms["maximum"]) == MAX_STEPS_BOUNDS
+    assert (ms["minimum"], ms["maximum"]) == (1, 2**31 - 1)
     # every integer field of the schema has a maximum
     def walk(node, path):
         if isinstance(node, dict):
@@ -223,7 +246,7 @@ def test_bounds_are_documented():
 def test_one_above_a_bound_is_rejected(tmp_path, capsys, where, key):
     d = copy.deepcopy(BASE)
     hi = {"config": CONFIG_BOUNDS, "request": REQUEST_BOUNDS}.get(where, {}).get(key) or \
-        (ABORT_STEP_BOUNDS if where == "abort" else MAX_STEPS_BOUNDS)
+        OTHER_BOUNDS
     put(d, where, key, hi[1] + 1)
     err = error_of(capsys, write(tmp_path, d))
     assert f"must be <= {hi[1]}" in err and key in err, err
@@ -265,6 +288,16 @@ def test_check_bounds_on_a_scenario_built_in_code():
         Scenario("s", {"max_num_seq": 4}, (RequestSpec("a", 4),))
     with pytest.raises(ScenarioError, match=r"^requests\[0\]\.arrival_time: "):
         check_bounds(Scenario("s", {}, (RequestSpec("a", 4, arrival_time=float("nan")),)))
+    # The same table as a file's: the encoder items too.
+    with pytest.raises(ScenarioError, match=r"^requests\[0\]\.mm_features: holds 9 entries, must hold at most 8 "):
+        check_bounds(Scenario("s", {}, (RequestSpec("a", 40, mm_features=((0, 1, "x"),) * 9),)))
+    with pytest.raises(ScenarioError, match=r"^requests\[0\]\.num_draft_tokens\[1\]: = 1025, must be <= 1024 "):
+        check_bounds(Scenario("s", {}, (RequestSpec("a", 4, num_draft_tokens=(1, 1025)),)))
+
+
+def test_an_unknown_request_field_names_the_nearest():
+    with pytest.raises(ScenarioError, match=r"^requests\[0\]\.promt_len: unknown field; did you mean prompt_len\?$"):
+        scenario_from_json(mutated(lambda d: d["requests"][0].update(promt_len=4)))
 
 
 # --- rules ------------------------------------------------------------------------------
@@ -342,21 +375,78 @@ def test_shipped_examples_still_load():
         assert re.fullmatch(r"[a-z0-9-]+", s.name)
 
 
-def test_the_quick_structural_check_covers_the_schema():
-    """The reader skips jsonschema for a file its quick check accepts (20 000
-    requests: seconds otherwise); that needs a schema of the keywords it knows."""
-    from schedspec.reference.scenario import _schema_allows_fast_check, _scenario_validator
-    from schedspec.reference.strict_json import fast_valid as _fast_valid
+def _first_schema_error(data):
+    """jsonschema's first error on the published schema, in path order, as the reader
+    worded it when jsonschema checked files: (path text, message) or None."""
+    from schedspec.reference.strict_json import TYPE_WORDS, StrictValidator
+    from schedspec.spec.config import excerpt, unknown_field
 
-    assert _schema_allows_fast_check()
-    schema = _scenario_validator().schema
-    assert _fast_valid(schema, BASE)
-    for bad in (mutated(lambda d: d["requests"][0].update(prompt_len=1.0)),
-                mutated(lambda d: d["requests"][0].update(extra=1)),
-                mutated(lambda d: d.update(config=[])),
-                mutated(lambda d: d.update(format="x")),
-                mutated(lambda d: d["requests"][0].pop("id"))):
-        assert not _fast_valid(schema, bad) and not _scenario_validator().is_valid(bad)
+    errors = sorted(StrictValidator(published_schema()).iter_errors(data),
+                    key=lambda e: [(0, p) if isinstance(p, int) else (1, str(p)) for p in e.absolute_path])
+    if not errors:
+        return None
+    e = errors[0]
+    path, v, want, got = tuple(e.absolute_path), e.validator, e.validator_value, e.instance
+    if v == "type":
+        kinds = want if isinstance(want, list) else [want]
+        message = f"must be {' or '.join(TYPE_WORDS[k] for k in kinds)}, got {excerpt(got)}"
+    elif v == "required":
+        path, message = path + (next(k for k in want if k not in got),), "missing; this field is required"
+    elif v == "additionalProperties":
+        extra = next(k for k in got if k not in e.schema["properties"])
+        path, message = path + (extra,), unknown_field(extra, e.schema["properties"])
+    elif v == "minimum":
+        message = f"= {excerpt(got)}, must be >= {want}"
+    elif v == "maximum":
+        message = f"= {excerpt(got)}, must be <= {want} (schedspec's bound, docs/formats.md)"
+    elif v == "const":
+        message = f"= {excerpt(got)}, must be {want!r}"
+    elif v == "minLength":
+        message = f"= {excerpt(got)}, must not be empty"
+    else:
+        message = None  # minItems, maxItems, maxLength: the tables word them (scenario_fields.py)
+    text = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "the top level"
+    return text, message
+
+
+BAD_STRUCTURES = [
+    lambda d: d["requests"][0].update(prompt_len=1.0), lambda d: d["requests"][0].update(extra=1),
+    lambda d: d["requests"][0].update(promt_len=1), lambda d: d.update(config=[]), lambda d: d.update(format="x"),
+    lambda d: d["requests"][0].pop("id"), lambda d: d["requests"][3].update(priority=2**31, arrival_step=-1),
+    lambda d: d["requests"][2].update(max_tokens="5"), lambda d: d["requests"][2].update(output_len=0),
+    lambda d: d["requests"][1].update(arrival_time=2.0**60), lambda d: d["requests"][1].update(prefix_group=""),
+    lambda d: d["requests"][1].update(prompt_token_ids=[1, -2]), lambda d: d["requests"][1].update(grammar_error=1),
+    lambda d: d["requests"][1].update(num_draft_tokens=[]),
+    lambda d: d["requests"][1].update(num_accepted_tokens=[0] * 4097),
+    lambda d: d["requests"][1].update(num_draft_tokens=[1025]), lambda d: d["requests"][1].update(mm_features=[{}]),
+    lambda d: d["requests"][1].update(mm_features=[{"offset": 0, "length": 0, "identifier": "x"}]),
+    lambda d: d["requests"][1].update(mm_features=[{"offset": 0, "length": 1, "identifier": "x" * 257}]),
+    lambda d: d["requests"][1].update(mm_features=[{"offset": 0, "length": 1, "identifier": "x"}] * 9),
+    lambda d: d["requests"][1].update(grammar_compile_steps=None), lambda d: d.update(aborts=[{"id": "d0"}]),
+    lambda d: d.update(aborts=[{"id": 3, "step": 2**31}]), lambda d: d.update(max_steps=0),
+    lambda d: d.update(max_steps=True, name=""), lambda d: d.update(requests={}), lambda d: d.pop("requests"),
+    lambda d: d.update(extra=1, name=1), lambda d: d["config"].update(max_num_seqs=2**31, policy=3),
+    lambda d: (d["config"].update(max_num_seqs=2**31), d.update(aborts=[{"id": "d0", "step": -1}])),
+    lambda d: (d["config"].update(max_num_sq=2), d.update(max_steps=1.5)),
+]
+
+
+@pytest.mark.parametrize("k", range(len(BAD_STRUCTURES)))
+def test_the_tables_check_what_the_published_schema_says(k):
+    """The reader's check by the tables refuses exactly what the published schema
+    (generated from them) refuses, and names the field of the schema's first error,
+    with the words the reader gave it when jsonschema checked files."""
+    from schedspec.reference.scenario import check_structure
+
+    check_structure(BASE)
+    assert _first_schema_error(BASE) is None
+    bad = mutated(BAD_STRUCTURES[k])
+    with pytest.raises(ScenarioError) as got:
+        check_structure(bad)
+    where, message = _first_schema_error(bad)
+    assert str(got.value).startswith(f"{where}: "), (str(got.value), where)
+    if message is not None:
+        assert str(got.value) == f"{where}: {message}"
 
 
 def test_prompts_with_prefix_caching_are_bounded_in_total(tmp_path, capsys):
