@@ -186,13 +186,13 @@ def cmd_run(args) -> int:
 
 
 def _token_budget(scenario) -> int | None:
-    from schedspec.spec.config import ConfigError
+    from schedspec.spec.config import ConfigError, step_budget
 
     try:
         c = scenario.scheduler_config()
     except ConfigError:
         return None
-    return min(c.token_budget, c.max_num_batched_tokens)
+    return step_budget(c)
 
 
 def cmd_validate(args) -> int:

@@ -30,7 +30,7 @@ import torch
 from schedspec.reference.engine import error_trace
 from schedspec.reference.scenario import Scenario
 from schedspec.reference.trace_io import TraceWriter
-from schedspec.spec.config import ConfigError, SchedulerConfig
+from schedspec.spec.config import ConfigError, SchedulerConfig, step_budget
 from schedspec.spec.input_processor import checked_lengths
 from schedspec.spec.versions import (LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL, RESUMED_SENT_AS_NEW,
                                      UNHASHED_FREE_BLOCKS_FIRST, has)
@@ -80,12 +80,10 @@ def request_ranks(requests: Sequence[FrontRequest]) -> tuple[list[int], list[int
 
 def config_row(config: SchedulerConfig) -> dict[str, Any]:
     """The per-scenario tensor values of a validated config."""
-    B = config.max_num_batched_tokens
-    scheduled = B if config.max_num_scheduled_tokens is None else config.max_num_scheduled_tokens
     seqs = config.max_num_seqs if config.max_num_active_seqs is None else config.max_num_active_seqs
     return {
         # the token budget and the input budget act as one (gpu/step.py)
-        "token_budget": min(scheduled, B),
+        "token_budget": step_budget(config),
         "max_num_active_reqs": seqs,
         # the cap in force with more than one eligible request: none with chunked
         # prefill off from 0.34.0 (spec/config.py long_prefill_threshold)

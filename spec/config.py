@@ -203,6 +203,15 @@ class SchedulerConfig:
         return int(self.watermark * self.num_gpu_blocks)
 
 
+def step_budget(c: SchedulerConfig) -> int:
+    """The tokens one `schedule()` may grant in all: each grant takes from the token
+    budget (max_num_scheduled_tokens, else max_num_batched_tokens) and from the input
+    budget (max_num_batched_tokens), so the lesser of the two bounds the step
+    (S:735-738).  Before 0.28.0 only the token budget does (versions.INPUT_BUDGET;
+    spec/properties.py get_step_budget)."""
+    return min(c.token_budget, c.max_num_batched_tokens)
+
+
 def long_prefill_threshold(c: SchedulerConfig, num_eligible: int) -> int:
     """The long-prefill cap of a step with `num_eligible` running and waiting requests
     (S:770-788): none with chunked prefill off (from 0.34.0); none for a request alone

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from . import kv_connector, prefill_throttle, spec_decode
-from .config import FCFS, PRIORITY, long_prefill_threshold
+from .config import FCFS, PRIORITY, long_prefill_threshold, step_budget
 from .kv_cache import cdiv, get_num_blocks_to_allocate
 from .lora import exceeds_max_loras, running_loras
 from .request import Request, RequestStatus, last_token_in_flight
@@ -138,7 +138,7 @@ def get_step_budget(state: SchedulerState) -> int:
     does not use it: max_num_batched_tokens bounds a step in every release."""
     if not has(state.config, INPUT_BUDGET):
         return state.config.token_budget
-    return min(state.config.token_budget, state.config.max_num_batched_tokens)
+    return step_budget(state.config)
 
 
 def get_block_demand(state: SchedulerState, rid: str, num_new_tokens: int) -> int:

@@ -21,7 +21,7 @@ from schedspec.reference.example_files import EXAMPLES_DIR, example_names
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import SCENARIO_FORMAT, Scenario, ScenarioError, scenario_from_json, validate_scenario
-from schedspec.spec.config import ConfigError, SchedulerConfig
+from schedspec.spec.config import ConfigError, SchedulerConfig, step_budget
 from schedspec.spec.properties import PROPERTIES, check_step
 
 # Bounds on what one API call may ask for, so a page (or anything else that can
@@ -202,7 +202,7 @@ def run(scenario: Scenario) -> dict[str, Any]:
     return {
         "scenario": scenario.to_json(),
         "trace": trace,
-        "step_budget": min(config.token_budget, config.max_num_batched_tokens),
+        "step_budget": step_budget(config),
         "num_usable_blocks": config.num_usable_blocks,
         "property_names": names,
         "verdicts": verdicts,
