@@ -21,13 +21,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from schedspec.spec.config import CONFIG_TABLE, TYPE_WORDS, excerpt, unknown_field
+from schedspec.spec.config import CONFIG_TABLE, INT32_MAX, MAX_DRAFTS_BOUND, TYPE_WORDS, excerpt, unknown_field
 
-INT32_MAX = 2**31 - 1
 TOKENS_BOUND = 2**30 - 1  # a prompt's tokens, as the torch implementation's int32 sums allow
 ARRIVAL_TIME_BOUND = 2**53  # |arrival_time|; every integer up to it is exact in a float
 MAX_PATTERN_LEN = 4096  # entries of a speculative-decoding pattern
-MAX_DRAFTS = 1024  # config.num_speculative_tokens's bound (spec/config.py MAX_DRAFTS_BOUND)
 BOUND = "(schedspec's bound, docs/formats.md)"
 
 
@@ -71,7 +69,7 @@ def _int(name: str, lo: int | None, hi: int, **kw: Any) -> Field:
 
 def _pattern(name: str, doc: str) -> Field:
     return Field(name, "array", min_size=1, max_size=MAX_PATTERN_LEN, doc=doc,
-                 items=_int("", 0, MAX_DRAFTS, rule="≤ `config.num_speculative_tokens`"))
+                 items=_int("", 0, MAX_DRAFTS_BOUND, rule="≤ `config.num_speculative_tokens`"))
 
 
 MM_FEATURE = Field("", "object", fields=(
