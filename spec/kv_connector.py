@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import deque
 
 from . import spec_decode
+from .config import PRIORITY
 from .kv_cache import cdiv
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus
 from .state import Working
@@ -100,7 +101,7 @@ def holders(waiting, requests) -> frozenset:
     return frozenset(waiting[i] for i in range(num_holding(waiting, requests)))
 
 
-def start_load(s, rid: str, hits, external: int, num_new_blocks: int) -> bool:
+def start_load(s, rid: str, hits, external: int, num_new_blocks: int) -> None:
     """An asynchronous load (S:1576-1607): the request takes the blocks of its hit and
     the loaded tokens, left uncached until the load finishes (K:628-633), counts them
     computed, and leaves the waiting loop for this step (`s.loads`, requeue_holders)."""
@@ -109,7 +110,6 @@ def start_load(s, rid: str, hits, external: int, num_new_blocks: int) -> bool:
     r.status = WAITING_FOR_REMOTE_KVS
     r.num_computed_tokens += len(hits) * s.config.block_size + external
     s.loads.append(s.waiting.popleft())
-    return True
 
 
 def requeue_holders(s) -> None:
@@ -117,7 +117,7 @@ def requeue_holders(s) -> None:
     whose load started join the holders' queue, at its end (the loop reached them
     after every holder, S:1076-1087, 1675-1681); under PRIORITY a heap of its own."""
     holders = [x for x in s.waiting if holds_kv_blocks(s.requests[x])] + s.loads
-    if s.config.policy == "priority":
+    if s.config.policy == PRIORITY:
         holders.sort(key=lambda x: s.requests[x].queue_key)
     s.waiting = deque(holders + [x for x in s.waiting if not holds_kv_blocks(s.requests[x])])
 
@@ -200,13 +200,16 @@ def free_held(state, request_ids):
     return w.freeze()
 
 
-def promote(s, rid: str) -> bool:
-    """A request loading KV at the head of the waiting loop: False while its load
-    is in flight (skipped, S:3671-3675); once finished, its loaded blocks are cached,
-    a load of the whole sequence gives back its last token to compute, and it waits
-    as it did before the load (S:3616-3666, 3676-3681)."""
-    if not s.requests[rid].kv_load_finished:
-        return False
+def load_in_flight(r: Request) -> bool:
+    """Guard: `r` waits for its KV load, not reported finished yet: the waiting loop
+    skips it (S:3671-3675)."""
+    return loading(r) and not r.kv_load_finished
+
+
+def promote(s, rid: str) -> None:
+    """A request whose KV load finished, reached at the head of the waiting loop: its
+    loaded blocks are cached, a load of the whole sequence gives back its last token to
+    compute, and it waits as it did before the load (S:3616-3666, 3676-3681)."""
     r = s.request(rid)
     if r.block_hashes:
         s.kv.cache_blocks(rid, r.block_hashes, spec_decode.cacheable_tokens(s.config, r.num_computed_tokens),
@@ -215,7 +218,6 @@ def promote(s, rid: str) -> bool:
         r.num_computed_tokens -= 1
     r.kv_load_finished = False
     r.status = PREEMPTED if r.num_preemptions else WAITING
-    return True
 
 
 def reserved_blocks(s) -> int:

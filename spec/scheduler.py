@@ -24,7 +24,9 @@ from . import (cache_aware_admission, encoder_inputs, kv_connector, lora, prefil
                structured_output)
 from .spec_decode import update_draft_token_ids  # noqa: F401 - a public call of the spec, as the others
 from .structured_output import grammar_compiled  # noqa: F401 - the environment's event, beside the calls
-from .state import SchedulerOutput, SchedulerState, Working
+from .state import PAUSED_ALL, UNPAUSED, SchedulerOutput, SchedulerState, Working
+from .guards import (Admission, PrefixHit, cap_long_prefill, chunk_budget, has_budget, prefix_hit, skips_head,
+                     stops_admission, wanted_tokens_waiting)
 from .versions import INPUT_BUDGET, PRIORITY_SELF_PREEMPTION_CONTINUES, RESUMED_SENT_AS_NEW, has
 
 
@@ -65,7 +67,7 @@ class ScheduleWork(Working):
     def __init__(self, state: SchedulerState, throttle_prefills: bool = False):
         Working.__init__(self, state)
         c = state.config
-        self.token_budget = c.token_budget if self.pause_state != "PAUSED_ALL" else 0  # S:735, 739-741
+        self.token_budget = c.token_budget if self.pause_state != PAUSED_ALL else 0  # S:735, 739-741
         self.input_budget = c.max_num_batched_tokens if has(c, INPUT_BUDGET) else self.token_budget  # S:738
         self.draft_slots = c.max_num_new_slots_for_drafting  # a drafter's rows per request (S:737, 813, 1019)
         self.threshold = long_prefill_threshold(c, len(self.running) + len(self.waiting))  # S:770-788
@@ -112,7 +114,7 @@ def schedule(state: SchedulerState, throttle_prefills: bool = False) -> tuple[Sc
     """
     s = ScheduleWork(state, throttle_prefills)
     schedule_running(s)
-    if not s.preempted and s.pause_state != "PAUSED_ALL":  # no admission in a step that preempted (S:1066)
+    if not s.preempted and s.pause_state != PAUSED_ALL:  # no admission in a step that preempted (S:1066)
         cache_aware_admission.reorder_waiting(s)  # from 0.34.0, off by default (S:1067-1068)
         schedule_waiting(s)
     s.cadence = prefill_throttle.after_step(s)
@@ -123,9 +125,18 @@ def schedule(state: SchedulerState, throttle_prefills: bool = False) -> tuple[Sc
     return s.output(), s.freeze()
 
 
+def cut_chunk(s: ScheduleWork, r: Request, num_computed_tokens: int, n: int) -> int:
+    """A chunk's last cuts, in both loops: before an encoder input it cannot encode (S:1422-1436;
+    the plan references cache hits and evicts room, as vLLM's does, whatever comes of the
+    chunk), then for a multi-module MTP drafter's lookahead (S:902-905, 1438-1442)."""
+    if r.mm_features:  # [seam: Mamba alignment (S:875-879)]
+        n = encoder_inputs.plan(s, r, num_computed_tokens, n)
+    return spec_decode.reserve_prefill_lookahead(s.config, r, num_computed_tokens, n)
+
+
 def schedule_running(s: ScheduleWork) -> None:
     """The running loop (S:809-1052), in running order while budget is left (S:811-813)."""
-    while s.cursor < len(s.running) and s.token_budget > 0 and s.input_budget > s.draft_slots:
+    while s.cursor < len(s.running) and has_budget(s):
         rid = s.running[s.cursor]
         n = num_new_tokens_running(s, s.requests[rid])
         if n == 0:  # nothing to compute this step: skip it, do not stop the scan (S:907-925)
@@ -141,25 +152,19 @@ def schedule_running(s: ScheduleWork) -> None:
         s.scheduled_running.append(rid)
         s.prefill_scheduled |= s.requests[rid].is_prefill_chunk
         spec_decode.schedule_drafts(s, rid, n)
-        if s.requests[rid].mm_features:  # its plan is the last one made (num_new_tokens_running)
-            encoder_inputs.commit(s, rid)
         s.cursor += 1
 
 
 def num_new_tokens_running(s: ScheduleWork, r: Request) -> int:
     """The tokens a running request gets if its blocks can be had: what it lacks,
-    under three caps (S:855-872)."""
+    under three caps (S:855-872), then cut_chunk's; 0 skips it."""
     if last_token_in_flight(r) or (s.defer_prefills and r.is_prefill_chunk):  # async (S:816-830); S:838
         return 0
     # [seams: PP cadence, EC pending (S:832-853)]
     n = r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens  # S:855
-    if 0 < s.threshold < n:  # cap 1 (S:860)
-        n = s.threshold
-    n = min(n, s.token_budget, s.input_budget - s.draft_slots)  # cap 2 (S:862-864)
+    n = min(cap_long_prefill(s, n), chunk_budget(s))  # caps 1 and 2 (S:860, S:862-864)
     n = min(n, s.config.max_model_len - r.num_computed_tokens - 1)  # cap 3: 1 sampled token (S:868)
-    if r.mm_features:  # [seam: Mamba alignment (S:875-879)]
-        n = encoder_inputs.plan(s, r, r.num_computed_tokens, n)
-    return spec_decode.reserve_prefill_lookahead(s.config, r, r.num_computed_tokens, n)  # S:902-905
+    return cut_chunk(s, r, r.num_computed_tokens, n)
 
 
 def allocate_or_preempt(s: ScheduleWork, rid: str, n: int) -> bool:
@@ -237,8 +242,12 @@ def allocate(s: ScheduleWork, rid: str, n: int, hits: Sequence[int], num_new_blo
 
 
 def grant(s: ScheduleWork, rid: str, n: int) -> None:
+    """`rid` is scheduled `n` tokens, charged to both budgets, and the encoder inputs
+    its plan chose, the last one made (S:1044-1052, 1664-1673)."""
     s.scheduled[rid] = n
     s.token_budget, s.input_budget = s.token_budget - n, s.input_budget - n - s.draft_slots
+    if s.requests[rid].mm_features:
+        encoder_inputs.commit(s, rid)
 
 
 def schedule_waiting(s: ScheduleWork) -> None:
@@ -247,100 +256,98 @@ def schedule_waiting(s: ScheduleWork) -> None:
     under PAUSED_NEW (S:1100-1107); skipped requests keep their place (S:1675-1681)."""
     skipped: list[str] = []
     loras = lora.running_loras(s.requests[x] for x in s.running)
-    while (s.token_budget > 0 and s.input_budget > s.draft_slots and s.waiting
-           and (s.pause_state == "UNPAUSED" or kv_connector.holds_kv_blocks(s.requests[s.waiting[0]]))
-           and len(s.running) < s.config.max_num_active_reqs):
+    while has_budget(s) and s.waiting and len(s.running) < s.config.max_num_active_reqs \
+            and (s.pause_state == UNPAUSED or kv_connector.holds_kv_blocks(s.requests[s.waiting[0]])):
         rid = s.waiting[0]
-        r = s.requests[rid]
-        # Skipped: its KV load in flight (S:1117-1121), a grammar compiling or failed
-        # [seam: streaming input]; async: output from before its preemption in flight,
-        # which resuming could resample (S:1123); LoRA: one adapter too many (S:1128-1140);
-        # KV connector undecided, asked only from zero computed tokens (S:1149, 1185).
-        if (kv_connector.loading(r) and not kv_connector.promote(s, rid)) \
-                or structured_output.waits_for_grammar(s, rid) or stale_output.pending(r) \
-                or lora.exceeds_max_loras(s.config, loras, r) \
-                or (r.num_computed_tokens == 0 and kv_connector.undecided(r)):
+        skip = skips_head(s, rid, loras)  # the guards, on the head as the loop reaches it
+        handle_blocked(s, rid)
+        outcome = Admission.SKIPPED if skip else admit(s, rid)
+        if outcome is Admission.SKIPPED:  # admitting nothing: loras stay (S:1456-1460)
             skipped.append(s.waiting.popleft())
-            continue
-        if (admitted := admit(s, rid)) is None:  # skipped, admitting nothing: loras stay (S:1456-1460)
-            skipped.append(s.waiting.popleft())
-        elif not admitted:
+        elif outcome is Admission.STOPPED:
             break
-        loras.update(lora.running_loras(s.requests[x] for x in s.running[-1:]))  # S:1627-1629
+        elif outcome is Admission.ADMITTED:
+            loras.update(lora.running_loras(s.requests[x] for x in s.running[-1:]))  # S:1627-1629
     s.waiting.extendleft(reversed(skipped))
     if s.loads:
         kv_connector.requeue_holders(s)
     s.cadence = prefill_throttle.after_waiting_loop(s, skipped + s.loads)  # a load start skips it (S:1607)
 
 
-def admit(s: ScheduleWork, rid: str) -> bool | None:
-    """Admit the head of waiting, from its prefix hit, if its tokens and blocks fit;
-    False stops admission: it never preempts (S:1141-1523); None skips it; a KV load starts."""
-    c = s.config
+def handle_blocked(s: ScheduleWork, rid: str) -> None:
+    """The loop reaches the head, skipped or not (`_handle_blocked_waiting_request`,
+    S:3616-3681, 3685-3697): a finished KV load promotes it; a compiled grammar makes it
+    WAITING, a failed one is noted."""
+    if kv_connector.loading(s.requests[rid]) and not kv_connector.load_in_flight(s.requests[rid]):
+        kv_connector.promote(s, rid)
+    structured_output.grammar_reached(s, rid)
+
+
+def admit(s: ScheduleWork, rid: str) -> Admission:
+    """Admit the head of waiting from its prefix hit if its tokens and blocks fit, or start
+    its asynchronous KV load (S:1141-1523, async S:1336-1338, 1465-1513)."""
     r = s.requests[rid]
-    # From zero computed tokens (S:1149-1166; a KV holder's are loaded, S:1301-1311), not for a request
-    # that reads no cached prefix (K:251-253); KV connector: S:1169-1257, async S:1336-1338, 1465-1513.
-    lookup = r.num_computed_tokens == 0
-    hits = spec_decode.eagle_block_drop(c, s.kv.get_computed_blocks(r.block_hashes, r.num_tokens, c.block_size)) \
-        if lookup and not r.skip_reading_prefix_cache else []
-    external = kv_connector.external_tokens(r, len(hits) * c.block_size) if lookup else 0
-    num_computed_tokens = r.num_computed_tokens + len(hits) * c.block_size + external
-    if kv_connector.loads_async(r, external):
-        num_new_blocks = blocks_to_allocate(s, rid, 0, hits, external, c.scheduler_reserve_full_isl, bool(s.running),
-                                            load_async=True)
-        return num_new_blocks is not None and kv_connector.start_load(s, rid, hits, external, num_new_blocks)
-    if s.defer_prefills and prefill_throttle.has_prefill_left(num_computed_tokens, r.num_tokens):  # S:1340
-        return False
-    n = num_new_tokens_waiting(s, r, num_computed_tokens)
-    if not n:  # None stops admission; 0 (no chunk outside an MTP drafter's lookahead) skips it
-        return None if n == 0 else False
-    padded = spec_decode.pads_new_decode(s, r, num_computed_tokens)
-    num_new_blocks = blocks_to_allocate(s, rid, n, hits, external, full_sequence_must_fit=c.scheduler_reserve_full_isl,
+    hit = prefix_hit(s, r)
+    if kv_connector.loads_async(r, hit.external):
+        return start_kv_load(s, rid, hit)
+    if s.defer_prefills and prefill_throttle.has_prefill_left(hit.num_computed_tokens, r.num_tokens):  # S:1340
+        return Admission.STOPPED
+    if stops_admission(s, r, hit.num_computed_tokens):
+        return Admission.STOPPED
+    n = num_new_tokens_waiting(s, r, hit.num_computed_tokens)  # its encoder plan's effects stand (cut_chunk)
+    if n == 0:  # no chunk outside an MTP drafter's lookahead, or an unchunked prompt split
+        return Admission.SKIPPED
+    num_new_blocks = blocks_to_allocate(s, rid, n, hit.blocks, hit.external, s.config.scheduler_reserve_full_isl,
                                         has_scheduled_reqs=bool(s.running))  # S:1511-1513
     if num_new_blocks is None:
         s.encoder.free(rid)  # the references its plan took (S:1518-1523)
-        return False
-    allocate(s, rid, n, hits, num_new_blocks, external)
+        return Admission.STOPPED
+    enter_running(s, rid, n, hit, num_new_blocks)
+    return Admission.ADMITTED
+
+
+def start_kv_load(s: ScheduleWork, rid: str, hit: PrefixHit) -> Admission:
+    """An asynchronous KV load starts if the blocks of the hit and the loaded tokens fit
+    beside those in-flight prefills need (S:1482-1513); it computes nothing this step."""
+    num_new_blocks = blocks_to_allocate(s, rid, 0, hit.blocks, hit.external, s.config.scheduler_reserve_full_isl,
+                                        bool(s.running), load_async=True)
+    if num_new_blocks is None:
+        return Admission.STOPPED
+    kv_connector.start_load(s, rid, hit.blocks, hit.external, num_new_blocks)
+    return Admission.LOAD_STARTED
+
+
+def enter_running(s: ScheduleWork, rid: str, n: int, hit: PrefixHit, num_new_blocks: int) -> None:
+    """An admission's effects: its blocks, the running queue, its grant (S:1523-1673)."""
+    c = s.config
+    r = s.requests[rid]
+    padded = spec_decode.pads_new_decode(s, r, hit.num_computed_tokens)
+    allocate(s, rid, n, hit.blocks, num_new_blocks, hit.external)
     s.waiting.popleft()
     s.running.append(rid)
     (s.new if r.status == WAITING or has(c, RESUMED_SENT_AS_NEW) else s.resumed).append(rid)  # S:1619-1626
-    if c.enable_prefix_caching and lookup:
-        s.prefix_hits.append((rid, num_computed_tokens - external))
-    if external:
-        s.kv_connector_hits.append((rid, external))
+    if c.enable_prefix_caching and hit.looked_up:
+        s.prefix_hits.append((rid, hit.num_computed_tokens - hit.external))
+    if hit.external:
+        s.kv_connector_hits.append((rid, hit.external))
     grant(s, rid, n)
     if padded:
         # vLLM asserts this (S:1643); a long-prefill cap below 1 + num_speculative_tokens
         # breaks it, and the scheduler raises (docs/rules.md, speculative decoding).
         assert n == 1 + c.num_speculative_tokens, "S:1643: a padded new decode was cut by the long-prefill cap"
         s.drafts_sent[rid] = (-1,) * c.num_speculative_tokens
-    if r.mm_features:
-        encoder_inputs.commit(s, rid)  # S:1664-1673
     r = s.request(rid)
     r.status = RUNNING
-    r.num_computed_tokens = num_computed_tokens
-    return True
+    r.num_computed_tokens = hit.num_computed_tokens
 
 
-def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int) -> int | None:
-    """The tokens an admission gets (S:1345-1442), or None when chunked prefill is
-    off and the whole request does not fit, which stops admission (S:1387-1394);
-    0, a skip, when no chunk ends outside a multi-module MTP drafter's lookahead, or
-    the encoder plan would split a prompt with chunked prefill off."""
-    budget = min(s.token_budget, s.input_budget - s.draft_slots)  # S:1345
-    # num_tokens, not num_prompt_tokens: a resumed request replays its outputs (S:1356).
-    n = r.num_tokens - num_computed_tokens
-    if spec_decode.pads_new_decode(s, r, num_computed_tokens):
-        n = 1 + s.config.num_speculative_tokens
-        if n > budget:  # rather nothing than an unpadded decode: admission stops (S:1376-1378)
-            return None
-    if 0 < s.threshold < n:  # S:1382
-        n = s.threshold
-    if not s.config.enable_chunked_prefill and n > budget:
-        return None
-    n = min(n, budget)
-    n = encoder_inputs.plan(s, r, num_computed_tokens, n) if r.mm_features else n  # S:1422-1436
-    n = spec_decode.reserve_prefill_lookahead(s.config, r, num_computed_tokens, n)  # S:1438-1442
+def num_new_tokens_waiting(s: ScheduleWork, r: Request, num_computed_tokens: int) -> int:
+    """The tokens an admission that stops_admission lets on gets (S:1345-1442), cut_chunk's
+    cuts included; 0, a skip, when no chunk ends outside a multi-module MTP drafter's
+    lookahead, or the encoder plan would split a prompt with chunked prefill off."""
+    n = wanted_tokens_waiting(s, r, num_computed_tokens)
+    n = min(n, chunk_budget(s))  # S:1345
+    n = cut_chunk(s, r, num_computed_tokens, n)
     return encoder_inputs.unsplit_unchunked(s, r, num_computed_tokens, n) if r.mm_features else n  # S:1444-1455
 
 

@@ -16,7 +16,8 @@ from .prefill_throttle import PrefillCadence
 from .request import Request
 from .versions import UNHASHED_FREE_BLOCKS_FIRST, has
 
-PAUSE_STATES = ("UNPAUSED", "PAUSED_NEW", "PAUSED_ALL")  # vLLM's PauseState names (sched/interface.py:24)
+# vLLM's PauseState names (sched/interface.py:24)
+UNPAUSED, PAUSED_NEW, PAUSED_ALL = PAUSE_STATES = ("UNPAUSED", "PAUSED_NEW", "PAUSED_ALL")
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class SchedulerState:
     # Structured output: failed grammars noted by schedule(), finished by the next update.
     grammar_compile_error_reqs: tuple[str, ...] = ()
     # set_pause_state (S:3213), from outside: PAUSED_NEW admits nothing, PAUSED_ALL schedules nothing.
-    pause_state: str = "UNPAUSED"
+    pause_state: str = UNPAUSED
     prefill_cadence: PrefillCadence = PrefillCadence()  # prefill throttling (prefill_throttle.py)
     encoder_cache: EncoderCache = EMPTY_ENCODER_CACHE  # encoder outputs of multimodal items (encoder_cache.py)
 

@@ -14,7 +14,6 @@ it accepts every token the model samples (a rejection, S:2488-2499, is not model
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Iterable
 
 from .request import WAITING, RequestStatus
@@ -26,20 +25,22 @@ WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 
 
 def waits_for_grammar(w: Working, rid: str) -> bool:
-    """`_handle_blocked_waiting_request` for a grammar (S:3685-3697): True skips the
-    request this step (still compiling, or failed: noted once for update_from_output);
-    a compiled grammar promotes it to WAITING for the rest of the loop."""
+    """Guard: the request's grammar still compiles, or failed: the waiting loop skips it
+    this step (`_handle_blocked_waiting_request`, S:3685-3697)."""
     r = w.requests[rid]
-    if r.status != WAITING_FOR_GRAMMAR:
-        return False
-    if r.grammar == COMPILING:
-        return True
-    if r.grammar == FAILED:
-        if rid not in w.grammar_compile_error_reqs:  # a dict keyed by id (S:3691)
-            w.grammar_compile_error_reqs += (rid,)
-        return True
-    w.request(rid).status = WAITING
-    return False
+    return r.status == WAITING_FOR_GRAMMAR and (r.grammar == COMPILING or r.grammar == FAILED)
+
+
+def grammar_reached(w: Working, rid: str) -> None:
+    """The loop reached the request (S:3685-3697), skipped or not: a failed grammar is
+    noted once for update_from_output; a compiled one promotes it to WAITING."""
+    r = w.requests[rid]
+    if r.status != WAITING_FOR_GRAMMAR or r.grammar == COMPILING:
+        return
+    if r.grammar != FAILED:
+        w.request(rid).status = WAITING
+    elif rid not in w.grammar_compile_error_reqs:  # a dict keyed by id (S:3691)
+        w.grammar_compile_error_reqs += (rid,)
 
 
 def grammar_compiled(state: SchedulerState, request_ids: Iterable[str], failed: bool = False) -> SchedulerState:

@@ -75,7 +75,7 @@ def test_contracts_hold_on_campaign_steps(scenarios):
 # the contracts can notice).
 M = Mutation
 MUTANTS = {
-    "admission over budget": [M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget + 1)"),
+    "admission over budget": [M("scheduler.num_new_tokens_waiting", "min(n, chunk_budget(s))", "min(n, chunk_budget(s) + 1)"),
                               M("scheduler.schedule", "assert s.token_budget >= 0 and s.input_budget >= 0", "pass")],
     "preemption leaks blocks": [M("kv_cache.BlockCountsWork.free",
                                   "self.num_free_blocks += self.req_to_num_blocks.pop(request_id, 0)",

@@ -68,7 +68,7 @@ def test_every_call_of_the_campaigns_is_checked(shadow, vllm):
 
 # One mutant per call: each changes the spec's answer on states the campaign reaches.
 MUTANTS = {
-    "schedule": Mutation("scheduler.schedule", "not s.preempted and s.pause_state != 'PAUSED_ALL'", "True"),
+    "schedule": Mutation("scheduler.schedule", "not s.preempted and s.pause_state != PAUSED_ALL", "True"),
     "update_from_output": Mutation("scheduler.check_stop", "request.num_output_tokens >= request.max_tokens",
                                    "request.num_output_tokens > request.max_tokens"),
     "add_request": Mutation("scheduler.add_request",

@@ -1323,7 +1323,7 @@ def test_paused_new_admits_the_requests_holding_blocks(monitor, holders_admitted
 
 @pytest.mark.parametrize("mutation,connector", [
     (Mutation("kv_connector.loads_async", "external > 0 and r.kv_connector_async", "False"), "OneBlockAsyncConnector"),
-    (Mutation("kv_connector.promote", "s.requests[rid].kv_load_finished", "False"), "OneBlockAsyncConnector"),
+    (Mutation("kv_connector.load_in_flight", "not r.kv_load_finished", "True"), "OneBlockAsyncConnector"),
     (Mutation("kv_connector.promote", "r.num_computed_tokens == r.num_tokens", "False"), "WholePromptAsyncConnector"),
 ], ids=["loads-within-the-step", "never-promoted", "whole-load-kept"])
 def test_a_spec_without_the_async_load_rules_diverges(monitor, tmp_path, mutation, connector):

@@ -337,7 +337,7 @@ SPEC_MUTANTS = {
                                        "reserved_blocks",
                                        "new_blocks + num_evictable_hit_blocks + watermark_blocks >= num_free_blocks - "
                                        "reserved_blocks")],
-    "chunked_off_fit_strict": [M("scheduler.num_new_tokens_waiting", "not s.config.enable_chunked_prefill and n > budget",
+    "chunked_off_fit_strict": [M("guards.stops_admission", "not s.config.enable_chunked_prefill and n > budget",
                                  "not s.config.enable_chunked_prefill and n >= budget")],
     "admit_after_preemption": [M("scheduler.schedule", "not s.preempted", "True")],
     "length_check_strict": [M("scheduler.check_stop", "request.num_tokens >= max_model_len",

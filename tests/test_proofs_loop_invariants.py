@@ -478,7 +478,9 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
         # The encoding's skip_lora is its own condition, whatever else skips the head.
         if LORA.exceeds_max_loras(s.config, loras, s.requests[head]):
             skipped_lora.add(head)
-        if SO.waits_for_grammar(s, head):
+        grammar_waits = SO.waits_for_grammar(s, head)
+        SO.grammar_reached(s, head)  # a compiled grammar promoted, a failed one noted, skipped or not
+        if grammar_waits:
             skipped.append(s.waiting.popleft())
             ok, why = None, "skipped: grammar"
         elif s.requests[head].num_stale_output_tokens > 0:
@@ -490,7 +492,8 @@ def compare_waiting(state, variant: str = "correct", stats=None, throttle=False)
         else:
             why = stop_reason(s, head, A.hold)
             hit = prefix_hit(s, head)
-            ok = S.admit(s, head)
+            outcome = S.admit(s, head)
+            ok = None if outcome is S.Admission.SKIPPED else outcome is not S.Admission.STOPPED
             if ok:
                 hit_at_admission[head] = hit
             stopped = not ok
@@ -575,9 +578,9 @@ def stop_reason(s, rid, hold=False) -> str:
     c, r = s.config, s.requests[rid]
     if hold and prefill_throttle.has_prefill_left(r.num_computed_tokens, r.num_tokens):
         return "stop: held prefill"
-    n = S.num_new_tokens_waiting(s, r, r.num_computed_tokens)
-    if n is None:
+    if S.stops_admission(s, r, r.num_computed_tokens):
         return "stop: chunked prefill off"
+    n = S.num_new_tokens_waiting(s, r, r.num_computed_tokens)
     if S.blocks_to_allocate(s, rid, n, has_scheduled_reqs=bool(s.running)) is None:
         return "stop: pool and watermark"
     if S.blocks_to_allocate(s, rid, n, full_sequence_must_fit=c.scheduler_reserve_full_isl,

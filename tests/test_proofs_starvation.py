@@ -261,13 +261,13 @@ S, K = "scheduler.py", "kv_cache.py"
 # One-line rule changes in the spec the concrete comparison must notice.
 M = Mutation
 MUTANTS = {
-    "chunk capped": [M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget, 2)")],
-    "budget +1": [M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget + 1)")],
+    "chunk capped": [M("scheduler.num_new_tokens_waiting", "min(n, chunk_budget(s))", "min(n, chunk_budget(s), 2)")],
+    "budget +1": [M("scheduler.num_new_tokens_waiting", "min(n, chunk_budget(s))", "min(n, chunk_budget(s) + 1)")],
     "no run-slot check": [M("scheduler.schedule_waiting", "len(s.running) < s.config.max_num_active_reqs", "True")],
-    "chunked-off skip": [M("scheduler.num_new_tokens_waiting", "not s.config.enable_chunked_prefill and n > budget",
+    "chunked-off skip": [M("guards.stops_admission", "not s.config.enable_chunked_prefill and n > budget",
                            "not s.config.enable_chunked_prefill and n > budget + 1")],
-    "decode cap 1 short": [M("scheduler.num_new_tokens_running", "min(n, s.token_budget, s.input_budget - s.draft_slots)",
-                             "min(n, s.token_budget - 1, s.input_budget - s.draft_slots)")],
+    "decode cap 1 short": [M("scheduler.num_new_tokens_running", "chunk_budget(s)",
+                             "min(s.token_budget - 1, s.input_budget - s.draft_slots)")],
     "admission after preemption": [M("scheduler.schedule", "not s.preempted", "True")],
     "threshold with one eligible": [M("config.long_prefill_threshold",
                                       "num_eligible <= 1 and has(c, LONG_PREFILL_THRESHOLD_NEEDS_TWO)", "False")],

@@ -9,7 +9,7 @@ from pathlib import Path
 import schedspec.spec
 
 SPEC = Path(schedspec.spec.__file__).parent
-CORE = ("scheduler.py", "kv_cache.py", "block_pool.py", "state.py", "request.py")
+CORE = ("scheduler.py", "guards.py", "kv_cache.py", "block_pool.py", "state.py", "request.py")
 MAX_FUNCTION_LINES = 60
 # 900 until speculative decoding (its rules are in spec_decode.py; the core gained its
 # call sites, the draft fields and the lookahead in allocate_slots); 950 until drop-mode
@@ -49,7 +49,11 @@ MAX_FUNCTION_LINES = 60
 # 1043 since vLLM 0.34.0: +5 lines (the cache-aware reorder's call site and import, the
 # resumed-as-new gate, the encoder split check's call, a two-line module docstring); the
 # reorder itself is spec/cache_aware_admission.py, the gates spec/versions.py.
-MAX_CORE_LINES = 1043
+# 1143 since the step reads guard-then-effect: +100 lines, for no new rule: the guards and
+# the rules both loops share as named pure functions in spec/guards.py (now core), the
+# waiting loop's outcomes named (Admission), the head's blocked status handled, a load
+# started and an admission entered as named effects (scheduler.py), the pause states named.
+MAX_CORE_LINES = 1143
 
 
 def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:

@@ -24,7 +24,7 @@ M = Mutation
 # property -> the broken rule(s) it must catch: the function, its code, the broken code.
 MUTANTS = {
     "token_budget_respected": [
-        M("scheduler.num_new_tokens_waiting", "min(n, budget)", "min(n, budget + 1)"),
+        M("scheduler.num_new_tokens_waiting", "min(n, chunk_budget(s))", "min(n, chunk_budget(s) + 1)"),
         M("scheduler.schedule", "assert s.token_budget >= 0 and s.input_budget >= 0", "pass"),
     ],
     "grants_positive": [
@@ -34,16 +34,15 @@ MUTANTS = {
         M("kv_cache.allocate_slots", "num_new_tokens <= 0", "num_new_tokens < 0"),
     ],
     "running_before_waiting": [
-        M("scheduler.num_new_tokens_running", "min(n, s.token_budget, s.input_budget - s.draft_slots)",
-          "min(n, s.token_budget, s.input_budget - s.draft_slots, 1)"),
+        M("scheduler.num_new_tokens_running", "chunk_budget(s)", "min(chunk_budget(s), 1)"),
     ],
     "preemption_only_on_allocation_failure": [
         M("scheduler.schedule", "not s.preempted", "True"),
     ],
     "starvation_condition": [
         # Admissions cut to 2 tokens; not with drafts, where a padded admission must keep 1 + k (S:1643).
-        M("scheduler.num_new_tokens_waiting", "min(n, budget)",
-          "(min(n, budget) if s.config.num_speculative_tokens else min(n, budget, 2))"),
+        M("scheduler.num_new_tokens_waiting", "min(n, chunk_budget(s))",
+          "(min(n, chunk_budget(s)) if s.config.num_speculative_tokens else min(n, chunk_budget(s), 2))"),
     ],
     "max_num_seqs_respected": [
         M("scheduler.schedule_waiting", "len(s.running) < s.config.max_num_active_reqs",
@@ -84,7 +83,7 @@ MUTANTS = {
     ],
     # Prefix caching: an admission that forgets its hit recomputes cached tokens past num_tokens.
     "scheduled_within_known_tokens": [
-        M("scheduler.num_new_tokens_waiting", "r.num_tokens - num_computed_tokens",
+        M("guards.wanted_tokens_waiting", "r.num_tokens - num_computed_tokens",
           "r.num_tokens - r.num_computed_tokens"),
     ],
     # Speculative decoding: a running request's drafts sent as padding.
@@ -126,7 +125,7 @@ MUTANTS = {
     "prefix_hit_within_shared_prefix": [
         M("block_pool.PoolWork.get_computed_blocks", "block_hashes[:(num_tokens - 1) // block_size]",
           "block_hashes[:num_tokens // block_size]"),
-        M("scheduler.num_new_tokens_waiting", "r.num_tokens - num_computed_tokens",
+        M("guards.wanted_tokens_waiting", "r.num_tokens - num_computed_tokens",
           "max(r.num_tokens - num_computed_tokens, 1)"),
     ],
 }
@@ -168,7 +167,7 @@ LOAD_MUTANTS = {
           "[x for x in s.waiting if not holds_kv_blocks(s.requests[x])] + holders")],
     # A finished load never promoted: the head waits for ever though nothing stops it.
     "starvation_condition": [
-        M("kv_connector.promote", "not s.requests[rid].kv_load_finished", "True")],
+        M("kv_connector.load_in_flight", "not r.kv_load_finished", "True")],
     # A load that takes one block more than its tokens fill.
     "kv_blocks_conserved": [
         M("kv_connector.start_load", "s.kv.allocate(rid, hits, num_new_blocks)",
