@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Iterable, Mapping, Sequence
 
-from .config import PRIORITY, ConfigError, SchedulerConfig, long_prefill_threshold
+from .config import PRIORITY, ConfigError, SchedulerConfig, long_prefill_threshold, step_budget
 from .kv_cache import allocate_slots
 from .request import PREEMPTED, RUNNING, WAITING, Request, RequestStatus, last_token_in_flight
 from . import (cache_aware_admission, encoder_inputs, kv_connector, lora, prefill_throttle, spec_decode, stale_output,
@@ -106,7 +106,7 @@ def schedule(state: SchedulerState, throttle_prefills: bool = False) -> tuple[Sc
     pre: all(k in state.requests for k in state.running + state.waiting) and len(set(state.running + state.waiting)) == len(state.running + state.waiting)
     pre: all(0 <= r.num_computed_tokens < r.num_tokens < state.config.max_model_len for r in state.requests.values())
     pre: state.num_free_blocks >= 0 and all(v >= 0 for v in state.req_to_num_blocks.values()) and len(state.running) <= state.config.max_num_active_reqs
-    post: __return__[0].total_num_scheduled_tokens <= min(state.config.token_budget, state.config.max_num_batched_tokens)
+    post: __return__[0].total_num_scheduled_tokens <= step_budget(state.config)
     post: all(n >= 1 for _, n in __return__[0].num_scheduled_tokens) and len(__return__[0].scheduled) == len(__return__[0].num_scheduled_tokens)
     post: __return__[1].num_free_blocks >= 0 and (state.block_pool is not None or __return__[1].num_free_blocks + sum(__return__[1].req_to_num_blocks.values()) == state.num_free_blocks + sum(state.req_to_num_blocks.values()))
     post: len(__return__[1].running) <= state.config.max_num_active_reqs and (not __return__[0].preempted_req_ids or not __return__[0].admitted)
