@@ -19,7 +19,6 @@ from schedspec.reference.engine import fake_model, run_scenario
 from schedspec.reference.generator import generate_scenario, scenario_rng
 from schedspec.reference.impl import SpecScheduler
 from schedspec.spec import scheduler as spec_scheduler
-from schedspec.spec.kv_cache import RequestStatus
 
 SCENARIOS = 150
 
