@@ -18,7 +18,7 @@ spec/scheduler.py marks its seams; the comments below name the same seams.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import z3
 
@@ -26,7 +26,7 @@ from schedspec.spec.versions import (INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_
                                      LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES)
 
 from . import release
-from .symbolic import PREEMPTED, RUNNING, WAITING, SymSlot, SymState, key_lt, priority_key_le
+from .symbolic import PREEMPTED, RUNNING, WAITING, SymConfig, SymSlot, SymState, key_lt, priority_key_le
 from .variants import VARIANTS, Rules
 
 FINISHED_STOPPED = 7
@@ -296,9 +296,22 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
     else:
         w.running_loop()
         w.waiting_loop()
-
+    queues = _queue_keys(st, w, rules)
+    mid = _after_schedule(st, w, rules)
+    sampled, finished, fstatus, after, free = _model_and_update(c, w, mid)
+    nxt = _next_state_slots(st, rules, after, finished, queues)
     slots = st.slots
-    # Queues after schedule(): survivors keep their order, admissions follow (S:1609-1611).
+    decision = SymDecision(tuple(w.sched), tuple(w.grant), tuple(w.gseq), tuple(w.from_running),
+                           tuple(w.admitted), tuple(z3.And(w.admitted[s], slots[s].status == PREEMPTED)
+                                                    for s in range(N)),
+                           tuple(w.pre), tuple(w.pseq), tuple(sampled), tuple(finished), tuple(fstatus))
+    return decision, SymState(c, tuple(nxt), free)
+
+
+def _queue_keys(st: SymState, w: _Work, rules: Rules) -> tuple[list, list, list, list]:
+    """(running members, their order keys, waiting members, their order keys) after
+    schedule(): survivors keep their order, admissions follow (S:1609-1611)."""
+    N, slots = len(st.slots), st.slots
     run_member = [z3.Or(w.alive[s], w.admitted[s]) if rules.admitted_to_running else w.alive[s]
                   for s in range(N)]
     run_key = [z3.If(w.admitted[s], N + w.aseq[s], slots[s].pos) for s in range(N)]
@@ -312,11 +325,14 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
         fcfs_pre_key = [N + w.pseq[s] for s in range(N)]
     wait_key = [z3.If(w.pre[s], fcfs_pre_key[s],
                       z3.If(w.admitted[s], 3 * N + w.aseq[s], slots[s].pos)) for s in range(N)]
+    return run_member, run_key, wait_member, wait_key
 
-    # The request fields after schedule() and _update_after_schedule (S:1912-1919).
+
+def _after_schedule(st: SymState, w: _Work, rules: Rules) -> list:
+    """The request fields after schedule() and _update_after_schedule (S:1912-1919)."""
     mid = []
-    for s in range(N):
-        r = slots[s]
+    for s in range(len(st.slots)):
+        r = st.slots[s]
         pre = w.pre[s]
         ncomp = r.num_computed_tokens
         if rules.preempt_resets_progress:
@@ -327,11 +343,15 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
         npre = r.num_preemptions + z3.If(z3.And(pre, rules.preempt_counts), 1, 0)
         mid.append(r.evolve(num_computed_tokens=ncomp, status=status, num_preemptions=npre,
                             num_blocks=w.blocks[s]))
+    return mid
 
-    # The fake model (formats.md step 4) and update_from_output (S:2301-2618).
+
+def _model_and_update(c: SymConfig, w: _Work, mid: list) -> tuple[list, list, list, list, Any]:
+    """The fake model (formats.md step 4) and update_from_output (S:2301-2618):
+    (sampled, finished, finish status, the slots after, free blocks) per slot."""
     sampled, finished, fstatus, after = [], [], [], []
     free = w.free
-    for s in range(N):
+    for s in range(len(mid)):
         r = mid[s]
         smp = z3.And(w.sched[s], r.num_computed_tokens >= r.num_tokens)
         out = r.num_output_tokens + z3.If(smp, 1, 0)
@@ -345,7 +365,14 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
         free = free + z3.If(fin, r.num_blocks, 0)
         after.append(r.evolve(num_output_tokens=out, present=z3.And(r.present, z3.Not(fin)),
                               num_blocks=z3.If(fin, 0, r.num_blocks)))
+    return sampled, finished, fstatus, after, free
 
+
+def _next_state_slots(st: SymState, rules: Rules, after: list, finished: list, queues) -> list:
+    """The slots of the state after the step: the unfinished members of each queue,
+    at their positions there."""
+    N, slots, c = len(st.slots), st.slots, st.config
+    run_member, run_key, wait_member, wait_key = queues
     run_final = [z3.And(run_member[s], z3.Not(finished[s])) for s in range(N)]
     wait_final = [z3.And(wait_member[s], z3.Not(finished[s])) for s in range(N)]
     run_pos = _compact(run_final, lambda t, s: run_key[t] < run_key[s])
@@ -362,11 +389,7 @@ def schedule_update(st: SymState, rules: Rules | str = "correct",
         present = z3.Or(run_final[s], wait_final[s])
         nxt.append(a.evolve(present=present, running=run_final[s],
                             pos=z3.If(run_final[s], run_pos[s], z3.If(wait_final[s], wait_pos[s], 0))))
-    decision = SymDecision(tuple(w.sched), tuple(w.grant), tuple(w.gseq), tuple(w.from_running),
-                           tuple(w.admitted), tuple(z3.And(w.admitted[s], slots[s].status == PREEMPTED)
-                                                    for s in range(N)),
-                           tuple(w.pre), tuple(w.pseq), tuple(sampled), tuple(finished), tuple(fstatus))
-    return decision, SymState(c, tuple(nxt), free)
+    return nxt
 
 
 def add_request(st: SymState, s: int, request: SymSlot, cond=True, rules: Rules | str = "correct") -> SymState:
