@@ -56,7 +56,8 @@ import z3
 from schedspec.spec.versions import MM_CHUNK_INSIDE_ITEM_WAITS
 
 from . import release
-from .loop_invariants import fixed_witness_description, replay_witness, vacuity_result
+from .solving import vacuity_result
+from .witness_replay import fixed_witness_description, replay_witness
 from .claim_obligations import Claim, claim_obligations, discharge_parts
 from .obligation import Bound, Obligation, Result
 

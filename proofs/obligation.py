@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 #   "inductive"  - the state invariant is preserved by a transition (schedule+update, add_request, abort);
 #   "initial"    - the initial (empty) state satisfies the invariant;
 #   "theorem"    - a closed-form statement over unbounded integers (e.g. the starvation condition);
-#   "loop"       - a property for any number of requests, by loop invariants (proofs/loop_invariants.py);
+#   "loop"       - a property for any number of requests, by loop invariants (proofs/loop_claims.py);
 #   "pool"       - a prefix-caching property for any number of blocks and requests, by an
 #                  invariant of the pool operations (proofs/pool_invariants.py);
 #   "encoder"    - an encoder-input property for any number of requests, items and cache

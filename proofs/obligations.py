@@ -27,10 +27,10 @@ from schedspec.spec.invariants import STATE_INVARIANTS
 from schedspec.spec.properties import PROPERTIES
 
 from . import encoding, release
-from .loop_invariants import CLAIMS as LOOP_CLAIMS
+from .loop_claims import CLAIMS as LOOP_CLAIMS
 from .pool_invariants import CLAIMS as POOL_CLAIMS
 from .encoder_invariants import CLAIMS as ENCODER_CLAIMS
-from .loop_invariants import FEATURE_ONLY as LOOP_FEATURE_ONLY
+from .loop_claims import FEATURE_ONLY as LOOP_FEATURE_ONLY
 from .obligation import Bound, Obligation, Result
 from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS, block_demand, capped_need, state_invariant
 from .solving import check, first_try, unknown_detail
@@ -74,7 +74,7 @@ STEP_BAD_VARIANTS = {
 # (both flags off) does not model: no `step:` obligation.
 OUTSIDE_BOUNDED = {name: p.engine_flags for name, p in PROPERTIES.items() if p.engine_flags}
 # Of those, the ones no obligation encodes (the loop encoding has async scheduling,
-# speculative decoding, structured output and LoRA, loop_invariants.ASYNC_ONLY /
+# speculative decoding, structured output and LoRA, loop_claims.ASYNC_ONLY /
 # FEATURE_ONLY; the pool encoding prefix caching's three; the encoder encoding encoder
 # inputs' three, 0.33.0 only): `schedspec prove` lists
 # them as not encoded; the state machine, `check` and `diff` judge them.  None today.
@@ -84,7 +84,7 @@ OUTSIDE_ENCODING = {name: flags for name, flags in OUTSIDE_BOUNDED.items()
 
 def outside_encoding() -> dict[str, tuple[str, ...]]:
     """OUTSIDE_ENCODING for the modelled release: LoRA's and structured output's
-    claims exist only where schedspec models the feature (loop_invariants.FEATURE_ONLY)."""
+    claims exist only where schedspec models the feature (loop_claims.FEATURE_ONLY)."""
     out = dict(OUTSIDE_ENCODING)
     out.update({name: OUTSIDE_BOUNDED[name] for name, modelled in sorted(LOOP_FEATURE_ONLY.items()) if not modelled()})
     if not release.models_encoder_inputs():
@@ -464,10 +464,10 @@ def for_release(o: Obligation) -> Obligation:
 
 
 def loop_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
-    """proofs/loop_invariants.py's claims for any number of requests."""
-    from . import loop_invariants
+    """proofs/loop_claims.py's claims for any number of requests."""
+    from .loop_obligations import obligations
 
-    return loop_invariants.obligations(timeout_s)
+    return obligations(timeout_s)
 
 
 def pool_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:

@@ -17,7 +17,7 @@ block of one request `a` (the *acting* request):
 `add_hits` is touches in hit order, `allocate_new_blocks(k)` k pops, `cache_blocks`
 one cache per new full block, `free` releases until a holds nothing.  The pool
 invariant, stated for an arbitrary block `g` and an arbitrary request `x` (the
-ghosts, as in loop_invariants.py), is shown to hold at a step's start (entry)
+ghosts, as in loop_running.py), is shown to hold at a step's start (entry)
 and to be preserved by each operation from any pool satisfying it; by induction
 it holds after any sequence of operations, so after every step, for any number
 of blocks and requests.  The step's start is where `prefix_hit_within_shared_prefix`
@@ -65,7 +65,8 @@ from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST
 from . import release
 from .claim_obligations import Claim, claim_obligations, discharge_parts
 from .obligation import Bound, Obligation, Result
-from .loop_invariants import fixed_witness_description, replay_witness, vacuity_result
+from .solving import vacuity_result
+from .witness_replay import fixed_witness_description, replay_witness
 
 DEFAULT_TIMEOUT_S = 20.0
 HELD, FRONT, FRESH, BACK = 0, 1, 2, 3

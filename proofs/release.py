@@ -125,7 +125,7 @@ SAME_AS_RULE_OF = {
 
 
 # Bad variant -> does the modelled release have the feature it breaks?  Without
-# it the variant is the rules themselves (loop_invariants.py: a drafter's rows
+# it the variant is the rules themselves (loop_config.py: a drafter's rows
 # exist only with speculative decoding, which schedspec models from 0.33.0 on).
 NEEDS_FEATURE = {"drafter_rows_not_charged": models_spec_decode}
 

@@ -28,6 +28,8 @@ from typing import Any, Callable
 import z3
 from z3 import z3printer
 
+from .obligation import Result
+
 # Try k: random seed k, limit timeout_s * RETRY_FACTORS[k].  Each short limit twice:
 # an unlucky seed is common (half the seeds in the measurement above) and cheap to
 # leave, and ten seeds make a query whose seeds fail half the time unknown once in
@@ -176,3 +178,14 @@ def first_unsatisfiable(checks, timeout_s: float) -> tuple[str, str] | None:
         if r != "sat":
             return name, r
     return None
+
+
+def vacuity_result(checks, timeout_s: float, t0: float) -> Result:
+    """proved when every (name, constraints) of `checks` is satisfiable; else which is
+    not (unsat: the claim would be vacuous).  `t0`: when the check began (perf_counter)."""
+    bad = first_unsatisfiable(checks, timeout_s)
+    if bad is not None:
+        name, r = bad
+        return Result("refuted" if r == "unsat" else "unknown", time.perf_counter() - t0,
+                      f"premises of {name!r} are {r}: the claim would be vacuous")
+    return Result("proved", time.perf_counter() - t0, f"{len(checks)} premise sets satisfiable")

@@ -26,7 +26,7 @@ import re
 import pytest
 import z3
 
-from schedspec.proofs import loop_invariants as LI
+from schedspec.proofs import loop_config
 from schedspec.proofs import release
 from schedspec.proofs.symbolic import BLOCK_SIZES, WATERMARKS, Evaluator, SymConfig, config_substitution, const_val
 from mutants import Mutation, mutated
@@ -162,7 +162,7 @@ def test_the_comparison_sees_a_spec_check_off_by_one(name):
             test_constraints_admit_exactly_the_configs_the_spec_accepts("0.33.0")
 
 
-# --- the loop encoding's configs (proofs/loop_invariants.py LoopConfig) ---------------------------
+# --- the loop encoding's configs (proofs/loop_config.py LoopConfig) --------------------------------
 #
 # The `loop:` claims quantify over LoopConfig.constraints: every config field the
 # two loops read, speculative decoding's and LoRA's among them, per release.  The
@@ -170,7 +170,7 @@ def test_the_comparison_sees_a_spec_check_off_by_one(name):
 # base the spec accepts (max_num_seqs moves with max_num_active_seqs, so that the
 # run-slot limit M is the one the spec compares with max_num_batched_tokens).
 # Restricted: as above, and a multi-module MTP drafter's prefill lookahead (> 1,
-# outside the loop claims, loop_invariants.py's docstring).
+# outside the loop claims, loop_claims.py's docstring).
 
 NO_DRAFTER = dict(TIGHT, num_speculative_tokens=0, num_lookahead_tokens=0, max_num_new_slots_for_drafting=0,
                   num_prefill_lookahead_tokens=0, max_loras=None, num_hash_lookahead_tokens=0)
@@ -234,12 +234,12 @@ class LoopAdmits:
     """LoopConfig.constraints of the set release, per block size, evaluated on a config."""
 
     def __init__(self):
-        self.sym = {bs: LI.LoopConfig.fresh(f"cfg{bs}", bs) for bs in BLOCK_SIZES}
+        self.sym = {bs: loop_config.LoopConfig.fresh(f"cfg{bs}", bs) for bs in BLOCK_SIZES}
         self.ev = {bs: Evaluator([c.constraints()]) for bs, c in self.sym.items()}
 
     def __call__(self, config: SchedulerConfig) -> bool:
         c = self.sym[config.block_size]
-        values = LI.config_values(config, config.long_prefill_token_threshold)
+        values = loop_config.config_values(config, config.long_prefill_token_threshold)
         pairs = [(getattr(c, f), const_val(v)) for f, v in values.items()]
         return self.ev[config.block_size](pairs)[0]
 
@@ -315,20 +315,20 @@ def test_the_loop_comparison_sees_a_constraint_dropped(monkeypatch, field):
     drafts), on the watermark's blocks (at most U) or on the hash lookahead (only
     with prefix caching) admits configs the spec rejects: a lookahead without
     drafts, a watermark of 1, a hash lookahead without prefix caching."""
-    original = LI.LoopConfig.constraints
+    original = loop_config.LoopConfig.constraints
 
     def looser(self):
         return z3.substitute(original(self), (getattr(self, field), z3.IntVal(0)))
 
-    monkeypatch.setattr(LI.LoopConfig, "constraints", looser)
+    monkeypatch.setattr(loop_config.LoopConfig, "constraints", looser)
     with pytest.raises(AssertionError, match="admits a config the spec rejects"):
         test_loop_constraints_admit_exactly_the_configs_the_spec_accepts("0.33.0")
 
 
-# --- the long-prefill threshold in force (loop_invariants.threshold_in_force) ------------------
+# --- the long-prefill threshold in force (loop_config.threshold_in_force) ----------------------
 #
 # running_never_starved's lemma on a grown adaptive threshold reads the threshold in
-# force of two steps as loop_invariants.threshold_in_force; here it is compared with
+# force of two steps as loop_config.threshold_in_force; here it is compared with
 # the spec's config.long_prefill_threshold at the boundaries of its comparisons:
 # the threshold 0 and 1, eligible requests 0, 1 and 2, max_num_batched_tokens //
 # eligible equal to the threshold and off by one each way.
@@ -349,7 +349,7 @@ def test_threshold_in_force_agrees_with_the_spec(version):
     release.set_release(version)
     try:
         T, adaptive, B, NE, chunked = z3.Int("T"), z3.Bool("adaptive"), z3.Int("B"), z3.Int("NE"), z3.Bool("chunked")
-        ev = Evaluator([LI.threshold_in_force(T, adaptive, B, NE, chunked)])
+        ev = Evaluator([loop_config.threshold_in_force(T, adaptive, B, NE, chunked)])
         base = SchedulerConfig(**TIGHT, vllm_version=version)
         grown = 0
         for t, b, ne, ad, ch in threshold_cases(version):

@@ -1,4 +1,4 @@
-"""The loop-invariant encodings (proofs/loop_invariants.py) agree with the spec.
+"""The loop-invariant encodings (proofs/loop_running.py, loop_waiting.py, loop_update.py) agree with the spec.
 
 The spec's own rule functions (`num_new_tokens_running`, `blocks_to_allocate`,
 `choose_victim`, `preempt`, `allocate`, `grant` for the running loop; `admit`
@@ -42,7 +42,8 @@ from schedspec.reference.engine import FakeModel, engine_step
 from schedspec.reference.impl import SpecScheduler
 from schedspec.spec.input_processor import make_request
 from schedspec.spec.request import RequestStatus
-from schedspec.proofs import loop_invariants as LI
+from schedspec.proofs import loop_claims, loop_config, loop_parts, loop_rules, loop_running, loop_update, loop_waiting
+from schedspec.proofs import loop_witnesses
 from schedspec.proofs.symbolic import Evaluator
 from schedspec.spec import lora as LORA
 from schedspec.spec import prefill_throttle
@@ -153,7 +154,7 @@ def prefix_hit(s, rid) -> tuple[int, int]:
 
 
 class RunAbstraction:
-    """The concrete values of loop_invariants' running-loop symbols for `before`."""
+    """The concrete values of loop_running's running-loop symbols for `before`."""
 
     def __init__(self, before, throttle=False):
         self.before = before
@@ -176,7 +177,7 @@ class RunAbstraction:
         self.visited_dem = 0
 
     def config(self):
-        return LI.config_values(self.before.config, get_long_prefill_threshold(self.before), self.hold,
+        return loop_config.config_values(self.before.config, get_long_prefill_threshold(self.before), self.hold,
                                 self.before.pause_state)
 
     def consts(self, x):
@@ -221,14 +222,14 @@ class RunEval:
     """run_iteration over fresh symbols for one block size and variant, packed for evaluation."""
 
     def __init__(self, bs: int, variant: str):
-        self.rules = LI.LOOP_VARIANTS[variant]
-        V = self.V = LI.LoopVars(bs, LI.LOOP_VARIANTS["correct"])  # the real config: TB0 is the spec's
-        frame, s2, x2, facts = LI.run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, self.rules)
-        self.names_s = [f.name for f in fields(LI.RunState)]
-        self.names_x = [f.name for f in fields(LI.RunReq)]
+        self.rules = loop_rules.LOOP_VARIANTS[variant]
+        V = self.V = loop_parts.LoopVars(bs, loop_rules.LOOP_VARIANTS["correct"])  # the real config: TB0 is the spec's
+        frame, s2, x2, facts = loop_running.run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, self.rules)
+        self.names_s = [f.name for f in fields(loop_running.RunState)]
+        self.names_x = [f.name for f in fields(loop_running.RunReq)]
         # the frame holds the static facts of cr and v; x's are a premise of every claim (_run_pre)
-        terms = [z3.And(*frame, V.x.static_facts(V.c, V.k.R0)), LI.run_I(V.c, V.k, V.s, V.x),
-                 LI.run_J(V.c, V.k, V.s, V.x), LI.run_guard(V.s)]
+        terms = [z3.And(*frame, V.x.static_facts(V.c, V.k.R0)), loop_running.run_I(V.c, V.k, V.s, V.x),
+                 loop_running.run_J(V.c, V.k, V.s, V.x), loop_running.run_guard(V.s)]
         terms += [getattr(s2, n) for n in self.names_s] + [getattr(x2, n) for n in self.names_x]
         self.ev = Evaluator(terms)
 
@@ -401,13 +402,13 @@ def driver_is_the_loop(state, throttle=False) -> bool:
 
 class WaitEval:
     def __init__(self, bs: int, variant: str):
-        rules = LI.LOOP_VARIANTS[variant]
-        V = self.V = LI.LoopVars(bs, LI.LOOP_VARIANTS["correct"])
-        frame, s2, x2, facts = LI.wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, rules)
-        self.names_s = [f.name for f in fields(LI.WaitState)]
-        self.names_x = [f.name for f in fields(LI.WaitReq)]
-        terms = [z3.And(*frame, V.wx.static_facts(V.c, V.W0)), LI.wait_I(V.c, V.ws, V.W0),
-                 LI.wait_J(V.c, V.ws, V.wx), LI.wait_guard(V.c, V.ws, V.W0, rules)]
+        rules = loop_rules.LOOP_VARIANTS[variant]
+        V = self.V = loop_parts.LoopVars(bs, loop_rules.LOOP_VARIANTS["correct"])
+        frame, s2, x2, facts = loop_waiting.wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, rules)
+        self.names_s = [f.name for f in fields(loop_waiting.WaitState)]
+        self.names_x = [f.name for f in fields(loop_waiting.WaitReq)]
+        terms = [z3.And(*frame, V.wx.static_facts(V.c, V.W0)), loop_waiting.wait_I(V.c, V.ws, V.W0),
+                 loop_waiting.wait_J(V.c, V.ws, V.wx), loop_waiting.wait_guard(V.c, V.ws, V.W0, rules)]
         terms += [getattr(s2, n) for n in self.names_s] + [getattr(x2, n) for n in self.names_x]
         self.ev = Evaluator(terms)
 
@@ -779,7 +780,7 @@ def test_running_iteration_agrees_with_spec():
     corpus(check)
     # Every kind of round, and the rules that make preemption subtle, were exercised.
     # (no "skip": in the synchronous engine a running request's capped need is >= 1,
-    # loop_invariants.lemma_cap_positive_sync)
+    # loop_parts.lemma_cap_positive_sync)
     assert stats.get("success", 0) >= 2000 and stats.get("fail", 0) >= 300, stats
     assert stats.get("victim behind the cursor", 0) >= 10 and stats.get("refund", 0) >= 10, stats
     assert stats.get("retry with the first n, below a fresh one", 0) >= 3, stats
@@ -1069,8 +1070,8 @@ _UPDATE_EVALS: dict = {}
 def update_eval(variant: str = "correct") -> ValueEval:
     """placeholders_after (update_after_schedule) and the delivery lemma's update."""
     if variant not in _UPDATE_EVALS:
-        rules = LI.LOOP_VARIANTS[variant]
-        c = LI.LoopConfig.fresh("U.c", 1)
+        rules = loop_rules.LOOP_VARIANTS[variant]
+        c = loop_config.LoopConfig.fresh("U.c", 1)
         I = z3.Int
         syms = dict(asy=c.asy, nc2=I("U.nc2"), nt=I("U.nt"), ph=I("U.ph"), granted=z3.Bool("U.g"), k=I("U.k"),
                     n=I("U.n"), inf=I("U.inf"), stl=I("U.stl"), bt=I("U.bt"), K=c.K, d=I("U.d"),
@@ -1079,14 +1080,14 @@ def update_eval(variant: str = "correct") -> ValueEval:
         # admission's paddings (padded_drafts).
         run_req = SimpleNamespace(d=syms["d"], nc=syms["nc2"] - syms["n"], nt=syms["nt"], ph=syms["ph"])
         waiting = SimpleNamespace(adm=syms["granted"], pd=syms["pd"])
-        ds = z3.If(syms["running"], LI.RunReq.drafts_sent(run_req, syms["n"]), LI.padded_drafts(c, waiting))
-        ph_after = LI.placeholders_after(c, syms["nc2"], syms["nt"], syms["ph"], syms["granted"], rules, ds)
+        ds = z3.If(syms["running"], loop_running.RunReq.drafts_sent(run_req, syms["n"]), loop_update.padded_drafts(c, waiting))
+        ph_after = loop_update.placeholders_after(c, syms["nc2"], syms["nt"], syms["ph"], syms["granted"], rules, ds)
         # lemma_delivery_keeps_bound's update of one request
         nt_del = syms["nt"] + syms["k"]
         ph_del = syms["ph"] - z3.If(z3.And(syms["ph"] > 0, syms["k"] > 0), syms["k"], 0)
         # placeholders_never_negative's: the grant in flight, and the delivery of a batch
-        inf_after = LI.inflight_after(syms["inf"], syms["granted"], syms["n"], rules)
-        delivered = LI.deliver(syms["ph"], syms["inf"], syms["stl"], syms["bt"], syms["k"], rules)
+        inf_after = loop_update.inflight_after(syms["inf"], syms["granted"], syms["n"], rules)
+        delivered = loop_update.deliver(syms["ph"], syms["inf"], syms["stl"], syms["bt"], syms["k"], rules)
         _UPDATE_EVALS[variant] = ValueEval(syms, [ph_after, nt_del, ph_del, inf_after, *delivered])
     return _UPDATE_EVALS[variant]
 
@@ -1323,7 +1324,7 @@ def test_async_witness_replays(tmp_path):
     stale delivery after a preemption with a batch in flight; the property holds."""
     from schedspec.reference.scenario import load_scenario, save_scenario
 
-    res, scenario = LI.async_witness()
+    res, scenario = loop_witnesses.async_witness()
     assert res.status == "proved", res
     path = tmp_path / "w.json"
     save_scenario(scenario, path)
@@ -1336,20 +1337,40 @@ def test_fixed_witnesses_fail_on_a_scenario_that_does_not_show_them(monkeypatch)
     drafts_sent_are_known prove on their scenarios, and are refuted where nothing
     is skipped (room for two adapters, grammars that never wait) or nothing padded
     (no one-token prompt)."""
-    assert LI.grammar_witness()[0].status == "proved" and LI.lora_witness()[0].status == "proved"
-    assert LI.drafts_witness()[0].status == "proved"
-    drafts_scenario = LI.drafts_witness_scenario()
-    monkeypatch.setattr(LI, "drafts_witness_scenario", lambda: dataclasses.replace(
-        drafts_scenario, requests=tuple(dataclasses.replace(r, prompt_len=max(r.prompt_len, 2))
-                                        for r in drafts_scenario.requests)))
-    assert LI.drafts_witness()[0].status == "refuted"
-    lora_scenario, grammar_scenario = LI.lora_witness_scenario(), LI.grammar_witness_scenario()
-    monkeypatch.setattr(LI, "lora_witness_scenario",
-                        lambda: dataclasses.replace(lora_scenario, config={**config_as_given(lora_scenario.config), "max_loras": 2}))
-    monkeypatch.setattr(LI, "grammar_witness_scenario", lambda: dataclasses.replace(
-        grammar_scenario, requests=tuple(dataclasses.replace(r, grammar_compile_steps=0, grammar_error=False)
-                                         for r in grammar_scenario.requests)))
-    assert LI.lora_witness()[0].status == "refuted" and LI.grammar_witness()[0].status == "refuted"
+    assert loop_witnesses.grammar_witness()[0].status == "proved"
+    assert loop_witnesses.lora_witness()[0].status == "proved"
+    assert loop_witnesses.drafts_witness()[0].status == "proved"
+    load = loop_witnesses.load_witness
+    changed = {
+        "loop-drafts-sent": lambda s: dataclasses.replace(s, requests=tuple(
+            dataclasses.replace(r, prompt_len=max(r.prompt_len, 2)) for r in s.requests)),
+        "loop-max-loras": lambda s: dataclasses.replace(s, config={**config_as_given(s.config), "max_loras": 2}),
+        "loop-grammar-wait": lambda s: dataclasses.replace(s, requests=tuple(
+            dataclasses.replace(r, grammar_compile_steps=0, grammar_error=False) for r in s.requests)),
+    }
+    monkeypatch.setattr(loop_witnesses, "load_witness", lambda name: changed[name](load(name)))
+    assert loop_witnesses.drafts_witness()[0].status == "refuted"
+    assert loop_witnesses.lora_witness()[0].status == "refuted"
+    assert loop_witnesses.grammar_witness()[0].status == "refuted"
+
+
+def test_fixed_witness_files_load_and_are_marked():
+    """Each fixed witness of a loop claim is a scenario file of witnesses/ that the
+    scenario loader accepts, that the modelled release runs, and whose description
+    bears prove's witness mark (a rerun of `prove -o DIR` replaces it); every file
+    there is some claim's witness."""
+    from schedspec.cli.prove import WITNESS_MARK
+    from schedspec.reference.scenario import scenario_problem
+    from schedspec.proofs.witness_replay import WITNESS_DIR
+
+    names = set()
+    for claim, witness in loop_witnesses.FIXED_WITNESSES.items():
+        res, scenario = witness()
+        assert res.status == "proved", (claim, res)
+        assert scenario_problem(scenario) is None, claim
+        assert scenario.description.startswith(WITNESS_MARK) and f"(loop:{claim})" in scenario.description
+        names.add(scenario.name)
+    assert names == {p.stem for p in WITNESS_DIR.glob("*.json")}
 
 
 # --- prefill throttling: held steps ---------------------------------------------------------------
@@ -1427,9 +1448,9 @@ def test_a_named_exception_to_never_starved_is_real(exception):
     chunk) or `engine_not_paused_all` (a PAUSED_ALL engine schedules nothing), the exit
     claim of running_never_starved has a counterexample: each exception is needed, not
     decoration."""
-    V = LI.LoopVars(4, LI.LOOP_VARIANTS["correct"])
-    pre, goal = LI.exit_never_starved(V, LI.LOOP_VARIANTS["correct"])
-    pre = pre + LI.claim_premises(LI.CLAIMS["running_never_starved"], V)
+    V = loop_parts.LoopVars(4, loop_rules.LOOP_VARIANTS["correct"])
+    pre, goal = loop_parts.exit_never_starved(V, loop_rules.LOOP_VARIANTS["correct"])
+    pre = pre + loop_claims.claim_premises(loop_claims.CLAIMS["running_never_starved"], V)
     case = V.x.held(V.c) if exception == "not_held_prefill_chunk" else V.c.pa
     premise = z3.Not(case)
     assert any(z3.eq(p, premise) for p in pre)
@@ -1470,8 +1491,8 @@ def test_a_grown_adaptive_threshold_needs_the_premise_scheduled_at_least_batched
     assert (cax, budget, granted, running) == (80, 60, 0, True)
     assert scenario.config.max_num_scheduled_tokens < scenario.config.max_num_batched_tokens
 
-    V = LI.LoopVars(4, LI.LOOP_VARIANTS["correct"])
-    pre, goal = LI.lemma_grown_threshold_within_budget(V, LI.LOOP_VARIANTS["correct"])
+    V = loop_parts.LoopVars(4, loop_rules.LOOP_VARIANTS["correct"])
+    pre, goal = loop_parts.lemma_grown_threshold_within_budget(V, loop_rules.LOOP_VARIANTS["correct"])
     premise = V.c.TB0 >= V.c.IB0
     assert any(z3.eq(p, premise) for p in pre)
     solver = z3.Solver()
@@ -1569,11 +1590,11 @@ class FinishEval:
     """finish_iteration over fresh symbols, packed for evaluation."""
 
     def __init__(self, variant: str):
-        c = self.c = LI.LoopConfig.fresh("F.c", 1)
-        self.s = LI.FinishState(z3.Int("F.F"), z3.Int("F.H"))
+        c = self.c = loop_config.LoopConfig.fresh("F.c", 1)
+        self.s = loop_update.FinishState(z3.Int("F.F"), z3.Int("F.H"))
         self.b, self.fr, self.H_oth = z3.Int("F.b"), z3.Int("F.fr"), z3.Int("F.H_oth")
-        frame, s2 = LI.finish_iteration(c, self.s, self.b, self.fr, self.H_oth, LI.LOOP_VARIANTS[variant])
-        self.ev = Evaluator([z3.And(*frame), LI.finish_I(c, self.s), s2.F, s2.H])
+        frame, s2 = loop_update.finish_iteration(c, self.s, self.b, self.fr, self.H_oth, loop_rules.LOOP_VARIANTS[variant])
+        self.ev = Evaluator([z3.And(*frame), loop_update.finish_I(c, self.s), s2.F, s2.H])
 
     def __call__(self, U, F, H, b, fr):
         return self.ev([(self.c.U, z3.IntVal(U)), (self.s.F, z3.IntVal(F)), (self.s.H, z3.IntVal(H)),
@@ -1770,17 +1791,17 @@ def test_prefix_caching_cases_are_in_the_claims_domain(case):
     caching's cases, so the claims are not proved for the counting pool alone: an
     admission from a hit that shares held blocks and takes free ones, a preemption
     and a finish that free fewer blocks than the request held."""
-    V, R = LI.LoopVars(4, LI.LOOP_VARIANTS["correct"]), LI.LOOP_VARIANTS["correct"]
+    V, R = loop_parts.LoopVars(4, loop_rules.LOOP_VARIANTS["correct"]), loop_rules.LOOP_VARIANTS["correct"]
     if case.startswith("admission"):
-        pre, _ = LI.part_wait_preserved(V, R)
-        _, _, _, facts = LI.wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, R)
+        pre, _ = loop_parts.part_wait_preserved(V, R)
+        _, _, _, facts = loop_waiting.wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, R)
         extra = [facts["admit"], V.wh.he > 0, V.wh.he < V.wh.hb]
     elif case.startswith("victim"):
-        pre, _ = LI.part_run_preserved(V, R)
-        _, _, _, facts = LI.run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, R)
+        pre, _ = loop_parts.part_run_preserved(V, R)
+        _, _, _, facts = loop_running.run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, R)
         extra = [facts["fail"], V.sp.Fv < V.v.b]
     else:
-        pre, _ = LI.part_finish_preserved(V, R)
+        pre, _ = loop_parts.part_finish_preserved(V, R)
         extra = [V.ff < V.fb]
     solver = z3.Solver()
     solver.add(*pre, *extra)
@@ -1795,11 +1816,11 @@ _DELIVERY_EVALS: dict = {}
 def delivery_eval(bs: int, variant: str = "correct") -> ValueEval:
     """deliver_tokens over fresh symbols: computed, num_tokens and cached blocks after."""
     if (bs, variant) not in _DELIVERY_EVALS:
-        c = LI.LoopConfig.fresh("DC.c", bs)
+        c = loop_config.LoopConfig.fresh("DC.c", bs)
         names = ("nc", "nt", "lim", "cb", "d", "m", "stop_at", "inf", "bt", "ph")
         syms = {n: z3.Int(f"DC.{n}") for n in names}
         syms.update(pc=c.pc, L=c.L, K=c.K, LH=c.LH)
-        out = LI.deliver_tokens(c, *(syms[n] for n in names), LI.LOOP_VARIANTS[variant])
+        out = loop_update.deliver_tokens(c, *(syms[n] for n in names), loop_rules.LOOP_VARIANTS[variant])
         _DELIVERY_EVALS[bs, variant] = ValueEval(syms, list(out))
     return _DELIVERY_EVALS[bs, variant]
 

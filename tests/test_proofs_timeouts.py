@@ -17,7 +17,7 @@ import z3
 
 from schedspec.cli.prove import run_obligation
 from schedspec.proofs import obligations as O
-from schedspec.proofs import loop_invariants as LI
+from schedspec.proofs import loop_claims, loop_obligations
 from schedspec.proofs import solving
 from schedspec.proofs.symbolic import BLOCK_SIZES
 
@@ -42,12 +42,12 @@ def test_step_claim_retried_then_proved(factors):
 
 
 def test_loop_claim_retried_then_proved(factors):
-    claim = LI.CLAIMS["max_num_seqs_respected"]
+    claim = loop_claims.CLAIMS["max_num_seqs_respected"]
     factors(1)
-    assert LI.discharge(claim, "correct", timeout_s=TINY, block_sizes=(2,)).status == "unknown"
+    assert loop_obligations.discharge(claim, "correct", timeout_s=TINY, block_sizes=(2,)).status == "unknown"
     factors(1, 20_000)
     before = solving.RETRIES["calls"]
-    assert LI.discharge(claim, "correct", timeout_s=TINY, block_sizes=(2,)).status == "proved"
+    assert loop_obligations.discharge(claim, "correct", timeout_s=TINY, block_sizes=(2,)).status == "proved"
     assert solving.RETRIES["calls"] > before
 
 
