@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import tarfile
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -26,8 +28,19 @@ def installed(tmp_path_factory) -> dict:
     """{"bin": the fresh venv's bin folder, "cwd": an empty folder outside the repo, "env": env}."""
     work = tmp_path_factory.mktemp("wheel")
     dist = work / "dist"
+    # A copy of what the package is built from: setuptools builds in the source
+    # folder and keeps what an earlier build left in build/, which a wheel of the
+    # checkout itself would then ship.
+    source = work / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    folders = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    for folder in folders:
+        if not any(Path(f) in Path(folder).parents for f in folders):  # cli/package comes with cli
+            shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(dist), str(ROOT)], capture_output=True, text=True, timeout=600)
+                        "-w", str(dist), str(source)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     (wheel,) = dist.glob("schedspec-*.whl")
     venv = work / "venv"
