@@ -26,7 +26,7 @@ def add_device_argument(parser) -> None:
 def device_for(device: str | None, impl_names: Iterable[str]) -> str | None:
     """The device to pass to `load_impl("torch", device=...)`, checked: None
     when the flag was not given.  With torch among the implementations, a bad
-    $SCHEDSPEC_TRACE_RENDERER (or `native` where the C renderer cannot be
+    $SCHEDSPEC_TRACE_RENDERER (or `native` where the C renderer is not
     built) is a usage error here, not a crash of every scenario later."""
     names = list(impl_names)
     if TORCH_IMPL in names:

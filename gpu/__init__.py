@@ -12,8 +12,8 @@ book, differential-tested against the spec.
   written as the run goes; `run_one(scenario)`.
 - `trace_text.py`: per-step records to trace text, column by column
   (`render_chunk`), and `TorchTrace` (write, compare or parse it);
-  `trace_native.py`: the C renderer `trace_render.c` (built with the system
-  compiler on first use), which `render_chunk` uses when it can be had.
+  `trace_native.py`: the C renderer `trace_render.c` (an extension module
+  built at install time), which `render_chunk` uses when it was built.
 - `impl.py`: `TorchScheduler`, the same step code at S = 1 behind the
   implementation protocol (`--impl torch`).
 - `pool.py`: the block-level KV pool of prefix caching (hits, hashing within

@@ -1,48 +1,42 @@
-"""The native trace renderer (gpu/trace_render.c): compiled once per source
-text with the system C compiler, loaded with ctypes, called per slice of records.
+"""The native trace renderer: the C extension module schedspec.gpu.trace_render
+(gpu/trace_render.c), built when schedspec is installed, called per chunk of
+records.
 
 `render(...)` takes what gpu/trace_text.py's numpy renderer takes and returns the
-same text; `available()` says whether the library could be had, and `why_not()`
-why not.  Nothing here is needed for a correct trace: without a C compiler (or
-with SCHEDSPEC_TRACE_RENDERER=numpy) the numpy renderer writes the same bytes,
-about ten times slower.
+same text; `available()` says whether the extension could be had, and `why_not()`
+why not.  Nothing here is needed for a correct trace: without the extension (an
+install without a C compiler; or SCHEDSPEC_TRACE_RENDERER=numpy) the numpy
+renderer writes the same bytes, slower (a traced run about `SLOWDOWN` times),
+and under `auto` a warning says so once and how to get the extension.
 
-The library is kept in $SCHEDSPEC_CACHE/native (default ~/.cache/schedspec/native),
-named by the hash of the source and of the compiler command, so an edited source
-or another compiler builds anew; it is built under a temporary name and moved
-into place, so processes building it at once (the test shards) do not clash.
-When the cache folder cannot be written, the library is built in a temporary
-folder for this process.
+The extension's functions parse their arguments and check every array against
+its buffer's shape and item format (gpu/trace_render.c), so a call that does
+not match the C code is a TypeError or ValueError, never a bad read; the
+wrapper here only hands it contiguous arrays of the types it takes.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
+import importlib
 import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
 
+EXTENSION = f"{__package__}.trace_render"
 SOURCE = Path(__file__).with_name("trace_render.c")
 # the record fields in the order of the C enum (GRANT ... STOPPED)
 FIELDS = ("grant", "num_computed_tokens", "status", "run_pos", "wait_key", "admitted", "preempt_order",
           "sampled", "aborted", "hit_tokens", "app_key", "stopped")
 RENDERER_ENV = "SCHEDSPEC_TRACE_RENDERER"  # auto (default), numpy, or native (an error when it cannot be had)
-
-
-class _Column(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("itemsize", ctypes.c_int64)]
-
-
-class _Codes(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int64) for name in ("waiting", "running", "preempted", "stopped", "length_capped")]
-
+# A traced torch run with the numpy renderer against one with the extension:
+# 1.7x in benchmarks/torch_vs_spec.py --workload decode --sizes 1024
+# --write-traces, both flags on, on the loaded 2-core machine (the rendering
+# alone 4x); gpu/README.md, "Traces at tensor speed"
+SLOWDOWN = 2
+HOW_TO_BUILD = ("install schedspec where a C compiler is on PATH (from a checkout: pip install -e .) "
+                "and check the build's output for schedspec.gpu.trace_render")
 
 _lib = None
 _why_not: str | None = None
@@ -50,69 +44,21 @@ _error: Exception | None = None
 _tried = False
 
 
-def _cache_dir() -> Path:
-    env = os.environ.get("SCHEDSPEC_CACHE", "").strip()
-    return (Path(env).expanduser() if env else Path.home() / ".cache" / "schedspec") / "native"
-
-
-def _compiler() -> list[str] | None:
-    cc = os.environ.get("CC", "").strip()
-    if cc:
-        return shlex.split(cc)
-    for name in ("cc", "gcc", "clang"):
-        found = shutil.which(name)
-        if found:
-            return [found]
-    return None
-
-
-def _build() -> ctypes.CDLL:
-    cc = _compiler()
-    if cc is None:
-        raise OSError("no C compiler (cc, gcc, clang or $CC) on PATH")
-    flags = ["-O2", "-std=c99", "-shared", "-fPIC"]
-    source = SOURCE.read_bytes()
-    tag = hashlib.sha256(source + "\0".join(cc + flags + [platform.machine()]).encode()).hexdigest()[:16]
-    name = f"trace_render-{tag}.so"
-    for folder in (_cache_dir(), None):
-        try:
-            if folder is None:
-                folder = Path(tempfile.mkdtemp(prefix="schedspec-native-"))
-            target = folder / name
-            if not target.exists():
-                folder.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
-                os.close(fd)
-                try:
-                    done = subprocess.run(cc + flags + ["-o", tmp, str(SOURCE)], capture_output=True, text=True,
-                                          timeout=120)
-                    if done.returncode != 0:
-                        first = (done.stderr.strip().splitlines() or ["no message"])[0]
-                        raise RuntimeError(f"{' '.join(cc)} failed on {SOURCE.name}: {first}")
-                    os.replace(tmp, target)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
-            lib = ctypes.CDLL(str(target))
-            if folder != _cache_dir():  # a temporary folder: the loaded library stays mapped
-                shutil.rmtree(folder, ignore_errors=True)
-            break
-        except OSError:
-            if folder is not None and folder != _cache_dir():
-                raise
-            continue  # the cache folder cannot be written: a temporary folder
-    i64, p = ctypes.c_int64, ctypes.c_void_p
-    lib.schedspec_record_bound.argtypes = [i64, i64]
-    lib.schedspec_record_bound.restype = i64
-    lib.schedspec_render.argtypes = [i64, p, p, i64, i64, i64, ctypes.POINTER(_Column), p, i64, p, p, p,
-                                     p, p, p, i64, _Codes, p, i64, p]
-    lib.schedspec_render.restype = i64
+def _import():
+    """The extension module; ImportError when it is not built.  Warns when the
+    source beside it is newer than the module (edited since the last build)."""
+    lib = importlib.import_module(EXTENSION)
+    built = Path(getattr(lib, "__file__", "") or "")
+    if SOURCE.exists() and built.is_file() and SOURCE.stat().st_mtime > built.stat().st_mtime:
+        warnings.warn(f"{SOURCE.name} is newer than the built {built.name}: the traces are rendered by the "
+                      "old build; rebuild it (from a checkout: pip install -e .)", RuntimeWarning, stacklevel=3)
     return lib
 
 
 def _load():
-    """The library, or None for the numpy renderer; decided once (`reset`).  A
-    bad choice, or `native` that cannot be had, raises on every call."""
+    """The extension, or None for the numpy renderer; decided once (`reset`).  A
+    bad choice, or `native` that cannot be had, raises on every call.  Under
+    `auto` a missing extension is a warning, once."""
     global _lib, _why_not, _tried, _error
     if _tried:
         if _error is not None:
@@ -128,12 +74,17 @@ def _load():
         _why_not = f"{RENDERER_ENV}=numpy"
         return None
     try:
-        _lib = _build()
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        _lib = _import()
+    except ImportError as e:
+        reason = f"the C extension {EXTENSION} is not built ({e})"
         if chosen == "native":
-            _error = RuntimeError(f"{RENDERER_ENV}=native: the native trace renderer cannot be built: {e}")
+            _error = RuntimeError(f"{RENDERER_ENV}=native: the native trace renderer cannot be had: {reason}; "
+                                  f"{HOW_TO_BUILD}")
             raise _error from e
-        _why_not = str(e)
+        _why_not = reason
+        warnings.warn(f"{reason}: traced torch runs use the numpy renderer, the same traces about {SLOWDOWN}x "
+                      f"slower. To get it, {HOW_TO_BUILD}; {RENDERER_ENV}=numpy silences "
+                      "this warning", RuntimeWarning, stacklevel=3)
     return _lib
 
 
@@ -163,68 +114,43 @@ def reset() -> None:
     _lib, _why_not, _tried, _error = None, None, False, None
 
 
-def _column(a: np.ndarray | None) -> tuple[_Column, np.ndarray | None]:
+def _column(a: np.ndarray | None) -> np.ndarray | None:
+    """A record column as the extension reads it: C-contiguous signed integers
+    (or bool) of 1, 2, 4 or 8 bytes; anything else as int64."""
     if a is None:
-        return _Column(None, 0), None
-    if a.dtype.kind not in "biu" or a.dtype.itemsize not in (1, 2, 4, 8) or (
-            a.dtype.kind == "u" and a.dtype.itemsize > 1):
+        return None
+    if a.dtype.kind not in "bi" or a.dtype.itemsize not in (1, 2, 4, 8):
         a = a.astype(np.int64)
-    a = np.ascontiguousarray(a)
-    return _Column(a.ctypes.data, a.dtype.itemsize), a
+    return np.ascontiguousarray(a)
 
 
 def record_bound(R: int, max_id_len: int) -> int:
     """The most bytes the renderer writes for one record of R slots."""
-    return int(_load().schedspec_record_bound(R, max_id_len))
+    return int(_load().record_bound(R, max_id_len))
 
 
 def render(rec: dict[str, np.ndarray], first_step: int, scal: np.ndarray, tt: np.ndarray, ss: np.ndarray,
            abort_rank: np.ndarray, prefix_rows: np.ndarray, async_rows: np.ndarray, id_pool: np.ndarray,
-           id_off: np.ndarray, id_len: np.ndarray, max_id_len: int, codes: tuple[int, int, int, int, int],
+           id_off: np.ndarray, id_len: np.ndarray, codes: tuple[int, int, int, int, int],
            out: np.ndarray) -> tuple[int, np.ndarray]:
     """Render records (tt[m], ss[m]) into `out` (uint8, at least len(tt) *
-    record_bound bytes): (bytes written, each record's end; a record left out
-    ends where the one before it does).  Ids: request code s * R + r is
-    id_pool[id_off[code]:][:id_len[code]], its JSON string (id_len < 0: a
-    padding slot), in code order, the pool ending in 16 spare bytes.  The shapes are checked here: the C code reads what it is told."""
+    record_bound(R, longest id) bytes): (bytes written, each record's end; a
+    record left out ends where the one before it does).  Ids: request code
+    s * R + r is id_pool[id_off[code]:][:id_len[code]], its JSON string
+    (id_len < 0: a padding slot), the pool ending in 16 spare bytes.  The
+    extension checks every shape and index (ValueError naming the argument)."""
     lib = _load()
-    T, S, R = rec["status"].shape
-    keep = []  # the arrays ctypes points into live until the call returns
-    cols = (_Column * len(FIELDS))()
-    for k, name in enumerate(FIELDS):
-        a = rec.get(name)
-        if a is not None and a.shape != (T, S, R):
-            raise ValueError(f"rec[{name!r}]: shape {a.shape}, not {(T, S, R)}")
-        cols[k], a = _column(a)
-        keep.append(a)
-    scal = np.ascontiguousarray(scal, dtype=np.int64)
-    applied = rec.get("app_key") is not None
-    if scal.shape[:2] != (T, S) or scal.shape[2] < (5 if applied else 3):
-        raise ValueError(f"scal: shape {scal.shape} for records {(T, S, R)}")
-    tt = np.ascontiguousarray(tt, dtype=np.int64)
-    ss = np.ascontiguousarray(ss, dtype=np.int64)
-    M = len(tt)
-    if len(ss) != M or (M and (tt.min() < 0 or tt.max() >= T or ss.min() < 0 or ss.max() >= S)):
-        raise ValueError("tt, ss: records outside the chunk")
-    abort_rank = np.ascontiguousarray(abort_rank, dtype=np.int64)
-    prefix_rows = np.ascontiguousarray(prefix_rows, dtype=np.uint8)
-    async_rows = np.ascontiguousarray(async_rows, dtype=np.uint8)
-    if abort_rank.shape != (S, R) or prefix_rows.shape != (S,) or async_rows.shape != (S,):
-        raise ValueError("abort_rank, prefix_rows, async_rows: not one row per scenario")
-    if id_off.shape != (S * R,) or id_len.shape != (S * R,) or id_pool.dtype != np.uint8 or not (
-            id_pool.flags.c_contiguous and id_pool.nbytes >= (id_off[-1] + max(id_len[-1], 0) if S * R else 0) + 16):
-        raise ValueError("id_pool, id_off, id_len: one id per request slot, one after the other, "
-                         "and 16 spare bytes after the last")
-    if out.dtype != np.uint8 or not out.flags.c_contiguous or out.nbytes < M * record_bound(R, max_id_len):
-        raise ValueError(f"out: a contiguous uint8 array of at least {M * record_bound(R, max_id_len)} bytes")
-    ends = np.empty(M, dtype=np.int64)
-    n = lib.schedspec_render(M, tt.ctypes.data, ss.ctypes.data, S, R, first_step, cols, scal.ctypes.data,
-                             scal.shape[2], abort_rank.ctypes.data, prefix_rows.ctypes.data,
-                             async_rows.ctypes.data, id_pool.ctypes.data, id_off.ctypes.data, id_len.ctypes.data,
-                             max_id_len, _Codes(*codes), out.ctypes.data, out.nbytes, ends.ctypes.data)
-    if n < 0:
-        raise RuntimeError("the native trace renderer ran out of room or memory")
-    return int(n), ends
+    i64 = np.int64
+    ends = np.empty(len(tt), dtype=i64)
+    n = lib.render(columns=tuple(_column(rec.get(name)) for name in FIELDS),
+                   scal=np.ascontiguousarray(scal, dtype=i64), tt=np.ascontiguousarray(tt, dtype=i64),
+                   ss=np.ascontiguousarray(ss, dtype=i64), abort_rank=np.ascontiguousarray(abort_rank, dtype=i64),
+                   prefix_rows=np.ascontiguousarray(prefix_rows, dtype=np.uint8),
+                   async_rows=np.ascontiguousarray(async_rows, dtype=np.uint8), id_pool=id_pool,
+                   id_off=np.ascontiguousarray(id_off, dtype=i64), id_len=np.ascontiguousarray(id_len, dtype=i64),
+                   first_step=first_step, codes=codes, out=out, ends=ends)
+    return n, ends
 
 
-__all__ = ["FIELDS", "RENDERER_ENV", "available", "choice", "record_bound", "render", "reset", "why_not"]
+__all__ = ["EXTENSION", "FIELDS", "HOW_TO_BUILD", "RENDERER_ENV", "SLOWDOWN", "available", "choice", "record_bound",
+           "render", "reset", "why_not"]

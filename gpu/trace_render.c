@@ -1,4 +1,5 @@
-/* Per-step records to schedspec.trace/1 text, one record after another.
+/* Per-step records to schedspec.trace/1 text, one record after another: the
+   CPython extension module schedspec.gpu.trace_render.
 
    The native twin of gpu/trace_text.py's numpy renderer (`_render`): the same
    inputs (the record columns of a chunk, (T, S, R) arrays as gpu/batch.py copies
@@ -6,13 +7,22 @@
    compares the two on every flag combination, odd ids and large numbers).  The
    numpy renderer places some 250 pieces of text per step of 32 requests by index
    arithmetic, about 12 us of host time a step; a loop over the records writes the
-   same 1.4 kB in well under one.  gpu/trace_native.py compiles this file once per
-   source text with the system C compiler and loads it with ctypes; without a
-   compiler the numpy renderer runs.
+   same 1.4 kB in well under one.
+
+   Built when schedspec is installed (pyproject.toml [tool.setuptools] ext-modules,
+   optional: an install without a C compiler goes on without it); gpu/trace_native.py
+   imports it and, where it is missing, runs the numpy renderer with a warning.
+   The module's functions (`render`, `record_bound`, at the end of this file) take
+   Python objects and check each one against its buffer's own shape and item
+   format, so no call from Python reaches the loop with arrays it would read or
+   write past.
 
    A record is (step t, scenario row s).  Its text is `,\n{"step": ...}` with the
    keys of reference/engine.py in order (formats.md, Trace); a record with nothing
    to list (an idle step) is left out: its length is 0. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,7 +48,7 @@ static void load(const column *c, int64_t i, int64_t n, int64_t *to) {
     }
 }
 
-/* The record columns, in this order (gpu/trace_native.py FIELDS). */
+/* The record columns, in this order (gpu/trace_native.py FIELDS, the `columns` tuple). */
 enum { GRANT, NCT, STATUS, RUN_POS, WAIT_KEY, ADMITTED, PREEMPT_ORDER, SAMPLED, ABORTED,
        HIT_TOKENS, APP_KEY, STOPPED, NUM_FIELDS };
 
@@ -98,7 +108,7 @@ typedef struct {
 
 /* An id's text: short ones (nearly all) as one fixed 16-byte copy, whose
    bytes past the id the next piece overwrites; the id pool ends in 16 spare
-   bytes and every record's room (schedspec_record_bound) has 16 more. */
+   bytes and every record's room (record_bound) has 16 more. */
 static inline void id_text(out_t *o, const ids_t *ids, int64_t code) {
     const int64_t n = ids->len[code];
     const char *src = ids->pool + ids->off[code];
@@ -188,7 +198,7 @@ enum { L_SCHEDULED, L_NEW, L_RESUMED, L_ADMITTED, L_RUNNING, L_SAMPLED, L_LIVE, 
    every list it can be in (ten, with a comma; a number in three, a reason in
    two), and 16 bytes that a short id's copy may write past its end.  An id is
    at least as long as its padding form "null" in quotes. */
-int64_t schedspec_record_bound(int64_t R, int64_t max_id_len) {
+static int64_t record_bound(int64_t R, int64_t max_id_len) {
     const int64_t id_room = (max_id_len > 6 ? max_id_len : 6) + 2;
     return 768 + 16 + R * (10 * id_room + 128);
 }
@@ -206,14 +216,14 @@ int64_t schedspec_record_bound(int64_t R, int64_t max_id_len) {
    scheduling schedule_called and the step applied (-1: none).  abort_rank (S, R):
    each request's place in its scenario's abort list.  prefix_rows, async_rows (S,):
    the scenario rows with prefix caching, with async scheduling. */
-int64_t schedspec_render(int64_t M, const int64_t *tt, const int64_t *ss, int64_t S, int64_t R,
-                         int64_t first_step, const column *cols, const int64_t *scal, int64_t ncols,
-                         const int64_t *abort_rank, const uint8_t *prefix_rows, const uint8_t *async_rows,
-                         const char *id_pool, const int64_t *id_off, const int64_t *id_len,
-                         int64_t max_id_len, codes c, char *out, int64_t cap, int64_t *rec_end) {
+static int64_t render(int64_t M, const int64_t *tt, const int64_t *ss, int64_t S, int64_t R,
+                     int64_t first_step, const column *cols, const int64_t *scal, int64_t ncols,
+                     const int64_t *abort_rank, const uint8_t *prefix_rows, const uint8_t *async_rows,
+                     const char *id_pool, const int64_t *id_off, const int64_t *id_len,
+                     int64_t max_id_len, codes c, char *out, int64_t cap, int64_t *rec_end) {
     const ids_t ids = {id_pool, id_off, id_len};
     const int applied = cols[APP_KEY].data != NULL;
-    const int64_t bound = schedspec_record_bound(R, max_id_len);
+    const int64_t bound = record_bound(R, max_id_len);
     const size_t slots = (size_t)(R > 0 ? R : 1);
     /* scratch: the record's columns as int64, and its lists (slots sorted by
        a key, or slots in running order) */
@@ -398,4 +408,219 @@ int64_t schedspec_render(int64_t M, const int64_t *tt, const int64_t *ss, int64_
     free(order);
     free(lists);
     return o.p - out;
+}
+
+/* ---- The module's functions: every argument checked before the loop runs ---- */
+
+/* What a buffer must hold: integers of any width the loop reads (signed, or
+   bool), int64 only, or bytes (uint8 or bool). */
+enum { ANY_INT, INT64, BYTES };
+
+/* The item format of a buffer, without a native byte-order prefix. */
+static char item_kind(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    if (*f == '@' || *f == '=')
+        f++;
+    return f[0] != '\0' && f[1] == '\0' ? f[0] : '\0';
+}
+
+/* obj as a C-contiguous buffer of `ndim` dimensions holding `want`; a
+   TypeError or ValueError naming the argument otherwise. */
+static int get_buffer(PyObject *obj, const char *name, int ndim, int want, int writable, Py_buffer *v) {
+    const int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s: not a C-contiguous%s array (%.100s)", name,
+                     writable ? " writable" : "", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    const char k = item_kind(v);
+    int ok;
+    if (want == INT64)
+        ok = (k == 'l' || k == 'q') && v->itemsize == 8;
+    else if (want == BYTES)
+        ok = (k == 'B' || k == '?') && v->itemsize == 1;
+    else
+        ok = k != '\0' && strchr("bhilq?", k) != NULL &&
+             (v->itemsize == 1 || v->itemsize == 2 || v->itemsize == 4 || v->itemsize == 8);
+    if (!ok || v->ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: %d-dimensional array of %s expected, not %d-dimensional of format '%s'",
+                     name, ndim, want == INT64 ? "int64" : want == BYTES ? "uint8" : "signed integers",
+                     v->ndim, v->format ? v->format : "B");
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
+static int same_shape(const Py_buffer *v, const char *name, Py_ssize_t a, Py_ssize_t b, Py_ssize_t c) {
+    const Py_ssize_t want[3] = {a, b, c};
+    for (int d = 0; d < v->ndim; d++)
+        if (v->shape[d] != want[d]) {
+            PyErr_Format(PyExc_ValueError, "%s: dimension %d is %zd, not %zd", name, d, v->shape[d], want[d]);
+            return -1;
+        }
+    return 0;
+}
+
+static const char *const field_names[NUM_FIELDS] = {
+    "grant", "num_computed_tokens", "status", "run_pos", "wait_key", "admitted", "preempt_order",
+    "sampled", "aborted", "hit_tokens", "app_key", "stopped"};
+
+PyDoc_STRVAR(render_doc,
+"render(columns, scal, tt, ss, abort_rank, prefix_rows, async_rows, id_pool, id_off, id_len,\n"
+"       first_step, codes, out, ends) -> bytes written\n\n"
+"Renders records (tt[m], ss[m]) into out (uint8), one after another; ends[m]\n"
+"(int64, len(tt)) is where record m's text ends (a record left out ends where\n"
+"the one before it does).  columns: one array (T, S, R) of signed integers or\n"
+"None per field, in the order of gpu/trace_native.py FIELDS (status required);\n"
+"scal int64 (T, S, 3 or 5 with app_key); tt, ss int64 (M,); abort_rank int64\n"
+"(S, R); prefix_rows, async_rows uint8 (S,); id_pool uint8, id_off, id_len\n"
+"int64 (S * R,): request code s * R + r is id_pool[id_off:][:id_len], its JSON\n"
+"string (id_len < 0: a padding slot), the pool ending in 16 spare bytes;\n"
+"codes: RequestStatus (waiting, running, preempted, stopped, length_capped);\n"
+"out: at least M * record_bound(R, max(id_len)) bytes.  Every shape, format\n"
+"and index is checked: ValueError or TypeError naming the argument.");
+
+static PyObject *py_render(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"columns", "scal", "tt", "ss", "abort_rank", "prefix_rows", "async_rows",
+                             "id_pool", "id_off", "id_len", "first_step", "codes", "out", "ends", NULL};
+    PyObject *columns, *o_scal, *o_tt, *o_ss, *o_abort, *o_prefix, *o_async, *o_pool, *o_off, *o_len, *o_out,
+        *o_ends;
+    long long first_step, cw, cr, cp, cs, cl;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOL(LLLLL)OO:render", kwlist, &PyTuple_Type,
+                                     &columns, &o_scal, &o_tt, &o_ss, &o_abort, &o_prefix, &o_async, &o_pool,
+                                     &o_off, &o_len, &first_step, &cw, &cr, &cp, &cs, &cl, &o_out, &o_ends))
+        return NULL;
+    if (PyTuple_GET_SIZE(columns) != NUM_FIELDS)
+        return PyErr_Format(PyExc_ValueError, "columns: %d arrays or None expected, not %zd", NUM_FIELDS,
+                            PyTuple_GET_SIZE(columns));
+    enum { SCAL = NUM_FIELDS, TT, SS, ABORT, PREFIX, ASYNC, POOL, OFF, LEN, OUT, ENDS, NUM_BUFS };
+    Py_buffer b[NUM_BUFS];
+    int held[NUM_BUFS] = {0};
+    PyObject *result = NULL;
+    column cols[NUM_FIELDS];
+#define GET(i, obj, name, ndim, want, writable)                          \
+    do {                                                                 \
+        if (get_buffer((obj), (name), (ndim), (want), (writable), &b[i]) < 0) \
+            goto done;                                                   \
+        held[i] = 1;                                                     \
+    } while (0)
+    for (int f = 0; f < NUM_FIELDS; f++) {
+        PyObject *c = PyTuple_GET_ITEM(columns, f);
+        cols[f].data = NULL;
+        cols[f].itemsize = 0;
+        if (c == Py_None) {
+            if (f == STATUS) {
+                PyErr_SetString(PyExc_ValueError, "columns: the status column is required");
+                goto done;
+            }
+            continue;
+        }
+        GET(f, c, field_names[f], 3, ANY_INT, 0);
+    }
+    const Py_ssize_t T = b[STATUS].shape[0], S = b[STATUS].shape[1], R = b[STATUS].shape[2];
+    for (int f = 0; f < NUM_FIELDS; f++) {
+        if (!held[f])
+            continue;
+        if (same_shape(&b[f], field_names[f], T, S, R) < 0)
+            goto done;
+        cols[f].data = b[f].buf;
+        cols[f].itemsize = b[f].itemsize;
+    }
+    GET(SCAL, o_scal, "scal", 3, INT64, 0);
+    const Py_ssize_t ncols = b[SCAL].shape[2];
+    if (same_shape(&b[SCAL], "scal", T, S, ncols) < 0)
+        goto done;
+    if (ncols < (held[APP_KEY] ? 5 : 3)) {
+        PyErr_Format(PyExc_ValueError, "scal: %zd columns, not %d", ncols, held[APP_KEY] ? 5 : 3);
+        goto done;
+    }
+    GET(TT, o_tt, "tt", 1, INT64, 0);
+    GET(SS, o_ss, "ss", 1, INT64, 0);
+    const Py_ssize_t M = b[TT].shape[0];
+    GET(ABORT, o_abort, "abort_rank", 2, INT64, 0);
+    GET(PREFIX, o_prefix, "prefix_rows", 1, BYTES, 0);
+    GET(ASYNC, o_async, "async_rows", 1, BYTES, 0);
+    GET(POOL, o_pool, "id_pool", 1, BYTES, 0);
+    GET(OFF, o_off, "id_off", 1, INT64, 0);
+    GET(LEN, o_len, "id_len", 1, INT64, 0);
+    GET(OUT, o_out, "out", 1, BYTES, 1);
+    GET(ENDS, o_ends, "ends", 1, INT64, 1);
+#undef GET
+    if (same_shape(&b[SS], "ss", M, 0, 0) < 0 || same_shape(&b[ABORT], "abort_rank", S, R, 0) < 0 ||
+        same_shape(&b[PREFIX], "prefix_rows", S, 0, 0) < 0 || same_shape(&b[ASYNC], "async_rows", S, 0, 0) < 0 ||
+        same_shape(&b[OFF], "id_off", S * R, 0, 0) < 0 || same_shape(&b[LEN], "id_len", S * R, 0, 0) < 0 ||
+        same_shape(&b[ENDS], "ends", M, 0, 0) < 0)
+        goto done;
+    const int64_t *tt = b[TT].buf, *ss = b[SS].buf, *off = b[OFF].buf, *len = b[LEN].buf;
+    for (Py_ssize_t m = 0; m < M; m++)
+        if (tt[m] < 0 || tt[m] >= T || ss[m] < 0 || ss[m] >= S) {
+            PyErr_Format(PyExc_ValueError, "tt, ss: record %zd is (%lld, %lld), outside (%zd, %zd)", m,
+                         (long long)tt[m], (long long)ss[m], T, S);
+            goto done;
+        }
+    /* every id inside the pool, with the 16 bytes a short id's copy reads */
+    int64_t max_id_len = 0;
+    for (Py_ssize_t k = 0; k < S * R; k++) {
+        const int64_t n = len[k] > 0 ? len[k] : 0;
+        if (off[k] < 0 || off[k] > b[POOL].len - 16 - n) {
+            PyErr_Format(PyExc_ValueError, "id_off, id_len: id %zd (%lld bytes at %lld) not inside the pool of "
+                         "%zd bytes with 16 spare", k, (long long)len[k], (long long)off[k], b[POOL].len);
+            goto done;
+        }
+        if (n > max_id_len)
+            max_id_len = n;
+    }
+    const int64_t need = (int64_t)M * record_bound(R, max_id_len);
+    if (b[OUT].len < need) {
+        PyErr_Format(PyExc_ValueError, "out: %zd bytes, not the %lld that %zd records may take", b[OUT].len,
+                     (long long)need, M);
+        goto done;
+    }
+    const codes c = {cw, cr, cp, cs, cl};
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = render(M, tt, ss, S, R, first_step, cols, b[SCAL].buf, ncols, b[ABORT].buf, b[PREFIX].buf,
+               b[ASYNC].buf, b[POOL].buf, off, len, max_id_len, c, b[OUT].buf, b[OUT].len, b[ENDS].buf);
+    Py_END_ALLOW_THREADS
+    if (n < 0)
+        PyErr_NoMemory(); /* the room was checked above: only the scratch lists can fail */
+    else
+        result = PyLong_FromLongLong(n);
+done:
+    for (int i = 0; i < NUM_BUFS; i++)
+        if (held[i])
+            PyBuffer_Release(&b[i]);
+    return result;
+}
+
+PyDoc_STRVAR(record_bound_doc,
+"record_bound(R, max_id_len) -> the most bytes render writes for one record of R slots\n"
+"whose longest id (as JSON) is max_id_len bytes.");
+
+static PyObject *py_record_bound(PyObject *self, PyObject *args) {
+    long long R, max_id_len;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "LL:record_bound", &R, &max_id_len))
+        return NULL;
+    if (R < 0 || max_id_len < 0)
+        return PyErr_Format(PyExc_ValueError, "record_bound: R and max_id_len must be >= 0");
+    return PyLong_FromLongLong(record_bound(R, max_id_len));
+}
+
+static PyMethodDef methods[] = {
+    {"render", (PyCFunction)(void (*)(void))py_render, METH_VARARGS | METH_KEYWORDS, render_doc},
+    {"record_bound", py_record_bound, METH_VARARGS, record_bound_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "trace_render",
+    "Per-step records to schedspec.trace/1 text (gpu/trace_render.c; gpu/trace_native.py wraps it).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit_trace_render(void) {
+    return PyModule_Create(&module);
 }

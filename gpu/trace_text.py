@@ -7,12 +7,14 @@ a chunk of steps of every scenario of a batch (numpy arrays (T, S, R), as
 gpu/batch.py copies them from the device) becomes the JSON text of its trace
 steps directly, by one of two renderers that write the same bytes:
 
-- the native one (gpu/trace_render.c, loaded by gpu/trace_native.py; the
-  default wherever a C compiler is found): a loop over the records in C;
+- the native one (gpu/trace_render.c, the C extension built at install time,
+  loaded by gpu/trace_native.py; the default wherever it was built): a loop
+  over the records in C;
 - the numpy one (`_render`): each piece of text ("r3" with its separator, a
   number, a fixed run of keys) is a run of bytes in one byte pool (made once
   per request, per number, per key), the pieces are placed by numpy index
-  arithmetic and their bytes gathered in one pass; about ten times slower.
+  arithmetic and their bytes gathered in one pass; several times slower
+  (a traced run about twice as slow: gpu/README.md).
 
 Either way each scenario's text of the chunk is one view into the chunk's
 text: the Python work per chunk is one slice per scenario, none per step or
@@ -370,7 +372,7 @@ def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt,
         ids.scratch = np.frombuffer(mmap.mmap(-1, need), dtype=np.uint8)
     codes = (WAITING, RUNNING, PREEMPTED, STOPPED, LENGTH_CAPPED)
     n, ends = trace_native.render(rec, first_step, scal, tt, ss, ids.abort_rank, prefix_rows, async_rows,
-                                  ids.id_pool, ids.id_off, ids.id_len, ids.max_id_len, codes, ids.scratch)
+                                  ids.id_pool, ids.id_off, ids.id_len, codes, ids.scratch)
     if transient:
         room = ids.scratch
     else:

@@ -7,11 +7,17 @@ field-by-field comparison where they differ."""
 import copy
 import dataclasses
 import gzip
+import importlib
 import json
+import os
 import random
 import shutil
+import sys
+import warnings
+from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 from schedspec.gpu import trace_native
 from schedspec.gpu.batch import run_batch_traces
@@ -30,14 +36,19 @@ SCHEMA = json.loads((__import__("pathlib").Path(__import__("schedspec.reference"
 
 
 def _use_renderer(mp, name: str) -> None:
-    """Run the trace text through renderer `name` (gpu/trace_native.py): native
-    must build wherever a C compiler is on PATH."""
+    """Run the trace text through renderer `name` (gpu/trace_native.py): the
+    native one (the C extension) must be built wherever a C compiler is on PATH."""
     mp.setenv(trace_native.RENDERER_ENV, name)
     trace_native.reset()
-    if name == "native" and not trace_native.available():
-        if any(shutil.which(c) for c in ("cc", "gcc", "clang")):
-            pytest.fail(f"the native trace renderer did not build: {trace_native.why_not()}")
-        pytest.skip(f"no native trace renderer here: {trace_native.why_not()}")
+    if name == "native":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # reported below
+            here = trace_native.available()
+        if not here and any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+            pytest.fail(f"the native trace renderer is not built: {trace_native.why_not()}; "
+                        f"{trace_native.HOW_TO_BUILD}")
+        if not here:
+            pytest.skip(f"no native trace renderer here: {trace_native.why_not()}")
 
 
 @pytest.fixture(scope="module", params=["native", "numpy"])
@@ -191,30 +202,92 @@ def test_native_renderer_writes_the_numpy_renderers_text(monkeypatch):
 
 
 def test_renderer_choice(monkeypatch):
-    """SCHEDSPEC_TRACE_RENDERER: numpy turns the native renderer off, an
-    unknown value is an error naming the variable, and a compiler that fails
-    leaves the numpy renderer running under auto (saying why) and is an error
-    under native."""
+    """SCHEDSPEC_TRACE_RENDERER: numpy turns the native renderer off (quietly),
+    an unknown value is an error naming the variable, and a missing extension
+    leaves the numpy renderer running under auto, with one warning saying how
+    much slower and how to build it, and is an error under native."""
     try:
         monkeypatch.setenv(trace_native.RENDERER_ENV, "numpy")
         trace_native.reset()
-        assert not trace_native.available() and "numpy" in trace_native.why_not()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert not trace_native.available() and "numpy" in trace_native.why_not()
         monkeypatch.setenv(trace_native.RENDERER_ENV, "fast")
         trace_native.reset()
         with pytest.raises(ValueError, match=trace_native.RENDERER_ENV):
             trace_native.available()
-        monkeypatch.setenv("CC", "false")
+        monkeypatch.setitem(sys.modules, trace_native.EXTENSION, None)  # the import fails: not built
         for choice in ("auto", "native"):
             monkeypatch.setenv(trace_native.RENDERER_ENV, choice)
             trace_native.reset()
             if choice == "auto":
-                assert not trace_native.available() and "failed" in trace_native.why_not()
+                with pytest.warns(RuntimeWarning, match=rf"{trace_native.SLOWDOWN}x slower.*pip install -e \.") as w:
+                    assert not trace_native.available() and "not built" in trace_native.why_not()
+                    assert not trace_native.available()  # asked again: no second warning
+                assert len(w) == 1
             else:
-                with pytest.raises(RuntimeError, match="cannot be built"):
+                with pytest.raises(RuntimeError, match="cannot be had.*not built"):
                     trace_native.available()
     finally:
         monkeypatch.undo()
         trace_native.reset()
+
+
+def test_an_edited_source_warns_that_the_old_build_runs(monkeypatch, tmp_path):
+    """trace_render.c newer than the built extension (edited since `pip install
+    -e .`): the old build still renders, with a warning to rebuild it."""
+    _use_renderer(monkeypatch, "native")
+    edited = tmp_path / "trace_render.c"
+    edited.write_text("/* edited */")
+    built = Path(importlib.import_module(trace_native.EXTENSION).__file__)
+    later = built.stat().st_mtime + 60
+    os.utime(edited, (later, later))
+    monkeypatch.setattr(trace_native, "SOURCE", edited)
+    trace_native.reset()
+    try:
+        with pytest.warns(RuntimeWarning, match="newer than the built.*rebuild"):
+            assert trace_native.available()
+    finally:
+        trace_native.reset()
+
+
+def test_native_renderer_checks_its_arguments(monkeypatch):
+    """The extension's functions check their arguments against the C code's
+    types and every array against its shape, format and bounds: a call that
+    does not match is a TypeError or ValueError naming the argument."""
+    _use_renderer(monkeypatch, "native")
+    lib = importlib.import_module(trace_native.EXTENSION)
+    T, S, R = 2, 3, 4
+    i64 = np.int64
+    good = dict(columns=tuple(np.zeros((T, S, R), np.int8) for _ in trace_native.FIELDS[:9]) + (None, None, None),
+                scal=np.zeros((T, S, 3), i64), tt=np.array([0, 1], i64), ss=np.array([2, 0], i64),
+                abort_rank=np.zeros((S, R), i64), prefix_rows=np.zeros(S, np.uint8),
+                async_rows=np.zeros(S, np.uint8), id_pool=np.frombuffer(b'"a"' * (S * R) + bytes(16), np.uint8),
+                id_off=3 * np.arange(S * R, dtype=i64), id_len=np.full(S * R, 3, i64), first_step=5,
+                codes=(0, 1, 2, 3, 4), out=np.zeros(2 * lib.record_bound(R, 3), np.uint8), ends=np.zeros(2, i64))
+    n = lib.render(**good)  # status 0: every slot waiting
+    steps = json.loads("[" + bytes(good["out"][2:n]).decode() + "]")
+    assert [(x["step"], x["waiting"]) for x in steps] == [(5, ["a"] * R), (6, ["a"] * R)]
+    assert good["ends"].tolist() == [n // 2, n]
+    bad = [("columns", good["columns"][:-1], "columns"),
+           ("columns", (np.zeros((T, S, R + 1), np.int8),) + good["columns"][1:], "grant: dimension 2"),
+           ("columns", (np.zeros((T, S, R), np.uint16),) * 12, "grant"),
+           ("scal", np.zeros((T, S, 3), np.int32), "scal"),
+           ("tt", np.array([0, 2], i64), "tt, ss"),
+           ("ss", np.array([0], i64), "ss"),
+           ("id_off", 3 * np.arange(S * R, dtype=i64) + 1, "id_off"),
+           ("out", np.zeros(10, np.uint8), "out"),
+           ("out", np.zeros(2 * lib.record_bound(R, 3), np.uint8)[::-1], "out"),
+           ("codes", (0, 1, 2), None),
+           ("first_step", "0", None)]
+    for name, value, says in bad:
+        with pytest.raises((TypeError, ValueError), match=says) as e:
+            lib.render(**{**good, name: value})
+        assert says is not None or e.type is TypeError
+    with pytest.raises(TypeError):
+        lib.render(*good.values(), 0)  # one argument too many
+    with pytest.raises(TypeError):
+        lib.record_bound(R)
 
 
 def test_batch_written_as_it_runs_equals_each_trace_written(campaign, tmp_path, monkeypatch):
