@@ -389,49 +389,74 @@ def _render_native(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt,
             for s, b, e, k in zip(ss[lo].tolist(), starts[lo].tolist(), ends[hi - 1].tolist(), counts.tolist()) if k]
 
 
-def _render(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list[tuple[int, memoryview, int]]:
-    """render_chunk for the records (tt, ss), scenario-major."""
-    R = rec["status"].shape[2]
-    status, grant = rec["status"][tt, ss], rec["grant"][tt, ss]
-    running = status == RUNNING
-    sched = grant > 0
-    live = (status >= WAITING) & (status <= PREEMPTED)
-    waiting = live & ~running
-    aborted = rec["aborted"][tt, ss]
-    applied = "app_key" in rec  # async in the batch: the batch applied has its own grant order
-    if applied:
-        stopped = rec["stopped"][tt, ss]
-    else:
-        stopped = sched & ((status == STOPPED) | (status == LENGTH_CAPPED))
-    busy = sched.any(1) | running.any(1) | waiting.any(1) | aborted.any(1) | stopped.any(1)
-    if applied:
-        called, app_step = scal[tt, ss, 3].astype(bool), scal[tt, ss, 4]
-        busy |= async_rows[ss] & (called | (app_step >= 0))
-    keep = np.nonzero(busy)[0]
-    M = len(keep)
-    if M == 0:
-        return []
-    if M < len(ss):
-        ss, tt = ss[keep], tt[keep]
-        status, grant, running, sched, live, waiting, aborted, stopped = (
-            x[keep] for x in (status, grant, running, sched, live, waiting, aborted, stopped))
+class _Records:
+    """The records (tt, ss) of a slice that list something (idle ones left
+    out), with the masks and orders their lists are cut from, per record and
+    slot (M, R), and how a list's elements become pieces of text."""
+
+    def __init__(self, rec, scal, ids: IdTables, async_rows, ss, tt):
+        status, grant = rec["status"][tt, ss], rec["grant"][tt, ss]
+        running = status == RUNNING
+        sched = grant > 0
+        live = (status >= WAITING) & (status <= PREEMPTED)
+        waiting = live & ~running
+        aborted = rec["aborted"][tt, ss]
+        self.applied = applied = "app_key" in rec  # async in the batch: the batch applied has its own grant order
         if applied:
-            called, app_step = called[keep], app_step[keep]
-    rows = np.arange(M)[:, None]
-    base = ss * R  # a request's code in the id tables: base + slot
-    P = _Pieces(M, ids)
+            stopped = rec["stopped"][tt, ss]
+        else:
+            stopped = sched & ((status == STOPPED) | (status == LENGTH_CAPPED))
+        busy = sched.any(1) | running.any(1) | waiting.any(1) | aborted.any(1) | stopped.any(1)
+        called = app_step = None
+        if applied:
+            called, app_step = scal[tt, ss, 3].astype(bool), scal[tt, ss, 4]
+            busy |= async_rows[ss] & (called | (app_step >= 0))
+        keep = np.nonzero(busy)[0]
+        self.M = M = len(keep)
+        if M == 0:  # nothing to list: _render writes nothing
+            return
+        if M < len(ss):
+            ss, tt = ss[keep], tt[keep]
+            status, grant, running, sched, live, waiting, aborted, stopped = (
+                x[keep] for x in (status, grant, running, sched, live, waiting, aborted, stopped))
+            if applied:
+                called, app_step = called[keep], app_step[keep]
+        self.ss, self.tt, self.ids = ss, tt, ids
+        self.status, self.grant, self.running, self.sched = status, grant, running, sched
+        self.live, self.waiting, self.aborted, self.stopped = live, waiting, aborted, stopped
+        self.called, self.app_step = called, app_step
+        self.rows = np.arange(M)[:, None]
+        self.base = ss * rec["status"].shape[2]  # a request's code in the id tables: base + slot
+        # Running order (run_pos) for the running list and the grants; the waiting
+        # queue's pop order for waiting.  Both keys are unique among their members.
+        self.run_pos = rec["run_pos"][tt, ss]
+        self.order_r = np.argsort(np.where(running | sched, self.run_pos, _LAST), axis=1, kind="stable")
+        self.sched_o = sched[self.rows, self.order_r]
+        self.admitted_o = rec["admitted"][tt, ss][self.rows, self.order_r]
+        self.app_key = rec["app_key"][tt, ss] if applied else None
 
-    def listed(kind, rr: np.ndarray, slot: np.ndarray, extra=None):
+    def field(self, rec, name: str) -> np.ndarray:
+        """Record field `name` of these records, (M, R)."""
+        return rec[name][self.tt, self.ss]
+
+    def listed(self, kind, rr: np.ndarray, slot: np.ndarray, extra=None):
         """(offset, length) of the id texts of (record rr, slot), with a comma
-        before all but the first of its list."""
-        return kind(base[rr] + slot, _later(rr, M, extra))
+        before all but the first of its list; `kind` an IdTables form."""
+        return kind(self.base[rr] + slot, _later(rr, self.M, extra))
 
-    def ordered(key: np.ndarray, member: np.ndarray):
+    def in_running_order(self, member: np.ndarray):
+        """(record, slot) of the members (already in running order, as
+        order_r puts the slots) in running order, record by record."""
+        rr, k = np.nonzero(member)
+        return rr, self.order_r[rr, k]
+
+    def ordered(self, key: np.ndarray, member: np.ndarray):
         """(record, slot) of the members in key order, record by record."""
         order = np.argsort(np.where(member, key, _LAST), axis=1, kind="stable")
-        rr, k = np.nonzero(member[rows, order])
+        rr, k = np.nonzero(member[self.rows, order])
         return rr, order[rr, k]
 
+    @staticmethod
     def sparse_ordered(key: np.ndarray, member: np.ndarray):
         """`ordered` for a member mask that few records have (preemptions, aborts)."""
         some = np.nonzero(member.any(1))[0]
@@ -442,107 +467,118 @@ def _render(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list
         r, k = np.nonzero(sub[np.arange(len(some))[:, None], order])
         return some[r], order[r, k]
 
-    # Running order (run_pos) for the running list and the grants; the waiting
-    # queue's pop order for waiting.  Both keys are unique among their members.
-    run_pos = rec["run_pos"][tt, ss]
-    order_r = np.argsort(np.where(running | sched, run_pos, _LAST), axis=1, kind="stable")
-    sched_o = sched[rows, order_r]
-    admitted_o = rec["admitted"][tt, ss][rows, order_r]
 
+def _render(rec, first_step, scal, ids, prefix_rows, async_rows, ss, tt) -> list[tuple[int, memoryview, int]]:
+    """render_chunk for the records (tt, ss), scenario-major: the numpy renderer."""
+    c = _Records(rec, scal, ids, async_rows, ss, tt)
+    if c.M == 0:
+        return []
+    P = _Pieces(c.M, ids)
     P.fixed(',\n{"step": ')
-    P.numbers(tt + first_step)
+    P.numbers(c.tt + first_step)
+    _render_grants(P, c)
+    _render_finished(P, c, rec)
+    _render_state(P, c, rec, scal)
+    _render_flags(P, c, rec, prefix_rows, async_rows)
+    P.fixed("}")
+    return P.join(c.ss)
+
+
+def _render_grants(P: _Pieces, c: _Records) -> None:
+    """scheduled (with each grant), new and resumed, in running order; preempted."""
+    ids = c.ids
     P.fixed(', "scheduled": [')
-    rr, k = np.nonzero(sched_o)
+    rr, slot = c.in_running_order(c.sched_o)
     if len(rr):
-        slot = order_r[rr, k]
-        P.run(*_pairs(rr, listed(ids.pair, rr, slot),
-                      _numbers(grant[rr, slot], True, P.tail, P.tail_at)))
+        P.run(*_pairs(rr, c.listed(ids.pair, rr, slot),
+                      _numbers(c.grant[rr, slot], True, P.tail, P.tail_at)))
     for name, code in (("new", 1), ("resumed", 2)):
         P.fixed(f'], "{name}": [')
-        rr, k = np.nonzero(sched_o & (admitted_o == code))
+        rr, slot = c.in_running_order(c.sched_o & (c.admitted_o == code))
         if len(rr):
-            P.run(rr, *listed(ids.item, rr, order_r[rr, k]))
+            P.run(rr, *c.listed(ids.item, rr, slot))
 
+
+def _render_finished(P: _Pieces, c: _Records, rec) -> None:
+    """preempted in preemption order; finished: this step's aborts in the
+    scenario's abort order, then the requests the update stopped, in the order
+    of the batch applied."""
+    ids = c.ids
     P.fixed('], "preempted": [')
-    preempt = rec["preempt_order"][tt, ss]
-    rr, slot = sparse_ordered(preempt, preempt >= 0)
+    preempt = c.field(rec, "preempt_order")
+    rr, slot = c.sparse_ordered(preempt, preempt >= 0)
     if len(rr):
-        P.run(rr, *listed(ids.item, rr, slot))
-
-    # finished: this step's aborts in the scenario's abort order, then the
-    # requests the update stopped, in the order of the batch applied
+        P.run(rr, *c.listed(ids.item, rr, slot))
     P.fixed('], "finished": [')
-    ra, sa = sparse_ordered(ids.abort_rank[ss], aborted)
-    if applied:
-        app_key = rec["app_key"][tt, ss]
-        rs, slot_s = sparse_ordered(app_key, stopped)
-    else:
-        rs, slot_s = sparse_ordered(run_pos, stopped)
+    ra, sa = c.sparse_ordered(ids.abort_rank[c.ss], c.aborted)
+    rs, slot_s = c.sparse_ordered(c.app_key if c.applied else c.run_pos, c.stopped)
     if len(ra):
-        P.run(*_pairs(ra, listed(ids.pair, ra, sa),
-                      (np.full(len(ra), _FIXED_AT['"aborted"]'][0]), np.full(len(ra), len('"aborted"]')))))
+        at, length = _FIXED_AT['"aborted"]']
+        P.run(*_pairs(ra, c.listed(ids.pair, ra, sa), (np.full(len(ra), at), np.full(len(ra), length))))
     if len(rs):
-        reason = _REASON_AT[status[rs, slot_s]]
-        P.run(*_pairs(rs, listed(ids.pair, rs, slot_s, np.bincount(ra, minlength=M)),
+        reason = _REASON_AT[c.status[rs, slot_s]]
+        P.run(*_pairs(rs, c.listed(ids.pair, rs, slot_s, np.bincount(ra, minlength=c.M)),
                       (reason[:, 0], reason[:, 1])))
 
+
+def _render_state(P: _Pieces, c: _Records, rec, scal) -> None:
+    """running, waiting, num_computed_tokens, num_free_blocks, sampled, slots_held."""
+    ids = c.ids
     P.fixed('], "running": [')
-    rr, k = np.nonzero(running[rows, order_r])
+    rr, slot = c.in_running_order(c.running[c.rows, c.order_r])
     if len(rr):
-        P.run(rr, *listed(ids.item, rr, order_r[rr, k]))
+        P.run(rr, *c.listed(ids.item, rr, slot))
     P.fixed('], "waiting": [')
-    wait_key = rec["wait_key"][tt, ss]
-    rr, slot = ordered(wait_key, waiting)
+    rr, slot = c.ordered(c.field(rec, "wait_key"), c.waiting)
     if len(rr):
-        P.run(rr, *listed(ids.item, rr, slot))
-
+        P.run(rr, *c.listed(ids.item, rr, slot))
     P.fixed('], "num_computed_tokens": {')
-    rr, slot = np.nonzero(live)  # scenario order
+    rr, slot = np.nonzero(c.live)  # scenario order
     if len(rr):
-        P.run(*_pairs(rr, listed(ids.key, rr, slot),
-                      _numbers(rec["num_computed_tokens"][tt, ss][rr, slot], False, P.tail, P.tail_at)))
+        P.run(*_pairs(rr, c.listed(ids.key, rr, slot),
+                      _numbers(c.field(rec, "num_computed_tokens")[rr, slot], False, P.tail, P.tail_at)))
     P.fixed('}, "num_free_blocks": ')
-    P.numbers(scal[tt, ss, 0])
-
+    P.numbers(scal[c.tt, c.ss, 0])
     # sampled: in the order of the batch applied
     P.fixed(', "sampled": [')
-    sampled = rec["sampled"][tt, ss]
-    if applied:
-        rr, slot = ordered(app_key, sampled)
+    sampled = c.field(rec, "sampled")
+    if c.applied:
+        rr, slot = c.ordered(c.app_key, sampled)
     else:
-        rr, k = np.nonzero(sched_o & sampled[rows, order_r])
-        slot = order_r[rr, k]
+        rr, slot = c.in_running_order(c.sched_o & sampled[c.rows, c.order_r])
     if len(rr):
-        P.run(rr, *listed(ids.item, rr, slot))
+        P.run(rr, *c.listed(ids.item, rr, slot))
     P.fixed('], "slots_held": ')
-    P.numbers(scal[tt, ss, 1])
+    P.numbers(scal[c.tt, c.ss, 1])
 
-    has_prefix = prefix_rows[ss]
+
+def _render_flags(P: _Pieces, c: _Records, rec, prefix_rows, async_rows) -> None:
+    """prefix_hits (rows with prefix caching); schedule_called and applied_step
+    (rows with async scheduling)."""
+    has_prefix = prefix_rows[c.ss]
     if has_prefix.any():
         # prefix_hits: each admission's hit, in admission (running) order
         pre = np.nonzero(has_prefix)[0]
         P.fixed(', "prefix_hits": {', pre)
-        rr, k = np.nonzero(sched_o & (admitted_o > 0) & has_prefix[:, None])
+        rr, slot = c.in_running_order(c.sched_o & (c.admitted_o > 0) & has_prefix[:, None])
         if len(rr):
-            slot = order_r[rr, k]
-            P.run(*_pairs(rr, listed(ids.key, rr, slot),
-                          _numbers(rec["hit_tokens"][tt, ss][rr, slot], False, P.tail, P.tail_at)))
+            P.run(*_pairs(rr, c.listed(c.ids.key, rr, slot),
+                          _numbers(c.field(rec, "hit_tokens")[rr, slot], False, P.tail, P.tail_at)))
         P.fixed("}", pre)
-    if applied:
-        asy = np.nonzero(async_rows[ss])[0]
-        if len(asy):
-            P.fixed(', "schedule_called": ', asy)
-            t_at, f_at = _FIXED_AT["true"], _FIXED_AT["false"]
-            c = called[asy]
-            P.run(asy, np.where(c, t_at[0], f_at[0]), np.where(c, t_at[1], f_at[1]))
-            P.fixed(', "applied_step": ', asy)
-            a = app_step[asy]
-            off, length = _numbers(np.maximum(a, 0), False, P.tail, P.tail_at)
-            none = a < 0
-            off[none], length[none] = _FIXED_AT["null"]
-            P.run(asy, off, length)
-    P.fixed("}")
-    return P.join(ss)
+    if not c.applied:
+        return
+    asy = np.nonzero(async_rows[c.ss])[0]
+    if len(asy):
+        P.fixed(', "schedule_called": ', asy)
+        t_at, f_at = _FIXED_AT["true"], _FIXED_AT["false"]
+        called = c.called[asy]
+        P.run(asy, np.where(called, t_at[0], f_at[0]), np.where(called, t_at[1], f_at[1]))
+        P.fixed(', "applied_step": ', asy)
+        a = c.app_step[asy]
+        off, length = _numbers(np.maximum(a, 0), False, P.tail, P.tail_at)
+        none = a < 0
+        off[none], length[none] = _FIXED_AT["null"]
+        P.run(asy, off, length)
 
 
 def trace_header(scenario: str, implementation: str) -> dict[str, str]:
