@@ -412,6 +412,9 @@ static int64_t render(int64_t M, const int64_t *tt, const int64_t *ss, int64_t S
 
 /* ---- The module's functions: every argument checked before the loop runs ---- */
 
+/* render's buffers: the record columns (GRANT ... STOPPED), then these. */
+enum { SCAL = NUM_FIELDS, TT, SS, ABORT, PREFIX, ASYNC, POOL, OFF, LEN, OUT, ENDS, NUM_BUFS };
+
 /* What a buffer must hold: integers of any width the loop reads (signed, or
    bool), int64 only, or bytes (uint8 or bool). */
 enum { ANY_INT, INT64, BYTES };
@@ -466,6 +469,68 @@ static const char *const field_names[NUM_FIELDS] = {
     "grant", "num_computed_tokens", "status", "run_pos", "wait_key", "admitted", "preempt_order",
     "sampled", "aborted", "hit_tokens", "app_key", "stopped"};
 
+/* Every record (tt[m], ss[m]) inside the chunk, and every id inside the pool
+   with the 16 bytes a short id's copy reads: the longest id, or -1 with a
+   ValueError. */
+static int64_t check_indices(const int64_t *tt, const int64_t *ss, Py_ssize_t M, Py_ssize_t T, Py_ssize_t S,
+                             const int64_t *off, const int64_t *len, Py_ssize_t n_ids, Py_ssize_t pool_len) {
+    for (Py_ssize_t m = 0; m < M; m++)
+        if (tt[m] < 0 || tt[m] >= T || ss[m] < 0 || ss[m] >= S) {
+            PyErr_Format(PyExc_ValueError, "tt, ss: record %zd is (%lld, %lld), outside (%zd, %zd)", m,
+                         (long long)tt[m], (long long)ss[m], T, S);
+            return -1;
+        }
+    int64_t longest = 0;
+    for (Py_ssize_t k = 0; k < n_ids; k++) {
+        const int64_t n = len[k] > 0 ? len[k] : 0;
+        if (off[k] < 0 || off[k] > pool_len - 16 - n) {
+            PyErr_Format(PyExc_ValueError, "id_off, id_len: id %zd (%lld bytes at %lld) not inside the pool of "
+                         "%zd bytes with 16 spare", k, (long long)len[k], (long long)off[k], pool_len);
+            return -1;
+        }
+        if (n > longest)
+            longest = n;
+    }
+    return longest;
+}
+
+/* The record columns of `columns` (a tuple of NUM_FIELDS arrays or None, the
+   status column required) as buffers b[f] (held[f] set) of one shape
+   (T, S, R), returned in shape; -1 with an exception otherwise. */
+static int get_columns(PyObject *columns, Py_buffer *b, int *held, column *cols, Py_ssize_t *shape) {
+    if (PyTuple_GET_SIZE(columns) != NUM_FIELDS) {
+        PyErr_Format(PyExc_ValueError, "columns: %d arrays or None expected, not %zd", NUM_FIELDS,
+                     PyTuple_GET_SIZE(columns));
+        return -1;
+    }
+    for (int f = 0; f < NUM_FIELDS; f++) {
+        PyObject *c = PyTuple_GET_ITEM(columns, f);
+        cols[f].data = NULL;
+        cols[f].itemsize = 0;
+        if (c == Py_None) {
+            if (f == STATUS) {
+                PyErr_SetString(PyExc_ValueError, "columns: the status column is required");
+                return -1;
+            }
+            continue;
+        }
+        if (get_buffer(c, field_names[f], 3, ANY_INT, 0, &b[f]) < 0)
+            return -1;
+        held[f] = 1;
+    }
+    for (int d = 0; d < 3; d++)
+        shape[d] = b[STATUS].shape[d];
+    for (int f = 0; f < NUM_FIELDS; f++) {
+        if (!held[f])
+            continue;
+        if (same_shape(&b[f], field_names[f], shape[0], shape[1], shape[2]) < 0)
+            return -1;
+        cols[f].data = b[f].buf;
+        cols[f].itemsize = b[f].itemsize;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(render_doc,
 "render(columns, scal, tt, ss, abort_rank, prefix_rows, async_rows, id_pool, id_off, id_len,\n"
 "       first_step, codes, out, ends) -> bytes written\n\n"
@@ -492,42 +557,20 @@ static PyObject *py_render(PyObject *self, PyObject *args, PyObject *kwargs) {
                                      &columns, &o_scal, &o_tt, &o_ss, &o_abort, &o_prefix, &o_async, &o_pool,
                                      &o_off, &o_len, &first_step, &cw, &cr, &cp, &cs, &cl, &o_out, &o_ends))
         return NULL;
-    if (PyTuple_GET_SIZE(columns) != NUM_FIELDS)
-        return PyErr_Format(PyExc_ValueError, "columns: %d arrays or None expected, not %zd", NUM_FIELDS,
-                            PyTuple_GET_SIZE(columns));
-    enum { SCAL = NUM_FIELDS, TT, SS, ABORT, PREFIX, ASYNC, POOL, OFF, LEN, OUT, ENDS, NUM_BUFS };
     Py_buffer b[NUM_BUFS];
     int held[NUM_BUFS] = {0};
     PyObject *result = NULL;
     column cols[NUM_FIELDS];
-#define GET(i, obj, name, ndim, want, writable)                          \
-    do {                                                                 \
+#define GET(i, obj, name, ndim, want, writable)                              \
+    do {                                                                     \
         if (get_buffer((obj), (name), (ndim), (want), (writable), &b[i]) < 0) \
-            goto done;                                                   \
-        held[i] = 1;                                                     \
+            goto done;                                                       \
+        held[i] = 1;                                                         \
     } while (0)
-    for (int f = 0; f < NUM_FIELDS; f++) {
-        PyObject *c = PyTuple_GET_ITEM(columns, f);
-        cols[f].data = NULL;
-        cols[f].itemsize = 0;
-        if (c == Py_None) {
-            if (f == STATUS) {
-                PyErr_SetString(PyExc_ValueError, "columns: the status column is required");
-                goto done;
-            }
-            continue;
-        }
-        GET(f, c, field_names[f], 3, ANY_INT, 0);
-    }
-    const Py_ssize_t T = b[STATUS].shape[0], S = b[STATUS].shape[1], R = b[STATUS].shape[2];
-    for (int f = 0; f < NUM_FIELDS; f++) {
-        if (!held[f])
-            continue;
-        if (same_shape(&b[f], field_names[f], T, S, R) < 0)
-            goto done;
-        cols[f].data = b[f].buf;
-        cols[f].itemsize = b[f].itemsize;
-    }
+    Py_ssize_t shape[3];
+    if (get_columns(columns, b, held, cols, shape) < 0)
+        goto done;
+    const Py_ssize_t T = shape[0], S = shape[1], R = shape[2];
     GET(SCAL, o_scal, "scal", 3, INT64, 0);
     const Py_ssize_t ncols = b[SCAL].shape[2];
     if (same_shape(&b[SCAL], "scal", T, S, ncols) < 0)
@@ -554,24 +597,9 @@ static PyObject *py_render(PyObject *self, PyObject *args, PyObject *kwargs) {
         same_shape(&b[ENDS], "ends", M, 0, 0) < 0)
         goto done;
     const int64_t *tt = b[TT].buf, *ss = b[SS].buf, *off = b[OFF].buf, *len = b[LEN].buf;
-    for (Py_ssize_t m = 0; m < M; m++)
-        if (tt[m] < 0 || tt[m] >= T || ss[m] < 0 || ss[m] >= S) {
-            PyErr_Format(PyExc_ValueError, "tt, ss: record %zd is (%lld, %lld), outside (%zd, %zd)", m,
-                         (long long)tt[m], (long long)ss[m], T, S);
-            goto done;
-        }
-    /* every id inside the pool, with the 16 bytes a short id's copy reads */
-    int64_t max_id_len = 0;
-    for (Py_ssize_t k = 0; k < S * R; k++) {
-        const int64_t n = len[k] > 0 ? len[k] : 0;
-        if (off[k] < 0 || off[k] > b[POOL].len - 16 - n) {
-            PyErr_Format(PyExc_ValueError, "id_off, id_len: id %zd (%lld bytes at %lld) not inside the pool of "
-                         "%zd bytes with 16 spare", k, (long long)len[k], (long long)off[k], b[POOL].len);
-            goto done;
-        }
-        if (n > max_id_len)
-            max_id_len = n;
-    }
+    const int64_t max_id_len = check_indices(tt, ss, M, T, S, off, len, S * R, b[POOL].len);
+    if (max_id_len < 0)
+        goto done;
     const int64_t need = (int64_t)M * record_bound(R, max_id_len);
     if (b[OUT].len < need) {
         PyErr_Format(PyExc_ValueError, "out: %zd bytes, not the %lld that %zd records may take", b[OUT].len,
