@@ -31,9 +31,9 @@ FIELDS = ("grant", "num_computed_tokens", "status", "run_pos", "wait_key", "admi
           "sampled", "aborted", "hit_tokens", "app_key", "stopped")
 RENDERER_ENV = "SCHEDSPEC_TRACE_RENDERER"  # auto (default), numpy, or native (an error when it cannot be had)
 # A traced torch run with the numpy renderer against one with the extension:
-# 1.7x in benchmarks/torch_vs_spec.py --workload decode --sizes 1024
-# --write-traces, both flags on, on the loaded 2-core machine (the rendering
-# alone 4x); gpu/README.md, "Traces at tensor speed"
+# 1.7x (S = 1024) and 2.1x (S = 8192) in benchmarks/torch_vs_spec.py --workload
+# decode --write-traces, both flags on; the rendering alone 4x (gpu/README.md,
+# "The renderer as an install-time extension")
 SLOWDOWN = 2
 HOW_TO_BUILD = ("install schedspec where a C compiler is on PATH (from a checkout: pip install -e .) "
                 "and check the build's output for schedspec.gpu.trace_render")
