@@ -134,3 +134,24 @@ def test_peer_tests_runs_a_test_file(installed):
                   "--plain", "--workers", "1")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "test_one.py" in p.stdout
+
+
+def test_a_release_environment_gets_this_schedspec(installed):
+    """`install-vllm --version X` puts the schedspec that runs it into X's own
+    environment; from a wheel there is no source tree, so the package folder is
+    linked in.  Here X's environment is a fresh one whose other packages are
+    already there (the .pth), so pip installs nothing and only the link is made."""
+    target = installed["work"] / "release-env"
+    subprocess.run([sys.executable, "-m", "venv", str(target)], check=True, timeout=300)
+    py = target / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "third-party.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    code = ("import sys; from pathlib import Path; from schedspec.cli.install_vllm import install_schedspec_into, "
+            "schedspec_origin; print(schedspec_origin()[0]); install_schedspec_into(Path(sys.argv[1]), Path(sys.argv[2]))")
+    p = subprocess.run([str(installed["bin"] / "python"), "-c", code, str(py), str(target)], cwd=installed["cwd"],
+                       env=installed["env"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and p.stdout.startswith("package"), p.stdout[-2000:] + p.stderr[-2000:]
+    p = subprocess.run([str(py), "-c", "import os, schedspec; print(os.path.realpath(schedspec.__file__))"],
+                       cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and installed["purelib"] in Path(p.stdout.strip()).parents, p.stdout + p.stderr
