@@ -98,15 +98,14 @@ def run_obligation(o, outdir: Path) -> dict[str, Any]:
 def _work(task: tuple[int, int | None, float, str, str]) -> dict[str, Any]:
     """One obligation in a worker process: z3 terms do not cross processes, so
     each worker builds the obligations itself and runs the one it is given."""
-    from schedspec.proofs import release
     from schedspec.proofs.obligations import build_obligations
+    from schedspec.proofs.release import Release
 
     index, bound, timeout, outdir, version = task
-    release.set_release(version)
-    return run_obligation(build_obligations(bound, timeout)[index], Path(outdir))
+    return run_obligation(build_obligations(Release(version), bound, timeout)[index], Path(outdir))
 
 
-def _rows(obligations, outdir: Path, jobs: int, bound, timeout):
+def _rows(obligations, outdir: Path, jobs: int, release, bound, timeout):
     """The rows in the obligations' order, computed `jobs` at a time."""
     if jobs <= 1:
         for o in obligations:
@@ -114,11 +113,10 @@ def _rows(obligations, outdir: Path, jobs: int, bound, timeout):
         return
     import multiprocessing
 
-    from schedspec.proofs import release
     from schedspec.proofs.obligations import build_obligations
 
-    index = {o.name: i for i, o in enumerate(build_obligations(bound, timeout))}
-    tasks = [(index[o.name], bound, timeout, str(outdir), release.release()) for o in obligations]
+    index = {o.name: i for i, o in enumerate(build_obligations(release, bound, timeout))}
+    tasks = [(index[o.name], bound, timeout, str(outdir), release.version) for o in obligations]
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         # The slowest first, so that no core is left with a long one at the end;
         # the rows still come out in the obligations' order.
@@ -155,12 +153,12 @@ def cmd_prove(args) -> int:
     from schedspec.reference.outputs import check_output_dir
 
     outdir = check_output_dir(args.out, "-o")
-    from schedspec.proofs import release
     from schedspec.proofs.obligations import build_obligations, outside_encoding, shared_builds
-    release.set_release(args.modelled_release)  # --vllm-version X (cli/vllm_version.py apply)
+    from schedspec.proofs.release import Release
+    release = Release(args.modelled_release)  # --vllm-version X (cli/vllm_version.py apply)
 
-    obligations = build_obligations(args.bound, args.timeout)
-    not_encoded = outside_encoding()
+    obligations = build_obligations(release, args.bound, args.timeout)
+    not_encoded = outside_encoding(release)
     if args.only:
         obligations = _chosen(obligations, args.only, not_encoded)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -172,7 +170,7 @@ def cmd_prove(args) -> int:
     if not args.json:
         print(f"{'obligation':44} {'kind':9} {'result':8} {'s':>6}  bad  bound / witness", file=out)
     with shared_builds():  # each process builds an encoding once for all its obligations
-        for i, row in enumerate(_rows(obligations, outdir, jobs, args.bound, args.timeout)):
+        for i, row in enumerate(_rows(obligations, outdir, jobs, release, args.bound, args.timeout)):
             rows.append(row)
             progress(i + 1, len(obligations))
             if not args.json:
@@ -186,7 +184,7 @@ def cmd_prove(args) -> int:
     total = time.perf_counter() - t0
     ok = all(r["ok"] for r in rows)
     if args.json:
-        json.dump({"ok": ok, "vllm_version": release.release(), "seconds": round(total, 2), "obligations": rows,
+        json.dump({"ok": ok, "vllm_version": release.version, "seconds": round(total, 2), "obligations": rows,
                    "not_encoded": {k: list(v) for k, v in not_encoded.items()}}, out, indent=2)
         out.write("\n")
     else:
@@ -201,7 +199,7 @@ def cmd_prove(args) -> int:
                   f"{sum(all(s == 'refuted' for s in r['bad_variants'].values()) and bool(r['bad_variants']) for r in rs):11}",
                   file=out)
         print(f"  {len(rows)} obligations, {sum(r['ok'] for r in rows)} ok, {total:.1f} s; witnesses in {outdir}/"
-              f"; vLLM {release.release()}", file=out)
+              f"; vLLM {release.version}", file=out)
         findings = sorted({r["finding"] for r in rows if r.get("finding")})
         for f in findings:  # refuted as expected: a bug of that release, not of the proofs
             print(f"  finding: {f}", file=out)

@@ -17,8 +17,9 @@ from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 from schedspec.spec.versions import RESUMED_SENT_AS_NEW
 
-from . import encoding, release
-from .symbolic import Evaluator, SymState, slot_assignment, substitution
+from . import encoding
+from .release import DEFAULT, Release
+from .symbolic import Evaluator, SymConfig, SymState, slot_assignment, substitution
 
 NON_EOS = 100
 
@@ -57,11 +58,12 @@ def state_shape(s: SchedulerState) -> dict[str, Any]:
 
 
 class StepEvaluator:
-    def __init__(self, variant: str = "correct", max_running: int = 6, max_waiting: int = 6, extra_terms=None):
+    def __init__(self, variant: str = "correct", max_running: int = 6, max_waiting: int = 6, extra_terms=None,
+                 release: Release = DEFAULT):
         self.R, self.W = max_running, max_waiting
         self.running_slots = list(range(max_running))
         self.waiting_slots = list(range(max_running, max_running + max_waiting))
-        self.before = SymState.fresh(max_running + max_waiting, "b")
+        self.before = SymState.fresh(max_running + max_waiting, "b", SymConfig.fresh("b.c", release=release))
         self.decision, self.after = encoding.schedule_update(
             self.before, variant, self.running_slots, self.waiting_slots)
         self.extra = list(extra_terms(self) if extra_terms else [])
@@ -102,7 +104,7 @@ class StepEvaluator:
         grants = ordered("scheduled", "grant_seq")
         # The encoding marks an admission from PREEMPTED; the output lists it as the release
         # sends it: among the new requests from 0.34.0 (versions.RESUMED_SENT_AS_NEW).
-        as_new = release.applies(RESUMED_SENT_AS_NEW)
+        as_new = self.before.config.release.applies(RESUMED_SENT_AS_NEW)
         new = [r for r in ordered("admitted", "grant_seq") if as_new or not d["resumed"][slot_of[r]]]
         resumed = [r for r in ordered("admitted", "grant_seq") if not as_new and d["resumed"][slot_of[r]]]
         out = {
@@ -209,11 +211,11 @@ class AddEvaluator:
     """encoding.add_request over `n` slots, any of which may hold a running or a
     waiting request (the all-roles form the add_request obligation uses)."""
 
-    def __init__(self, n: int = 8, variant: str = "correct"):
+    def __init__(self, n: int = 8, variant: str = "correct", release: Release = DEFAULT):
         from .symbolic import SymSlot
 
         self.n = n
-        self.before = SymState.fresh(n, "ab")
+        self.before = SymState.fresh(n, "ab", SymConfig.fresh("ab.c", release=release))
         self.new = SymSlot.fresh("ab.new")
         self.slot = n - 1
         self.after = encoding.add_request(self.before, self.slot, self.new, True, variant)
@@ -244,9 +246,9 @@ class AddEvaluator:
 class AbortEvaluator:
     """encoding.abort of slot 0 over `n` all-roles slots."""
 
-    def __init__(self, n: int = 8, variant: str = "correct"):
+    def __init__(self, n: int = 8, variant: str = "correct", release: Release = DEFAULT):
         self.n = n
-        self.before = SymState.fresh(n, "ob")
+        self.before = SymState.fresh(n, "ob", SymConfig.fresh("ob.c", release=release))
         self.after = encoding.abort(self.before, 0, True, variant)
         self.reader = _StateReader(self.before, self.after)
 
@@ -262,10 +264,10 @@ class AllRolesStepEvaluator(StepEvaluator):
     (schedule_update with running_slots = waiting_slots = all: the form the BMC
     witnesses use), on a slot assignment the caller chooses."""
 
-    def __init__(self, n: int = 6, variant: str = "correct"):
+    def __init__(self, n: int = 6, variant: str = "correct", release: Release = DEFAULT):
         self.R = self.W = n
         self.running_slots = self.waiting_slots = list(range(n))
-        self.before = SymState.fresh(n, "ar")
+        self.before = SymState.fresh(n, "ar", SymConfig.fresh("ar.c", release=release))
         self.decision, self.after = encoding.schedule_update(self.before, variant)
         self.extra = []
         self.terms = self.decision.leaves() + [self.after.num_free_blocks]

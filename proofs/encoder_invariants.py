@@ -55,11 +55,11 @@ import z3
 
 from schedspec.spec.versions import MM_CHUNK_INSIDE_ITEM_WAITS
 
-from . import release
 from .solving import vacuity_result
 from .witness_replay import fixed_witness_description, replay_witness
 from .claim_obligations import Claim, claim_obligations, discharge_parts
 from .obligation import Bound, Obligation, Result
+from .release import DEFAULT, Release
 
 DEFAULT_TIMEOUT_S = 20.0
 BoolTerm = Any  # a z3 Bool (an Int otherwise): `_fresh` makes each field's variable by it
@@ -92,8 +92,10 @@ ENC_VARIANTS: dict[str, EncRules] = {
 }
 
 
-def _fresh(cls, prefix: str):
-    return cls(**{f.name: (z3.Bool if f.type == "BoolTerm" else z3.Int)(f"{prefix}.{f.name}") for f in fields(cls)})
+def _fresh(cls, prefix: str, **given):
+    """A `cls` of fresh z3 symbols `prefix.field`, but the fields `given`."""
+    return cls(**{f.name: (z3.Bool if f.type == "BoolTerm" else z3.Int)(f"{prefix}.{f.name}") for f in fields(cls)
+                  if f.name not in given}, **given)
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,7 @@ class Win:
     lg: Any  # ... its length
     pg: BoolTerm  # ... handled
     ag: BoolTerm  # ... available: chosen, or found cached or repeated
+    release: Release = DEFAULT  # the vLLM release whose window rule the plan applies
 
 
 def reaches(w: Win, n) -> Any:
@@ -202,7 +205,7 @@ def plan_iteration(w: Win, x: dict, R: EncRules):
     inwin = z3.And(of < c + n + w.shift, of + lf > c)  # get_mm_features_in_window (S:2109-2116)
     # From 0.34.0 a chunk starting inside the item is held too, to nothing (S:2144-2161;
     # versions.MM_CHUNK_INSIDE_ITEM_WAITS); before, only one starting at or before it.
-    starts = z3.BoolVal(True) if release.applies(MM_CHUNK_INSIDE_ITEM_WAITS) else c <= of
+    starts = z3.BoolVal(True) if w.release.applies(MM_CHUNK_INSIDE_ITEM_WAITS) else c <= of
     unsplit = z3.And(inwin, w.unsplit, starts, c + n < of + lf)
     n_unsplit = z3.If(c < of, z3.If(of - c - w.shift > 0, of - c - w.shift, 0), 0) if R.unsplit_cut else n
     no_room = z3.And(inwin, z3.Not(unsplit), z3.Not(found), z3.Not(fits))
@@ -222,9 +225,9 @@ def win_inputs(prefix: str = "Y") -> dict:
 
 
 class EncVars:
-    def __init__(self):
+    def __init__(self, release: Release):
         self.a = _fresh(Agg, "E.a")
-        self.w = _fresh(Win, "E.w")
+        self.w = _fresh(Win, "E.w", release=release)
         self.x = agg_inputs()
         self.y = win_inputs()
 
@@ -297,19 +300,20 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
 )}
 
 
-def discharge(claim: Claim, variant: str = "correct", timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
+def discharge(claim: Claim, release: Release, variant: str = "correct",
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
     """Every part proved, or the first refuted (claim_obligations.discharge_parts)."""
-    return discharge_parts(claim, EncVars(), ENC_VARIANTS[variant], timeout_s)
+    return discharge_parts(claim, EncVars(release), ENC_VARIANTS[variant], timeout_s)
 
 
-def vacuity(claim: Claim, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
+def vacuity(claim: Claim, release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
     """Every part's premises are satisfiable, and the operations can do what the claims
     are about: a commit after a preemption refunded a victim, an eviction, a hit on a
     freeable entry; a chunk cut before an item, one cut to nothing inside an item, an
     unsplittable item, the ghost chosen and found."""
     t0 = time.perf_counter()
     rules = ENC_VARIANTS["correct"]
-    V = EncVars()
+    V = EncVars(release)
     checks = [(name, build(V, rules)[0]) for name, build in claim.parts]
     a, x, w, y = V.a, V.x, V.w, V.y
     if claim.name == "encoder_inputs_available":
@@ -332,7 +336,7 @@ def vacuity(claim: Claim, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
 # --- witnesses and obligations ---------------------------------------------------------------------
 
 
-def witness_scenario():
+def witness_scenario(release: Release):
     """Encoder inputs on a budget of 6 embeddings and a cache of 8: r0 and r1 share item
     "a", r1's chunk stops before its item "b", which the budget cannot take beside "a";
     later items evict freeable entries."""
@@ -382,17 +386,18 @@ WITNESS_SHOWS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 
 
-def witness(name: str) -> tuple[Result, Any]:
+def witness(name: str, release: Release) -> tuple[Result, Any]:
     label, shows = WITNESS_SHOWS[name]
-    return replay_witness(witness_scenario(), name, label, shows)
+    return replay_witness(witness_scenario(release), name, label, shows)
 
 
-def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
-    """`encoder:<name>` obligations for the release that has encoder inputs modelled
-    (0.33.0, release.models_encoder_inputs); none for the others."""
+def obligations(release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+    """`encoder:<name>` obligations for a release that has encoder inputs modelled
+    (0.33.0, Release.models_encoder_inputs); none for the others."""
     if not release.models_encoder_inputs():
         return []
     return claim_obligations(CLAIMS.values(), kind="encoder",
                              bound=Bound(None, None, 1, "any number of requests, items and cache entries"),
-                             discharge=lambda claim, variant: discharge(claim, variant, timeout_s),
-                             vacuity=lambda claim: vacuity(claim, timeout_s), witness=witness)
+                             discharge=lambda claim, variant: discharge(claim, release, variant, timeout_s),
+                             vacuity=lambda claim: vacuity(claim, release, timeout_s),
+                             witness=lambda name: witness(name, release))

@@ -25,7 +25,6 @@ import z3
 from schedspec.spec.versions import (INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL,
                                      LONG_PREFILL_THRESHOLD_NEEDS_TWO, PRIORITY_SELF_PREEMPTION_CONTINUES)
 
-from . import release
 from .symbolic import PREEMPTED, RUNNING, WAITING, SymConfig, SymSlot, SymState, key_lt, priority_key_le
 from .variants import VARIANTS, Rules
 
@@ -100,7 +99,7 @@ class _Work:
         self.token_budget = c.token_budget + rules.token_budget_extra  # S:735
         # S:738; before 0.28.0 the token budget alone (versions.INPUT_BUDGET): an
         # input budget that starts equal to it and moves with it caps nothing more.
-        self.input_budget = c.max_num_batched_tokens if release.applies(INPUT_BUDGET) else self.token_budget
+        self.input_budget = c.max_num_batched_tokens if c.release.applies(INPUT_BUDGET) else self.token_budget
         self.free = st.num_free_blocks
         self.gcount = z3.IntVal(0)
         self.pcount = z3.IntVal(0)
@@ -108,10 +107,10 @@ class _Work:
         eligible = st.num_running + st.num_waiting
         # The long-prefill cap applies only with more than one eligible request (S:773-779).
         # Before 0.31.0 it caps every grant (versions.LONG_PREFILL_THRESHOLD_NEEDS_TWO).
-        min_eligible = rules.threshold_min_eligible if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO) else 1
+        min_eligible = rules.threshold_min_eligible if c.release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO) else 1
         # From 0.34.0 only with chunked prefill on (versions.LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL).
         in_force = eligible >= min_eligible
-        if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+        if c.release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
             in_force = z3.And(in_force, c.enable_chunked_prefill)
         self.threshold = z3.If(in_force, c.long_prefill_token_threshold, 0)
         # The victim order never changes during a step: precompute who beats whom.
@@ -214,7 +213,7 @@ class _Work:
             self.pools.append((list(self.blocks), self.free))
             # FCFS stops at a self-preemption; PRIORITY moves on (S:998-1008), from 0.33.0
             # (versions.PRIORITY_SELF_PREEMPTION_CONTINUES; before, PRIORITY stops too).
-            moves_on = c.is_priority if release.applies(PRIORITY_SELF_PREEMPTION_CONTINUES) else False
+            moves_on = c.is_priority if c.release.applies(PRIORITY_SELF_PREEMPTION_CONTINUES) else False
             active = z3.And(active, z3.Not(z3.And(go, z3.Not(ok), z3.Not(moves_on))))
 
     def waiting_loop(self):

@@ -17,8 +17,8 @@ from schedspec.spec.config import PRIORITY, SchedulerConfig
 from schedspec.spec.versions import (INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL,
                                      LONG_PREFILL_THRESHOLD_NEEDS_TWO)
 
-from . import release
 from .encoding import z3_max0, z3_min
+from .release import DEFAULT, Release
 from .symbolic import cdiv_const
 
 
@@ -79,10 +79,11 @@ class LoopConfig:
     pn: Any = bool_field()  # pause_state PAUSED_NEW: admission only of requests holding KV blocks
     pc: Any = bool_field()  # enable_prefix_caching: full blocks are hashed and cached (spec/block_pool.py)
     bs: int = 1
+    release: Release = DEFAULT  # the vLLM release whose rules the loops apply
 
     @staticmethod
-    def fresh(prefix: str, bs: int) -> "LoopConfig":
-        return replace(_fresh_config(prefix), bs=bs)
+    def fresh(prefix: str, bs: int, release: Release) -> "LoopConfig":
+        return replace(_fresh_config(prefix), bs=bs, release=release)
 
     def cdiv(self, x):
         return cdiv_const(x, self.bs)
@@ -90,9 +91,9 @@ class LoopConfig:
     def constraints(self):
         # vLLM's acceptance conditions that the loops rely on (spec/config.py validate_config).
         # The threshold check exists from 0.28.0 (proofs/release.py).
-        th_check = release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
+        th_check = self.release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
         # max_loras >= 1 (spec/config.py FIELD_MINIMA); LoRA is modelled for 0.33.0 only.
-        lora = z3.Implies(self.lora, self.ML >= 1) if release.models_lora() else z3.Not(self.lora)
+        lora = z3.Implies(self.lora, self.ML >= 1) if self.release.models_lora() else z3.Not(self.lora)
         # Speculative decoding (0.33.0 only, spec/config.py validate_spec_decode and
         # validate_drafter): a lookahead and a prefill lookahead only beside drafts, at
         # most one drafter row per draft.
@@ -100,19 +101,19 @@ class LoopConfig:
         off = z3.And(self.K == 0, self.LA == 0, self.D == 0, self.PL == 0)
         # One row is a draft model's: no prefill lookahead, a batch above its K lookahead.
         rows = z3.And(self.D <= 1, z3.Implies(self.D == 1, z3.And(self.PL == 0, self.IB0 > self.K))) \
-            if release.checks_config("drafter_rows_at_most_one") else z3.BoolVal(True)
+            if self.release.checks_config("drafter_rows_at_most_one") else z3.BoolVal(True)
         sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0, 0 <= self.D, self.D <= self.K, rows,
                                    0 <= self.PL, self.PL <= 1), off) \
-            if release.models_spec_decode() \
+            if self.release.models_spec_decode() \
             else z3.And(z3.Not(self.sd), off)
         # wm <= U: a watermark below 1 (spec/config.py) leaves int(watermark * num_gpu_blocks)
         # at most num_gpu_blocks - 1 blocks.
         # A step holds prefill only where schedspec models prefill throttling (from 0.33.0).
-        hold = z3.BoolVal(True) if release.models_prefill_throttle() else z3.Not(self.hold)
+        hold = z3.BoolVal(True) if self.release.models_prefill_throttle() else z3.Not(self.hold)
         # Block hashes that cover tokens past the block: only with prefix caching, and
         # modelled from 0.33.0 on (spec/config.py validate_spec_decode).
         hashes = z3.And(self.LH >= 0, z3.Implies(self.LH > 0, z3.And(
-            self.pc, z3.BoolVal(release.models_hash_lookahead()))))
+            self.pc, z3.BoolVal(self.release.models_hash_lookahead()))))
         return z3.And(lora, sd, hold, hashes, z3.Not(z3.And(self.pa, self.pn)),
                       self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.wm <= self.U,
@@ -122,14 +123,14 @@ class LoopConfig:
     @property
     def B(self):
         """Tokens one step may grant in all (spec/properties.py get_step_budget)."""
-        return z3_min(self.TB0, self.IB) if release.applies(INPUT_BUDGET) else self.TB0
+        return z3_min(self.TB0, self.IB) if self.release.applies(INPUT_BUDGET) else self.TB0
 
     @property
     def IB(self):
         """The input budget a step starts with: max_num_batched_tokens, or before 0.28.0
         (versions.INPUT_BUDGET) one that starts equal to the token budget and moves
         with it, so it caps nothing more."""
-        return self.IB0 if release.applies(INPUT_BUDGET) else self.TBs
+        return self.IB0 if self.release.applies(INPUT_BUDGET) else self.TBs
 
     @property
     def TBs(self):
@@ -138,7 +139,7 @@ class LoopConfig:
         return z3.If(self.pa, 0, self.TB0)
 
 
-def threshold_in_force(T, adaptive, IB0, NE, chunked):
+def threshold_in_force(T, adaptive, IB0, NE, chunked, release: Release):
     """config.long_prefill_threshold (S:770-788) as a term: the configured threshold
     `T`, none (0) with chunked prefill off (from 0.34.0) or while at most one request is
     eligible (from 0.31.0), and with the adaptive flag at least max_num_batched_tokens //
@@ -154,8 +155,8 @@ def threshold_in_force(T, adaptive, IB0, NE, chunked):
 
 def threshold_constraints(c: LoopConfig, T, adaptive):
     """What validate_config allows of a configured threshold and its adaptive flag."""
-    th_check = release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
-    flag = z3.BoolVal(True) if release.models_adaptive_threshold() else z3.Not(adaptive)
+    th_check = c.release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
+    flag = z3.BoolVal(True) if c.release.models_adaptive_threshold() else z3.Not(adaptive)
     return z3.And(T >= 0, T <= c.L if th_check else True, flag)
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 
-from . import release
 from .loop_claims import ASYNC_ONLY, CLAIMS, FEATURE_ONLY, SPEC_DECODE, LoopClaim, claim_premises
 from .loop_parts import LoopVars
 from .loop_rules import LOOP_VARIANTS
 from .loop_vacuity import vacuity
 from .loop_witnesses import FIXED_WITNESSES
 from .obligation import Bound, Obligation, Result
+from .release import Release
 from .solving import check, prove_parts
 from .symbolic import BLOCK_SIZES
 
@@ -29,7 +29,7 @@ def _check(constraints: list, timeout_s: float) -> str:
     return check(constraints, timeout_s, also_default=True)[0]
 
 
-def discharge(claim: LoopClaim, variant: str = "correct", timeout_s: float = DEFAULT_TIMEOUT_S,
+def discharge(claim: LoopClaim, release: Release, variant: str = "correct", timeout_s: float = DEFAULT_TIMEOUT_S,
               block_sizes=BLOCK_SIZES) -> Result:
     """Proved when every part holds for every block size (its negation unsat);
     refuted at the first part and block size where z3 finds a counterexample."""
@@ -38,7 +38,7 @@ def discharge(claim: LoopClaim, variant: str = "correct", timeout_s: float = DEF
 
     def parts():
         for bs in block_sizes:
-            V = LoopVars(bs, rules)
+            V = LoopVars(bs, rules, release)
             for name, build in claim.parts:
                 premises, goal = build(V, rules)
                 yield f"{name}, block_size {bs}", premises + claim_premises(claim, V), goal
@@ -48,24 +48,24 @@ def discharge(claim: LoopClaim, variant: str = "correct", timeout_s: float = DEF
                   where or f"{len(claim.parts)} parts x {len(block_sizes)} block sizes unsat")
 
 
-def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
-    """`loop:<name>` obligations for `schedspec prove`.  The witness is the z3
+def obligations(release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+    """`loop:<name>` obligations of `release` for `schedspec prove`.  The witness is the z3
     vacuity check (loop_vacuity.py), plus the bounded encoding's reachable witness of the
     property (a scenario file), which shows the property applies on a real run."""
     from .witness import find_witness
 
     out = []
     for name, claim in CLAIMS.items():
-        if name in FEATURE_ONLY and not FEATURE_ONLY[name]():
+        if name in FEATURE_ONLY and not FEATURE_ONLY[name](release):
             continue  # the spec refuses this feature for the modelled release
         goal = f"property:{name}" if name != "running_never_starved" else "running-kept"
 
         def witness(claim=claim, goal=goal):
-            v = vacuity(claim, timeout_s)
+            v = vacuity(claim, release, timeout_s)
             if v.status != "proved":
                 return v, None
             fixed = FIXED_WITNESSES.get(claim.name)
-            res, scenario = fixed() if fixed else find_witness(goal)
+            res, scenario = fixed() if fixed else find_witness(goal, release)
             return Result(res.status, v.seconds + res.seconds, f"{v.detail}; {res.detail}", res.model), scenario
 
         out.append(Obligation(
@@ -82,7 +82,7 @@ def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
                                                        "(prefill lookahead <= 1)"
                                                        if name in SPEC_DECODE and release.models_spec_decode()
                                                        else "")),
-            discharge=lambda variant, claim=claim: discharge(claim, variant, timeout_s),
+            discharge=lambda variant, claim=claim: discharge(claim, release, variant, timeout_s),
             witness=witness, bad_variants=claim.bad_variants, expected="proved", doc=claim.doc,
             extra={"parts": [p for p, _ in claim.parts]}))
     return out

@@ -23,15 +23,16 @@ from .loop_running import RunConsts, RunReq, RunSplit, RunState, run_entry, run_
 from .loop_update import FinishState, deliver, deliver_tokens, finish_I, finish_iteration, inflight_after, \
     padded_drafts, placeholders_after
 from .loop_waiting import WaitReq, WaitState, wait_guard, wait_I, wait_iteration, wait_J
+from .release import Release
 
 
 class LoopVars:
     """Fresh symbols for one claim and one block size."""
 
-    def __init__(self, bs: int, rules: LoopRules):
+    def __init__(self, bs: int, rules: LoopRules, release: Release):
         # c_real: the config; c: what the loops start from (the budget_off_by_one
         # variant's step starts with one token more than max_num_scheduled_tokens)
-        self.c_real = LoopConfig.fresh("L.c", bs)
+        self.c_real = LoopConfig.fresh("L.c", bs, release)
         self.c = replace(self.c_real, TB0=self.c_real.TB0 + rules.token_budget_extra) \
             if rules.token_budget_extra else self.c_real
         self.k = RunConsts(*(z3.Int(f"L.k.{f.name}") for f in fields(RunConsts)))
@@ -357,8 +358,8 @@ def lemma_grown_threshold_within_budget(V: LoopVars, R: LoopRules):
     # the kA requests ahead of it eligible in both.
     pre = [c.constraints(), threshold_constraints(c, V.T, V.adaptive), c.TB0 >= c.IB0,
            V.kA >= 1, V.NE >= V.kA + 1, V.NE2 >= V.kA + 1,
-           c.th == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE, c.chunked),
-           V.th2 == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE2, c.chunked),
+           c.th == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE, c.chunked, c.release),
+           V.th2 == threshold_in_force(V.T, V.adaptive, c.IB0, V.NE2, c.chunked, c.release),
            V.SA2 >= 0, V.SA2 <= V.kA * V.th2]
     # Only a grown threshold is this lemma's case (before 0.33.0 none grows: no adaptive flag).
     return pre, z3.Implies(V.th2 > c.th, V.SA2 < c.B)

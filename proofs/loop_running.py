@@ -54,7 +54,6 @@ import z3
 
 from schedspec.spec.versions import PRIORITY_SELF_PREEMPTION_CONTINUES
 
-from . import release
 from .encoding import z3_max0, z3_min
 from .loop_config import LoopConfig, bool_field, cached_after
 from .loop_rules import LoopRules
@@ -219,7 +218,7 @@ def _equal(a: RunReq, b: RunReq):
 def moves_on(c: LoopConfig):
     """Does the running loop go on after a self-preemption?  Under PRIORITY from
     0.33.0 (S:998-1008, versions.PRIORITY_SELF_PREEMPTION_CONTINUES); never before."""
-    return c.prio if release.applies(PRIORITY_SELF_PREEMPTION_CONTINUES) else z3.BoolVal(False)
+    return c.prio if c.release.applies(PRIORITY_SELF_PREEMPTION_CONTINUES) else z3.BoolVal(False)
 
 
 def run_guard(s: RunState):

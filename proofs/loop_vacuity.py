@@ -10,7 +10,6 @@ import time
 
 import z3
 
-from . import release
 from .encoding import z3_min
 from .loop_claims import ASYNC_ONLY, SPEC_DECODE, LoopClaim, claim_premises
 from .loop_parts import LoopVars, delivery, drafts_J, exit_counters_running, exit_counters_waiting, run_pre, wait_pre
@@ -18,17 +17,18 @@ from .loop_rules import LOOP_VARIANTS, LoopRules
 from .loop_running import run_iteration, same_request
 from .loop_waiting import wait_iteration
 from .obligation import Result
+from .release import Release
 from .solving import vacuity_result
 
 
-def vacuity(claim: LoopClaim, timeout_s: float, bs: int = 4) -> Result:
+def vacuity(claim: LoopClaim, release: Release, timeout_s: float, bs: int = 4) -> Result:
     """Every part's premises are satisfiable, and the iterations can do what the
     claim is about: a grant and a preemption in the running loop (P == 0 before
     it), an admission in the waiting loop.  A part whose premises were unsat would
     prove its goal vacuously."""
     t0 = time.perf_counter()
     rules = LOOP_VARIANTS["correct"]
-    V = LoopVars(bs, rules)
+    V = LoopVars(bs, rules, release)
     # speculative decoding on too, where the claim covers it and the release has it
     spec_decode = claim.name in SPEC_DECODE and release.models_spec_decode()
     checks = _part_checks(claim, V, rules, spec_decode)
@@ -87,18 +87,18 @@ def _waiting_checks(V: LoopVars, f: dict, run: list, wf: dict, wait: list) -> li
     checks = [("an admission", wait + [wf["admit"], V.ws.A > 0]),
               ("async: a stale head skipped", wait + [wf["skip_stale"]]),
               ("async: an admission behind a skipped request", wait + [wf["admit"], V.ws.K > 0])]
-    if release.models_prefill_throttle():
+    if V.c.release.models_prefill_throttle():
         checks += [("prefill throttling: a held prefill chunk skipped, budget left",
                     run + [f["held"], V.x.inr, V.x.pos > V.s.cur]),
                    ("prefill throttling: admission stopped at a request with prefill left",
                     wait + [wf["held_stop"]]),
                    ("prefill throttling: a one-token admission in a step that holds prefill",
                     wait + [wf["admit"], V.c.hold])]
-    if release.models_structured_output():
+    if V.c.release.models_structured_output():
         checks.append(("a head waiting for its grammar skipped", wait + [wf["skip_grammar"]]))
         checks.append(("an admission behind a request waiting for its grammar",
                        wait + [wf["admit"], V.wx.gw, V.wx.q < V.wh.q]))
-    if release.models_lora():
+    if V.c.release.models_lora():
         checks += [("LoRA: a head skipped, its adapter one too many", wait + [wf["skip_lora"]]),
                    ("LoRA: an admission bringing a new adapter to a batch below max_loras",
                     wait + [wf["admit"], V.c.lora, V.wh.ln, V.ws.Lc > 0]),

@@ -17,7 +17,6 @@ from typing import Any
 
 import z3
 
-from . import release
 from .encoding import z3_max0, z3_min
 from .loop_config import LoopConfig, bool_field, cached_after
 from .loop_rules import LoopRules
@@ -52,7 +51,7 @@ class WaitReq:
 
     def static_facts(self, c: LoopConfig, W0):
         # No grammar where schedspec does not model structured output (release.py).
-        grammar = z3.BoolVal(True) if release.models_structured_output() else z3.Not(self.gw)
+        grammar = z3.BoolVal(True) if c.release.models_structured_output() else z3.Not(self.gw)
         # pads_new_decode's conditions on the request and config (S:1358-1380): one
         # token left to compute after its hit, and the padded rows and a sampled token
         # within max_model_len; the batch's (no prefill chunk scheduled, some running

@@ -26,12 +26,13 @@ import z3
 from schedspec.spec.invariants import STATE_INVARIANTS
 from schedspec.spec.properties import PROPERTIES
 
-from . import encoding, release
+from . import encoding
 from .loop_claims import CLAIMS as LOOP_CLAIMS
 from .pool_invariants import CLAIMS as POOL_CLAIMS
 from .encoder_invariants import CLAIMS as ENCODER_CLAIMS
 from .loop_claims import FEATURE_ONLY as LOOP_FEATURE_ONLY
 from .obligation import Bound, Obligation, Result
+from .release import Release
 from .property_formulas import INVARIANT_FORMULAS, PROPERTY_FORMULAS, block_demand, capped_need, state_invariant
 from .solving import check, first_try, unknown_detail
 from .symbolic import BLOCK_SIZES, SymConfig, SymSlot, SymState, fixed_roles
@@ -82,11 +83,12 @@ OUTSIDE_ENCODING = {name: flags for name, flags in OUTSIDE_BOUNDED.items()
                     if name not in LOOP_CLAIMS and name not in POOL_CLAIMS and name not in ENCODER_CLAIMS}
 
 
-def outside_encoding() -> dict[str, tuple[str, ...]]:
-    """OUTSIDE_ENCODING for the modelled release: LoRA's and structured output's
-    claims exist only where schedspec models the feature (loop_claims.FEATURE_ONLY)."""
+def outside_encoding(release: Release) -> dict[str, tuple[str, ...]]:
+    """OUTSIDE_ENCODING for `release`: LoRA's and structured output's claims exist
+    only where schedspec models the feature (loop_claims.FEATURE_ONLY)."""
     out = dict(OUTSIDE_ENCODING)
-    out.update({name: OUTSIDE_BOUNDED[name] for name, modelled in sorted(LOOP_FEATURE_ONLY.items()) if not modelled()})
+    out.update({name: OUTSIDE_BOUNDED[name] for name, modelled in sorted(LOOP_FEATURE_ONLY.items())
+                if not modelled(release)})
     if not release.models_encoder_inputs():
         out.update({name: OUTSIDE_BOUNDED[name] for name in ENCODER_CLAIMS})
     return out
@@ -100,7 +102,7 @@ def model_state(model: z3.ModelRef, st: SymState) -> dict[str, Any]:
         v = ev(t)
         return z3.is_true(v) if z3.is_bool(v) else v.as_long()
 
-    cfg = {k: val(v) for k, v in vars(st.config).items() if k != "block_sizes"}
+    cfg = {k: val(v) for k, v in vars(st.config).items() if k not in ("block_sizes", "release")}
     reqs = []
     for i, s in enumerate(st.slots):
         if val(s.present):
@@ -130,10 +132,10 @@ def shared_builds() -> Iterator[None]:
 
 
 def _built(key: tuple, make: Callable[[], Any]) -> Any:
+    """`make()`, or its build already made under `key` (which names the release)."""
     memo = _shared_builds[0]
     if memo is None:
         return make()
-    key = (*key, release.release())
     if key not in memo:
         memo[key] = make()
     return memo[key]
@@ -236,8 +238,8 @@ def _conjuncts(claim) -> list:
     return [claim]
 
 
-def _config(block_sizes) -> SymConfig:
-    return SymConfig.fresh("c", block_sizes)
+def _config(block_sizes, release: Release) -> SymConfig:
+    return SymConfig.fresh("c", block_sizes, release=release)
 
 
 # Symmetry reduction on top of the fixed roles: slot i holds running position i
@@ -252,12 +254,12 @@ def _config(block_sizes) -> SymConfig:
 CANONICAL_POSITIONS = True
 
 
-def _roles_state(R: int, W: int, block_sizes) -> SymState:
+def _roles_state(R: int, W: int, block_sizes, release: Release) -> SymState:
     """A fresh state whose first R slots can only be running and the next W only
     waiting, with the queue flag a constant so that z3 simplifies the other
     queue's branches away (symbolic.fixed_roles states the same as a premise);
     with CANONICAL_POSITIONS each slot's queue position is a constant too."""
-    st = SymState.fresh(R + W, "b", _config(block_sizes))
+    st = SymState.fresh(R + W, "b", _config(block_sizes, release))
     slots = tuple(sl.evolve(running=z3.BoolVal(i < R)) for i, sl in enumerate(st.slots))
     if CANONICAL_POSITIONS:
         slots = tuple(sl.evolve(pos=z3.IntVal(i if i < R else i - R)) for i, sl in enumerate(slots))
@@ -273,31 +275,32 @@ def _prefix(st: SymState, R: int, W: int):
     return z3.And(out)
 
 
-def _step_premise(R: int, W: int, block_sizes) -> tuple[SymState, list]:
+def _step_premise(R: int, W: int, block_sizes, release: Release) -> tuple[SymState, list]:
     """The canonical R + W state and what the bounded claims assume of it."""
     def make():
-        before = _roles_state(R, W, block_sizes)
+        before = _roles_state(R, W, block_sizes, release)
         return before, [state_invariant(before), fixed_roles(before, range(R), range(R, R + W)),
                         _prefix(before, R, W)]
-    return _built(("premise", R, W, tuple(block_sizes)), make)
+    return _built(("premise", R, W, tuple(block_sizes), release), make)
 
 
-def _step_encoding(R: int, W: int, block_sizes, variant: str) -> tuple:
+def _step_encoding(R: int, W: int, block_sizes, variant: str, release: Release) -> tuple:
     """(before, premise, decision, after, asks, pools): one schedule + update step
     of `variant` from the canonical R + W state."""
     def make():
-        before, premise = _step_premise(R, W, block_sizes)
+        before, premise = _step_premise(R, W, block_sizes, release)
         asks: list = []
         pools: list = []
         d, after = encoding.schedule_update(before, variant, list(range(R)), list(range(R, R + W)),
                                             asks=asks, pools=pools)
         return before, premise, d, after, tuple(asks), tuple(pools)
-    return _built(("step", R, W, tuple(block_sizes), variant), make)
+    return _built(("step", R, W, tuple(block_sizes), variant, release), make)
 
 
-def step_claim(prop: str, R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
+def step_claim(prop: str, R: int, W: int, release: Release, block_sizes=BLOCK_SIZES,
+               timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
     def build(variant, block_sizes=block_sizes):
-        before, premise, d, after, asks, pools = _step_encoding(R, W, block_sizes, variant)
+        before, premise, d, after, asks, pools = _step_encoding(R, W, block_sizes, variant, release)
         applicable, holds = PROPERTY_FORMULAS[prop](before, d, after)
         # A property that does not apply holds (spec/properties.py NOT_APPLICABLE).
         claim = z3.Implies(applicable, holds)
@@ -336,9 +339,10 @@ def pool_conserved(before: SymState, asks, pools) -> list[list]:
 STEP_LEMMAS = {"preemption_only_on_allocation_failure": asks_within_demand, "kv_blocks_conserved": pool_conserved}
 
 
-def inductive_step_claim(R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
+def inductive_step_claim(R: int, W: int, release: Release, block_sizes=BLOCK_SIZES,
+                         timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
     def build(variant, block_sizes=block_sizes):
-        before, premise, d, after, _, pools = _step_encoding(R, W, block_sizes, variant)
+        before, premise, d, after, _, pools = _step_encoding(R, W, block_sizes, variant, release)
         something = z3.Or(list(d.scheduled))
         return list(premise), state_invariant(after), something, before, pool_conserved(before, [], list(pools))
     return _Claim(build, timeout_s, block_sizes)
@@ -354,7 +358,8 @@ def _new_request(before: SymState, slot: int) -> tuple[SymSlot, list]:
     return new, valid
 
 
-def inductive_add_claim(R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
+def inductive_add_claim(R: int, W: int, release: Release, block_sizes=BLOCK_SIZES,
+                        timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
     """add_request into a state of at most R running and W waiting requests, in the
     canonical layout of the step claims (symmetry reduction, proofs/README.md); the
     new request takes slot R + W, absent before.  Any before-state of that size is
@@ -363,7 +368,7 @@ def inductive_add_claim(R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAU
     to take either role (the form before), 4 + 4 took 155 s with 45 restarts;
     this form 5 s, and 8 + 8 15 s."""
     def build(variant, block_sizes=block_sizes):
-        before = _roles_state(R, W + 1, block_sizes)
+        before = _roles_state(R, W + 1, block_sizes, release)
         new, valid = _new_request(before, R + W)
         after = encoding.add_request(before, R + W, new, True, variant)
         some_waiting = z3.And(before.num_waiting > 0, before.num_running > 0)
@@ -373,18 +378,19 @@ def inductive_add_claim(R: int, W: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAU
     return _Claim(build, timeout_s, block_sizes)
 
 
-def inductive_abort_claim(N: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
+def inductive_abort_claim(N: int, release: Release, block_sizes=BLOCK_SIZES,
+                          timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
     def build(variant, block_sizes=block_sizes):
-        before = SymState.fresh(N, "b", _config(block_sizes))
+        before = SymState.fresh(N, "b", _config(block_sizes, release))
         after = encoding.abort(before, 0, True, variant)
         holding = z3.And(before.slots[0].present, before.slots[0].num_blocks > 0)
         return [state_invariant(before), before.slots[0].present], state_invariant(after), holding, before, []
     return _Claim(build, timeout_s, block_sizes)
 
 
-def initial_claim(N: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
+def initial_claim(N: int, release: Release, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) -> _Claim:
     def build(variant, block_sizes=block_sizes):
-        c = _config(block_sizes)
+        c = _config(block_sizes, release)
         st = SymState.empty(c, N)
         if VARIANTS[variant].initial_free_includes_null:
             st = replace(st, num_free_blocks=c.num_gpu_blocks)
@@ -392,21 +398,22 @@ def initial_claim(N: int, block_sizes=BLOCK_SIZES, timeout_s=DEFAULT_TIMEOUT_S) 
     return _Claim(build, timeout_s, block_sizes)
 
 
-def _obligation(name, prop, kind, bound, claim: _Claim, bad, doc, witness_goal) -> Obligation:
+def _obligation(name, prop, kind, bound, claim: _Claim, bad, doc, witness_goal, release: Release) -> Obligation:
     from . import witness as witness_mod
 
     def witness():
-        return witness_mod.find_witness(witness_goal, claim)
+        return witness_mod.find_witness(witness_goal, release, claim)
 
     return Obligation(name=name, property=prop, kind=kind, bound=bound, discharge=claim.discharge,
                       witness=witness, bad_variants=tuple(bad), expected="proved", doc=doc,
                       extra={"witness_goal": witness_goal})
 
 
-def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
-    """Every obligation: one "step" per registered property, the invariant's
-    inductiveness over the three transitions, the initial state, and the
-    theorems of proofs/starvation.py."""
+def build_obligations(release: Release, bound: int | None = None,
+                      timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+    """Every obligation of `release`'s rules: one "step" per registered property,
+    the invariant's inductiveness over the three transitions, the initial state,
+    and the theorems of proofs/starvation.py."""
     n = bound or DEFAULT_BOUND
     note = f"block_size in {{{','.join(map(str, BLOCK_SIZES))}}}"
     b1 = Bound(n, n, 1, note)
@@ -423,36 +430,36 @@ def build_obligations(bound: int | None = None, timeout_s: float = DEFAULT_TIMEO
         PROPERTY_FORMULAS[prop], STEP_BAD_VARIANTS[prop]
         m = own(f"step:{prop}")
         out.append(_obligation(
-            f"step:{prop}", prop, "step", Bound(m, m, 1, note), step_claim(prop, m, m, timeout_s=timeout_s),
-            STEP_BAD_VARIANTS.get(prop, ()), PROPERTIES[prop].doc, f"property:{prop}"))
+            f"step:{prop}", prop, "step", Bound(m, m, 1, note), step_claim(prop, m, m, release, timeout_s=timeout_s),
+            STEP_BAD_VARIANTS.get(prop, ()), PROPERTIES[prop].doc, f"property:{prop}", release))
     out.append(_obligation("inductive:schedule+update", INVARIANT, "inductive", b1,
-                           inductive_step_claim(n, n, timeout_s=timeout_s),
+                           inductive_step_claim(n, n, release, timeout_s=timeout_s),
                            ("preemption_leaks_blocks", "computed_tokens_not_reset", "run_slot_check_off_by_one"),
-                           "schedule + update_from_output preserves the state invariant", "inductive:step"))
+                           "schedule + update_from_output preserves the state invariant", "inductive:step", release))
     nd = own("inductive:add_request")
     out.append(_obligation("inductive:add_request", INVARIANT, "inductive",
                            Bound(nd, nd, 1, "before it; and the new request; " + note),
-                           inductive_add_claim(nd, nd, timeout_s=timeout_s),
-                           ("add_at_front",), "add_request preserves the state invariant", "inductive:add"))
+                           inductive_add_claim(nd, nd, release, timeout_s=timeout_s),
+                           ("add_at_front",), "add_request preserves the state invariant", "inductive:add", release))
     na, ni = own("inductive:abort"), own("initial")
     out.append(_obligation("inductive:abort", INVARIANT, "inductive", Bound(na, na, 1, f"requests <= {2 * na}, "
-                           "any queue; " + note), inductive_abort_claim(2 * na, timeout_s=timeout_s),
+                           "any queue; " + note), inductive_abort_claim(2 * na, release, timeout_s=timeout_s),
                            ("abort_leaks_blocks",), "finish_requests (abort) preserves the state invariant",
-                           "inductive:abort"))
+                           "inductive:abort", release))
     out.append(_obligation("initial", INVARIANT, "initial", Bound(ni, ni, 1, "the empty state; " + note),
-                           initial_claim(2 * ni, timeout_s=timeout_s), ("initial_free_includes_null",),
-                           "the empty state satisfies the state invariant", "initial"))
-    out += theorem_obligations()
-    out += loop_obligations(timeout_s)
-    out += pool_obligations(timeout_s)
-    out += encoder_obligations(timeout_s)
-    return [for_release(o) for o in out]
+                           initial_claim(2 * ni, release, timeout_s=timeout_s), ("initial_free_includes_null",),
+                           "the empty state satisfies the state invariant", "initial", release))
+    out += theorem_obligations(release)
+    out += loop_obligations(release, timeout_s)
+    out += pool_obligations(release, timeout_s)
+    out += encoder_obligations(release, timeout_s)
+    return [for_release(o, release) for o in out]
 
 
-def for_release(o: Obligation) -> Obligation:
-    """`o` for the release the proofs model (proofs/release.py): without the bad
-    variants that are that release's own rule, expected refuted where the release
-    has a known vLLM bug for the property, and its bound naming the release."""
+def for_release(o: Obligation, release: Release) -> Obligation:
+    """`o` for `release` (proofs/release.py): without the bad variants that are
+    that release's own rule, expected refuted where the release has a known vLLM
+    bug for the property, and its bound naming the release."""
     finding = release.finding(o.property) if o.kind in ("step", "loop") else None
     restriction = release.restriction()
     if not restriction:
@@ -463,32 +470,32 @@ def for_release(o: Obligation) -> Obligation:
                    extra={**o.extra, **({"finding": finding} if finding else {})})
 
 
-def loop_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+def loop_obligations(release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
     """proofs/loop_claims.py's claims for any number of requests."""
     from .loop_obligations import obligations
 
-    return obligations(timeout_s)
+    return obligations(release, timeout_s)
 
 
-def pool_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+def pool_obligations(release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
     """proofs/pool_invariants.py's claims for any number of blocks and requests."""
     from . import pool_invariants
 
-    return pool_invariants.obligations(timeout_s)
+    return pool_invariants.obligations(release, timeout_s)
 
 
-def encoder_obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+def encoder_obligations(release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
     """proofs/encoder_invariants.py's claims for any number of requests, items and entries."""
     from . import encoder_invariants
 
-    return encoder_invariants.obligations(timeout_s)
+    return encoder_invariants.obligations(release, timeout_s)
 
 
-def theorem_obligations() -> list[Obligation]:
+def theorem_obligations(release: Release) -> list[Obligation]:
     """proofs/starvation.py's unbounded theorems and proofs/liveness.py's liveness theorem."""
     from . import liveness, starvation
 
-    return list(starvation.OBLIGATIONS) + list(liveness.OBLIGATIONS)
+    return starvation.obligations(release) + list(liveness.OBLIGATIONS)
 
 
 def covered_properties(obligations: list[Obligation]) -> set[str]:

@@ -62,9 +62,9 @@ import z3
 
 from schedspec.spec.versions import UNHASHED_FREE_BLOCKS_FIRST
 
-from . import release
 from .claim_obligations import Claim, claim_obligations, discharge_parts
 from .obligation import Bound, Obligation, Result
+from .release import DEFAULT, Release
 from .solving import vacuity_result
 from .witness_replay import fixed_witness_description, replay_witness
 
@@ -98,8 +98,10 @@ POOL_VARIANTS: dict[str, PoolRules] = {
 BOOLS = frozenset({"hashed", "av", "ha", "hx", "xa"})
 
 
-def _fresh(cls, prefix: str):
-    return cls(**{f.name: (z3.Bool if f.name in BOOLS else z3.Int)(f"{prefix}.{f.name}") for f in fields(cls)})
+def _fresh(cls, prefix: str, **given):
+    """A `cls` of fresh z3 symbols `prefix.field`, but the fields `given`."""
+    return cls(**{f.name: (z3.Bool if f.name in BOOLS else z3.Int)(f"{prefix}.{f.name}") for f in fields(cls)
+                  if f.name not in given}, **given)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class Pool:
     lx: Any
     hn: Any  # a's block hash at index la (its next block's), where it has one
     xa: Any  # the ghost request x is the acting request a
+    release: Release = DEFAULT  # the vLLM release whose free-queue order the operations keep
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ class Split:
     bk: Any
 
 
-def order_applies() -> bool:
+def order_applies(release: Release) -> bool:
     """Freed unhashed blocks go to the front, hashed ones to the back, from vLLM
     0.21 (versions.UNHASHED_FREE_BLOCKS_FIRST); 0.20.0 appends every freed block."""
     return release.applies(UNHASHED_FREE_BLOCKS_FIRST)
@@ -155,7 +158,7 @@ def pool_I(p: Pool):
 
 def blk_J(p: Pool, g: Blk):
     """The per-block invariant (module docstring)."""
-    if order_applies():
+    if order_applies(p.release):
         order = z3.And(z3.Implies(g.part == BACK, g.hashed), z3.Implies(z3.Or(g.part == FRONT, g.part == FRESH),
                                                                          z3.Not(g.hashed)))
     else:  # 0.20.0: nothing freed goes to the front; never-used blocks have no hash
@@ -245,7 +248,7 @@ def release_tail(p: Pool, g: Blk, t: Blk, sp: Split, rules: PoolRules = PoolRule
     pre = [t.ha, t.ia == p.la - 1]
     dec = 1 if rules.release_decrements else 0
     freed = t.ref - dec == 0
-    if order_applies():
+    if order_applies(p.release):
         to = z3.If(z3.And(t.hashed, rules.hashed_to_back), BACK, FRONT)
     else:
         to = z3.IntVal(BACK)
@@ -266,8 +269,8 @@ OPERATIONS: dict[str, Callable] = {"touch": touch, "pop": pop, "cache": cache, "
 
 
 class PoolVars:
-    def __init__(self):
-        self.p = _fresh(Pool, "P.p")
+    def __init__(self, release: Release):
+        self.p = _fresh(Pool, "P.p", release=release)
         self.g = _fresh(Blk, "P.g")
         self.t = _fresh(Blk, "P.t")
         self.sp = _fresh(Split, "P.sp")
@@ -309,7 +312,7 @@ def exit_partitioned(V: PoolVars, R: PoolRules):
     (the back holds hashed blocks only, front and fresh unhashed ones)."""
     g, p = V.g, V.p
     goal = [(g.part == HELD) == (g.ref >= 1), p.NF == p.NFr + p.NFs + p.NBk, p.NF >= 0]
-    if order_applies():
+    if order_applies(V.p.release):
         goal += [z3.Implies(g.part == BACK, g.hashed), z3.Implies(g.part != BACK, z3.Or(g.part == HELD,
                                                                                       z3.Not(g.hashed)))]
     return _pre(V), z3.And(goal)
@@ -358,12 +361,13 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
 )}
 
 
-def discharge(claim: Claim, variant: str = "correct", timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
+def discharge(claim: Claim, release: Release, variant: str = "correct",
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
     """Every part proved, or the first refuted (claim_obligations.discharge_parts)."""
-    return discharge_parts(claim, PoolVars(), POOL_VARIANTS[variant], timeout_s)
+    return discharge_parts(claim, PoolVars(release), POOL_VARIANTS[variant], timeout_s)
 
 
-def vacuity(claim: Claim, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
+def vacuity(claim: Claim, release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
     """Every part's premises are satisfiable, and the operations can do what the
     claims are about: a free hit leaving the queue, a held one shared, a pop
     from each part (from the back evicting a hash), a new hash, a release that
@@ -372,7 +376,7 @@ def vacuity(claim: Claim, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
     same block, and x the acting request and another."""
     t0 = time.perf_counter()
     rules = POOL_VARIANTS["correct"]
-    V = PoolVars()
+    V = PoolVars(release)
     checks = []
     for name, build in claim.parts:
         premises, _ = build(V, rules)
@@ -389,7 +393,7 @@ def vacuity(claim: Claim, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
     pc, pf = op("pop")
     checks += [("a pop of a never-used block", pc + [t.part == FRESH]),
                ("a pop from the back evicting a hash", pc + [t.part == BACK, pf["evicts"]])]
-    if order_applies():  # 0.20.0 frees nothing to the front
+    if order_applies(V.p.release):  # 0.20.0 frees nothing to the front
         checks.append(("a pop from the front", pc + [t.part == FRONT, g.part == FRONT, z3.Not(_same(g, t))]))
     cc, cf = op("cache")
     checks += [("a new hash", cc + [cf["new"], p.xa]), ("a hash kept", cc + [z3.Not(cf["new"])])]
@@ -404,7 +408,7 @@ def vacuity(claim: Claim, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
 # --- witnesses and obligations ---------------------------------------------------------------------
 
 
-def witness_scenario():
+def witness_scenario(release: Release):
     """Prefix caching on a pool of 8 usable blocks (block_size 2): r1 shares r0's
     four prefix blocks while both run; r2 takes the last blocks, evicting cached
     ones; r3, of r0's prefix group, hits the cached blocks still in the queue
@@ -448,16 +452,17 @@ WITNESS_SHOWS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 
 
-def witness(name: str) -> tuple[Result, Any]:
+def witness(name: str, release: Release) -> tuple[Result, Any]:
     label, shows = WITNESS_SHOWS[name]
-    return replay_witness(witness_scenario(), name, label, shows)
+    return replay_witness(witness_scenario(release), name, label, shows)
 
 
-def obligations(timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
+def obligations(release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
     """`pool:<name>` obligations: each claim for any number of blocks and requests;
     the witness is the vacuity check plus the fixed scenario replayed on the spec."""
     return claim_obligations(CLAIMS.values(), kind="pool",
                              bound=Bound(None, None, 1, "any number of blocks and requests; prefix caching on"
-                                         + ("" if order_applies() else "; 0.20.0: no free-queue order")),
-                             discharge=lambda claim, variant: discharge(claim, variant, timeout_s),
-                             vacuity=lambda claim: vacuity(claim, timeout_s), witness=witness)
+                                         + ("" if order_applies(release) else "; 0.20.0: no free-queue order")),
+                             discharge=lambda claim, variant: discharge(claim, release, variant, timeout_s),
+                             vacuity=lambda claim: vacuity(claim, release, timeout_s),
+                             witness=lambda name: witness(name, release))

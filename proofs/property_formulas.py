@@ -18,7 +18,6 @@ import z3
 
 from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL, LONG_PREFILL_THRESHOLD_NEEDS_TWO
 
-from . import release
 from .encoding import SymDecision, z3_max0, z3_min
 from .symbolic import PREEMPTED, RUNNING, WAITING, SymSlot, SymState, key_lt, priority_key_le
 
@@ -35,7 +34,7 @@ def _granted(d: SymDecision, s: int):
 
 def step_budget(st: SymState):
     """spec/properties.py get_step_budget."""
-    if not release.applies(INPUT_BUDGET):
+    if not st.config.release.applies(INPUT_BUDGET):
         return st.config.token_budget
     return z3_min(st.config.token_budget, st.config.max_num_batched_tokens)
 
@@ -44,9 +43,9 @@ def long_prefill_threshold(st: SymState):
     """spec/properties.py get_long_prefill_threshold."""
     c = st.config
     in_force = z3.BoolVal(True)
-    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
+    if c.release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
         in_force = st.num_running + st.num_waiting > 1
-    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+    if c.release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
         in_force = z3.And(in_force, c.enable_chunked_prefill)
     return z3.If(in_force, c.long_prefill_token_threshold, 0)
 

@@ -2,10 +2,12 @@
 
 The spec asks `versions.has(config, GATE)` with the release in the config.  In
 the z3 encodings the config is symbolic but the release is not: it is a
-constant of the whole run, like the block size of a case, so it is set once
-here before the obligations are built and every rule site of the encodings
-asks `applies(GATE)` (the same gates, spec/versions.py).  Fork workers of
-`prove --jobs` inherit it; `set_release` is also called in each worker.
+constant of the obligation, like the block size of a case, so it is a value
+(`Release`) that `build_obligations(release)` hands down on the objects the
+encodings already pass around (the symbolic config, a LoopConfig, a pool or an
+aggregate state), and every rule site asks `rel.applies(GATE)` (the same gates,
+spec/versions.py).  Nothing here is process state: a run of `prove --jobs` gives
+each worker the release with its task.
 
 What a release changes in the proofs:
 - its rules (the gates);
@@ -24,94 +26,103 @@ What a release changes in the proofs:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from schedspec.spec import versions
 from schedspec.spec.versions import (ADAPTIVE_THRESHOLD, DEFAULT_RELEASE, ENCODER_INPUTS, GATES, HASH_LOOKAHEAD, INPUT_BUDGET, LORA,
                                      LONG_PREFILL_THRESHOLD_NEEDS_TWO, PREFILL_THROTTLE,
                                      PRIORITY_SELF_PREEMPTION_CONTINUES, RELEASES, SPEC_DECODE, STRUCTURED_OUTPUT,
                                      UNHASHED_FREE_BLOCKS_FIRST, checks, field_minimum, has, models)
 
-_release = [DEFAULT_RELEASE]
+
+@dataclass(frozen=True)
+class Release:
+    """The vLLM release a proof run models, as a value: every encoding asks it at
+    its rule sites (`rel.applies(GATE)`), carried on the config-like object the
+    encoding already receives (the symbolic config, a LoopConfig, a pool or an
+    aggregate state) from `build_obligations(release)` down."""
+
+    version: str
+
+    def __post_init__(self):
+        if self.version not in RELEASES:
+            raise ValueError(f"vllm_version: {self.version!r} is not a modelled release ({', '.join(RELEASES)})")
+
+    def applies(self, gate: str) -> bool:
+        """Does the release apply rule `gate` as changed at its release?"""
+        return has(self.version, gate)
+
+    def checks_config(self, check: str) -> bool:
+        """Does the release make config check `check` (versions.CHECKS_SINCE)?"""
+        return checks(self.version, check)
+
+    def fields_lacking(self) -> frozenset[str]:
+        """The config fields the release lacks (versions.FIELDS_SINCE)."""
+        return versions.fields_lacking(self.version)
+
+    def models(self, feature: str) -> bool:
+        """Does schedspec model `feature` for the release?  From the release
+        versions.FEATURES_SINCE names on."""
+        return models(self.version, feature)
+
+    def models_lora(self) -> bool:
+        return self.models(LORA)
+
+    def models_structured_output(self) -> bool:
+        return self.models(STRUCTURED_OUTPUT)
+
+    def models_encoder_inputs(self) -> bool:
+        return self.models(ENCODER_INPUTS)
+
+    def models_spec_decode(self) -> bool:
+        return self.models(SPEC_DECODE)
+
+    def models_prefill_throttle(self) -> bool:
+        """Prefill throttling: a step that holds prefill."""
+        return self.models(PREFILL_THROTTLE)
+
+    def models_adaptive_threshold(self) -> bool:
+        """`long_prefill_token_threshold_adaptive`."""
+        return self.models(ADAPTIVE_THRESHOLD)
+
+    def models_hash_lookahead(self) -> bool:
+        """Lookahead block hashes."""
+        return self.models(HASH_LOOKAHEAD)
+
+    def scenario_config(self, config: dict) -> dict:
+        """A witness scenario's config for the release: without the fields it
+        lacks, and naming the release unless it is the default."""
+        out = {k: v for k, v in config.items() if k not in self.fields_lacking()}
+        if self.version != DEFAULT_RELEASE:
+            out["vllm_version"] = self.version
+        return out
+
+    def restriction(self) -> str:
+        """What the proofs of the release leave out of the configs it accepts."""
+        if self.version == DEFAULT_RELEASE:
+            return ""
+        out = [f"{field} >= {bound}" for field, bound in (("max_num_scheduled_tokens", 1),
+                                                          ("long_prefill_token_threshold", 0))
+               if field_minimum(self.version, field, bound) != bound]
+        return f"vLLM {self.version}" + (f"; {', '.join(out)}" if out else "")
+
+    def bad_variants(self, variants) -> tuple[str, ...]:
+        """`variants` less those that are the release's own rule, or break a
+        feature it does not have."""
+        return tuple(v for v in variants if (v not in SAME_AS_RULE_OF or self.applies(SAME_AS_RULE_OF[v]))
+                     and (v not in NEEDS_FEATURE or NEEDS_FEATURE[v](self)))
+
+    def finding(self, prop: str) -> str | None:
+        """The vLLM bug the release has for `prop`, said in one line, or None."""
+        if prop not in FINDINGS or self.applies(FINDINGS[prop][0]):
+            return None
+        gate, replay = FINDINGS[prop]
+        return (f"vLLM {self.version} violates {prop} (fixed in {GATES[gate].since}, gate {gate}); "
+                f"on the real release: {replay.format(release=self.version)}")
 
 
-def set_release(version: str) -> None:
-    if version not in RELEASES:
-        raise ValueError(f"vllm_version: {version!r} is not a modelled release ({', '.join(RELEASES)})")
-    _release[0] = version
-
-
-def release() -> str:
-    return _release[0]
-
-
-def applies(gate: str) -> bool:
-    """Does the modelled release apply rule `gate` as changed at its release?"""
-    return has(_release[0], gate)
-
-
-def checks_config(check: str) -> bool:
-    """Does the modelled release make config check `check` (versions.CHECKS_SINCE)?"""
-    return checks(_release[0], check)
-
-
-def fields_lacking() -> frozenset[str]:
-    """The config fields the modelled release lacks (versions.FIELDS_SINCE)."""
-    return versions.fields_lacking(_release[0])
-
-
-def models_lora() -> bool:
-    """Does schedspec model LoRA for the modelled release?  From the release versions.FEATURES_SINCE names on."""
-    return models(_release[0], LORA)
-
-
-def models_structured_output() -> bool:
-    """Does schedspec model structured output for the modelled release?  From the release versions.FEATURES_SINCE names on."""
-    return models(_release[0], STRUCTURED_OUTPUT)
-
-
-def models_encoder_inputs() -> bool:
-    """Does schedspec model encoder inputs for the modelled release?  From the release versions.FEATURES_SINCE names on."""
-    return models(_release[0], ENCODER_INPUTS)
-
-
-def models_spec_decode() -> bool:
-    """Does schedspec model speculative decoding for the modelled release?  From the release versions.FEATURES_SINCE names on."""
-    return models(_release[0], SPEC_DECODE)
-
-
-def models_prefill_throttle() -> bool:
-    """Does schedspec model prefill throttling (a step that holds prefill) for the
-    modelled release?  From the release versions.FEATURES_SINCE names on."""
-    return models(_release[0], PREFILL_THROTTLE)
-
-
-def models_adaptive_threshold() -> bool:
-    """Does schedspec model `long_prefill_token_threshold_adaptive` for the modelled
-    release?  From the release versions.FEATURES_SINCE names on."""
-    return models(_release[0], ADAPTIVE_THRESHOLD)
-
-
-def models_hash_lookahead() -> bool:
-    """Does schedspec model lookahead block hashes for the modelled release?"""
-    return models(_release[0], HASH_LOOKAHEAD)
-
-
-def scenario_config(config: dict) -> dict:
-    """A witness scenario's config for the modelled release: without the fields
-    it lacks, and naming the release unless it is the default."""
-    out = {k: v for k, v in config.items() if k not in fields_lacking()}
-    if _release[0] != DEFAULT_RELEASE:
-        out["vllm_version"] = _release[0]
-    return out
-
-
-def restriction() -> str:
-    """What the proofs of the modelled release leave out of the configs it accepts."""
-    if _release[0] == DEFAULT_RELEASE:
-        return ""
-    out = [f"{field} >= {bound}" for field, bound in (("max_num_scheduled_tokens", 1),
-                                                      ("long_prefill_token_threshold", 0))
-           if field_minimum(_release[0], field, bound) != bound]
-    return f"vLLM {_release[0]}" + (f"; {', '.join(out)}" if out else "")
+# The release `schedspec prove` models unless told (--vllm-version).
+DEFAULT = Release(DEFAULT_RELEASE)
 
 
 # Bad variant -> the gate whose older rule it is (not bad where the gate is off).
@@ -127,14 +138,7 @@ SAME_AS_RULE_OF = {
 # Bad variant -> does the modelled release have the feature it breaks?  Without
 # it the variant is the rules themselves (loop_config.py: a drafter's rows
 # exist only with speculative decoding, which schedspec models from 0.33.0 on).
-NEEDS_FEATURE = {"drafter_rows_not_charged": models_spec_decode}
-
-
-def bad_variants(variants) -> tuple[str, ...]:
-    """`variants` less those that are the modelled release's own rule, or break a
-    feature it does not have."""
-    return tuple(v for v in variants if (v not in SAME_AS_RULE_OF or applies(SAME_AS_RULE_OF[v]))
-                 and (v not in NEEDS_FEATURE or NEEDS_FEATURE[v]()))
+NEEDS_FEATURE = {"drafter_rows_not_charged": Release.models_spec_decode}
 
 
 # Property -> (the gate that fixed it, the command that shows it on the real
@@ -152,14 +156,4 @@ FINDINGS = {
 }
 
 
-def finding(prop: str) -> str | None:
-    """The vLLM bug the modelled release has for `prop`, said in one line, or None."""
-    if prop not in FINDINGS or applies(FINDINGS[prop][0]):
-        return None
-    gate, replay = FINDINGS[prop]
-    return (f"vLLM {_release[0]} violates {prop} (fixed in {GATES[gate].since}, gate {gate}); "
-            f"on the real release: {replay.format(release=_release[0])}")
-
-
-__all__ = ["FINDINGS", "SAME_AS_RULE_OF", "applies", "bad_variants", "checks_config", "fields_lacking", "finding",
-           "models_lora", "models_spec_decode", "models_structured_output", "release", "restriction", "scenario_config", "set_release"]
+__all__ = ["DEFAULT", "FINDINGS", "NEEDS_FEATURE", "SAME_AS_RULE_OF", "Release"]

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from schedspec.spec.versions import INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL, LONG_PREFILL_THRESHOLD_NEEDS_TWO
 
-from . import release
+from .release import DEFAULT, Release
 from .obligation import Bound, Obligation, Result
 
 PROPERTY = "starvation_condition"
@@ -156,6 +156,7 @@ class AggState:
     max_num_active_reqs: Any
     chunked: Any  # enable_chunked_prefill
     enough_blocks: Any
+    release: Release = DEFAULT  # the vLLM release whose rules the step applies
 
 
 @dataclass
@@ -179,7 +180,7 @@ class AggOut:
 
 def step_budget(o, s: AggState):
     """spec/properties.py get_step_budget: the token budget alone before 0.28.0."""
-    if not release.applies(INPUT_BUDGET):
+    if not s.release.applies(INPUT_BUDGET):
         return s.token_budget
     return o.Min(s.token_budget, s.max_num_batched_tokens)
 
@@ -189,9 +190,9 @@ def threshold_in_force(o, s: AggState, variant: str = "correct"):
     0.31.0) and with chunked prefill on (from 0.34.0)."""
     eligible = s.D + s.W + o.If(s.prompt_running, 1, 0)
     on = s.threshold > 0
-    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+    if s.release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
         on = o.And(on, s.chunked)
-    if variant == "threshold_one_eligible" or not release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
+    if variant == "threshold_one_eligible" or not s.release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO):
         return on  # the bad variant is the rule before 0.31.0
     return o.And(on, eligible > 1)
 
@@ -275,6 +276,7 @@ class PerRequestState:
     prompt_running: Any
     prompt_num_tokens: Any
     prompt_num_computed_tokens: Any
+    release: Release = DEFAULT  # the vLLM release whose rules the step applies
 
 
 @dataclass
@@ -297,10 +299,11 @@ def per_request_step(o, s: PerRequestState, block_size: int) -> PerRequestOut:
     stop, pre = False, False
     decode_total = 0
     eligible = s.D + s.W + o.If(s.prompt_running, 1, 0)
-    thr = o.If(eligible > 1, s.threshold, 0) if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO) else s.threshold
-    if release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
+    thr = o.If(eligible > 1, s.threshold, 0) if s.release.applies(LONG_PREFILL_THRESHOLD_NEEDS_TWO) \
+        else s.threshold
+    if s.release.applies(LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL):
         thr = o.If(s.chunked, thr, 0)
-    if not release.applies(INPUT_BUDGET):
+    if not s.release.applies(INPUT_BUDGET):
         ib = tb  # the token budget alone (versions.INPUT_BUDGET)
 
     def cap(need, computed):
@@ -383,7 +386,7 @@ def aggregate_of(o, s: PerRequestState, block_size: int) -> AggState:
         D=s.D, W=s.W, token_budget=s.token_budget, max_num_batched_tokens=s.max_num_batched_tokens,
         P=s.prompt_num_tokens - s.prompt_num_computed_tokens, prompt_running=s.prompt_running,
         threshold=s.threshold, max_num_active_reqs=s.max_num_active_reqs, chunked=s.chunked,
-        enough_blocks=enough,
+        enough_blocks=enough, release=s.release,
     )
 
 
@@ -396,14 +399,14 @@ def _z3():
     return z3
 
 
-def agg_vars(z3, tag: str = "") -> tuple[AggState, AggChoice]:
+def agg_vars(z3, release: Release, tag: str = "") -> tuple[AggState, AggChoice]:
     I, Bo = z3.Int, z3.Bool
     s = AggState(
         D=I(f"D{tag}"), W=I(f"W{tag}"), token_budget=I(f"token_budget{tag}"),
         max_num_batched_tokens=I(f"max_num_batched_tokens{tag}"), P=I(f"P{tag}"),
         prompt_running=Bo(f"prompt_running{tag}"), threshold=I(f"threshold{tag}"),
         max_num_active_reqs=I(f"max_num_active_reqs{tag}"), chunked=Bo(f"chunked{tag}"),
-        enough_blocks=Bo(f"enough_blocks{tag}"),
+        enough_blocks=Bo(f"enough_blocks{tag}"), release=release,
     )
     ch = AggChoice(Bo(f"preempted{tag}"), I(f"decode_tokens_chosen{tag}"), Bo(f"prompt_alloc_ok{tag}"))
     return s, ch
@@ -452,23 +455,23 @@ def prove(claims: Callable[[Any], Any], what: str) -> Result:
 # --- the theorems -----------------------------------------------------------------------
 
 
-def _setting(z3, tag=""):
-    s, ch = agg_vars(z3, tag)
+def _setting(z3, release: Release, tag=""):
+    s, ch = agg_vars(z3, release, tag)
     return s, ch, agg_domain(z3, s)
 
 
-def claim_budget_exhausted(variant: str):
+def claim_budget_exhausted(variant: str, release: Release):
     def f(z3):
-        s, ch, dom = _setting(z3)
+        s, ch, dom = _setting(z3, release)
         out = aggregate_step(Z3Ops(), s, ch, variant)
         pre = z3.And(dom, out.choice_ok, z3.Not(s.prompt_running), s.D >= step_budget(Z3Ops(), s))
         return z3.Implies(pre, out.prompt_tokens == 0)
     return f
 
 
-def claim_no_run_slot(variant: str):
+def claim_no_run_slot(variant: str, release: Release):
     def f(z3):
-        s, ch, dom = _setting(z3)
+        s, ch, dom = _setting(z3, release)
         out = aggregate_step(Z3Ops(), s, ch, variant)
         pre = z3.And(dom, out.choice_ok, z3.Not(s.prompt_running), s.D >= s.max_num_active_reqs)
         return z3.Implies(pre, out.prompt_tokens == 0)
@@ -480,11 +483,11 @@ def _grant_premises(z3, s, dom, out):
     return z3.And(dom, out.choice_ok, s.D < step_budget(o, s), s.D < s.max_num_active_reqs, s.enough_blocks)
 
 
-def claim_chunk_grant(variant: str):
+def claim_chunk_grant(variant: str, release: Release):
     """Both phases: the first chunk (waiting) and every later one (running)."""
     def f(z3):
         o = Z3Ops()
-        s, ch, dom = _setting(z3)
+        s, ch, dom = _setting(z3, release)
         out = aggregate_step(o, s, ch, variant)
         pre = z3.And(_grant_premises(z3, s, dom, out), s.chunked)
         cap = chunk_cap(o, s)
@@ -497,10 +500,10 @@ def claim_chunk_grant(variant: str):
     return f
 
 
-def claim_chunked_off_admission(variant: str):
+def claim_chunked_off_admission(variant: str, release: Release):
     def f(z3):
         o = Z3Ops()
-        s, ch, dom = _setting(z3)
+        s, ch, dom = _setting(z3, release)
         out = aggregate_step(o, s, ch, variant)
         pre = z3.And(dom, out.choice_ok, z3.Not(s.prompt_running), z3.Not(s.chunked),
                      s.D < s.max_num_active_reqs, s.enough_blocks)
@@ -514,23 +517,23 @@ def claim_chunked_off_admission(variant: str):
     return f
 
 
-def _prefill_state(z3, P_total, computed, tag):
+def _prefill_state(z3, P_total, computed, tag, release: Release):
     """The aggregate state of step k: the prompt has `computed` tokens; waiting
     (only itself) while it has none, the tail of running after."""
-    s, ch = agg_vars(z3, tag)
+    s, ch = agg_vars(z3, release, tag)
     return s, ch, z3.And(
         s.P == P_total - computed, s.prompt_running == (computed > 0),
         s.W == z3.If(computed > 0, 0, 1))
 
 
-def claim_prefill_step(variant: str):
+def claim_prefill_step(variant: str, release: Release):
     """Induction step: inv(k) = (computed == min(P, kc)) with kc = k*cap, and the
     next step under the premises gives inv(k+1) with kc + cap, the same D, no
     preemption.  The base, inv(0), is `computed == 0 == min(P, 0)`."""
     def f(z3):
         o = Z3Ops()
         P_total, computed, kc, D0 = z3.Ints("P_total computed kc D0")
-        s, ch, link = _prefill_state(z3, P_total, computed, "")
+        s, ch, link = _prefill_state(z3, P_total, computed, "", release)
         dom = agg_domain(z3, s)
         out = aggregate_step(o, s, ch, variant)
         cap = chunk_cap(o, s)
@@ -544,15 +547,15 @@ def claim_prefill_step(variant: str):
     return f
 
 
-def claim_prefill_cap_invariant(variant: str):
+def claim_prefill_cap_invariant(variant: str, release: Release):
     """The chunk cap is the same in every step of the prefill: it depends on D, the
     budgets and whether the threshold is in force, and the eligible count is D + 1
     both while the prompt waits and while it runs."""
     def f(z3):
         o = Z3Ops()
         P_total, c1, c2 = z3.Ints("P_total c1 c2")
-        s1, _, l1 = _prefill_state(z3, P_total, c1, "_1")
-        s2, _, l2 = _prefill_state(z3, P_total, c2, "_2")
+        s1, _, l1 = _prefill_state(z3, P_total, c1, "_1", release)
+        s2, _, l2 = _prefill_state(z3, P_total, c2, "_2", release)
         same = z3.And(*[getattr(s1, k) == getattr(s2, k) for k in
                         ("D", "token_budget", "max_num_batched_tokens", "threshold",
                          "max_num_active_reqs", "chunked")])
@@ -571,8 +574,9 @@ def claim_ceil_steps(_variant: str = "correct"):
     return f
 
 
-def discharge_prefill_steps(variant: str) -> Result:
-    parts = [("step", claim_prefill_step(variant)), ("cap invariant", claim_prefill_cap_invariant(variant)),
+def discharge_prefill_steps(variant: str, release: Release) -> Result:
+    parts = [("step", claim_prefill_step(variant, release)),
+             ("cap invariant", claim_prefill_cap_invariant(variant, release)),
              ("ceil", claim_ceil_steps(variant))]
     total, details = 0.0, []
     for what, c in parts:
@@ -587,7 +591,7 @@ def discharge_prefill_steps(variant: str) -> Result:
 # --- agreement of the aggregate with the per-request encoding -------------------------
 
 
-def per_request_vars(z3, n: int = AGREEMENT_MAX_DECODES) -> PerRequestState:
+def per_request_vars(z3, release: Release, n: int = AGREEMENT_MAX_DECODES) -> PerRequestState:
     I, Bo = z3.Int, z3.Bool
     return PerRequestState(
         D=I("D"), decodes=[Slot(I(f"ncomp_{i}"), I(f"demand_{i}")) for i in range(n)], W=I("W"),
@@ -597,10 +601,11 @@ def per_request_vars(z3, n: int = AGREEMENT_MAX_DECODES) -> PerRequestState:
         reserve_full_isl=Bo("reserve_full_isl"), watermark_blocks=I("watermark_blocks"),
         num_free_blocks=I("num_free_blocks"), prompt_running=Bo("prompt_running"),
         prompt_num_tokens=I("prompt_num_tokens"), prompt_num_computed_tokens=I("prompt_num_computed_tokens"),
+        release=release,
     )
 
 
-def claim_agreement(variant: str, block_size: int):
+def claim_agreement(variant: str, block_size: int, release: Release):
     """Every per-request outcome is an aggregate outcome: with the choices the
     per-request run made (did it preempt, how many decode tokens, did the prompt's
     allocation succeed), the aggregate allows them and gives the same prompt grant,
@@ -608,7 +613,7 @@ def claim_agreement(variant: str, block_size: int):
     the prompt's grant even after a failure, so it is compared there too."""
     def f(z3):
         o = Z3Ops()
-        s = per_request_vars(z3)
+        s = per_request_vars(z3, release)
         pr = per_request_step(o, s, block_size)
         a = aggregate_of(o, s, block_size)
         ch = AggChoice(pr.preempted, pr.decode_tokens, pr.prompt_alloc_ok)
@@ -620,10 +625,10 @@ def claim_agreement(variant: str, block_size: int):
     return f
 
 
-def discharge_agreement(variant: str) -> Result:
+def discharge_agreement(variant: str, release: Release) -> Result:
     total = 0.0
     for bs in AGREEMENT_BLOCK_SIZES:
-        r = prove(claim_agreement(variant, bs), f"agreement block_size={bs}")
+        r = prove(claim_agreement(variant, bs, release), f"agreement block_size={bs}")
         total += r.seconds
         if r.status != "proved":
             return Result(r.status, total, r.detail, r.model)
@@ -644,8 +649,8 @@ class WitnessValues:
     threshold: int
 
 
-def _witness_values(premises: Callable[[Any, AggState], Any], extra: Callable[[Any, AggState], Any] | None = None
-                    ) -> tuple[Result, WitnessValues | None]:
+def _witness_values(premises: Callable[[Any, AggState], Any], release: Release,
+                    extra: Callable[[Any, AggState], Any] | None = None) -> tuple[Result, WitnessValues | None]:
     """The smallest concrete (D, B, P, ...) satisfying `premises`, with W = 1 (the
     prompt alone waits), max_num_batched_tokens >= token_budget (so B is the
     token budget, as in Table 3) and D <= B (the decodes all start in one step)."""
@@ -654,7 +659,7 @@ def _witness_values(premises: Callable[[Any, AggState], Any], extra: Callable[[A
 
     o = Z3Ops()
     t = time.perf_counter()
-    s, ch = agg_vars(z3)
+    s, ch = agg_vars(z3, release)
     out = aggregate_step(o, s, ch, "correct")
 
     def build():
@@ -679,7 +684,7 @@ def _witness_values(premises: Callable[[Any, AggState], Any], extra: Callable[[A
     return Result("proved", dt, f"premises satisfiable: {w}", _model_dict(z3, m)), w
 
 
-def witness_scenario(w: WitnessValues, name: str, claim: str):
+def witness_scenario(w: WitnessValues, name: str, claim: str, release: Release):
     """A scenario showing the setting at step 1: D one-token prompts arrive at step 0
     and become decodes; the P-token prompt arrives at step 1."""
     from schedspec.reference.scenario import RequestSpec, Scenario
@@ -711,96 +716,108 @@ def witness_scenario(w: WitnessValues, name: str, claim: str):
                     description=desc)
 
 
-def make_witness(name: str, premises, claim: str, extra=None):
+def make_witness(name: str, premises, claim: str, release: Release, extra=None):
     def witness():
-        r, w = _witness_values(premises, extra)
+        r, w = _witness_values(premises, release, extra)
         if w is None:
             return r, None
-        return r, witness_scenario(w, name, claim)
+        return r, witness_scenario(w, name, claim, release)
     return witness
 
 
 # --- the obligations ------------------------------------------------------------------------
 
 
-def _single(claim_factory, what):
-    return lambda variant: prove(claim_factory(variant), what)
+def _single(claim_factory, what, release: Release):
+    return lambda variant: prove(claim_factory(variant, release), what)
 
 
 UNBOUNDED = Bound(note="unbounded integers (any D, B, P, config)")
 
-OBLIGATIONS: list[Obligation] = [
-    Obligation(
-        name="starvation.budget_exhausted", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
-        discharge=_single(claim_budget_exhausted, "D >= B => prompt gets 0"),
-        witness=make_witness("budget_exhausted",
-                             lambda z3, s: z3.And(s.D >= s.token_budget, s.D < s.max_num_active_reqs,
-                                                  s.chunked, s.D >= 1),
-                             "Expect: at step 1 the prompt gets 0 tokens."),
-        bad_variants=("waiting_first",),
-        doc="D running decodes, D >= B = min(token_budget, max_num_batched_tokens): the waiting "
-            "prompt receives 0 tokens, whatever the pool (a preemption also skips admission).",
-    ),
-    Obligation(
-        name="starvation.no_run_slot", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
-        discharge=_single(claim_no_run_slot, "D >= max_num_active_reqs => prompt gets 0"),
-        witness=make_witness("no_run_slot",
-                             lambda z3, s: z3.And(s.D >= s.max_num_active_reqs, s.D < s.token_budget,
-                                                  s.chunked),
-                             "Expect: at step 1 the prompt gets 0 tokens although budget is left."),
-        bad_variants=("no_run_slot_check",),
-        doc="With every run slot taken (S:1093-1096) the waiting prompt receives 0 tokens.",
-    ),
-    Obligation(
-        name="starvation.chunk_grant", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
-        discharge=_single(claim_chunk_grant, "D < B, chunked => prompt gets min(P, cap)"),
-        witness=make_witness("chunk_grant",
-                             lambda z3, s: z3.And(s.D < s.token_budget, s.D < s.max_num_active_reqs,
-                                                  s.chunked, s.D >= 1, s.P > s.token_budget - s.D),
-                             "Expect: at step 1 every decode gets 1 token and the prompt gets B - D."),
-        bad_variants=("budget_off_by_one", "waiting_first", "threshold_one_eligible"),
-        doc="D < B, chunked prefill on, a free run slot, enough free blocks: the prompt receives "
-            "min(P, cap) > 0 in its first and every later chunk, cap = B - D (or min(B - D, "
-            "threshold) when the threshold is in force); the decodes all get their token.",
-    ),
-    Obligation(
-        name="starvation.prefill_steps", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
-        discharge=discharge_prefill_steps,
-        witness=make_witness("prefill_steps",
-                             lambda z3, s: z3.And(s.D < s.token_budget, s.D < s.max_num_active_reqs,
-                                                  s.chunked, s.D >= 1,
-                                                  s.P > 2 * (s.token_budget - s.D),
-                                                  s.P % (s.token_budget - s.D) != 0),
-                             "Expect: the prompt's first token comes ceil(P / (B - D)) steps after "
-                             "it arrives, its computed tokens growing by B - D a step."),
-        bad_variants=("budget_off_by_one",),
-        doc="Same premises, no decode finishing: after k steps the prompt has min(P, k*cap) "
-            "computed tokens (induction on k), so its prefill completes in exactly ceil(P / cap) "
-            "steps, with D constant and no preemption.",
-    ),
-    Obligation(
-        name="starvation.chunked_off_admission", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
-        discharge=_single(claim_chunked_off_admission, "chunked off => admitted iff P <= B - D"),
-        witness=make_witness("chunked_off_admission",
-                             lambda z3, s: z3.And(z3.Not(s.chunked), s.D < s.max_num_active_reqs,
-                                                  s.D >= 1, s.P > s.token_budget - s.D, s.P <= s.token_budget),
-                             "Expect: the prompt does not fit B - D, so it is not admitted at step 1."),
-        bad_variants=("budget_off_by_one",),
-        doc="Chunked prefill off, a free run slot, enough free blocks: the waiting prompt is "
-            "admitted, with its whole (threshold-capped) need, iff that need is <= B - D.",
-    ),
-    Obligation(
-        name="starvation.aggregate_agrees", property=PROPERTY, kind="theorem",
-        bound=Bound(max_running=AGREEMENT_MAX_DECODES, max_waiting=1,
-                    note=f"block_size in {AGREEMENT_BLOCK_SIZES}; other values unbounded"),
-        discharge=discharge_agreement,
-        witness=make_witness("aggregate_agrees",
-                             lambda z3, s: z3.And(s.D == AGREEMENT_MAX_DECODES, s.chunked,
-                                                  s.D < s.max_num_active_reqs, s.token_budget > s.D),
-                             "Expect: the per-request and aggregate encodings both give the prompt B - D."),
-        bad_variants=("waiting_first", "budget_off_by_one"),
-        doc="The aggregate encoding the theorems use agrees with a per-request encoding of "
-            "schedule() (explicit decode slots, sequential budgets and free pool): every "
-            "per-request outcome is an aggregate outcome with the same grants.",
-    ),
-]
+def obligations(release: Release) -> list[Obligation]:
+    """The starvation theorems of `release`'s rules: the first grant, then the prefill."""
+    return _grant_obligations(release) + _prefill_obligations(release)
+
+
+def _grant_obligations(release: Release) -> list[Obligation]:
+    return [
+        Obligation(
+            name="starvation.budget_exhausted", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
+            discharge=_single(claim_budget_exhausted, "D >= B => prompt gets 0", release),
+            witness=make_witness("budget_exhausted",
+                                 lambda z3, s: z3.And(s.D >= s.token_budget, s.D < s.max_num_active_reqs,
+                                                      s.chunked, s.D >= 1),
+                                 "Expect: at step 1 the prompt gets 0 tokens.", release),
+            bad_variants=("waiting_first",),
+            doc="D running decodes, D >= B = min(token_budget, max_num_batched_tokens): the waiting "
+                "prompt receives 0 tokens, whatever the pool (a preemption also skips admission).",
+        ),
+        Obligation(
+            name="starvation.no_run_slot", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
+            discharge=_single(claim_no_run_slot, "D >= max_num_active_reqs => prompt gets 0", release),
+            witness=make_witness("no_run_slot",
+                                 lambda z3, s: z3.And(s.D >= s.max_num_active_reqs, s.D < s.token_budget,
+                                                      s.chunked),
+                                 "Expect: at step 1 the prompt gets 0 tokens although budget is left.", release),
+            bad_variants=("no_run_slot_check",),
+            doc="With every run slot taken (S:1093-1096) the waiting prompt receives 0 tokens.",
+        ),
+        Obligation(
+            name="starvation.chunk_grant", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
+            discharge=_single(claim_chunk_grant, "D < B, chunked => prompt gets min(P, cap)", release),
+            witness=make_witness("chunk_grant",
+                                 lambda z3, s: z3.And(s.D < s.token_budget, s.D < s.max_num_active_reqs,
+                                                      s.chunked, s.D >= 1, s.P > s.token_budget - s.D),
+                                 "Expect: at step 1 every decode gets 1 token and the prompt gets B - D.", release),
+            bad_variants=("budget_off_by_one", "waiting_first", "threshold_one_eligible"),
+            doc="D < B, chunked prefill on, a free run slot, enough free blocks: the prompt receives "
+                "min(P, cap) > 0 in its first and every later chunk, cap = B - D (or min(B - D, "
+                "threshold) when the threshold is in force); the decodes all get their token.",
+        ),
+    ]
+
+
+def _prefill_obligations(release: Release) -> list[Obligation]:
+    return [
+        Obligation(
+            name="starvation.prefill_steps", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
+            discharge=lambda variant: discharge_prefill_steps(variant, release),
+            witness=make_witness("prefill_steps",
+                                 lambda z3, s: z3.And(s.D < s.token_budget, s.D < s.max_num_active_reqs,
+                                                      s.chunked, s.D >= 1,
+                                                      s.P > 2 * (s.token_budget - s.D),
+                                                      s.P % (s.token_budget - s.D) != 0),
+                                 "Expect: the prompt's first token comes ceil(P / (B - D)) steps after "
+                                 "it arrives, its computed tokens growing by B - D a step.", release),
+            bad_variants=("budget_off_by_one",),
+            doc="Same premises, no decode finishing: after k steps the prompt has min(P, k*cap) "
+                "computed tokens (induction on k), so its prefill completes in exactly ceil(P / cap) "
+                "steps, with D constant and no preemption.",
+        ),
+        Obligation(
+            name="starvation.chunked_off_admission", property=PROPERTY, kind="theorem", bound=UNBOUNDED,
+            discharge=_single(claim_chunked_off_admission, "chunked off => admitted iff P <= B - D", release),
+            witness=make_witness("chunked_off_admission",
+                                 lambda z3, s: z3.And(z3.Not(s.chunked), s.D < s.max_num_active_reqs,
+                                                      s.D >= 1, s.P > s.token_budget - s.D, s.P <= s.token_budget),
+                                 "Expect: the prompt does not fit B - D, so it is not admitted at step 1.", release),
+            bad_variants=("budget_off_by_one",),
+            doc="Chunked prefill off, a free run slot, enough free blocks: the waiting prompt is "
+                "admitted, with its whole (threshold-capped) need, iff that need is <= B - D.",
+        ),
+        Obligation(
+            name="starvation.aggregate_agrees", property=PROPERTY, kind="theorem",
+            bound=Bound(max_running=AGREEMENT_MAX_DECODES, max_waiting=1,
+                        note=f"block_size in {AGREEMENT_BLOCK_SIZES}; other values unbounded"),
+            discharge=lambda variant: discharge_agreement(variant, release),
+            witness=make_witness("aggregate_agrees",
+                                 lambda z3, s: z3.And(s.D == AGREEMENT_MAX_DECODES, s.chunked,
+                                                      s.D < s.max_num_active_reqs, s.token_budget > s.D),
+                                 "Expect: the per-request and aggregate encodings both give the prompt B - D.",
+                                 release),
+            bad_variants=("waiting_first", "budget_off_by_one"),
+            doc="The aggregate encoding the theorems use agrees with a per-request encoding of "
+                "schedule() (explicit decode slots, sequential budgets and free pool): every "
+                "per-request outcome is an aggregate outcome with the same grants.",
+        ),
+    ]

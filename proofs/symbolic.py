@@ -29,7 +29,7 @@ from schedspec.spec.request import RequestStatus
 from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 
-from . import release
+from .release import DEFAULT, Release
 
 # The small sets the symbolic config draws block_size and watermark from.
 BLOCK_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
@@ -64,9 +64,10 @@ class SymConfig:
     block_size: Any
     num_gpu_blocks: Any
     block_sizes: tuple[int, ...] = BLOCK_SIZES
+    release: Release = DEFAULT  # the vLLM release whose rules the encodings apply to this config
 
     @staticmethod
-    def fresh(prefix: str = "c", block_sizes: tuple[int, ...] = BLOCK_SIZES) -> "SymConfig":
+    def fresh(prefix: str = "c", block_sizes: tuple[int, ...] = BLOCK_SIZES, *, release: Release) -> "SymConfig":
         I, B = z3.Int, z3.Bool
         return SymConfig(
             I(f"{prefix}.max_num_batched_tokens"), I(f"{prefix}.token_budget"), I(f"{prefix}.max_num_seqs"),
@@ -74,7 +75,7 @@ class SymConfig:
             I(f"{prefix}.long_prefill_token_threshold"), B(f"{prefix}.is_priority"),
             I(f"{prefix}.watermark_index"), B(f"{prefix}.scheduler_reserve_full_isl"),
             I(f"{prefix}.max_model_len"), I(f"{prefix}.block_size"), I(f"{prefix}.num_gpu_blocks"),
-            block_sizes)
+            block_sizes, release)
 
     def cdiv(self, x):
         """cdiv(x, block_size) over the block-size set: division by constants only."""
@@ -99,8 +100,8 @@ class SymConfig:
         """What the modelled release accepts (spec/config.py validate_config;
         proofs/release.py says what its proofs leave out)."""
         c = self
-        threshold_check = release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
-        lacking = release.fields_lacking()  # a field the release lacks has its older meaning
+        threshold_check = c.release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
+        lacking = c.release.fields_lacking()  # a field the release lacks has its older meaning
         return z3.And(
             c.max_num_active_reqs == c.max_num_seqs if "max_num_active_seqs" in lacking else True,
             c.watermark_index == 0 if "watermark" in lacking else True,
@@ -116,7 +117,7 @@ class SymConfig:
         )
 
     def leaves(self) -> list:
-        return [getattr(self, f.name) for f in fields(self) if f.name != "block_sizes"]
+        return [getattr(self, f.name) for f in fields(self) if f.name not in ("block_sizes", "release")]
 
 
 @dataclass(frozen=True)
@@ -183,8 +184,8 @@ class SymState:
     num_free_blocks: Any
 
     @staticmethod
-    def fresh(num_slots: int, prefix: str = "s", config: SymConfig | None = None) -> "SymState":
-        return SymState(config or SymConfig.fresh(f"{prefix}.c"),
+    def fresh(num_slots: int, prefix: str, config: SymConfig) -> "SymState":
+        return SymState(config,
                         tuple(SymSlot.fresh(f"{prefix}.{i}") for i in range(num_slots)),
                         z3.Int(f"{prefix}.num_free_blocks"))
 
@@ -333,9 +334,9 @@ class Evaluator:
         return vals
 
 
-def concrete_state(data: dict) -> tuple[SchedulerState, dict[str, int | None]]:
+def concrete_state(data: dict, release: Release) -> tuple[SchedulerState, dict[str, int | None]]:
     """The `SchedulerState` (and fake-model output lengths) of a model dump
-    (proofs/obligations.py model_state); ids "q<rank>"."""
+    (proofs/obligations.py model_state) of `release`'s encoding; ids "q<rank>"."""
     from schedspec.spec.config import FCFS
     from schedspec.spec.request import Request
 
@@ -350,7 +351,7 @@ def concrete_state(data: dict) -> tuple[SchedulerState, dict[str, int | None]]:
         long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
         policy=PRIORITY if cfg["is_priority"] else FCFS, watermark=wm,
         scheduler_reserve_full_isl=cfg["scheduler_reserve_full_isl"], max_model_len=cfg["max_model_len"],
-        block_size=cfg["block_size"], num_gpu_blocks=cfg["num_gpu_blocks"], vllm_version=release.release())
+        block_size=cfg["block_size"], num_gpu_blocks=cfg["num_gpu_blocks"], vllm_version=release.version)
     reqs, blocks, out_len, running, waiting = {}, {}, {}, [], []
     width = max([len(str(r["rid_rank"])) for r in data["requests"]] + [1])
     for r in data["requests"]:

@@ -18,9 +18,10 @@ import z3
 
 from schedspec.reference.scenario import Abort, RequestSpec, Scenario
 
-from . import encoding, release
+from . import encoding
 from .obligation import Result
 from .property_formulas import PROPERTY_FORMULAS, state_invariant
+from .release import Release
 from .symbolic import WATERMARKS, SymConfig, SymSlot, SymState
 
 BMC_REQUESTS = 3
@@ -39,7 +40,7 @@ WHAT = {
 }
 
 
-def unroll(steps: int, num_requests: int, block_sizes=BMC_BLOCK_SIZES, aborts: bool = False):
+def unroll(steps: int, num_requests: int, release: Release, block_sizes=BMC_BLOCK_SIZES, aborts: bool = False):
     """The symbolic run: (config, request specs, arrival steps, [(before, decision, after)], constraints).
 
     Each step's events run as the engine runs them (formats.md): aborts, then
@@ -48,7 +49,7 @@ def unroll(steps: int, num_requests: int, block_sizes=BMC_BLOCK_SIZES, aborts: b
     abort steps (`abort_at`, -1 = never), so witness goals can speak of the
     events themselves.  Aborts are unrolled only when asked (`aborts`): they
     make every formula larger."""
-    c = SymConfig.fresh("w.c", block_sizes)
+    c = SymConfig.fresh("w.c", block_sizes, release=release)
     specs = [SymSlot.fresh(f"w.r{i}") for i in range(num_requests)]
     arrive = [z3.Int(f"w.r{i}.arrival_step") for i in range(num_requests)]
     abort_at = [z3.Int(f"w.r{i}.abort_step") for i in range(num_requests)]
@@ -139,13 +140,13 @@ def goal_formula(goal: str, step: Step, k: int, arrive, abort_at):
     raise ValueError(goal)
 
 
-def find_witness(goal: str, claim=None, steps: int = BMC_STEPS, num_requests: int = BMC_REQUESTS,
+def find_witness(goal: str, release: Release, claim=None, steps: int = BMC_STEPS, num_requests: int = BMC_REQUESTS,
                  timeout_s: float = 30.0) -> tuple[Result, Scenario | None]:
-    """The smallest k <= steps whose k-th step reaches `goal`, as a scenario."""
+    """The smallest k <= steps whose k-th step of `release`'s rules reaches `goal`, as a scenario."""
     from .solving import check
 
     t0 = time.perf_counter()
-    c, specs, (arrive, abort_at), trace, cons = unroll(steps, num_requests, aborts=goal == "inductive:abort")
+    c, specs, (arrive, abort_at), trace, cons = unroll(steps, num_requests, release, aborts=goal == "inductive:abort")
     for k in range(steps):
         # The witness step must be reached: every event happens by then.
         reached = [goal_formula(goal, trace[k], k, arrive, abort_at), *[a <= k for a in arrive],
@@ -182,7 +183,7 @@ def to_scenario(m: z3.ModelRef, c: SymConfig, specs, arrive, step: int, goal: st
     name = "witness-" + goal.replace(":", "-").replace("+", "-")
     what = (f"property {goal.split(':', 1)[1]} is applicable at step {step}" if goal.startswith("property:")
             else f"a reachable run for obligation {goal}, witness step {step}: {WHAT[goal]}")
-    return Scenario(name=name, config=release.scenario_config(config), requests=tuple(reqs), aborts=aborts,
+    return Scenario(name=name, config=c.release.scenario_config(config), requests=tuple(reqs), aborts=aborts,
                     max_steps=step + 1,
                     description=f"z3 bounded-model-checking witness: {what}. Reproduce: schedspec check <this file>; "
                                 f"regenerate: schedspec prove")

@@ -27,12 +27,12 @@ import pytest
 import z3
 
 from schedspec.proofs import loop_config
-from schedspec.proofs import release
+from schedspec.proofs.release import Release
 from schedspec.proofs.symbolic import BLOCK_SIZES, WATERMARKS, Evaluator, SymConfig, config_substitution, const_val
 from mutants import Mutation, mutated
 from schedspec.spec import config as spec_config
 from schedspec.spec.config import ConfigError, SchedulerConfig
-from schedspec.spec.versions import ADAPTIVE_THRESHOLD, RELEASES, fields_lacking, models
+from schedspec.spec.versions import ADAPTIVE_THRESHOLD, DEFAULT_RELEASE, RELEASES, fields_lacking, models
 
 # A base where every relation the two sides make is tight: B = L = seqs = active
 # = threshold, and the pool holds exactly one max_model_len sequence.
@@ -91,39 +91,35 @@ def encoding_admits(config: SchedulerConfig, c: SymConfig, constraints) -> bool:
 
 
 def restricted(config: SchedulerConfig) -> bool:
-    """Inside the release's stated restriction (release.restriction())."""
+    """Inside the release's stated restriction (Release.restriction())."""
     return (config.max_num_scheduled_tokens is not None and config.max_num_scheduled_tokens <= 0) \
         or config.long_prefill_token_threshold < 0
 
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_constraints_admit_exactly_the_configs_the_spec_accepts(version):
-    release.set_release(version)
-    try:
-        lacking = fields_lacking(version)
-        c = SymConfig.fresh()
-        constraints = c.constraints()  # for the release set above
-        counts = {"accepted": 0, "rejected": 0, "restricted": 0}
-        for i, values in enumerate(boundary_configs()):
-            # the watermarks in turn: the two sides' checks of it do not depend on the others
-            watermark = list(WATERMARKS)[i % len(WATERMARKS)]
-            config = SchedulerConfig(**values, watermark=watermark, vllm_version=version)
-            if "max_num_active_seqs" in lacking:  # the field's absent value
-                config = dataclasses.replace(config, max_num_active_seqs=None)
-            if "watermark" in lacking:
-                config = dataclasses.replace(config, watermark=0.0)
-            if config.block_size not in BLOCK_SIZES:
-                continue  # outside the encoding's block-size set (its bound says so)
-            accepts, admits = spec_accepts(config), encoding_admits(config, c, constraints)
-            assert not admits or accepts, ("the encoding admits a config the spec rejects", config)
-            if accepts and not admits:
-                assert restricted(config), ("the spec accepts a config the encoding leaves out", config)
-                counts["restricted"] += 1
-            counts["accepted" if accepts else "rejected"] += 1
-        # both verdicts at the boundaries, many times over
-        assert counts["accepted"] >= 200 and counts["rejected"] >= 200, counts
-    finally:
-        release.set_release(release.DEFAULT_RELEASE)
+    lacking = fields_lacking(version)
+    c = SymConfig.fresh(release=Release(version))
+    constraints = c.constraints()
+    counts = {"accepted": 0, "rejected": 0, "restricted": 0}
+    for i, values in enumerate(boundary_configs()):
+        # the watermarks in turn: the two sides' checks of it do not depend on the others
+        watermark = list(WATERMARKS)[i % len(WATERMARKS)]
+        config = SchedulerConfig(**values, watermark=watermark, vllm_version=version)
+        if "max_num_active_seqs" in lacking:  # the field's absent value
+            config = dataclasses.replace(config, max_num_active_seqs=None)
+        if "watermark" in lacking:
+            config = dataclasses.replace(config, watermark=0.0)
+        if config.block_size not in BLOCK_SIZES:
+            continue  # outside the encoding's block-size set (its bound says so)
+        accepts, admits = spec_accepts(config), encoding_admits(config, c, constraints)
+        assert not admits or accepts, ("the encoding admits a config the spec rejects", config)
+        if accepts and not admits:
+            assert restricted(config), ("the spec accepts a config the encoding leaves out", config)
+            counts["restricted"] += 1
+        counts["accepted" if accepts else "rejected"] += 1
+    # both verdicts at the boundaries, many times over
+    assert counts["accepted"] >= 200 and counts["rejected"] >= 200, counts
 
 
 def test_the_comparison_sees_a_constraint_off_by_one(monkeypatch):
@@ -231,10 +227,10 @@ def loop_restricted(config: SchedulerConfig) -> bool:
 
 
 class LoopAdmits:
-    """LoopConfig.constraints of the set release, per block size, evaluated on a config."""
+    """LoopConfig.constraints of `release`, per block size, evaluated on a config."""
 
-    def __init__(self):
-        self.sym = {bs: loop_config.LoopConfig.fresh(f"cfg{bs}", bs) for bs in BLOCK_SIZES}
+    def __init__(self, release: Release):
+        self.sym = {bs: loop_config.LoopConfig.fresh(f"cfg{bs}", bs, release) for bs in BLOCK_SIZES}
         self.ev = {bs: Evaluator([c.constraints()]) for bs, c in self.sym.items()}
 
     def __call__(self, config: SchedulerConfig) -> bool:
@@ -246,35 +242,31 @@ class LoopAdmits:
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_loop_constraints_admit_exactly_the_configs_the_spec_accepts(version):
-    release.set_release(version)
-    try:
-        admits = LoopAdmits()
-        counts = {"accepted": 0, "rejected": 0, "restricted": 0, "drafter accepted": 0, "drafter rejected": 0}
-        # the whole family in the release that models every field, single moves in the others
-        for i, values in enumerate(loop_boundary_configs(pairs=version == release.DEFAULT_RELEASE)):
-            config = SchedulerConfig(**values, watermark=LOOP_WATERMARKS[i % len(LOOP_WATERMARKS)],
-                                     vllm_version=version)
-            if "max_num_active_seqs" in fields_lacking(version):
-                config = dataclasses.replace(config, max_num_active_seqs=None)
-            if "watermark" in fields_lacking(version):
-                config = dataclasses.replace(config, watermark=0.0)
-            accepts, admitted = spec_accepts(config), admits(config)
-            assert not admitted or accepts, ("the loop encoding admits a config the spec rejects", config)
-            if accepts and not admitted:
-                assert loop_restricted(config), ("the spec accepts a config the loop encoding leaves out", config)
-                counts["restricted"] += 1
-            counts["accepted" if accepts else "rejected"] += 1
-            if config.num_speculative_tokens or config.num_prefill_lookahead_tokens:
-                counts["drafter accepted" if accepts else "drafter rejected"] += 1
-        least = 200 if version == release.DEFAULT_RELEASE else 20
-        assert counts["accepted"] >= least and counts["rejected"] >= least, counts
-        # a drafter's configs reach both verdicts (in the older releases, only rejections)
-        assert counts["drafter rejected"] >= 10, counts
-        # (0.34.0 accepts fewer drafters than 0.33.0 did: 0 or 1 rows, the one row a draft
-        # model's; 47 of the family, against 50+ under 0.33.0)
-        assert version != release.DEFAULT_RELEASE or counts["drafter accepted"] >= 40, counts
-    finally:
-        release.set_release(release.DEFAULT_RELEASE)
+    admits = LoopAdmits(Release(version))
+    counts = {"accepted": 0, "rejected": 0, "restricted": 0, "drafter accepted": 0, "drafter rejected": 0}
+    # the whole family in the release that models every field, single moves in the others
+    for i, values in enumerate(loop_boundary_configs(pairs=version == DEFAULT_RELEASE)):
+        config = SchedulerConfig(**values, watermark=LOOP_WATERMARKS[i % len(LOOP_WATERMARKS)],
+                                 vllm_version=version)
+        if "max_num_active_seqs" in fields_lacking(version):
+            config = dataclasses.replace(config, max_num_active_seqs=None)
+        if "watermark" in fields_lacking(version):
+            config = dataclasses.replace(config, watermark=0.0)
+        accepts, admitted = spec_accepts(config), admits(config)
+        assert not admitted or accepts, ("the loop encoding admits a config the spec rejects", config)
+        if accepts and not admitted:
+            assert loop_restricted(config), ("the spec accepts a config the loop encoding leaves out", config)
+            counts["restricted"] += 1
+        counts["accepted" if accepts else "rejected"] += 1
+        if config.num_speculative_tokens or config.num_prefill_lookahead_tokens:
+            counts["drafter accepted" if accepts else "drafter rejected"] += 1
+    least = 200 if version == DEFAULT_RELEASE else 20
+    assert counts["accepted"] >= least and counts["rejected"] >= least, counts
+    # a drafter's configs reach both verdicts (in the older releases, only rejections)
+    assert counts["drafter rejected"] >= 10, counts
+    # (0.34.0 accepts fewer drafters than 0.33.0 did: 0 or 1 rows, the one row a draft
+    # model's; 47 of the family, against 50+ under 0.33.0)
+    assert version != DEFAULT_RELEASE or counts["drafter accepted"] >= 40, counts
 
 
 LOOP_SPEC_MUTANTS = {
@@ -346,23 +338,19 @@ def threshold_cases(version):
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_threshold_in_force_agrees_with_the_spec(version):
-    release.set_release(version)
-    try:
-        T, adaptive, B, NE, chunked = z3.Int("T"), z3.Bool("adaptive"), z3.Int("B"), z3.Int("NE"), z3.Bool("chunked")
-        ev = Evaluator([loop_config.threshold_in_force(T, adaptive, B, NE, chunked)])
-        base = SchedulerConfig(**TIGHT, vllm_version=version)
-        grown = 0
-        for t, b, ne, ad, ch in threshold_cases(version):
-            config = dataclasses.replace(base, long_prefill_token_threshold=t, max_num_batched_tokens=b,
-                                         long_prefill_token_threshold_adaptive=ad, enable_chunked_prefill=ch)
-            (mine,) = ev([(T, z3.IntVal(t)), (adaptive, z3.BoolVal(ad)), (B, z3.IntVal(b)), (NE, z3.IntVal(ne)),
-                          (chunked, z3.BoolVal(ch))])
-            assert mine == spec_config.long_prefill_threshold(config, ne), (version, t, b, ne, ad, ch, mine)
-            grown += ad and ne >= 2 and mine > t
-        # the adaptive branch is reached where the release has it
-        assert not models(version, ADAPTIVE_THRESHOLD) or grown >= 20, grown
-    finally:
-        release.set_release(release.DEFAULT_RELEASE)
+    T, adaptive, B, NE, chunked = z3.Int("T"), z3.Bool("adaptive"), z3.Int("B"), z3.Int("NE"), z3.Bool("chunked")
+    ev = Evaluator([loop_config.threshold_in_force(T, adaptive, B, NE, chunked, Release(version))])
+    base = SchedulerConfig(**TIGHT, vllm_version=version)
+    grown = 0
+    for t, b, ne, ad, ch in threshold_cases(version):
+        config = dataclasses.replace(base, long_prefill_token_threshold=t, max_num_batched_tokens=b,
+                                     long_prefill_token_threshold_adaptive=ad, enable_chunked_prefill=ch)
+        (mine,) = ev([(T, z3.IntVal(t)), (adaptive, z3.BoolVal(ad)), (B, z3.IntVal(b)), (NE, z3.IntVal(ne)),
+                      (chunked, z3.BoolVal(ch))])
+        assert mine == spec_config.long_prefill_threshold(config, ne), (version, t, b, ne, ad, ch, mine)
+        grown += ad and ne >= 2 and mine > t
+    # the adaptive branch is reached where the release has it
+    assert not models(version, ADAPTIVE_THRESHOLD) or grown >= 20, grown
 
 
 THRESHOLD_SPEC_MUTANTS = {
@@ -379,5 +367,5 @@ THRESHOLD_SPEC_MUTANTS = {
 @pytest.mark.parametrize("name", sorted(THRESHOLD_SPEC_MUTANTS))
 def test_the_threshold_comparison_sees_a_spec_change(name):
     with mutated([THRESHOLD_SPEC_MUTANTS[name]]):
-        with pytest.raises(AssertionError, match=r"^\('" + re.escape(release.DEFAULT_RELEASE) + "', "):
-            test_threshold_in_force_agrees_with_the_spec(release.DEFAULT_RELEASE)
+        with pytest.raises(AssertionError, match=r"^\('" + re.escape(DEFAULT_RELEASE) + "', "):
+            test_threshold_in_force_agrees_with_the_spec(DEFAULT_RELEASE)

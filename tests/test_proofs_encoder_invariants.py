@@ -19,13 +19,12 @@ import pytest
 import z3
 
 from schedspec.proofs import encoder_invariants as E
-from schedspec.proofs import release
+from schedspec.proofs.release import DEFAULT, Release
 from schedspec.reference.campaign import random_scenario
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import FLAGS_ALL, features_for
 from schedspec.reference.impl import SpecScheduler
 from schedspec.spec import encoder_cache, encoder_inputs
-from schedspec.spec.versions import DEFAULT_RELEASE
 
 SEED = 5
 
@@ -33,22 +32,18 @@ SEED = 5
 @pytest.mark.parametrize("name", list(E.CLAIMS))
 def test_each_claim_is_proved_its_bad_variants_refuted_and_its_witness_shown(name):
     claim = E.CLAIMS[name]
-    assert E.discharge(claim).status == "proved"
+    assert E.discharge(claim, DEFAULT).status == "proved"
     for variant in claim.bad_variants:
-        assert E.discharge(claim, variant).status == "refuted", variant
-    assert E.vacuity(claim).status == "proved"
-    result, scenario = E.witness(name)
+        assert E.discharge(claim, DEFAULT, variant).status == "refuted", variant
+    assert E.vacuity(claim, DEFAULT).status == "proved"
+    result, scenario = E.witness(name, DEFAULT)
     assert result.status == "proved", result.detail
 
 
 def test_obligations_exist_for_the_release_that_models_encoder_inputs_only():
-    assert {o.name for o in E.obligations()} == {f"encoder:{n}" for n in E.CLAIMS}
-    assert all(set(o.bad_variants) == set(E.CLAIMS[o.property].bad_variants) for o in E.obligations())
-    release.set_release("0.30.0")
-    try:
-        assert E.obligations() == []
-    finally:
-        release.set_release(DEFAULT_RELEASE)
+    assert {o.name for o in E.obligations(DEFAULT)} == {f"encoder:{n}" for n in E.CLAIMS}
+    assert all(set(o.bad_variants) == set(E.CLAIMS[o.property].bad_variants) for o in E.obligations(DEFAULT))
+    assert E.obligations(Release("0.30.0")) == []
 
 
 def test_every_bad_variant_belongs_to_a_claim():

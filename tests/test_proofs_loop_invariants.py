@@ -45,6 +45,7 @@ from schedspec.spec.request import RequestStatus
 from schedspec.proofs import loop_claims, loop_config, loop_parts, loop_rules, loop_running, loop_update, loop_waiting
 from schedspec.proofs import loop_witnesses
 from schedspec.proofs.symbolic import Evaluator
+from schedspec.proofs.release import DEFAULT
 from schedspec.spec import lora as LORA
 from schedspec.spec import prefill_throttle
 from schedspec.spec import scheduler as S
@@ -223,7 +224,8 @@ class RunEval:
 
     def __init__(self, bs: int, variant: str):
         self.rules = loop_rules.LOOP_VARIANTS[variant]
-        V = self.V = loop_parts.LoopVars(bs, loop_rules.LOOP_VARIANTS["correct"])  # the real config: TB0 is the spec's
+        # the real config: TB0 is the spec's
+        V = self.V = loop_parts.LoopVars(bs, loop_rules.LOOP_VARIANTS["correct"], DEFAULT)
         frame, s2, x2, facts = loop_running.run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, self.rules)
         self.names_s = [f.name for f in fields(loop_running.RunState)]
         self.names_x = [f.name for f in fields(loop_running.RunReq)]
@@ -403,7 +405,7 @@ def driver_is_the_loop(state, throttle=False) -> bool:
 class WaitEval:
     def __init__(self, bs: int, variant: str):
         rules = loop_rules.LOOP_VARIANTS[variant]
-        V = self.V = loop_parts.LoopVars(bs, loop_rules.LOOP_VARIANTS["correct"])
+        V = self.V = loop_parts.LoopVars(bs, loop_rules.LOOP_VARIANTS["correct"], DEFAULT)
         frame, s2, x2, facts = loop_waiting.wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, rules)
         self.names_s = [f.name for f in fields(loop_waiting.WaitState)]
         self.names_x = [f.name for f in fields(loop_waiting.WaitReq)]
@@ -1071,7 +1073,7 @@ def update_eval(variant: str = "correct") -> ValueEval:
     """placeholders_after (update_after_schedule) and the delivery lemma's update."""
     if variant not in _UPDATE_EVALS:
         rules = loop_rules.LOOP_VARIANTS[variant]
-        c = loop_config.LoopConfig.fresh("U.c", 1)
+        c = loop_config.LoopConfig.fresh("U.c", 1, DEFAULT)
         I = z3.Int
         syms = dict(asy=c.asy, nc2=I("U.nc2"), nt=I("U.nt"), ph=I("U.ph"), granted=z3.Bool("U.g"), k=I("U.k"),
                     n=I("U.n"), inf=I("U.inf"), stl=I("U.stl"), bt=I("U.bt"), K=c.K, d=I("U.d"),
@@ -1448,7 +1450,7 @@ def test_a_named_exception_to_never_starved_is_real(exception):
     chunk) or `engine_not_paused_all` (a PAUSED_ALL engine schedules nothing), the exit
     claim of running_never_starved has a counterexample: each exception is needed, not
     decoration."""
-    V = loop_parts.LoopVars(4, loop_rules.LOOP_VARIANTS["correct"])
+    V = loop_parts.LoopVars(4, loop_rules.LOOP_VARIANTS["correct"], DEFAULT)
     pre, goal = loop_parts.exit_never_starved(V, loop_rules.LOOP_VARIANTS["correct"])
     pre = pre + loop_claims.claim_premises(loop_claims.CLAIMS["running_never_starved"], V)
     case = V.x.held(V.c) if exception == "not_held_prefill_chunk" else V.c.pa
@@ -1491,7 +1493,7 @@ def test_a_grown_adaptive_threshold_needs_the_premise_scheduled_at_least_batched
     assert (cax, budget, granted, running) == (80, 60, 0, True)
     assert scenario.config.max_num_scheduled_tokens < scenario.config.max_num_batched_tokens
 
-    V = loop_parts.LoopVars(4, loop_rules.LOOP_VARIANTS["correct"])
+    V = loop_parts.LoopVars(4, loop_rules.LOOP_VARIANTS["correct"], DEFAULT)
     pre, goal = loop_parts.lemma_grown_threshold_within_budget(V, loop_rules.LOOP_VARIANTS["correct"])
     premise = V.c.TB0 >= V.c.IB0
     assert any(z3.eq(p, premise) for p in pre)
@@ -1590,7 +1592,7 @@ class FinishEval:
     """finish_iteration over fresh symbols, packed for evaluation."""
 
     def __init__(self, variant: str):
-        c = self.c = loop_config.LoopConfig.fresh("F.c", 1)
+        c = self.c = loop_config.LoopConfig.fresh("F.c", 1, DEFAULT)
         self.s = loop_update.FinishState(z3.Int("F.F"), z3.Int("F.H"))
         self.b, self.fr, self.H_oth = z3.Int("F.b"), z3.Int("F.fr"), z3.Int("F.H_oth")
         frame, s2 = loop_update.finish_iteration(c, self.s, self.b, self.fr, self.H_oth, loop_rules.LOOP_VARIANTS[variant])
@@ -1791,7 +1793,7 @@ def test_prefix_caching_cases_are_in_the_claims_domain(case):
     caching's cases, so the claims are not proved for the counting pool alone: an
     admission from a hit that shares held blocks and takes free ones, a preemption
     and a finish that free fewer blocks than the request held."""
-    V, R = loop_parts.LoopVars(4, loop_rules.LOOP_VARIANTS["correct"]), loop_rules.LOOP_VARIANTS["correct"]
+    V, R = loop_parts.LoopVars(4, loop_rules.LOOP_VARIANTS["correct"], DEFAULT), loop_rules.LOOP_VARIANTS["correct"]
     if case.startswith("admission"):
         pre, _ = loop_parts.part_wait_preserved(V, R)
         _, _, _, facts = loop_waiting.wait_iteration(V.c, V.ws, V.W0, V.wx, V.wh, R)
@@ -1816,7 +1818,7 @@ _DELIVERY_EVALS: dict = {}
 def delivery_eval(bs: int, variant: str = "correct") -> ValueEval:
     """deliver_tokens over fresh symbols: computed, num_tokens and cached blocks after."""
     if (bs, variant) not in _DELIVERY_EVALS:
-        c = loop_config.LoopConfig.fresh("DC.c", bs)
+        c = loop_config.LoopConfig.fresh("DC.c", bs, DEFAULT)
         names = ("nc", "nt", "lim", "cb", "d", "m", "stop_at", "inf", "bt", "ph")
         syms = {n: z3.Int(f"DC.{n}") for n in names}
         syms.update(pc=c.pc, L=c.L, K=c.K, LH=c.LH)

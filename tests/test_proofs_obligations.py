@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from mutants import Mutation, mutated
 from test_proofs_agreement import SETTINGS, drawn_states
 from schedspec.proofs.agreement import StepEvaluator, formula_terms, spec_step, to_spec_step
-from schedspec.proofs import encoding, release
+from schedspec.proofs import encoding
+from schedspec.proofs.release import DEFAULT, Release
 from schedspec.proofs.obligations import (BOUND_OVERRIDES, OUTSIDE_BOUNDED, OUTSIDE_ENCODING, STEP_BAD_VARIANTS,
                                           STEP_LEMMAS, build_obligations, covered_properties, outside_encoding,
                                           step_claim)
@@ -27,12 +28,11 @@ from schedspec.reference.engine import run_scenario
 from schedspec.reference.loader import load_impl
 from schedspec.spec import properties
 from schedspec.spec.invariants import STATE_INVARIANTS, check_state
-from schedspec.spec.versions import DEFAULT_RELEASE
 from schedspec.spec.properties import PROPERTIES, Property, check_step
 
 
 def test_every_property_has_an_obligation_and_formula(monkeypatch):
-    obligations = build_obligations()
+    obligations = build_obligations(DEFAULT)
     # The properties of prefix caching and async scheduling are outside the bounded
     # encoding (both flags off), and only those; the loop encoding (async on or off)
     # covers async's placeholders_never_negative, structured output's grammar_wait_respected,
@@ -46,21 +46,17 @@ def test_every_property_has_an_obligation_and_formula(monkeypatch):
     loop_only = {"placeholders_never_negative", "grammar_wait_respected", "max_loras_respected",
                  "drafts_sent_are_known"}
     pool_only = {"block_ref_counts_match_holders", "kv_pool_partitioned", "prefix_hit_within_shared_prefix"}
-    assert set(OUTSIDE_ENCODING) == set(outside_encoding()) == \
+    assert set(OUTSIDE_ENCODING) == set(outside_encoding(DEFAULT)) == \
         set(OUTSIDE_BOUNDED) - loop_only - pool_only - encoder_only == set()
     assert {f"loop:{name}" for name in loop_only} | {f"pool:{name}" for name in pool_only} | \
         {f"encoder:{name}" for name in encoder_only} <= {o.name for o in obligations}
     # A release for which schedspec models neither LoRA, structured output nor
     # speculative decoding has no claim of any, and says so.
-    release.set_release("0.25.0")
-    try:
-        names = {o.name for o in build_obligations()}
-        features = {"max_loras_respected", "grammar_wait_respected", "drafts_sent_are_known",
-                    "encoder_budget_respected", "encoder_cache_within_capacity", "encoder_inputs_available"}
-        assert not ({f"loop:{name}" for name in features} | {f"encoder:{name}" for name in features}) & names
-        assert set(outside_encoding()) == set(OUTSIDE_ENCODING) | features
-    finally:
-        release.set_release(DEFAULT_RELEASE)
+    names = {o.name for o in build_obligations(Release("0.25.0"))}
+    features = {"max_loras_respected", "grammar_wait_respected", "drafts_sent_are_known",
+                "encoder_budget_respected", "encoder_cache_within_capacity", "encoder_inputs_available"}
+    assert not ({f"loop:{name}" for name in features} | {f"encoder:{name}" for name in features}) & names
+    assert set(outside_encoding(Release("0.25.0"))) == set(OUTSIDE_ENCODING) | features
     assert set(PROPERTIES) - set(OUTSIDE_ENCODING) <= covered_properties(obligations)
     bounded = set(PROPERTIES) - set(OUTSIDE_BOUNDED)
     assert set(PROPERTY_FORMULAS) == bounded and set(INVARIANT_FORMULAS) == set(STATE_INVARIANTS)
@@ -69,7 +65,7 @@ def test_every_property_has_an_obligation_and_formula(monkeypatch):
     # A property added to the registry without an obligation is noticed.
     monkeypatch.setitem(properties.PROPERTIES, "new_property", Property("new_property", "", lambda b, o, a: None))
     with pytest.raises(KeyError):
-        build_obligations()
+        build_obligations(DEFAULT)
 
 
 # Between them these variants violate every property and every invariant.
@@ -125,7 +121,7 @@ def test_formulas_agree_with_predicates():
 @pytest.mark.parametrize("prop", ["preemption_only_on_allocation_failure", "starvation_condition",
                                   "running_before_waiting", "preempted_restart_from_zero"])
 def test_witness_replays(prop):
-    result, scenario = find_witness(f"property:{prop}")
+    result, scenario = find_witness(f"property:{prop}", DEFAULT)
     assert result.status == "proved", result
     step = result.model["step"]
     seen = {}
@@ -143,15 +139,15 @@ def test_lemmas_are_proved_before_use_and_say_something(monkeypatch):
     tautology: an ask happens in some state, and a variant whose asks exceed the
     demand breaks it."""
     prop = "preemption_only_on_allocation_failure"
-    premise, _, _, before, stages = step_claim(prop, 2, 2).build("correct", (2,))
+    premise, _, _, before, stages = step_claim(prop, 2, 2, DEFAULT).build("correct", (2,))
     asks: list = []
     encoding.schedule_update(before, "correct", [0, 1], [2, 3], asks=asks)
     assert check(premise + [z3.Or([cond for _, cond, _ in asks])], 20)[0] == "sat"
     assert len(stages) == 1 and check(premise + [z3.Not(z3.And(stages[0]))], 20)[0] == "unsat"
-    premise, _, _, _, stages = step_claim(prop, 2, 2).build("running_need_plus_2", (2,))
+    premise, _, _, _, stages = step_claim(prop, 2, 2, DEFAULT).build("running_need_plus_2", (2,))
     assert check(premise + [z3.Not(z3.And(stages[0]))], 20)[0] == "sat"
     monkeypatch.setitem(STEP_LEMMAS, prop, lambda before, asks, pools: [[z3.BoolVal(False)]])
-    claim = step_claim(prop, 2, 2, block_sizes=(2,))
+    claim = step_claim(prop, 2, 2, DEFAULT, block_sizes=(2,))
     assert claim.discharge("admit_after_preemption").status == "refuted"
     assert claim.discharge("correct").status == "proved"
 
@@ -161,19 +157,19 @@ def test_pool_lemma_stages_each_follow_from_the_ones_before():
     held == usable) are proved in order, each from the stages before it, and a
     variant that leaks a victim's blocks breaks one (and is still refuted)."""
     prop = "kv_blocks_conserved"
-    premise, _, _, _, stages = step_claim(prop, 2, 2).build("correct", (2,))
+    premise, _, _, _, stages = step_claim(prop, 2, 2, DEFAULT).build("correct", (2,))
     assert len(stages) == 4  # two running and two waiting iterations
     for i, stage in enumerate(stages):
         assert check(premise + [f for st in stages[:i] for f in st] + [z3.Not(z3.And(stage))], 20)[0] == "unsat"
-    premise, _, _, _, stages = step_claim(prop, 2, 2).build("preemption_leaks_blocks", (2,))
+    premise, _, _, _, stages = step_claim(prop, 2, 2, DEFAULT).build("preemption_leaks_blocks", (2,))
     assert check(premise + [z3.Not(z3.And([f for st in stages for f in st]))], 20)[0] == "sat"
-    assert step_claim(prop, 2, 2, block_sizes=(2,)).discharge("preemption_leaks_blocks").status == "refuted"
+    assert step_claim(prop, 2, 2, DEFAULT, block_sizes=(2,)).discharge("preemption_leaks_blocks").status == "refuted"
 
 
 def test_bad_variant_refuted_and_spec_mutant_exhibits_it():
-    res = step_claim("kv_blocks_conserved", 2, 2).discharge("preemption_leaks_blocks")
+    res = step_claim("kv_blocks_conserved", 2, 2, DEFAULT).discharge("preemption_leaks_blocks")
     assert res.status == "refuted", res
-    state, output_len = concrete_state(res.model)
+    state, output_len = concrete_state(res.model, DEFAULT)
     assert all(v.holds for v in check_state(state).values())
     leak = Mutation("kv_cache.BlockCountsWork.free", "self.num_free_blocks += self.req_to_num_blocks.pop(request_id, 0)",
                     "self.req_to_num_blocks.pop(request_id, 0)")
@@ -216,7 +212,7 @@ def test_prove_whole_run(bound, tmp_path):
     obligation whose own default is below `bound` (BOUND_OVERRIDES) runs at that
     default.  The loop, pool, starvation and liveness obligations do not depend on
     the bound: both runs prove them whole."""
-    every = [o.name for o in build_obligations()]
+    every = [o.name for o in build_obligations(DEFAULT)]
     lower = [name for name in every if BOUND_OVERRIDES.get(name, bound) < bound]
     runs = [["--bound", str(bound)] + [a for n in every if n not in lower for a in ("--only", n)]]
     if lower:

@@ -31,7 +31,7 @@ import pytest
 import z3
 
 from schedspec.proofs import pool_invariants as PI
-from schedspec.proofs import release
+from schedspec.proofs.release import DEFAULT, Release
 from schedspec.proofs.symbolic import Evaluator
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import generate_scenario
@@ -212,10 +212,10 @@ class OpEval:
     """One operation over fresh symbols for a variant, packed for evaluation: the
     premises (frame, op premises, invariant of g and the pool) and the results."""
 
-    def __init__(self, op: str, variant: str):
-        V = self.V = PI.PoolVars()
+    def __init__(self, op: str, variant: str, release: Release):
+        V = self.V = PI.PoolVars(release)
         frame, pre, p2, g2, _ = V.run(op, PI.POOL_VARIANTS[variant])
-        self.names_p = [f.name for f in fields(PI.Pool)]
+        self.names_p = [f.name for f in fields(PI.Pool) if f.name != "release"]
         self.names_b = [f.name for f in fields(PI.Blk)]
         terms = [z3.And(*frame), z3.And(*pre), PI.pool_I(V.p), PI.blk_J(V.p, V.g)]
         terms += [getattr(p2, n) for n in self.names_p] + [getattr(g2, n) for n in self.names_b]
@@ -234,10 +234,10 @@ class OpEval:
 _EVALS: dict = {}
 
 
-def op_eval(op: str, variant: str) -> OpEval:
-    key = (op, variant, release.release())  # the free-queue order depends on the release
+def op_eval(op: str, variant: str, release: Release) -> OpEval:
+    key = (op, variant, release)  # the free-queue order depends on the release
     if key not in _EVALS:
-        _EVALS[key] = OpEval(op, variant)
+        _EVALS[key] = OpEval(op, variant, release)
     return _EVALS[key]
 
 
@@ -272,7 +272,8 @@ def operations(call: dict, ids: Ids) -> list[tuple[str, int, int]]:
     raise AssertionError(call["name"])
 
 
-def compare_call(call: dict, variant: str = "correct", ids: Ids | None = None, stats=None, turn: int = 0) -> list:
+def compare_call(call: dict, variant: str = "correct", ids: Ids | None = None, stats=None, turn: int = 0,
+                 release: Release = DEFAULT) -> list:
     """The encodings composed over one recorded call against the spec's pool after
     it.  The ghost request x is the acting one or, every other call (`turn`),
     another request holding blocks; before each operation the ghost block is the
@@ -295,7 +296,7 @@ def compare_call(call: dict, variant: str = "correct", ids: Ids | None = None, s
     p = abstract_pool(before, rid, x, 0)
     for k, (op, t, hn) in enumerate(ops):
         p = dict(p, hn=hn)
-        ev = op_eval(op, variant)
+        ev = op_eval(op, variant, release)
         others_g = [g for g in tracked if g != t]
         ghosts = [t] + ([others_g[(turn + k) % len(others_g)]] if others_g else [])
         new_p, new_t = None, None
@@ -393,15 +394,11 @@ def test_pool_operations_agree_with_spec_0_20():
     """vLLM 0.20.0 appends every freed block to the queue's back: the release
     operation of that release against the spec's pool of that release."""
     stats: dict = {}
-    release.set_release("0.20.0")
-    try:
-        ids = Ids()
-        for turn, call in enumerate(recorded_calls("0.20.0")):
-            found = compare_call(call, ids=ids, stats=stats, turn=turn)
-            assert not found, found[:3]
-        check_lookup_lengths(recorded_lookups("0.20.0"))
-    finally:
-        release.set_release(DEFAULT_RELEASE)
+    ids = Ids()
+    for turn, call in enumerate(recorded_calls("0.20.0")):
+        found = compare_call(call, ids=ids, stats=stats, turn=turn, release=Release("0.20.0"))
+        assert not found, found[:3]
+    check_lookup_lengths(recorded_lookups("0.20.0"))
     assert stats.get("release freeing it", 0) >= 100 and stats.get("pop from part 3", 0) >= 20, stats
 
 
@@ -423,7 +420,7 @@ def test_weakened_hit_premise_still_holds_on_the_spec():
     (test above), and `prove` refutes the claims under the weaker one."""
     from schedspec.proofs.pool_invariants import CLAIMS, discharge
 
-    assert discharge(CLAIMS["prefix_hit_within_shared_prefix"], "hit_on_uncached_block").status == "refuted"
+    assert discharge(CLAIMS["prefix_hit_within_shared_prefix"], DEFAULT, "hit_on_uncached_block").status == "refuted"
 
 
 @pytest.mark.parametrize("vllm_release", ["0.20.0", DEFAULT_RELEASE])
@@ -432,19 +429,15 @@ def test_pool_obligations_prove_and_refute_their_variants(vllm_release):
     proved, its witness shows it, and each bad variant of the release is refuted."""
     from schedspec.proofs.obligations import build_obligations
 
-    release.set_release(vllm_release)
-    try:
-        chosen = [o for o in build_obligations(2) if o.kind == "pool"]
-        assert {o.property for o in chosen} == set(PI.CLAIMS)
-        for o in chosen:
-            assert o.discharge("correct").status == "proved", o.name
-            assert o.witness()[0].status == "proved", o.name
-            for v in o.bad_variants:
-                assert o.discharge(v).status == "refuted", (o.name, v)
-        assert ("hashed_freed_to_front" in {v for o in chosen for v in o.bad_variants}) is \
-            (vllm_release != "0.20.0")
-    finally:
-        release.set_release(DEFAULT_RELEASE)
+    chosen = [o for o in build_obligations(Release(vllm_release), 2) if o.kind == "pool"]
+    assert {o.property for o in chosen} == set(PI.CLAIMS)
+    for o in chosen:
+        assert o.discharge("correct").status == "proved", o.name
+        assert o.witness()[0].status == "proved", o.name
+        for v in o.bad_variants:
+            assert o.discharge(v).status == "refuted", (o.name, v)
+    assert ("hashed_freed_to_front" in {v for o in chosen for v in o.bad_variants}) is \
+        (vllm_release != "0.20.0")
 
 
 def test_the_recorded_calls_are_drawn_again_for_each_mutant(monkeypatch):

@@ -12,14 +12,13 @@ import dataclasses
 import json
 import subprocess
 import sys
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import given, settings
 
 import test_proofs_agreement as agreement
 from machine import configs
-from schedspec.proofs import release
+from schedspec.proofs.release import DEFAULT, FINDINGS, Release
 from schedspec.proofs.agreement import StepEvaluator, spec_step
 from schedspec.proofs.obligations import build_obligations
 from schedspec.spec import versions
@@ -27,15 +26,6 @@ from schedspec.spec import versions
 RELEASES = {"0.32.0": versions.PRIORITY_SELF_PREEMPTION_CONTINUES,
             "0.30.0": versions.LONG_PREFILL_THRESHOLD_NEEDS_TWO,
             "0.25.0": versions.INPUT_BUDGET}
-
-
-@contextmanager
-def modelling(version):
-    release.set_release(version)
-    try:
-        yield
-    finally:
-        release.set_release(versions.DEFAULT_RELEASE)
 
 
 def in_release(state, version):
@@ -51,37 +41,36 @@ def in_release(state, version):
 def test_encoding_agrees_with_the_spec_of_each_release(version):
     assert not versions.has(version, RELEASES[version])
     seen = {"states": 0, "release differs": 0}
-    with modelling(version):
-        ev = StepEvaluator("correct", agreement.MAX_RUNNING, agreement.MAX_WAITING)
+    ev = StepEvaluator("correct", agreement.MAX_RUNNING, agreement.MAX_WAITING, release=Release(version))
 
-        def check(state, output_len):
-            if not ev.fits(state):
-                return
-            got, _ = ev.evaluate(state, output_len)
-            exp, _ = spec_step(state, output_len)
-            diff = {k: (exp[k], got.get(k)) for k in exp if exp[k] != got.get(k)}
-            assert not diff, (version, state, output_len, diff)
-            seen["states"] += 1
-            newest, _ = spec_step(in_release(state, versions.DEFAULT_RELEASE), output_len)
-            seen["release differs"] += newest != exp
+    def check(state, output_len):
+        if not ev.fits(state):
+            return
+        got, _ = ev.evaluate(state, output_len)
+        exp, _ = spec_step(state, output_len)
+        diff = {k: (exp[k], got.get(k)) for k in exp if exp[k] != got.get(k)}
+        assert not diff, (version, state, output_len, diff)
+        seen["states"] += 1
+        newest, _ = spec_step(in_release(state, versions.DEFAULT_RELEASE), output_len)
+        seen["release differs"] += newest != exp
 
-        @settings(max_examples=150, **agreement.SETTINGS)
-        @given(config=configs(wave2=False), acts=agreement.actions)
-        def reached(config, acts):
-            for state, output_len in agreement.reached_states(in_release(state_of(config), version).config, acts):
-                check(state, output_len)
+    @settings(max_examples=150, **agreement.SETTINGS)
+    @given(config=configs(wave2=False), acts=agreement.actions)
+    def reached(config, acts):
+        for state, output_len in agreement.reached_states(in_release(state_of(config), version).config, acts):
+            check(state, output_len)
 
-        @settings(max_examples=250, **agreement.SETTINGS)
-        @given(drawn=agreement.drawn_states())
-        def direct(drawn):
-            state, output_len = drawn
-            check(in_release(state, version), output_len)
+    @settings(max_examples=250, **agreement.SETTINGS)
+    @given(drawn=agreement.drawn_states())
+    def direct(drawn):
+        state, output_len = drawn
+        check(in_release(state, version), output_len)
 
-        for make in agreement.EXPLICIT_STATES:  # the budget and watermark boundaries, in this release
-            state, output_len = make()
-            check(in_release(state, version), output_len)
-        reached()
-        direct()
+    for make in agreement.EXPLICIT_STATES:  # the budget and watermark boundaries, in this release
+        state, output_len = make()
+        check(in_release(state, version), output_len)
+    reached()
+    direct()
     assert seen["states"] >= 500, seen
     # The release's own rule was exercised: states where it schedules differently from 0.33.0.
     assert seen["release differs"] >= 3, seen
@@ -99,9 +88,9 @@ CI_BOUND = 3
 
 
 def test_bad_variants_that_are_a_releases_own_rule_are_dropped():
-    with modelling("0.30.0"):
-        assert release.bad_variants(("threshold_with_one_eligible", "budget_off_by_one")) == ("budget_off_by_one",)
-        obligations = {o.name: o for o in build_obligations()}
+    assert Release("0.30.0").bad_variants(("threshold_with_one_eligible", "budget_off_by_one")) == \
+        ("budget_off_by_one",)
+    obligations = {o.name: o for o in build_obligations(Release("0.30.0"))}
     assert all("threshold_with_one_eligible" not in o.bad_variants and "threshold_one_eligible" not in o.bad_variants
                for o in obligations.values())
     assert all(o.bad_variants for o in obligations.values())  # every obligation can still fail
@@ -111,12 +100,11 @@ def test_bad_variants_that_are_a_releases_own_rule_are_dropped():
 def test_spec_decode_variants_only_where_the_release_models_it():
     """A bad variant that differs from the rules only with speculative decoding on
     (a drafter's rows) cannot be refuted where the spec has no speculative decoding."""
-    def token_claim_variants():
-        return {o.name: o for o in build_obligations()}["loop:token_budget_respected"].bad_variants
+    def token_claim_variants(rel):
+        return {o.name: o for o in build_obligations(rel)}["loop:token_budget_respected"].bad_variants
 
-    assert "drafter_rows_not_charged" in token_claim_variants()
-    with modelling("0.32.0"):
-        variants = token_claim_variants()
+    assert "drafter_rows_not_charged" in token_claim_variants(DEFAULT)
+    variants = token_claim_variants(Release("0.32.0"))
     assert "drafter_rows_not_charged" not in variants and "budget_off_by_one" in variants
 
 
@@ -128,14 +116,13 @@ def test_spec_decode_variants_only_where_the_release_models_it():
     ("running_never_starved", "0.32.0", "refuted"), ("running_never_starved", "0.33.0", "proved"),
 ])
 def test_findings_are_refuted_exactly_before_the_release_that_fixed_them(prop, version, expected):
-    assert prop in release.FINDINGS
-    with modelling(version):
-        chosen = [o for o in build_obligations(CI_BOUND) if o.property == prop]
-        assert chosen
-        for o in chosen:
-            assert o.expected == expected
-            assert ("finding" in o.extra) is (expected == "refuted")
-            assert o.discharge("correct").status == expected, o.name
+    assert prop in FINDINGS
+    chosen = [o for o in build_obligations(Release(version), CI_BOUND) if o.property == prop]
+    assert chosen
+    for o in chosen:
+        assert o.expected == expected
+        assert ("finding" in o.extra) is (expected == "refuted")
+        assert o.discharge("correct").status == expected, o.name
 
 
 @pytest.mark.parametrize("version,name", [
@@ -146,9 +133,8 @@ def test_findings_are_refuted_exactly_before_the_release_that_fixed_them(prop, v
 ])
 def test_properties_that_hold_in_every_release_are_proved(version, name):
     # scripts/prove-releases.sh discharges every obligation on every release.
-    with modelling(version):
-        (o,) = [o for o in build_obligations(CI_BOUND) if o.name == name]
-        assert o.discharge("correct").status == "proved", (version, o.name)
+    (o,) = [o for o in build_obligations(Release(version), CI_BOUND) if o.name == name]
+    assert o.discharge("correct").status == "proved", (version, o.name)
 
 
 def run_cli(*args):

@@ -16,6 +16,7 @@ from mutants import Mutation, mutated
 
 from schedspec.proofs import starvation as st
 from schedspec.proofs.obligation import Obligation
+from schedspec.proofs.release import DEFAULT
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
 from schedspec.reference.scenario import load_scenario, save_scenario, validate_scenario
@@ -28,12 +29,13 @@ from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 
 ROOT = Path(__file__).resolve().parents[1]
-BY_NAME = {ob.name: ob for ob in st.OBLIGATIONS}
+OBLIGATIONS = st.obligations(DEFAULT)
+BY_NAME = {ob.name: ob for ob in OBLIGATIONS}
 
 
 def test_obligations_are_records_of_a_registered_property():
-    assert len(BY_NAME) == len(st.OBLIGATIONS) >= 6
-    for ob in st.OBLIGATIONS:
+    assert len(BY_NAME) == len(OBLIGATIONS) >= 6
+    for ob in OBLIGATIONS:
         assert isinstance(ob, Obligation) and ob.kind == "theorem" and ob.expected == "proved"
         assert ob.property in PROPERTIES
         assert ob.bad_variants and set(ob.bad_variants) <= set(st.BAD_VARIANTS)
@@ -310,7 +312,7 @@ def test_agreement_premises_are_satisfiable_at_the_bound():
 
     o = st.Z3Ops()
     for bs in st.AGREEMENT_BLOCK_SIZES:
-        s = st.per_request_vars(z3)
+        s = st.per_request_vars(z3, DEFAULT)
         solver = z3.Solver()
         a = st.aggregate_of(o, s, bs)
         solver.add(st.per_request_premises(o, s, bs), st.agg_domain(z3, a), s.D == st.AGREEMENT_MAX_DECODES,

@@ -20,6 +20,7 @@ from schedspec.proofs import obligations as O
 from schedspec.proofs import loop_claims, loop_obligations
 from schedspec.proofs import solving
 from schedspec.proofs.symbolic import BLOCK_SIZES
+from schedspec.proofs.release import DEFAULT
 
 TINY = 0.001  # seconds: z3 gives up at once
 
@@ -32,7 +33,7 @@ def factors(monkeypatch):
 
 
 def test_step_claim_retried_then_proved(factors):
-    claim = O.step_claim("max_num_seqs_respected", 2, 2, block_sizes=(1,), timeout_s=TINY)
+    claim = O.step_claim("max_num_seqs_respected", 2, 2, DEFAULT, block_sizes=(1,), timeout_s=TINY)
     factors(1)
     assert claim.discharge("correct").status == "unknown"
     factors(1, 20_000)  # 1 ms, then 20 s
@@ -44,16 +45,16 @@ def test_step_claim_retried_then_proved(factors):
 def test_loop_claim_retried_then_proved(factors):
     claim = loop_claims.CLAIMS["max_num_seqs_respected"]
     factors(1)
-    assert loop_obligations.discharge(claim, "correct", timeout_s=TINY, block_sizes=(2,)).status == "unknown"
+    assert loop_obligations.discharge(claim, DEFAULT, "correct", timeout_s=TINY, block_sizes=(2,)).status == "unknown"
     factors(1, 20_000)
     before = solving.RETRIES["calls"]
-    assert loop_obligations.discharge(claim, "correct", timeout_s=TINY, block_sizes=(2,)).status == "proved"
+    assert loop_obligations.discharge(claim, DEFAULT, "correct", timeout_s=TINY, block_sizes=(2,)).status == "proved"
     assert solving.RETRIES["calls"] > before
 
 
 def test_unknown_is_a_failure_in_prove(factors, tmp_path: Path):
     factors(1)
-    o = next(o for o in O.build_obligations(2, timeout_s=TINY) if o.name == "step:max_num_seqs_respected")
+    o = next(o for o in O.build_obligations(DEFAULT, 2, timeout_s=TINY) if o.name == "step:max_num_seqs_respected")
     row = run_obligation(o, tmp_path)
     assert row["result"] == "unknown" and not row["ok"], row
 
@@ -88,10 +89,10 @@ def test_starvation_theorem_retried_then_proved(factors, monkeypatch):
 
     monkeypatch.setattr(ST, "SOLVER_TIMEOUT_MS", 1)
     factors(1)
-    assert ST.discharge_agreement("correct").status == "unknown"
+    assert ST.discharge_agreement("correct", DEFAULT).status == "unknown"
     factors(1, 20_000)
     before = solving.RETRIES["calls"]
-    assert ST.discharge_agreement("correct").status == "proved"
+    assert ST.discharge_agreement("correct", DEFAULT).status == "proved"
     assert solving.RETRIES["calls"] > before
 
 
@@ -150,7 +151,7 @@ def test_the_whole_claim_try_proves_only_by_unsat_and_adapts(monkeypatch):
         return "unknown"
 
     monkeypatch.setattr(O, "first_try", missing)
-    claim = O.step_claim("grants_positive", 2, 2)
+    claim = O.step_claim("grants_positive", 2, 2, DEFAULT)
     cases = len(list(claim.cases()))  # (block size, policy)
     holds = claim.build("correct", (1,))[1].children()[1]  # applicable => And(conjuncts)
     assert z3.is_and(holds) and holds.num_args() > 2 and cases > 2
@@ -164,7 +165,7 @@ def test_the_whole_claim_try_proves_only_by_unsat_and_adapts(monkeypatch):
 
     monkeypatch.setattr(O, "first_try", proving)
     calls.clear()
-    claim = O.step_claim("grants_positive", 2, 2)
+    claim = O.step_claim("grants_positive", 2, 2, DEFAULT)
     before = solving.RETRIES["calls"]
     assert claim.discharge("correct").status == "proved"
     assert calls == ["whole"] * cases and claim.whole_tries == [0, cases]
@@ -172,7 +173,7 @@ def test_the_whole_claim_try_proves_only_by_unsat_and_adapts(monkeypatch):
     # A claim the whole try would wrongly call proved if it read anything but unsat:
     # sat on the whole goes to the conjuncts, which refute.
     monkeypatch.setattr(O, "first_try", lambda constraints, timeout_s: "sat")
-    assert O.step_claim("grants_positive", 2, 2, block_sizes=(1,)).discharge("zero_grant").status == "refuted"
+    assert O.step_claim("grants_positive", 2, 2, DEFAULT, block_sizes=(1,)).discharge("zero_grant").status == "refuted"
 
 
 def test_shared_builds_build_each_encoding_once_and_only_inside(monkeypatch):
@@ -190,16 +191,16 @@ def test_shared_builds_build_each_encoding_once_and_only_inside(monkeypatch):
     monkeypatch.setattr(O.encoding, "schedule_update", counting)
     with O.shared_builds():
         for prop in ("grants_positive", "max_num_seqs_respected", "kv_blocks_conserved"):
-            assert O.step_claim(prop, 2, 2, block_sizes=(2,)).discharge("correct").status == "proved"
-        assert O.inductive_step_claim(2, 2, block_sizes=(2,)).discharge("correct").status == "proved"
+            assert O.step_claim(prop, 2, 2, DEFAULT, block_sizes=(2,)).discharge("correct").status == "proved"
+        assert O.inductive_step_claim(2, 2, DEFAULT, block_sizes=(2,)).discharge("correct").status == "proved"
         assert len(built) == 1  # one block size asked for: one build, whatever the claims
     built.clear()
-    O.step_claim("grants_positive", 2, 2, block_sizes=(2,)).build("correct", (2,))
-    O.step_claim("grants_positive", 2, 2, block_sizes=(2,)).build("correct", (2,))
+    O.step_claim("grants_positive", 2, 2, DEFAULT, block_sizes=(2,)).build("correct", (2,))
+    O.step_claim("grants_positive", 2, 2, DEFAULT, block_sizes=(2,)).build("correct", (2,))
     assert len(built) == 2
 
 
 def test_a_claim_walks_the_block_sizes_it_is_given():
     """step_claim(..., block_sizes=...) narrows the cases, not only the build's default."""
-    assert list(O.step_claim("grants_positive", 2, 2, block_sizes=(2,)).cases()) == [(2, False), (2, True)]
-    assert len(list(O.step_claim("grants_positive", 2, 2).cases())) == 2 * len(BLOCK_SIZES)
+    assert list(O.step_claim("grants_positive", 2, 2, DEFAULT, block_sizes=(2,)).cases()) == [(2, False), (2, True)]
+    assert len(list(O.step_claim("grants_positive", 2, 2, DEFAULT).cases())) == 2 * len(BLOCK_SIZES)

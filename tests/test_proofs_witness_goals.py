@@ -19,6 +19,7 @@ import z3
 
 from schedspec.proofs import witness as W
 from schedspec.proofs.witness import find_witness
+from schedspec.proofs.release import DEFAULT
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.impl import SpecScheduler
 from schedspec.spec.invariants import check_state
@@ -32,7 +33,7 @@ def replay(scenario) -> dict:
 
 @pytest.fixture(scope="module")
 def witnesses():
-    return {g: find_witness(g) for g in ("initial", "inductive:add", "inductive:abort", "inductive:step",
+    return {g: find_witness(g, DEFAULT) for g in ("initial", "inductive:add", "inductive:abort", "inductive:step",
                                          "running-kept")}
 
 
@@ -93,7 +94,7 @@ def test_goal_is_not_true_of_every_run(goal):
     be present before the first arrival), and for `initial` on a run of one
     request (no state has a running and a waiting request): so it is no `True`."""
     n = 1 if goal == "initial" else W.BMC_REQUESTS
-    c, specs, (arrive, abort_at), trace, cons = W.unroll(1, n, aborts=goal == "inductive:abort")
+    c, specs, (arrive, abort_at), trace, cons = W.unroll(1, n, DEFAULT, aborts=goal == "inductive:abort")
     s = z3.Solver()
     s.add(*cons, W.goal_formula(goal, trace[0], 0, arrive, abort_at))
     assert s.check() == z3.unsat
