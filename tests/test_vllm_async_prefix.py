@@ -118,8 +118,8 @@ SCENARIOS = {s["name"]: s for s in (
 def load(name: str, flags: tuple[bool, bool] | None = None):
     s = scenario_from_json(SCENARIOS[name])
     if flags is not None:
-        s = dataclasses.replace(s, config=dict(s.config, enable_prefix_caching=flags[0],
-                                               async_scheduling=flags[1]))
+        s = dataclasses.replace(s, config=dataclasses.replace(s.config, enable_prefix_caching=flags[0],
+                                                             async_scheduling=flags[1]))
     return s
 
 

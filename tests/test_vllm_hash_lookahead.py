@@ -101,7 +101,7 @@ def test_random_scenarios_draw_it_with_prefix_caching_only():
     assert len(drawn) >= 8 and {s.config.num_hash_lookahead_tokens for s in drawn} >= {1, 2}
     assert all(s.config.enable_prefix_caching for s in drawn)
     assert not any(random_scenario(SEED, i, FLAGS_ALL, features_for("torch", "spec")).config
-                   .get("num_hash_lookahead_tokens") for i in range(NUM_SCENARIOS))
+                   .num_hash_lookahead_tokens for i in range(NUM_SCENARIOS))
 
 
 def test_lift_equals_the_spec_after_every_call(vllm):

@@ -209,7 +209,7 @@ def test_random_scenarios_draw_speculative_decoding():
     assert any(r.num_accepted_tokens for s in with_sd for r in s.requests)
     assert any(s.config.max_num_new_slots_for_drafting for s in with_sd)
     assert not any(random_scenario(SEED, i, FLAGS_ALL, features_for("torch", "spec")).config
-                   .get("num_speculative_tokens") for i in range(NUM_SCENARIOS))
+                   .num_speculative_tokens for i in range(NUM_SCENARIOS))
 
 
 def test_lift_equals_the_spec_after_every_call(vllm):
