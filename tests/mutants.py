@@ -90,18 +90,21 @@ def _resolve(package: str, target: str):
 
 
 @functools.lru_cache(maxsize=None)
-def build(package: str, m: Mutation):
-    """The mutated function, compiled in its own module's globals."""
-    module, owner, name, fn = _resolve(package, m.target)
+def build(package: str, *ms: Mutation):
+    """The function with every mutation of `ms` (one target) in it, compiled in its
+    own module's globals, from the original source."""
+    (target,) = {m.target for m in ms}
+    module, owner, name, fn = _resolve(package, target)
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     (fdef,) = tree.body
     fdef.decorator_list = []
-    replacer = _Replace(m.old, m.new)
-    replacer.visit(fdef)
-    assert replacer.count == 1, f"{m.target}: {m.old!r} occurs {replacer.count} times"
+    for m in ms:
+        replacer = _Replace(m.old, m.new)
+        replacer.visit(fdef)
+        assert replacer.count == 1, f"{m.target}: {m.old!r} occurs {replacer.count} times"
     ast.fix_missing_locations(tree)
     namespace: dict = {}
-    code = compile(tree, f"<mutant of {m.target}>", "exec", flags=__future__.annotations.compiler_flag,
+    code = compile(tree, f"<mutant of {target}>", "exec", flags=__future__.annotations.compiler_flag,
                    dont_inherit=True)
     exec(code, module.__dict__, namespace)
     return owner, name, fn, namespace[name]
@@ -123,9 +126,12 @@ def mutated(mutations: Sequence[Mutation], package: str = "schedspec.spec",
             module: str = "scheduler") -> Iterator:
     """`package.module` with the mutations in force, for the `with` block."""
     swaps = []  # (object, attribute, original)
+    by_target: dict[str, list[Mutation]] = {}  # several mutations of one function: all in it
+    for m in mutations:
+        by_target.setdefault(m.target, []).append(m)
+    built = [build(package, *ms) for ms in by_target.values()]  # each from the original source
     try:
-        for m in mutations:
-            owner, name, original, broken = build(package, m)
+        for owner, name, original, broken in built:
             swaps.append((owner, name, original))
             setattr(owner, name, broken)
             # Modules that imported the function by name hold it too.
