@@ -203,7 +203,7 @@ def torch_child(workload: str, n: int, device: str | None, threads: int, conn, o
         traces = None
     else:  # in memory: the trace dicts run_batch returns
         traces = run_batch(scenarios, device=device)
-        steps = sum(len(tr.get("steps", [])) for tr in traces)
+        steps = sum(tr["summary"]["steps"] for tr in traces if "summary" in tr)  # idle steps too, as summaries_only
         errors = sum(1 for tr in traces if "error" in tr)
     if device == "cuda":
         torch.cuda.synchronize()
