@@ -100,6 +100,24 @@ def requested_release(argv: Sequence[str]) -> str | None:
     return None
 
 
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of the first `flag X` / `flag=X` in `argv`, or None."""
+    args = list(argv)
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a[len(flag) + 1:]
+    return None
+
+
+def refuse_two_releases(versions: set[str]) -> None:
+    """A one-line UsageError when a command names more than one modelled release."""
+    if len(versions) > 1:
+        raise UsageError(f"the command names vLLM releases {' and '.join(sorted(versions))}; one process "
+                         "models one release (`schedspec changes A B` compares two)")
+
+
 def reexec_if_needed(argv: Sequence[str]) -> None:
     """Re-execute `schedspec argv` under release X's interpreter when `argv` asks
     for `vllm==X` and this interpreter has another vLLM (or none).  Returns when
@@ -108,6 +126,10 @@ def reexec_if_needed(argv: Sequence[str]) -> None:
     if version is None:
         return
     check_vllm(version, f"--impl vllm=={version}")
+    asked = flag_value(argv, "--vllm-version")
+    if asked is not None and spec_release_for(version) is not None:
+        # A usage error whatever is installed: said before asking for an install.
+        refuse_two_releases({spec_release_for(version), check_release(asked, "--vllm-version")})
     if installed_vllm() == version:
         return
     if os.environ.get(REEXEC_ENV) == version:
@@ -142,9 +164,7 @@ def apply(args) -> str:
     asked = getattr(args, "vllm_version", None)
     if asked is not None:
         versions.add(check_release(asked, "--vllm-version"))
-    if len(versions) > 1:
-        raise UsageError(f"the command names vLLM releases {' and '.join(sorted(versions))}; one process "
-                         "models one release (`schedspec changes A B` compares two)")
+    refuse_two_releases(versions)
     if "torch" in names and versions and release_key(min(versions, key=release_key)) < release_key(TORCH_OLDEST):
         raise UsageError(f"--impl torch models vLLM {TORCH_OLDEST} and later, not {versions.pop()}")
     return versions.pop() if versions else DEFAULT_RELEASE
@@ -157,4 +177,4 @@ def add_vllm_version_argument(parser) -> None:
 
 
 __all__ = ["add_vllm_version_argument", "apply", "check_release", "check_vllm", "unmodelled_note", "env_dir", "env_python", "installed_vllm",
-           "reexec_if_needed", "requested_release", "split_impl"]
+           "reexec_if_needed", "refuse_two_releases", "requested_release", "split_impl"]

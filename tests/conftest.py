@@ -60,6 +60,11 @@ def file_weights() -> dict[str, float]:
     return json.loads((Path(__file__).parent / "file_weights.json").read_text())["seconds"]
 
 
+# tryfirst: xdist's worker reads the xdist_group marks in its own
+# pytest_collection_modifyitems; run after it, these marks would come too late and
+# every test would be a group of its own (tests/test_file_groups.py runs two workers
+# and checks that no file is split).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     if mutation_run():
         for_mutation_run(items)

@@ -2,6 +2,7 @@
 share the cache folder as one group, the heaviest groups first."""
 
 import itertools
+import re
 import os
 import subprocess
 import sys
@@ -46,3 +47,32 @@ def test_the_collection_is_ordered_and_grouped():
     runs = [name for name, _ in itertools.groupby(names)]
     assert len(runs) == len(set(runs)) == 4, runs  # each file's tests together
     assert [g for g, _ in itertools.groupby(map(group_of, runs))] == heaviest_first(runs, file_weights())
+
+
+def test_two_workers_never_split_a_file(tmp_path):
+    """A real two-worker session with this conftest.py: each file's tests all run on
+    one worker, under its group's name.  (With pytest 9.2 and pytest-xdist 3.8 the
+    group marks are silently ignored, pytest-dev/pytest-xdist#1386, and each test is
+    dealt out alone.)  Two small files of their own keep it quick."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    for name in ("conftest.py", "file_weights.json"):
+        (tests / name).write_text((ROOT / "tests" / name).read_text())
+    files = ["test_one.py", "test_two.py"]
+    for name in files:
+        (tests / name).write_text("import pytest\n\n\n@pytest.mark.parametrize('i', range(6))\n"
+                                  "def test_it(i):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-vv",
+                          "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--rootdir", str(tmp_path),
+                          *(f"tests/{f}" for f in files)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    workers: dict[str, set[str]] = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"\[(gw\d+)\] .*PASSED (tests/(test_\w+\.py)::\S+)", line)
+        if m:
+            assert m.group(2).endswith("@" + group_of(m.group(3))), line  # the group xdist saw
+            workers.setdefault(m.group(3), set()).add(m.group(1))
+    assert set(workers) == set(files), out.stdout[-2000:]
+    assert all(len(w) == 1 for w in workers.values()), workers

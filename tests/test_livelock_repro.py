@@ -2,9 +2,10 @@
 (proofs/LIVENESS.md, "Report: the chunked-off resume livelock"), and
 reports none once the livelock's condition is removed, so this test can fail.
 
-The script imports vLLM only, so it runs in a subprocess, as a maintainer runs it.
-The runs start together: each spends most of its ~6 s importing vLLM.  The
-`--scenario blocks-queue` run is left out for time; tests/test_counterexample_vllm.py
+The script imports vLLM only, so it runs in a subprocess, as a maintainer runs it;
+the four runs share one (its `main`, once per set of flags, its output caught), since
+importing vLLM is most of a run's time.  The bad-input checks run the script itself.
+The `--scenario blocks-queue` run is left out for time; tests/test_counterexample_vllm.py
 replays that file on vLLM through schedspec's adapter.
 Skips when vLLM is not installed, unless SCHEDSPEC_REQUIRE_VLLM=1 or CI=true (then
 it fails), as tests/test_counterexample_vllm.py does.
@@ -13,6 +14,7 @@ it fails), as tests/test_counterexample_vllm.py does.
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,25 +39,40 @@ RUNS = {
 }
 
 
+# Each run's (exit status, stdout, stderr), by name, from one interpreter.
+DRIVER = r"""
+import contextlib, importlib.util, io, json, sys
+spec = importlib.util.spec_from_file_location("livelock_repro", sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+done = {}
+for name, args in json.loads(sys.argv[2]).items():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = script.main(args)
+        except SystemExit as e:
+            rc = e.code
+    done[name] = [rc, out.getvalue(), err.getvalue()]
+print("RUNS " + json.dumps(done))
+"""
+
+
 @pytest.fixture(scope="module")
 def runs() -> dict[str, subprocess.CompletedProcess]:
     if importlib.util.find_spec("vllm") is None:  # finds the package without importing it
         if vllm_required():
             pytest.fail("vLLM is required here (SCHEDSPEC_REQUIRE_VLLM=1 or CI=true) but is not installed")
         pytest.skip("vLLM 0.33.0 is not installed; run `schedspec install-vllm`")
-    procs = {name: subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=ROOT, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for name, args in RUNS.items()}
-    done = {}
-    for name, p in procs.items():
-        try:
-            out, err = p.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for q in procs.values():
-                q.kill()
-            pytest.fail(f"livelock_repro.py {' '.join(RUNS[name])} ran past {TIMEOUT_S} s")
-        done[name] = subprocess.CompletedProcess(p.args, p.returncode, out, err)
-    return done
+    try:
+        p = subprocess.run([sys.executable, "-c", DRIVER, str(SCRIPT), json.dumps(RUNS)], cwd=ROOT, text=True,
+                           capture_output=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the livelock_repro.py runs ran past {TIMEOUT_S} s")
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RUNS ")]
+    assert p.returncode == 0 and lines, p.stdout[-2000:] + p.stderr[-3000:]
+    return {name: subprocess.CompletedProcess([str(SCRIPT), *RUNS[name]], rc, out, err)
+            for name, (rc, out, err) in json.loads(lines[-1][5:]).items()}
 
 
 def test_livelock_reproduces(runs):

@@ -345,7 +345,7 @@ def test_threshold_in_force_agrees_with_the_spec(version):
     for t, b, ne, ad, ch in threshold_cases(version):
         config = dataclasses.replace(base, long_prefill_token_threshold=t, max_num_batched_tokens=b,
                                      long_prefill_token_threshold_adaptive=ad, enable_chunked_prefill=ch)
-        (mine,) = ev([(T, z3.IntVal(t)), (adaptive, z3.BoolVal(ad)), (B, z3.IntVal(b)), (NE, z3.IntVal(ne)),
+        (mine,) = ev([(T, const_val(t)), (adaptive, const_val(ad)), (B, const_val(b)), (NE, const_val(ne)),
                       (chunked, z3.BoolVal(ch))])
         assert mine == spec_config.long_prefill_threshold(config, ne), (version, t, b, ne, ad, ch, mine)
         grown += ad and ne >= 2 and mine > t

@@ -44,7 +44,7 @@ from schedspec.spec.input_processor import make_request
 from schedspec.spec.request import RequestStatus
 from schedspec.proofs import loop_claims, loop_config, loop_parts, loop_rules, loop_running, loop_update, loop_waiting
 from schedspec.proofs import loop_witnesses
-from schedspec.proofs.symbolic import Evaluator
+from schedspec.proofs.symbolic import Evaluator, const_val
 from schedspec.proofs.release import DEFAULT
 from schedspec.spec import lora as LORA
 from schedspec.spec import prefill_throttle
@@ -240,7 +240,7 @@ class RunEval:
         for rec, vals in ((V.c, cfg), (V.k, k), (V.s, s), (V.x, x), (V.cr, cr), (V.v, v), (V.sp, sp)):
             for name, val in vals.items():
                 sym = getattr(rec, name)
-                out.append((sym, z3.BoolVal(val) if isinstance(val, bool) else z3.IntVal(val)))
+                out.append((sym, const_val(val)))
         return out
 
     def __call__(self, *args):
@@ -415,10 +415,10 @@ class WaitEval:
         self.ev = Evaluator(terms)
 
     def __call__(self, cfg, W0, s, x, h):
-        V, pairs = self.V, [(self.V.W0, z3.IntVal(W0))]
+        V, pairs = self.V, [(self.V.W0, const_val(W0))]
         for rec, vals in ((V.c, cfg), (V.ws, s), (V.wx, x), (V.wh, h)):
             for name, val in vals.items():
-                pairs.append((getattr(rec, name), z3.BoolVal(val) if isinstance(val, bool) else z3.IntVal(val)))
+                pairs.append((getattr(rec, name), const_val(val)))
         vals = self.ev(pairs)
         ns = len(self.names_s)
         return vals[:4], dict(zip(self.names_s, vals[4:4 + ns])), dict(zip(self.names_x, vals[4 + ns:]))
@@ -1062,7 +1062,7 @@ class ValueEval:
         self.syms, self.ev = syms, Evaluator(terms)
 
     def __call__(self, **vals):
-        return self.ev([(self.syms[k], z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(v))
+        return self.ev([(self.syms[k], const_val(v))
                         for k, v in vals.items()])
 
 
@@ -1599,8 +1599,8 @@ class FinishEval:
         self.ev = Evaluator([z3.And(*frame), loop_update.finish_I(c, self.s), s2.F, s2.H])
 
     def __call__(self, U, F, H, b, fr):
-        return self.ev([(self.c.U, z3.IntVal(U)), (self.s.F, z3.IntVal(F)), (self.s.H, z3.IntVal(H)),
-                        (self.b, z3.IntVal(b)), (self.fr, z3.IntVal(fr)), (self.H_oth, z3.IntVal(H - fr))])
+        return self.ev([(self.c.U, const_val(U)), (self.s.F, const_val(F)), (self.s.H, const_val(H)),
+                        (self.b, const_val(b)), (self.fr, const_val(fr)), (self.H_oth, const_val(H - fr))])
 
 
 def compare_finish(state, variant: str = "correct", stats=None) -> list:

@@ -32,7 +32,7 @@ import z3
 
 from schedspec.proofs import pool_invariants as PI
 from schedspec.proofs.release import DEFAULT, Release
-from schedspec.proofs.symbolic import Evaluator
+from schedspec.proofs.symbolic import Evaluator, const_val
 from schedspec.reference.engine import run_scenario
 from schedspec.reference.generator import generate_scenario
 from schedspec.reference.impl import SpecScheduler
@@ -225,7 +225,7 @@ class OpEval:
         pairs = []
         for rec, vals in ((self.V.p, p), (self.V.g, g), (self.V.t, t), (self.V.sp, sp)):
             for name, val in vals.items():
-                pairs.append((getattr(rec, name), z3.BoolVal(val) if isinstance(val, bool) else z3.IntVal(val)))
+                pairs.append((getattr(rec, name), const_val(val)))
         out = self.ev(pairs)
         n = len(self.names_p)
         return out[:4], dict(zip(self.names_p, out[4:4 + n])), dict(zip(self.names_b, out[4 + n:]))

@@ -178,9 +178,13 @@ def test_cli_names_the_install_command_when_a_release_env_is_missing(tmp_path):
     assert "schedspec install-vllm --version 0.30.0" in p.stderr and "0.30.0" in p.stderr
 
 
-def test_cli_refuses_two_releases_in_one_command():
-    p = run_cli("run", "table3-b16", "--vllm-version", "0.31.0", "--impl", "vllm==0.33.0")
-    assert p.returncode == 2 and "0.31.0 and 0.33.0" in p.stderr and "Traceback" not in p.stderr
+def test_cli_refuses_two_releases_in_one_command(tmp_path):
+    """A usage error whatever is installed: said before any release's environment
+    is asked for (an empty cache folder has none)."""
+    for env in (None, {"SCHEDSPEC_CACHE": str(tmp_path)}):
+        for flag in (["--vllm-version", "0.31.0"], ["--vllm-version=0.31.0"]):
+            p = run_cli("run", "table3-b16", *flag, "--impl", "vllm==0.33.0", env=env)
+            assert p.returncode == 2 and "0.31.0 and 0.33.0" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_long_prefill_threshold_above_max_model_len_is_refused_from_0_28_0():
