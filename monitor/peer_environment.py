@@ -32,9 +32,14 @@ from .peer_fetch import VLLM_VERSION, StatusFn, make_dir, quiet
 # vLLM install (requirements-vllm.txt) lacks: import name -> pinned requirement.
 # tblib: tests/conftest.py; compressed-tensors (and its loguru): the hybrid
 # (mamba/GDN) model code behind Qwen3-Next, pinned as vLLM 0.33.0 and 0.34.0 pin it
-# (requirements/common.txt:45).
+# (requirements/common.txt:45); mistral_common (and the three packages it imports
+# that a scheduler-only install lacks): the LLaVA model code, which vLLM inspects
+# for the multimodal tests' configs (0.34.0 requires mistral_common[image]>=1.13.0,
+# 0.30.0 to 0.33.0 >=1.11.6).
 TEST_DEPENDENCIES = {"tblib": "tblib==3.2.2", "compressed_tensors": "compressed-tensors==0.17.0",
-                     "loguru": "loguru==0.7.3"}
+                     "loguru": "loguru==0.7.3", "mistral_common": "mistral-common==1.13.1",
+                     "pycountry": "pycountry==26.2.16", "pydantic_extra_types": "pydantic-extra-types==2.11.1",
+                     "tiktoken": "tiktoken==0.14.0"}
 # Bridge (test dependencies): 0.20.0 pins compressed-tensors 0.15.0.1
 # (0.20.0 requirements/common.txt); 0.25.0 to 0.34.0 pin 0.17.0.
 TEST_DEPENDENCIES_BY_RELEASE = {"0.20.0": {**TEST_DEPENDENCIES, "compressed_tensors": "compressed-tensors==0.15.0.1"}}
