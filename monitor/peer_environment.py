@@ -43,8 +43,9 @@ TEST_DEPENDENCIES = {"tblib": "tblib==3.2.2", "compressed_tensors": "compressed-
 # Bridge (test dependencies): 0.20.0 pins compressed-tensors 0.15.0.1
 # (0.20.0 requirements/common.txt); 0.25.0 to 0.34.0 pin 0.17.0.
 TEST_DEPENDENCIES_BY_RELEASE = {"0.20.0": {**TEST_DEPENDENCIES, "compressed_tensors": "compressed-tensors==0.15.0.1"}}
-# pytest itself, for a release's environment (install-vllm installs vLLM only):
-# the versions this project's own environment runs.
+# pytest itself, for a release's environment (install-vllm installs vLLM only).
+# vLLM's tests run without pytest-xdist there, so the newest pytest does (the project's
+# own suite stays below 9.2 for xdist's grouping: pyproject.toml).
 PYTEST_DEPENDENCIES = {"pytest": "pytest==9.2.0", "pluggy": "pluggy==1.7.0", "iniconfig": "iniconfig==2.3.1",
                        "pygments": "pygments==2.21.0"}
 # What tests/conftest.py needs of tblib, when pip cannot install it: it only
