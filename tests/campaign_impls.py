@@ -78,6 +78,12 @@ def setup_echo_dying_once(tag: str, marker: str) -> str:
     os._exit(9)
 
 
+def run_echo_slow(tag: str, item, heartbeat):
+    """run_echo, a quarter second an item: work is still left when a worker's death is seen."""
+    time.sleep(0.25)
+    return run_echo(tag, item, heartbeat)
+
+
 def run_echo(tag: str, item, heartbeat):
     if item == "boom":
         raise ValueError("boom")

@@ -188,13 +188,15 @@ def test_the_pool_keeps_results_and_charges_failures_to_their_item():
 
 def test_a_worker_dying_once_while_setting_up_is_replaced_and_nothing_lost(tmp_path):
     # The guarantee pebble's pool lacks (reference/workers.py): there, one death in setup while
-    # no item runs fails every pending item.
+    # no item runs fails every pending item.  Items take a quarter second each, so work is
+    # still left when the death is seen: a replacement starts only then (ProcessPool.replace),
+    # and with instant items the other worker could finish them all first.
     marker = tmp_path / "died"
-    job = Job("tests.campaign_impls:setup_echo_dying_once", ("w", str(marker)), "tests.campaign_impls:run_echo")
+    job = Job("tests.campaign_impls:setup_echo_dying_once", ("w", str(marker)), "tests.campaign_impls:run_echo_slow")
     info = WorkerInfo()
-    got = dict(run_job(job, list(enumerate("abcd")), workers=2, info=info))
+    got = dict(run_job(job, list(enumerate("abcdefgh")), workers=2, info=info))
     assert marker.exists()  # a worker did die in setup
-    assert got == {0: "w:a", 1: "w:b", 2: "w:c", 3: "w:d"}
+    assert got == {i: f"w:{c}" for i, c in enumerate("abcdefgh")}
     assert info.restarts == 1
 
 
