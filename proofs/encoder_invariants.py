@@ -53,6 +53,7 @@ from typing import Any, Callable
 
 import z3
 
+from schedspec.spec import versions
 from schedspec.spec.versions import MM_CHUNK_INSIDE_ITEM_WAITS
 
 from .solving import vacuity_result
@@ -393,8 +394,8 @@ def witness(name: str, release: Release) -> tuple[Result, Any]:
 
 def obligations(release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Obligation]:
     """`encoder:<name>` obligations for a release that has encoder inputs modelled
-    (0.33.0, Release.models_encoder_inputs); none for the others."""
-    if not release.models_encoder_inputs():
+    (0.33.0, Release.models(versions.ENCODER_INPUTS)); none for the others."""
+    if not release.models(versions.ENCODER_INPUTS):
         return []
     return claim_obligations(CLAIMS.values(), kind="encoder",
                              bound=Bound(None, None, 1, "any number of requests, items and cache entries"),

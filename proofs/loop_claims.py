@@ -57,12 +57,12 @@ flight (S:1123), the placeholder `update_after_schedule` adds
 with async on.  Structured output: a waiting head whose grammar is compiling or
 failed is skipped and keeps its place (S:1118-1121), so `grammar_wait_respected`
 holds for any number of requests.  LoRA (`LoopConfig.lora`, symbolic; 0.33.0 only,
-Release.models_lora): a waiting head whose adapter would be one too many is skipped
+Release.models(LORA)): a waiting head whose adapter would be one too many is skipped
 and keeps its place (S:1128-1140), so `max_loras_respected` holds for any number of
 requests and adapters; the iteration state counts the batch's adapters (`Lc`), and
 whether the head's adapter is new to the batch is an input of each iteration.
 Speculative decoding (`LoopConfig.sd`, symbolic; 0.33.0 only,
-Release.models_spec_decode): a running request's drafts count in its need
+Release.models(SPEC_DECODE)): a running request's drafts count in its need
 (num_tokens_with_spec, S:855) and the grant sends those that fit (S:1025-1041);
 allocations reserve the drafter's lookahead slots (K:571-574); a one-token
 admission beside a decode is padded to 1 + num_speculative_tokens (S:1358-1380:
@@ -86,9 +86,10 @@ unbounded integer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import z3
+
+from schedspec.spec import versions
 
 from .release import Release
 from .loop_parts import (LoopVars, Part, exit_admissions_within_left, exit_computed_bounded, exit_counters_running,
@@ -202,9 +203,10 @@ CLAIMS: dict[str, LoopClaim] = {c.name: c for c in (
 ASYNC_ONLY = frozenset({"placeholders_never_negative"})
 # Claims of a feature schedspec models for 0.33.0 only: whether the modelled release
 # has it (the spec refuses the feature for the others).
-FEATURE_ONLY: dict[str, Callable[[Release], bool]] = {"max_loras_respected": Release.models_lora,
-                                                      "grammar_wait_respected": Release.models_structured_output,
-                                                      "drafts_sent_are_known": Release.models_spec_decode}
+# Claim -> the feature (spec/versions.py FEATURES_SINCE), asked as `release.models(feature)`.
+FEATURE_ONLY: dict[str, str] = {"max_loras_respected": versions.LORA,
+                                "grammar_wait_respected": versions.STRUCTURED_OUTPUT,
+                                "drafts_sent_are_known": versions.SPEC_DECODE}
 # Claims proved with speculative decoding on or off (`LoopConfig.sd` free): those
 # about schedule()'s two loops, whose iterations model drafts and the lookahead,
 # and which blocks a step caches, whose delivery lemma delivers several tokens

@@ -13,6 +13,7 @@ from typing import Any
 
 import z3
 
+from schedspec.spec import versions
 from schedspec.spec.config import PRIORITY, SchedulerConfig
 from schedspec.spec.versions import (INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_CHUNKED_PREFILL,
                                      LONG_PREFILL_THRESHOLD_NEEDS_TWO)
@@ -93,7 +94,7 @@ class LoopConfig:
         # The threshold check exists from 0.28.0 (proofs/release.py).
         th_check = self.release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
         # max_loras >= 1 (spec/config.py FIELD_MINIMA); LoRA is modelled for 0.33.0 only.
-        lora = z3.Implies(self.lora, self.ML >= 1) if self.release.models_lora() else z3.Not(self.lora)
+        lora = z3.Implies(self.lora, self.ML >= 1) if self.release.models(versions.LORA) else z3.Not(self.lora)
         # Speculative decoding (0.33.0 only, spec/config.py validate_spec_decode and
         # validate_drafter): a lookahead and a prefill lookahead only beside drafts, at
         # most one drafter row per draft.
@@ -104,16 +105,16 @@ class LoopConfig:
             if self.release.checks_config("drafter_rows_at_most_one") else z3.BoolVal(True)
         sd = z3.If(self.sd, z3.And(self.K >= 1, self.LA >= 0, 0 <= self.D, self.D <= self.K, rows,
                                    0 <= self.PL, self.PL <= 1), off) \
-            if self.release.models_spec_decode() \
+            if self.release.models(versions.SPEC_DECODE) \
             else z3.And(z3.Not(self.sd), off)
         # wm <= U: a watermark below 1 (spec/config.py) leaves int(watermark * num_gpu_blocks)
         # at most num_gpu_blocks - 1 blocks.
         # A step holds prefill only where schedspec models prefill throttling (from 0.33.0).
-        hold = z3.BoolVal(True) if self.release.models_prefill_throttle() else z3.Not(self.hold)
+        hold = z3.BoolVal(True) if self.release.models(versions.PREFILL_THROTTLE) else z3.Not(self.hold)
         # Block hashes that cover tokens past the block: only with prefix caching, and
         # modelled from 0.33.0 on (spec/config.py validate_spec_decode).
         hashes = z3.And(self.LH >= 0, z3.Implies(self.LH > 0, z3.And(
-            self.pc, z3.BoolVal(self.release.models_hash_lookahead()))))
+            self.pc, z3.BoolVal(self.release.models(versions.HASH_LOOKAHEAD)))))
         return z3.And(lora, sd, hold, hashes, z3.Not(z3.And(self.pa, self.pn)),
                       self.TB0 >= 1, self.IB0 >= 1, self.M >= 1, self.L >= 2, self.th >= 0,
                       self.th <= self.L if th_check else True, self.wm >= 0, self.wm <= self.U,
@@ -156,7 +157,7 @@ def threshold_in_force(T, adaptive, IB0, NE, chunked, release: Release):
 def threshold_constraints(c: LoopConfig, T, adaptive):
     """What validate_config allows of a configured threshold and its adaptive flag."""
     th_check = c.release.checks_config("long_prefill_token_threshold_at_most_max_model_len")
-    flag = z3.BoolVal(True) if c.release.models_adaptive_threshold() else z3.Not(adaptive)
+    flag = z3.BoolVal(True) if c.release.models(versions.ADAPTIVE_THRESHOLD) else z3.Not(adaptive)
     return z3.And(T >= 0, T <= c.L if th_check else True, flag)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from schedspec.spec import versions
+
 from .loop_claims import ASYNC_ONLY, CLAIMS, FEATURE_ONLY, SPEC_DECODE, LoopClaim, claim_premises
 from .loop_parts import LoopVars
 from .loop_rules import LOOP_VARIANTS
@@ -56,7 +58,7 @@ def obligations(release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[
 
     out = []
     for name, claim in CLAIMS.items():
-        if name in FEATURE_ONLY and not FEATURE_ONLY[name](release):
+        if name in FEATURE_ONLY and not release.models(FEATURE_ONLY[name]):
             continue  # the spec refuses this feature for the modelled release
         goal = f"property:{name}" if name != "running_never_starved" else "running-kept"
 
@@ -80,7 +82,7 @@ def obligations(release: Release, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[
                                                     + ("; speculative decoding on or off, any "
                                                        "num_speculative_tokens, lookahead and drafter rows "
                                                        "(prefill lookahead <= 1)"
-                                                       if name in SPEC_DECODE and release.models_spec_decode()
+                                                       if name in SPEC_DECODE and release.models(versions.SPEC_DECODE)
                                                        else "")),
             discharge=lambda variant, claim=claim: discharge(claim, release, variant, timeout_s),
             witness=witness, bad_variants=claim.bad_variants, expected="proved", doc=claim.doc,

@@ -10,6 +10,8 @@ import time
 
 import z3
 
+from schedspec.spec import versions
+
 from .encoding import z3_min
 from .loop_claims import ASYNC_ONLY, SPEC_DECODE, LoopClaim, claim_premises
 from .loop_parts import LoopVars, delivery, drafts_J, exit_counters_running, exit_counters_waiting, run_pre, wait_pre
@@ -30,7 +32,7 @@ def vacuity(claim: LoopClaim, release: Release, timeout_s: float, bs: int = 4) -
     rules = LOOP_VARIANTS["correct"]
     V = LoopVars(bs, rules, release)
     # speculative decoding on too, where the claim covers it and the release has it
-    spec_decode = claim.name in SPEC_DECODE and release.models_spec_decode()
+    spec_decode = claim.name in SPEC_DECODE and release.models(versions.SPEC_DECODE)
     checks = _part_checks(claim, V, rules, spec_decode)
     frame, _, _, f = run_iteration(V.c, V.k, V.s, V.x, V.cr, V.v, V.sp, rules)
     run = run_pre(V) + frame
@@ -87,18 +89,18 @@ def _waiting_checks(V: LoopVars, f: dict, run: list, wf: dict, wait: list) -> li
     checks = [("an admission", wait + [wf["admit"], V.ws.A > 0]),
               ("async: a stale head skipped", wait + [wf["skip_stale"]]),
               ("async: an admission behind a skipped request", wait + [wf["admit"], V.ws.K > 0])]
-    if V.c.release.models_prefill_throttle():
+    if V.c.release.models(versions.PREFILL_THROTTLE):
         checks += [("prefill throttling: a held prefill chunk skipped, budget left",
                     run + [f["held"], V.x.inr, V.x.pos > V.s.cur]),
                    ("prefill throttling: admission stopped at a request with prefill left",
                     wait + [wf["held_stop"]]),
                    ("prefill throttling: a one-token admission in a step that holds prefill",
                     wait + [wf["admit"], V.c.hold])]
-    if V.c.release.models_structured_output():
+    if V.c.release.models(versions.STRUCTURED_OUTPUT):
         checks.append(("a head waiting for its grammar skipped", wait + [wf["skip_grammar"]]))
         checks.append(("an admission behind a request waiting for its grammar",
                        wait + [wf["admit"], V.wx.gw, V.wx.q < V.wh.q]))
-    if V.c.release.models_lora():
+    if V.c.release.models(versions.LORA):
         checks += [("LoRA: a head skipped, its adapter one too many", wait + [wf["skip_lora"]]),
                    ("LoRA: an admission bringing a new adapter to a batch below max_loras",
                     wait + [wf["admit"], V.c.lora, V.wh.ln, V.ws.Lc > 0]),

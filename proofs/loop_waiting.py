@@ -17,6 +17,8 @@ from typing import Any
 
 import z3
 
+from schedspec.spec import versions
+
 from .encoding import z3_max0, z3_min
 from .loop_config import LoopConfig, bool_field, cached_after
 from .loop_rules import LoopRules
@@ -51,7 +53,7 @@ class WaitReq:
 
     def static_facts(self, c: LoopConfig, W0):
         # No grammar where schedspec does not model structured output (release.py).
-        grammar = z3.BoolVal(True) if c.release.models_structured_output() else z3.Not(self.gw)
+        grammar = z3.BoolVal(True) if c.release.models(versions.STRUCTURED_OUTPUT) else z3.Not(self.gw)
         # pads_new_decode's conditions on the request and config (S:1358-1380): one
         # token left to compute after its hit, and the padded rows and a sampled token
         # within max_model_len; the batch's (no prefill chunk scheduled, some running

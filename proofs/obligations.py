@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 
 import z3
 
+from schedspec.spec import versions
 from schedspec.spec.invariants import STATE_INVARIANTS
 from schedspec.spec.properties import PROPERTIES
 
@@ -87,9 +88,9 @@ def outside_encoding(release: Release) -> dict[str, tuple[str, ...]]:
     """OUTSIDE_ENCODING for `release`: LoRA's and structured output's claims exist
     only where schedspec models the feature (loop_claims.FEATURE_ONLY)."""
     out = dict(OUTSIDE_ENCODING)
-    out.update({name: OUTSIDE_BOUNDED[name] for name, modelled in sorted(LOOP_FEATURE_ONLY.items())
-                if not modelled(release)})
-    if not release.models_encoder_inputs():
+    out.update({name: OUTSIDE_BOUNDED[name] for name, feature in sorted(LOOP_FEATURE_ONLY.items())
+                if not release.models(feature)})
+    if not release.models(versions.ENCODER_INPUTS):
         out.update({name: OUTSIDE_BOUNDED[name] for name in ENCODER_CLAIMS})
     return out
 

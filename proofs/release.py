@@ -29,9 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedspec.spec import versions
-from schedspec.spec.versions import (ADAPTIVE_THRESHOLD, DEFAULT_RELEASE, ENCODER_INPUTS, GATES, HASH_LOOKAHEAD, INPUT_BUDGET, LORA,
-                                     LONG_PREFILL_THRESHOLD_NEEDS_TWO, PREFILL_THROTTLE,
-                                     PRIORITY_SELF_PREEMPTION_CONTINUES, RELEASES, SPEC_DECODE, STRUCTURED_OUTPUT,
+from schedspec.spec.versions import (DEFAULT_RELEASE, GATES, INPUT_BUDGET, LONG_PREFILL_THRESHOLD_NEEDS_TWO,
+                                     PRIORITY_SELF_PREEMPTION_CONTINUES, RELEASES, SPEC_DECODE,
                                      UNHASHED_FREE_BLOCKS_FIRST, checks, field_minimum, has, models)
 
 
@@ -65,30 +64,6 @@ class Release:
         versions.FEATURES_SINCE names on."""
         return models(self.version, feature)
 
-    def models_lora(self) -> bool:
-        return self.models(LORA)
-
-    def models_structured_output(self) -> bool:
-        return self.models(STRUCTURED_OUTPUT)
-
-    def models_encoder_inputs(self) -> bool:
-        return self.models(ENCODER_INPUTS)
-
-    def models_spec_decode(self) -> bool:
-        return self.models(SPEC_DECODE)
-
-    def models_prefill_throttle(self) -> bool:
-        """Prefill throttling: a step that holds prefill."""
-        return self.models(PREFILL_THROTTLE)
-
-    def models_adaptive_threshold(self) -> bool:
-        """`long_prefill_token_threshold_adaptive`."""
-        return self.models(ADAPTIVE_THRESHOLD)
-
-    def models_hash_lookahead(self) -> bool:
-        """Lookahead block hashes."""
-        return self.models(HASH_LOOKAHEAD)
-
     def scenario_config(self, config: dict) -> dict:
         """A witness scenario's config for the release: without the fields it
         lacks, and naming the release unless it is the default."""
@@ -110,7 +85,7 @@ class Release:
         """`variants` less those that are the release's own rule, or break a
         feature it does not have."""
         return tuple(v for v in variants if (v not in SAME_AS_RULE_OF or self.applies(SAME_AS_RULE_OF[v]))
-                     and (v not in NEEDS_FEATURE or NEEDS_FEATURE[v](self)))
+                     and (v not in NEEDS_FEATURE or self.models(NEEDS_FEATURE[v])))
 
     def finding(self, prop: str) -> str | None:
         """The vLLM bug the release has for `prop`, said in one line, or None."""
@@ -138,7 +113,7 @@ SAME_AS_RULE_OF = {
 # Bad variant -> does the modelled release have the feature it breaks?  Without
 # it the variant is the rules themselves (loop_config.py: a drafter's rows
 # exist only with speculative decoding, which schedspec models from 0.33.0 on).
-NEEDS_FEATURE = {"drafter_rows_not_charged": Release.models_spec_decode}
+NEEDS_FEATURE = {"drafter_rows_not_charged": SPEC_DECODE}  # a feature of spec/versions.py
 
 
 # Property -> (the gate that fixed it, the command that shows it on the real
