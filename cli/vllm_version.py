@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from schedspec.reference.errors import UsageError, shown
 from schedspec.gpu.limits import OLDEST_RELEASE as TORCH_OLDEST
@@ -85,30 +85,20 @@ def installed_vllm() -> str | None:
         return None
 
 
+def flag_values(argv: Sequence[str], flags: Sequence[str]) -> Iterator[str]:
+    """The values of every `FLAG X` / `FLAG=X` in `argv` whose FLAG is one of `flags`, in order."""
+    args = list(argv)
+    for i, a in enumerate(args):
+        for flag in flags:
+            if a == flag and i + 1 < len(args):
+                yield args[i + 1]
+            elif a.startswith(flag + "="):
+                yield a[len(flag) + 1:]
+
+
 def requested_release(argv: Sequence[str]) -> str | None:
     """The X of the first `--impl vllm==X` / `--against vllm==X` in `argv`."""
-    args = list(argv)
-    for i, a in enumerate(args):
-        for flag in IMPL_FLAGS:
-            value = None
-            if a == flag and i + 1 < len(args):
-                value = args[i + 1]
-            elif a.startswith(flag + "="):
-                value = a[len(flag) + 1:]
-            if value is not None and value.startswith(PREFIX):
-                return value[len(PREFIX):]
-    return None
-
-
-def flag_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value of the first `flag X` / `flag=X` in `argv`, or None."""
-    args = list(argv)
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a[len(flag) + 1:]
-    return None
+    return next((v[len(PREFIX):] for v in flag_values(argv, IMPL_FLAGS) if v.startswith(PREFIX)), None)
 
 
 def refuse_two_releases(versions: set[str]) -> None:
@@ -126,7 +116,7 @@ def reexec_if_needed(argv: Sequence[str]) -> None:
     if version is None:
         return
     check_vllm(version, f"--impl vllm=={version}")
-    asked = flag_value(argv, "--vllm-version")
+    asked = next(flag_values(argv, ("--vllm-version",)), None)
     if asked is not None and spec_release_for(version) is not None:
         # A usage error whatever is installed: said before asking for an install.
         refuse_two_releases({spec_release_for(version), check_release(asked, "--vllm-version")})
