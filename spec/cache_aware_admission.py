@@ -24,13 +24,22 @@ if TYPE_CHECKING:  # the working state of scheduler.py, which imports this modul
     from .scheduler import ScheduleWork
 
 
+def enabled(c) -> bool:
+    """The feature is on for config `c`: a window, FCFS and prefix caching (S:428-435)."""
+    return bool(c.cache_aware_admission_window) and c.policy == FCFS and c.enable_prefix_caching
+
+
+def movable(r) -> bool:
+    """A request the reorder may move: merely waiting, nothing computed (S:2805-2811)."""
+    return r.status == WAITING and not r.num_computed_tokens
+
+
 def applies(s: "ScheduleWork") -> bool:
     """Guards: the feature is on for this config and this step (S:428-435, 1067-1068),
     and the cache is used enough (S:2802-2803)."""
-    c = s.config
-    if not (c.cache_aware_admission_window and c.policy == FCFS and c.enable_prefix_caching) or s.defer_prefills:
+    if not enabled(s.config) or s.defer_prefills:
         return False
-    return kv_usage(s) >= c.cache_aware_admission_threshold
+    return kv_usage(s) >= s.config.cache_aware_admission_threshold
 
 
 def kv_usage(s: "ScheduleWork") -> float:
@@ -57,8 +66,7 @@ def reorder_waiting(s: "ScheduleWork") -> None:
     if len(s.waiting) - start < 2:
         return
     head = [s.waiting[start + i] for i in range(min(s.config.cache_aware_admission_window, len(s.waiting) - start))]
-    slots = [i for i, rid in enumerate(head)
-             if s.requests[rid].status == WAITING and not s.requests[rid].num_computed_tokens]
+    slots = [i for i, rid in enumerate(head) if movable(s.requests[rid])]
     if len(slots) < 2:
         return
     cached = {i: num_cached_tokens(s, head[i]) for i in slots}

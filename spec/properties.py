@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from . import kv_connector, prefill_throttle, spec_decode
+from . import cache_aware_admission, kv_connector, prefill_throttle, spec_decode
 from .config import FCFS, PRIORITY, long_prefill_threshold, step_budget
 from .kv_cache import cdiv, get_num_blocks_to_allocate
 from .lora import exceeds_max_loras, running_loras
@@ -420,13 +420,12 @@ def reorder_window(before: SchedulerState, output: SchedulerOutput) -> list[str]
     step's preempted requests at its front, KV holders apart); [] where the feature
     is off."""
     c = before.config
-    if not (c.cache_aware_admission_window and c.policy == FCFS and c.enable_prefix_caching):
+    if not cache_aware_admission.enabled(c):
         return []
     preempted = list(reversed(output.preempted_req_ids))
     queue = preempted + [w for w in before.waiting if not kv_connector.holds_loaded_blocks(before.requests[w])]
     window = queue[:c.cache_aware_admission_window]
-    return [w for w in window if w not in preempted and before.requests[w].status == RequestStatus.WAITING
-            and not before.requests[w].num_computed_tokens]
+    return [w for w in window if w not in preempted and cache_aware_admission.movable(before.requests[w])]
 
 
 def reordered_by_cached_prefix(before, output, after, held: set[str], observed: list[str]) -> bool:
