@@ -45,14 +45,18 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+from schedspec.monitor.monitor import FULL_EVERY  # noqa: E402
 from spec_vs_vllm import MODES, Mismatch, VllmSide, auto_steps, log, machine, make_config, make_requests  # noqa: E402
 
 perf = time.perf_counter
 DEFAULT_NS = (10, 100, 1000)
 DEFAULT_MODES = ("off", "async")
+CHECKS = ("incremental", "full", "relift")
+FULL_STEPS = 5  # steps timed with a full check, for its cost
 
 
-def measure(mode: str, n: int, steps: int, repeat: int, relift: bool, blocks: int = 0) -> dict:
+def measure(mode: str, n: int, steps: int, repeat: int, check: str, blocks: int = 0,
+            full_every: int = FULL_EVERY) -> dict:
     caching, async_ = MODES[mode]
     warmup = max(3, steps // 10)
     config = make_config(n, caching, async_, 8 + warmup + steps * repeat)
@@ -66,7 +70,9 @@ def measure(mode: str, n: int, steps: int, repeat: int, relift: bool, blocks: in
 
     # A subclass that only overrides the five methods: the object is unchanged.
     shadowed.sched.__class__ = shadow.ShadowAsyncScheduler if async_ else shadow.ShadowScheduler
-    monitor = Monitor("count", relift=relift)
+    relift = check == "relift"
+    monitor = Monitor("count", relift=relift, check="incremental" if check == "incremental" else "full",
+                      full_every=full_every)
     shadow.set_default_monitor(monitor)
     t_setup = perf()
     try:
@@ -90,6 +96,14 @@ def measure(mode: str, n: int, steps: int, repeat: int, relift: bool, blocks: in
                 gc.unfreeze()
             samples["plain"].append(a)
             samples["shadowed"].append(b)
+        full_ms = None
+        if check == "incremental":
+            # The full check every `full_every` calls, timed on its own: steps whose
+            # two calls are both compared in full, against the incremental steps.
+            monitor.full_every = 1
+            forced = [sum(shadowed.step(n)) for _ in range(FULL_STEPS)]
+            monitor.full_every = full_every
+            full_ms = statistics.median(forced) * 1e3 / 2
         stats = monitor.end()
     finally:
         plain.close()
@@ -97,18 +111,25 @@ def measure(mode: str, n: int, steps: int, repeat: int, relift: bool, blocks: in
         shadow.set_default_monitor(None)
     calls = stats["calls"]
     timed_calls = calls["schedule"]["total"] + calls["update_from_output"]["total"]
+    unconfirmed = stats.get("incremental", {}).get("unconfirmed", [])
     checked = calls["schedule"]["checked"] + calls["update_from_output"]["checked"]
-    if checked != timed_calls or checked < steps * repeat or stats["divergences"] or stats["monitor_errors"]:
+    if checked != timed_calls or checked < steps * repeat or stats["divergences"] or stats["monitor_errors"] \
+            or unconfirmed:
         raise Mismatch(f"[{mode} N={n}] the monitor checked {checked} of {timed_calls} calls, "
-                       f"{len(stats['divergences'])} divergences, {len(stats['monitor_errors'])} monitor errors")
+                       f"{len(stats['divergences'])} divergences, {len(stats['monitor_errors'])} monitor errors, "
+                       f"{len(unconfirmed)} unconfirmed incremental differences")
 
     def ms(reps):
         return statistics.median(statistics.median((x + y) * 1e3 for x, y in rep) for rep in reps)
 
     p, s = ms(samples["plain"]), ms(samples["shadowed"])
-    log(f"[{mode} N={n} relift={relift}] plain {p:.3f} ms/step, shadowed {s:.3f} ms/step, ratio {s / p:.2f} "
-        f"({perf() - t_setup:.1f}s)")
-    return {"mode": mode, "n": n, "relift": relift, "enable_prefix_caching": caching, "async_scheduling": async_,
+    # A full check's cost beyond an incremental call's, spread over the calls between two.
+    full_extra = None if full_ms is None else max(0.0, full_ms - s / 2)
+    log(f"[{mode} N={n} check={check}] plain {p:.3f} ms/step, shadowed {s:.3f} ms/step, ratio {s / p:.2f}"
+        + (f", full check {full_ms:.3f} ms a call" if full_ms is not None else "") + f" ({perf() - t_setup:.1f}s)")
+    return {"mode": mode, "n": n, "check": check, "relift": relift, "full_every": full_every,
+            "full_check_ms": full_ms, "full_check_ms_per_step_amortized": None if full_extra is None
+            else full_extra * 2 / full_every, "enable_prefix_caching": caching, "async_scheduling": async_,
             "steps": steps, "repeat": repeat, "clock": "cpu" if sys.modules["spec_vs_vllm"].perf is time.thread_time
             else "wall", "num_gpu_blocks": config.num_gpu_blocks, "plain_ms_per_step": p, "shadowed_ms_per_step": s,
             "ratio": s / p, "calls_checked": checked}
@@ -123,6 +144,12 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the results here (refuses an existing file)")
     ap.add_argument("--blocks", type=int, default=0,
                     help="a KV pool of at least this many blocks (default: sized to N, a few hundred at N = 10)")
+    ap.add_argument("--checks", default=",".join(CHECKS),
+                    help="how the shadowed side checks: incremental (an engine's default: the spec's state carried, "
+                         "what each call changed read), full (the whole post-state lifted each call), relift "
+                         "(pre-states lifted too, as peer-tests runs)")
+    ap.add_argument("--full-every", type=int, default=FULL_EVERY,
+                    help=f"incremental: a full check every this many calls (default {FULL_EVERY})")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="time steps by the wall clock (default) or by the thread's CPU time")
     a = ap.parse_args()
@@ -136,6 +163,14 @@ def main() -> int:
     if unknown:
         print(f"--modes: unknown mode {unknown[0]!r}; known: {', '.join(MODES)}", file=sys.stderr)
         return 2
+    checks = a.checks.split(",")
+    if any(c not in CHECKS for c in checks):
+        print(f"--checks: unknown check {next(c for c in checks if c not in CHECKS)!r}; known: {', '.join(CHECKS)}",
+              file=sys.stderr)
+        return 2
+    if a.full_every < 1:
+        print(f"--full-every: {a.full_every} is not a number of calls >= 1", file=sys.stderr)
+        return 2
     if a.json and Path(a.json).exists():
         print(f"--json: {a.json} exists; not overwriting it", file=sys.stderr)
         return 2
@@ -143,17 +178,19 @@ def main() -> int:
     try:
         for mode in modes:
             for n in ns:
-                for relift in (False, True):
-                    results.append(measure(mode, n, a.steps or auto_steps(n), a.repeat, relift, a.blocks))
+                for check in checks:
+                    results.append(measure(mode, n, a.steps or auto_steps(n), a.repeat, check, a.blocks,
+                                           a.full_every))
     except Mismatch as e:
         print(f"monitor_overhead: {e}", file=sys.stderr)
         return 1
-    print("| mode | N | KV blocks | pre-state | plain vLLM ms/step | shadowed ms/step | shadowed / plain |")
-    print("|---|---:|---:|---|---:|---:|---:|")
+    print("| mode | N | KV blocks | check | plain vLLM ms/step | shadowed ms/step | shadowed / plain "
+          "| full check ms (every K calls) |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|")
     for r in results:
-        how = "lifted every call" if r["relift"] else "last post-state (engine)"
-        print(f"| {r['mode']} | {r['n']} | {r['num_gpu_blocks']} | {how} | {r['plain_ms_per_step']:.3f} | {r['shadowed_ms_per_step']:.3f} "
-              f"| {r['ratio']:.2f} |")
+        full = f"{r['full_check_ms']:.3f} (K = {r['full_every']})" if r["full_check_ms"] is not None else ""
+        print(f"| {r['mode']} | {r['n']} | {r['num_gpu_blocks']} | {r['check']} | {r['plain_ms_per_step']:.3f} "
+              f"| {r['shadowed_ms_per_step']:.3f} | {r['ratio']:.2f} | {full} |")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine(), "results": results}, indent=2))
     return 0

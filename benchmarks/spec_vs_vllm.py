@@ -67,6 +67,7 @@ from schedspec.spec import scheduler as S  # noqa: E402
 from schedspec.spec.config import SchedulerConfig  # noqa: E402
 from schedspec.spec.input_processor import make_request  # noqa: E402
 from schedspec.spec.state import SchedulerState  # noqa: E402
+from schedspec.reference.vllm_adapter import runner_index  # noqa: E402
 
 TOKEN = 100  # the non-EOS token every request samples (EOS is 2)
 BLOCK_SIZE = 16
@@ -222,7 +223,7 @@ class VllmSide:
         ids = list(vout.num_scheduled_tokens)
         return self.ModelRunnerOutput(
             req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            **runner_index(self.ModelRunnerOutput, ids),  # 0.34.0 has no req_id_to_index
             sampled_token_ids=[[TOKEN] if rid in sampling else [] for rid in ids],
             logprobs=None,
             prompt_logprobs_dict={},

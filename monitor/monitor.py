@@ -37,11 +37,15 @@ from schedspec.spec import versions
 from schedspec.spec.kv_connector import holds_kv_blocks
 from schedspec.spec.state import SchedulerOutput
 
-from . import scope
+from . import incremental, scope
 from .replay import LOG_ATTR, RunLog, replay_and_write, run_log
 from .check import Difference, compare_finished, compare_outputs, compare_states, jsonable
 
 POLICIES = ("raise", "log", "count")
+CHECKS = ("full", "incremental")
+FULL_EVERY = 256  # incremental check: a full lift and comparison every this many calls (docs/monitor.md)
+SINCE_FULL_ATTR = "schedspec_since_full"  # on a vLLM scheduler: calls checked incrementally since the last full check
+FULL_AT_ATTR = "schedspec_full_at"  # on a vLLM scheduler: the number of the last call a full check agreed on
 POST_ATTR = "schedspec_post"  # on a vLLM scheduler: the last call's lifted post-state (relift off)
 CALLS = ("schedule", "update_from_output", "add_request", "finish_requests")
 log = logging.getLogger("schedspec.monitor")
@@ -58,18 +62,26 @@ class MonitorError(RuntimeError):
 class CallStats:
     """What the monitor saw under one label (a test, or a whole run)."""
 
-    def __init__(self) -> None:
+    def __init__(self, incremental: bool = False) -> None:
+        self.incremental = incremental  # the monitor checks incrementally: its figures are reported too
         self.calls = {c: Counter() for c in CALLS}
         self.outside_scope: Counter = Counter()
         self.divergences: list[dict[str, Any]] = []
         self.monitor_errors: list[dict[str, Any]] = []
         self.call_number = 0
+        self.full_checks = 0  # incremental check: calls compared in full (periodic, confirming, or forced)
+        # incremental check: differences its reads found that the confirming full lift did not
+        # (a fault of the incremental reader, never reported as a divergence)
+        self.unconfirmed: list[dict[str, Any]] = []
 
     def to_json(self) -> dict[str, Any]:
-        return {"calls": {c: {k: n.get(k, 0) for k in ("total", "checked", "outside_scope", "vllm_raised",
-                                                          "monitor_error")} for c, n in self.calls.items()},
-                "outside_scope": dict(sorted(self.outside_scope.items())),
-                "divergences": list(self.divergences), "monitor_errors": list(self.monitor_errors)}
+        out = {"calls": {c: {k: n.get(k, 0) for k in ("total", "checked", "outside_scope", "vllm_raised",
+                                                         "monitor_error")} for c, n in self.calls.items()},
+               "outside_scope": dict(sorted(self.outside_scope.items())),
+               "divergences": list(self.divergences), "monitor_errors": list(self.monitor_errors)}
+        if self.incremental:
+            out["incremental"] = {"full_checks": self.full_checks, "unconfirmed": list(self.unconfirmed)}
+        return out
 
 
 class Monitor:
@@ -78,9 +90,22 @@ class Monitor:
     divergence is also written there as a state vector (docs/formats.md)."""
 
     def __init__(self, policy: str = "count", vectors_dir: str | Path | None = None, relift: bool = True,
-                 record_all: bool = False):
+                 record_all: bool = False, check: str = "full", full_every: int = FULL_EVERY):
         if policy not in POLICIES:
             raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
+        # check: "full" lifts vLLM's whole post-state after every call and compares it;
+        # "incremental" carries the spec's post-state to the next call and reads from
+        # vLLM only what the call changed (incremental.py), with a full check every
+        # `full_every` calls, on demand (check_fully_next) and before any divergence
+        # is reported.  It needs relift off: it trusts that nothing but the
+        # scheduler's own methods changed it between calls.
+        if check not in CHECKS:
+            raise ValueError(f"check: {check!r} is not one of {', '.join(CHECKS)}")
+        if check == "incremental" and relift:
+            raise ValueError("check: incremental carries the spec's state from call to call; it cannot relift")
+        if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 1:
+            raise ValueError(f"full_every: {full_every!r} is not a whole number of calls >= 1")
+        self.check_mode, self.full_every, self.full_next = check, full_every, False
         self.policy = policy
         # relift: lift the pre-state of every call from vLLM (exact whatever ran
         # between calls).  Without it a call starts from the previous call's lifted
@@ -96,20 +121,20 @@ class Monitor:
         self.record_all = record_all
         self.vectors_dir = Path(vectors_dir) if vectors_dir is not None else None
         self.label = ""
-        self.stats = CallStats()
-        self.totals = CallStats()
+        self.stats = CallStats(check == "incremental")
+        self.totals = CallStats(check == "incremental")
         self.local = threading.local()  # calls in progress, so nested ones are not checked twice
 
     # -- labels ---------------------------------------------------------------
 
     def begin(self, label: str) -> None:
         """Attribute the calls from now on to `label` (e.g. a test's node id)."""
-        self.label, self.stats = label, CallStats()
+        self.label, self.stats = label, CallStats(self.check_mode == "incremental")
 
     def end(self) -> dict[str, Any]:
         """The current label's figures, as JSON; counting goes on under no label."""
         out = self.stats.to_json()
-        self.label, self.stats = "", CallStats()
+        self.label, self.stats = "", CallStats(self.check_mode == "incremental")
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -133,12 +158,53 @@ class Monitor:
             self.local.depth = 0
 
     def pre_state(self, sched: Any):
-        """The state before a call: lifted, or the last call's lifted post-state."""
+        """The state before a call: lifted, or the last call's post-state (lifted, or
+        the spec's under the incremental check)."""
         if not self.relift:
             post = sched.__dict__.pop(POST_ATTR, None)
             if post is not None:
                 return post
+        # Read whole: as good as a full check after the call before.
+        sched.__dict__[SINCE_FULL_ATTR], sched.__dict__[FULL_AT_ATTR] = 0, self.stats.call_number - 1
         return lift_state(sched)
+
+    def check_fully_next(self) -> None:
+        """Under the incremental check: compare the next call's post-state in full."""
+        self.full_next = True
+
+    def post_difference(self, sched: Any, p: "Prepared", spec_post, named: Any = (), gone=None,
+                        full: bool = False):
+        """The first difference between the spec's post-state `spec_post` and vLLM's
+        after the call, or None; sets `p.observed_post`, the state the next call
+        starts from (relift off).  `named`: the request ids vLLM's answer names;
+        `gone`: check.hash_renaming's; `full`: compare in full whatever the check
+        (the answers already differ: the report needs vLLM's whole state)."""
+        suspected = None
+        if self.check_mode == "incremental":
+            since = sched.__dict__.get(SINCE_FULL_ATTR, 0) + 1
+            if not (full or self.full_next or since >= self.full_every):
+                suspected, carried = incremental.check_delta(sched, p.pre, spec_post, named, gone)
+                if suspected is None:
+                    sched.__dict__[SINCE_FULL_ATTR] = since
+                    p.observed_post = carried
+                    return None
+        p.observed_post = lift_state(sched, p.pre.config, like=spec_post)
+        difference = compare_states(p.pre, spec_post, p.observed_post, gone)
+        if self.check_mode == "incremental":
+            self.full_next = False
+            sched.__dict__[SINCE_FULL_ATTR] = 0
+            self.stats.full_checks += 1
+            self.totals.full_checks += 1
+            if difference is None:
+                sched.__dict__[FULL_AT_ATTR] = self.stats.call_number
+                if suspected is not None:  # the reader's fault, not vLLM's: said, never a divergence
+                    record = {"test": self.label, "call": p.call, "call_number": self.stats.call_number,
+                              **suspected.to_json()}
+                    self.stats.unconfirmed.append(record)
+                    self.totals.unconfirmed.append(record)
+                    log.warning("schedspec: the incremental check of %s #%d read %s; the full lift agrees with the "
+                                "spec", p.call, self.stats.call_number, suspected.describe())
+        return difference
 
     def check(self, call, sched, original, prepare, judge, features):
         number = self.stats.call_number = self.stats.call_number + 1
@@ -185,6 +251,7 @@ class Monitor:
                 self.stats.outside_scope[f] += 1
                 self.totals.outside_scope[f] += 1
             return result
+        prepared.full_at = sched.__dict__.get(FULL_AT_ATTR)
         try:
             difference = judge(prepared, result)
         except Exception as e:  # noqa: BLE001
@@ -240,6 +307,10 @@ class Monitor:
     def divergence(self, call: str, number: int, difference: Difference, prepared: Any,
                    run: RunLog | None = None) -> None:
         record = {"test": self.label, "call": call, "call_number": number, **difference.to_json(), "vector": None}
+        if self.check_mode == "incremental":
+            # The pre-state was the spec's, carried since the last full check that agreed:
+            # the run from there, not this call alone, is what differs.
+            record["last_full_check"] = getattr(prepared, "full_at", None)
         if self.vectors_dir is not None:
             try:
                 record["vector"] = str(self.write_vector(call, number, difference, prepared))
@@ -287,6 +358,7 @@ class Prepared:
         self.pre, self.call, self.args = pre, call, args
         self.observed_result: Any = None
         self.observed_post = None
+        self.full_at: int | None = None  # incremental check: the last call a full check agreed on
         self.external: dict[str, int] = {}  # tokens a KV connector loaded in the call (scope.ConnectorWatch)
 
     def call_json(self) -> dict[str, Any]:
@@ -348,8 +420,11 @@ def schedule_check(monitor: Monitor, sched: Any, original: Callable[[], Any], th
         # The KV connector's answers in this call are the spec's kv_connector_tokens (spec/kv_connector.py).
         p.pre = with_connector_answers(p.pre, sched)
         spec_out, spec_post = spec.schedule(p.pre, throttle_prefills)
-        p.observed_result, p.observed_post = vllm_out, lift_state(sched, p.pre.config, like=spec_post)
-        return compare_outputs(spec_out, vllm_out) or compare_states(p.pre, spec_post, p.observed_post)
+        p.observed_result = vllm_out
+        answer = compare_outputs(spec_out, vllm_out)
+        named = [rid for rid, _ in vllm_out.num_scheduled_tokens] + list(vllm_out.preempted_req_ids) + list(earlier)
+        state = monitor.post_difference(sched, p, spec_post, named, full=answer is not None)
+        return answer or state
 
     try:
         return monitor.run("schedule", sched, original, prepare, judge, features)
@@ -431,9 +506,12 @@ def update_check(monitor: Monitor, sched: Any, original: Callable[[], Any], sche
         p.pre = with_connector_answers(p.pre, sched)
         spec_finished, spec_post = spec.update_from_output(p.pre, p.args["output"], p.args["sampled"],
                                                            p.args["finished_recving"], p.args["finished_sending"])
-        p.observed_result, p.observed_post = {"finished": finished}, lift_state(sched, p.pre.config, like=spec_post)
-        return compare_finished(spec_finished, finished, "result.finished") or \
-            compare_states(p.pre, spec_post, p.observed_post, finished_hashes(p, spec_finished))
+        p.observed_result = {"finished": finished}
+        answer = compare_finished(spec_finished, finished, "result.finished")
+        named = [*p.args["held"], *p.args["errors"]]
+        state = monitor.post_difference(sched, p, spec_post, named, finished_hashes(p, spec_finished),
+                                        full=answer is not None)
+        return answer or state
 
     return monitor.run("update_from_output", sched, original, prepare, judge, features)
 
@@ -472,8 +550,8 @@ def add_request_check(monitor: Monitor, sched: Any, original: Callable[[], Any],
 
     def judge(p: Prepared, _result):
         spec_post = spec.add_request(p.pre, p.args["request"])
-        p.observed_result, p.observed_post = {}, lift_state(sched, p.pre.config, like=spec_post)
-        return compare_states(p.pre, spec_post, p.observed_post)
+        p.observed_result = {}
+        return monitor.post_difference(sched, p, spec_post, [request.request_id])
 
     return monitor.run("add_request", sched, original, prepare, judge, features)
 
@@ -514,9 +592,10 @@ def finish_check(monitor: Monitor, sched: Any, original: Callable[[], Any], requ
         done = [r.request_id for r in (result or ())]
         p.pre = with_connector_answers(p.pre, sched)  # its answers at these finishes: kv_connector_sends
         spec_done, spec_post = spec.finish_requests(p.pre, p.args["request_ids"], p.args["status"])
-        p.observed_result, p.observed_post = {"finished": done}, lift_state(sched, p.pre.config, like=spec_post)
-        return compare_finished(spec_done, done, "result.finished") or \
-            compare_states(p.pre, spec_post, p.observed_post)
+        p.observed_result = {"finished": done}
+        answer = compare_finished(spec_done, done, "result.finished")
+        state = monitor.post_difference(sched, p, spec_post, p.args["request_ids"], full=answer is not None)
+        return answer or state
 
     return monitor.run("finish_requests", sched, call, prepare, judge, features)
 
@@ -530,6 +609,6 @@ def totals_by_call(stats: dict[str, Any]) -> dict[str, int]:
     return dict(out)
 
 
-__all__ = ["CALLS", "CallStats", "Monitor", "MonitorError", "POLICIES", "Prepared", "SpecDivergence",
+__all__ = ["CALLS", "CHECKS", "FULL_EVERY", "CallStats", "Monitor", "MonitorError", "POLICIES", "Prepared", "SpecDivergence",
            "add_request_check", "finish_check", "schedule_check", "totals_by_call",
            "update_check"]

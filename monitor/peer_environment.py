@@ -176,11 +176,36 @@ def release_python(version: str = VLLM_VERSION) -> str:
         return sys.executable
     py = release_env_python(version)
     if os.access(py, os.X_OK):
+        problem = foreign_schedspec(str(py))
+        if problem:
+            raise UsageError(f"--version {version}: {problem}; point it here with "
+                             f"`schedspec install-vllm --version {version}`")
         return str(py)
     if version == VLLM_VERSION:
         return sys.executable
     raise UsageError(f"--version {version}: vLLM {version} is not installed for schedspec (no {py}); "
                      f"install it with `schedspec install-vllm --version {version}`")
+
+
+_ORIGINS: dict[str, str | None] = {}  # interpreter -> foreign_schedspec's answer, asked once a process
+
+
+def foreign_schedspec(python: str) -> str | None:
+    """Why interpreter `python` would not run this schedspec (another checkout's, one
+    whose folder is gone, none), or None.  A release environment holds schedspec as
+    installed when it was made (cli/install_vllm.py): a clone made since, or a
+    removed one, leaves it running other code, or none, without a word."""
+    if python not in _ORIGINS:
+        import schedspec
+
+        ours = os.path.realpath(os.path.dirname(schedspec.__file__))
+        p = subprocess.run([python, "-c", "import os, schedspec; print(os.path.realpath(os.path.dirname("
+                                          "schedspec.__file__)))"], capture_output=True, text=True, timeout=120)
+        theirs = p.stdout.strip() if p.returncode == 0 else None
+        _ORIGINS[python] = None if theirs == ours else \
+            f"{python} runs schedspec from {theirs}, not this one ({ours})" if theirs else \
+            f"{python} cannot import schedspec (the checkout it was installed from is gone?)"
+    return _ORIGINS[python]
 
 
 # --- the tests' environment ---------------------------------------------------------------------
@@ -205,5 +230,5 @@ def peer_environment(root: Path, hub: Path, python_path: Sequence[Path] = (),
 
 
 __all__ = ["OFFLINE_ENV", "PYTEST_DEPENDENCIES", "TEST_DEPENDENCIES", "TEST_DEPENDENCIES_BY_RELEASE",
-           "absent_modules", "deps_dir", "ensure_test_dependencies", "installed_vllm", "missing_dependencies",
+           "absent_modules", "deps_dir", "ensure_test_dependencies", "foreign_schedspec", "installed_vllm", "missing_dependencies",
            "peer_environment", "release_env_python", "release_python", "release_test_dependencies"]

@@ -12,10 +12,15 @@ default, `log` or `raise`) and SCHEDSPEC_MONITOR_VECTORS (a folder; with
 SCHEDSPEC_MONITOR_RECORD=all every checked call is written there, not only
 divergences).  In an engine
 nothing but the scheduler's own methods touches it between calls, so each call
-starts from the previous call's lifted post-state; SCHEDSPEC_MONITOR_RELIFT=1 lifts
-every pre-state afresh instead (what `install()` does, for code that edits the
-scheduler's internals by hand, such as vLLM's tests).  The process's monitor is
-`default_monitor()`; `summary()` gives its figures.
+starts from the previous call's post-state.  By default that is the spec's own,
+and after each call the monitor reads from vLLM only what the call changed
+(SCHEDSPEC_MONITOR_CHECK=incremental, monitor/incremental.py), with a full lift
+and comparison every SCHEDSPEC_MONITOR_FULL_EVERY calls (256) and before any
+divergence is reported; SCHEDSPEC_MONITOR_CHECK=full lifts and compares the
+whole post-state after every call.  SCHEDSPEC_MONITOR_RELIFT=1 lifts every
+pre-state afresh as well, with the full check (what `install()` does, for code
+that edits the scheduler's internals by hand, such as vLLM's tests).  The
+process's monitor is `default_monitor()`; `summary()` gives its figures.
 
 Importing this module imports vLLM: whichever release of spec/versions.py
 RELEASES the interpreter has (`schedspec peer-tests --version X` runs release X's
@@ -31,14 +36,14 @@ from __future__ import annotations
 import functools
 import os
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Mapping
 
 import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from .monitor import POST_ATTR, Monitor, add_request_check, finish_check, schedule_check, update_check
+from .monitor import FULL_EVERY, POST_ATTR, Monitor, add_request_check, finish_check, schedule_check, update_check
 from .replay import LOG_ATTR
 
 RELEASE = vllm.__version__  # the release shadowed here (and modelled by the spec: lift_config)
@@ -52,11 +57,24 @@ def default_monitor() -> Monitor:
     """The process's monitor, made on first use from the environment."""
     global _default
     if _default is None:
-        _default = Monitor(os.environ.get("SCHEDSPEC_MONITOR_POLICY", "count"),
-                           os.environ.get("SCHEDSPEC_MONITOR_VECTORS") or None,
-                           relift=os.environ.get("SCHEDSPEC_MONITOR_RELIFT", "0") == "1",
-                           record_all=os.environ.get("SCHEDSPEC_MONITOR_RECORD") == "all")
+        _default = monitor_from_environment(os.environ)
     return _default
+
+
+def monitor_from_environment(env: Mapping[str, str]) -> Monitor:
+    """The monitor the SCHEDSPEC_MONITOR_* variables describe (the module's docstring);
+    a bad value is a ValueError naming its variable."""
+    relift = env.get("SCHEDSPEC_MONITOR_RELIFT", "0") == "1"
+    check = env.get("SCHEDSPEC_MONITOR_CHECK", "full" if relift else "incremental")
+    every = env.get("SCHEDSPEC_MONITOR_FULL_EVERY", str(FULL_EVERY))
+    if not every.isdigit() or int(every) < 1:
+        raise ValueError(f"SCHEDSPEC_MONITOR_FULL_EVERY: {every!r} is not a whole number of calls >= 1")
+    try:
+        return Monitor(env.get("SCHEDSPEC_MONITOR_POLICY", "count"), env.get("SCHEDSPEC_MONITOR_VECTORS") or None,
+                       relift=relift, record_all=env.get("SCHEDSPEC_MONITOR_RECORD") == "all", check=check,
+                       full_every=int(every))
+    except ValueError as e:
+        raise ValueError(f"SCHEDSPEC_MONITOR_{str(e).split(':', 1)[0].upper()}:{str(e).split(':', 1)[1]}") from None
 
 
 def set_default_monitor(monitor: Monitor) -> None:
@@ -276,5 +294,5 @@ def uninstall() -> None:
 
 
 __all__ = ["GHOST_COUNTERS", "METHODS", "RELEASE", "RELEASE_ATTRIBUTES", "ShadowAsyncScheduler", "ShadowScheduler",
-           "default_monitor", "finished_requests", "ghost_preempted", "ghost_scheduled", "ghost_updated", "install",
+           "default_monitor", "finished_requests", "monitor_from_environment", "ghost_preempted", "ghost_scheduled", "ghost_updated", "install",
            "monitored", "set_default_monitor", "uninstall"]

@@ -582,7 +582,13 @@ def lift_block_pool(sched: Any, config: SchedulerConfig | None = None, like: Blo
     if k and not block_hash.keys().isdisjoint(free[:k]):
         stray = next(b for b in free[:k] if b in block_hash)
         raise LiftError(f"free block {stray} has a prefix-cache hash but sits before unhashed free blocks")
-    parts = (pool.num_gpu_blocks, tuple(free[:k]), pool.num_gpu_blocks, tuple(free[k:]), ref_cnt, block_hash,
+    # Blocks never handed out stay a range in the spec (spec/block_pool.py): the unhashed part's
+    # longest tail of consecutive ids up to the pool's last is lifted as that range, so a
+    # mostly unused pool of a million blocks is a few numbers to the spec's steps.
+    n, j = pool.num_gpu_blocks, k
+    while j and free[j - 1] == n - (k - j) - 1:
+        j -= 1
+    parts = (n, tuple(free[:j]), n - (k - j), tuple(free[k:]), ref_cnt, block_hash,
              cached, req_to_blocks, dict(manager.num_cached_block), unhashed_first)
     if like is not None:
         theirs = tuple(map(getattr, repeat(like), POOL_PARTS))
@@ -608,6 +614,12 @@ if POOL_PARTS != ("num_gpu_blocks", "free_front", "next_fresh", "free_back", "re
     raise ImportError(f"vllm_lift: the spec's BlockPool fields changed: {POOL_PARTS}")
 
 
+def held_by_spec(r: Any) -> bool:
+    """Whether vLLM request `r` is one of the spec state's requests: unfinished, or
+    finished mid-load (mark_held) or with its KV being sent (KV_SENDS_ATTR)."""
+    return not r.is_finished() or bool(r.__dict__.get(HELD_LOAD_ATTR) or r.__dict__.get(KV_SENDS_ATTR))
+
+
 def lift_state(sched: Any, config: SchedulerConfig | None = None,
                finish_order: Sequence[str] = (), like: SchedulerState | None = None) -> SchedulerState:
     """The scheduler's state.  vLLM keeps the ids finished since the last
@@ -616,10 +628,8 @@ def lift_state(sched: Any, config: SchedulerConfig | None = None,
     config = config or lift_config(sched)
     alike = like.requests if like is not None else {}
     loaded = getattr(sched, "finished_recving_kv_req_ids", None) or ()
-    # Finished requests vLLM still holds: those finished mid-load (mark_held) or whose KV is
-    # sent (KV_SENDS_ATTR) are the spec's too.
     requests = {rid: lift_request(r, config, alike.get(rid), rid in loaded) for rid, r in sched.requests.items()
-                if not r.is_finished() or r.__dict__.get(HELD_LOAD_ATTR) or r.__dict__.get(KV_SENDS_ATTR)}
+                if held_by_spec(r)}
     pool = like.block_pool if like is not None else None
     vset = sched.finished_req_ids
     finished = [rid for rid in dict.fromkeys(finish_order) if rid in vset]
@@ -744,6 +754,7 @@ def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str
     return out
 
 
-__all__ = ["HELD_LOAD_ATTR", "KV_SENDS_ATTR", "LiftError", "SHARED_REQUEST_FIELDS", "is_async", "lift_block_counts", "lift_block_pool",
-           "lift_config", "lift_output", "lift_request", "lift_state", "lift_status", "sampled_tokens",
+__all__ = ["HELD_LOAD_ATTR", "KV_SENDS_ATTR", "LiftError", "held_by_spec", "SHARED_REQUEST_FIELDS", "is_async", "lift_block_counts", "lift_block_pool",
+           "lift_config", "lift_encoder_cache", "lift_output", "lift_pause_state", "lift_prefill_cadence",
+           "lift_request", "lift_state", "lift_status", "sampled_tokens",
            "loads_in_flight", "mark_held", "waiting_order", "waiting_status"]

@@ -103,4 +103,9 @@ def python_of(release: str):
     py = env_python(release)
     if not py.exists():
         pytest.skip(f"vLLM {release} is not installed for schedspec; run `schedspec install-vllm --version {release}`")
+    from schedspec.monitor.peer_environment import foreign_schedspec
+
+    problem = foreign_schedspec(str(py))
+    if problem:  # its tests would check other code than this checkout's
+        pytest.skip(f"vLLM {release}: {problem}; run `schedspec install-vllm --version {release}` to point it here")
     return py

@@ -40,6 +40,20 @@ __all__ = ["shadow_monitor"]  # a fixture, imported for pytest
 
 STOP_TOKEN = 77
 MODES = [pytest.param(False, id="sync"), pytest.param(True, id="async")]
+# How the monitor checks each call: the whole state lifted before and after it, as
+# peer-tests runs; and what an engine runs by default, the spec's state carried and
+# only what the call changed read (monitor/incremental.py), here with a full check
+# every 7 calls so that a run has both kinds.
+CHECKS = [pytest.param({"relift": True}, id="full"),
+          pytest.param({"relift": False, "check": "incremental", "full_every": 7}, id="incremental")]
+
+
+@pytest.fixture(params=CHECKS)
+def engine_monitor(request, shadow_monitor):
+    """The default monitor (count), checking as the parameter says."""
+    mon = Monitor("count", **request.param)
+    shadow.set_default_monitor(mon)
+    return mon
 
 
 # -- a model-less executor and an EngineCore around a scheduler ------------------------
@@ -198,11 +212,11 @@ def assert_served(engine: EngineCore, results) -> None:
 
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["no_caching", "caching"])
 @pytest.mark.parametrize("async_scheduling", MODES)
-def test_engine_run_is_checked_throughout(shadow_monitor, async_scheduling, prefix_caching):
+def test_engine_run_is_checked_throughout(engine_monitor, async_scheduling, prefix_caching):
     engine = make_engine(async_scheduling, prefix_caching=prefix_caching, stop_after={"r1": 2})
     results = workload(engine)
     assert_served(engine, results)
-    stats = shadow_monitor.summary()
+    stats = engine_monitor.summary()
     assert_clean(stats)
     assert stats["outside_scope"] == {}
     calls = stats["calls"]
@@ -211,6 +225,10 @@ def test_engine_run_is_checked_throughout(shadow_monitor, async_scheduling, pref
     assert calls["schedule"]["total"] == calls["schedule"]["checked"] == executed  # one batch per schedule
     assert calls["update_from_output"]["total"] == calls["update_from_output"]["checked"] == executed
     assert calls["finish_requests"]["total"] == calls["finish_requests"]["checked"] == 2
+    if engine_monitor.check_mode == "incremental":  # most calls were checked by their reads alone
+        checked = sum(c["checked"] for c in calls.values())
+        assert stats["incremental"]["unconfirmed"] == []
+        assert checked // 7 <= stats["incremental"]["full_checks"] < checked // 3, (stats["incremental"], checked)
     ex = engine.model_executor  # the run was not a trivial one
     assert ex.preempted
     assert bool(ex.prefix_hits) == prefix_caching
@@ -223,12 +241,12 @@ LATE_LENGTH_STOP = Mutation("scheduler.check_stop", "request.num_output_tokens >
 
 
 @pytest.mark.parametrize("async_scheduling", MODES)
-def test_planted_divergence_is_counted_and_the_engine_serves_on(shadow_monitor, async_scheduling):
+def test_planted_divergence_is_counted_and_the_engine_serves_on(engine_monitor, async_scheduling):
     engine = make_engine(async_scheduling, stop_after={"r1": 2})
     with mutated([LATE_LENGTH_STOP]):
         results = workload(engine)
     assert_served(engine, results)
-    stats = shadow_monitor.summary()
+    stats = engine_monitor.summary()
     assert stats["monitor_errors"] == []
     # One divergence per request vLLM finished by length: at that update the
     # spec finishes nothing; the calls after it are judged from vLLM's state.
@@ -302,3 +320,116 @@ def test_planted_monitor_error_raises_under_policy_raise(shadow_monitor, monkeyp
     stats = shadow.default_monitor().summary()
     assert [e["call"] for e in stats["monitor_errors"]] == ["add_request", "schedule"]
     assert stats["divergences"] == []
+
+
+# -- the incremental check: what it reads, what the full check every K calls adds ----------
+
+K = 7
+
+
+def first_divergence(mon: Monitor) -> dict:
+    return first_divergence_of(mon.summary())
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_a_rule_changed_in_vllm_is_reported_by_the_incremental_check_within_k_calls(shadow_monitor, monkeypatch,
+                                                                                  async_scheduling):
+    """vLLM's KV manager planted with another free order (a request's blocks freed
+    head first, not tail first, T:603-604): the full check after every call reports
+    it at some call; the incremental check reports it there or within K calls, after
+    confirming it with a full lift, and says since when the state was carried.  In
+    this small pool its reads of the free queue's ends see the change at once: with
+    no periodic full check at all it is reported at the same call."""
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+    monkeypatch.setattr(SingleTypeKVCacheManager, "free",
+                        lambda self, rid: self.block_pool.free_blocks(self.pop_blocks_for_free(rid)))
+    first = {}
+    for name, options in (("full", {"check": "full"}), ("incremental", {"check": "incremental", "full_every": K}),
+                          ("reads only", {"check": "incremental", "full_every": 10 ** 6})):
+        mon = Monitor("count", relift=False, **options)
+        shadow.set_default_monitor(mon)
+        workload(make_engine(async_scheduling, prefix_caching=True, stop_after={"r1": 2}))
+        assert mon.summary()["monitor_errors"] == []
+        first[name] = first_divergence(mon)
+    full, inc = first["full"], first["incremental"]
+    assert full["field"].startswith("post_state.kv_cache"), full
+    assert full["call_number"] <= inc["call_number"] < full["call_number"] + K, (full, inc)
+    assert inc["last_full_check"] is not None and inc["last_full_check"] < inc["call_number"]
+    assert (first["reads only"]["call_number"], first["reads only"]["field"]) == (full["call_number"], full["field"])
+
+
+def test_a_difference_the_full_lift_does_not_confirm_is_no_divergence(shadow_monitor, monkeypatch):
+    """An incremental read that disagrees with the spec where the full lift agrees is
+    the reader's fault: counted as unconfirmed, with what it read, and never reported
+    as a divergence."""
+    from schedspec.monitor import incremental
+    from schedspec.monitor.check import Difference
+
+    real = incremental.check_delta
+    planted = []
+
+    def misread(sched, pre, post, named, gone=None):
+        difference, carried = real(sched, pre, post, named, gone)
+        if not planted and difference is None and post.running:
+            planted.append(1)
+            return Difference("post_state.running", list(post.running), ["misread"]), carried
+        return difference, carried
+    monkeypatch.setattr(incremental, "check_delta", misread)
+    mon = Monitor("count", relift=False, check="incremental", full_every=10 ** 6)
+    shadow.set_default_monitor(mon)
+    engine = make_engine(False)
+    submit(engine, "a", 20, max_tokens=3)
+    run(engine)
+    stats = mon.summary()
+    assert planted and stats["divergences"] == [] and stats["monitor_errors"] == []
+    assert [u["field"] for u in stats["incremental"]["unconfirmed"]] == ["post_state.running"]
+    assert stats["incremental"]["full_checks"] == 1
+
+
+def swap_two_free_blocks_mid_queue(engine: EngineCore) -> tuple[int, int]:
+    """Two neighbouring blocks in the middle of vLLM's free queue trade places (the
+    queue's links rewired, kv_cache_utils.py:486-505): a change at no end of it."""
+    queue = engine.scheduler.kv_cache_manager.block_pool.free_block_queue
+    b = queue.fake_free_list_head.next_free_block
+    for _ in range(queue.num_free_blocks // 2):
+        b = b.next_free_block
+    a, b = b, b.next_free_block
+    before, after = a.prev_free_block, b.next_free_block
+    before.next_free_block, b.prev_free_block, b.next_free_block = b, before, a
+    a.prev_free_block, a.next_free_block, after.prev_free_block = b, after, a
+    return a.block_id, b.block_id
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_what_the_reads_cannot_see_the_periodic_full_check_reports(shadow_monitor, async_scheduling):
+    """Two blocks swapped mid-queue in a 64-block pool: no incremental read covers
+    that part of the queue, so the monitor says nothing until its next full check,
+    within K calls, which reports it; with no full check in the run, nothing is said
+    (the limit the periodic check is there for)."""
+    seen = {}
+    for every in (K, 10 ** 6):
+        mon = Monitor("count", relift=False, check="incremental", full_every=every)
+        shadow.set_default_monitor(mon)
+        engine = make_engine(async_scheduling, prefix_caching=True, num_blocks=64)
+        for i in range(3):
+            submit(engine, f"r{i}", 20, max_tokens=12)
+        at = {}
+
+        def on_step(n):
+            if n == 3:
+                at["call"], at["blocks"] = mon.stats.call_number, swap_two_free_blocks_mid_queue(engine)
+        run(engine, on_step)
+        assert mon.summary()["monitor_errors"] == [] and at
+        seen[every] = (at, mon.summary())
+    at, stats = seen[K]
+    d = first_divergence_of(stats)
+    assert d["field"] == "post_state.kv_cache.free_queue", d
+    assert at["call"] < d["call_number"] <= at["call"] + K, (at, d)
+    assert seen[10 ** 6][1]["divergences"] == []
+    assert seen[10 ** 6][1]["incremental"]["full_checks"] == 0
+
+
+def first_divergence_of(stats: dict) -> dict:
+    assert stats["divergences"], "no divergence reported"
+    return stats["divergences"][0]

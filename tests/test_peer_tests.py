@@ -714,3 +714,24 @@ def test_real_run_of_a_few_vllm_scheduler_tests(tmp_path):
         assert row["calls_total"] > 0, row
         assert table["exit_status"] == 0, peer_report.format_table(table)
         assert row["shadow"]["passed"] == row["collected"]
+
+
+def test_a_release_environment_running_another_schedspec_is_refused(tmp_path, monkeypatch):
+    """A release environment whose schedspec is another checkout's (or gone) would run
+    other code than this one without a word: `peer-tests --version X` refuses it in one
+    line naming the fix, and this interpreter passes."""
+    assert peer_environment.foreign_schedspec(sys.executable) is None
+    elsewhere, gone = tmp_path / "elsewhere", tmp_path / "gone"
+    elsewhere.write_text("#!/bin/sh\necho /some/other/clone/cli/package\n")
+    gone.write_text("#!/bin/sh\necho 'ModuleNotFoundError: schedspec' >&2\nexit 1\n")
+    for script in (elsewhere, gone):
+        script.chmod(0o755)
+    assert "runs schedspec from /some/other/clone/cli/package, not this one" in \
+        peer_environment.foreign_schedspec(str(elsewhere))
+    assert "cannot import schedspec" in peer_environment.foreign_schedspec(str(gone))
+    monkeypatch.setattr(peer_environment, "installed_vllm", lambda: None)
+    monkeypatch.setattr(peer_environment, "release_env_python", lambda version: elsewhere)
+    with pytest.raises(UsageError, match=r"--version 0\.30\.0: .* runs schedspec from .*install-vllm --version 0\.30\.0") \
+            as e:
+        peer_environment.release_python("0.30.0")
+    one_line(e)
