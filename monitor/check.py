@@ -221,10 +221,17 @@ def same_kv(a: Any, b: Any) -> bool:
 
 
 def same_free_queue(a: BlockPool, b: BlockPool) -> bool:
-    """The free queues in pop order, without building them when the parts agree."""
-    if a.next_fresh == b.next_fresh and _same(a.free_front, b.free_front) and _same(a.free_back, b.free_back):
-        return True
-    return a.free_queue() == b.free_queue()
+    """The free queues in pop order, without building them: the parts agree, or the
+    never-used range of one starts later and its front holds the other's front and
+    then the ids up to that start (a lifted pool keeps the longest range it can,
+    vllm_lift.lift_block_pool; the spec's keeps a freed block in front of its range)."""
+    if a.num_gpu_blocks != b.num_gpu_blocks or not _same(a.free_back, b.free_back):
+        return a.free_queue() == b.free_queue()
+    if a.next_fresh > b.next_fresh:
+        a, b = b, a
+    front = a.free_front
+    return len(b.free_front) == len(front) + b.next_fresh - a.next_fresh and b.free_front[:len(front)] == front \
+        and tuple(b.free_front[len(front):]) == tuple(range(a.next_fresh, b.next_fresh))
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -139,9 +139,9 @@ def kv_difference(sched: Any, pre: SchedulerState, post: SchedulerState, ids: li
                 return Difference(f"post_state.kv_cache.req_to_num_blocks.{rid}", spec.req_to_num_blocks.get(rid, 0), n)
         return None
     (manager,) = managers  # the full lift refuses several groups before any call is carried
-    before = pre.kv_cache.req_to_blocks if isinstance(pre.kv_cache, BlockPool) else {}
+    before = pre.kv_cache if isinstance(pre.kv_cache, BlockPool) else None
     for rid in ids:
-        difference = table_difference(manager, before.get(rid, ()), spec, rid)
+        difference = table_difference(manager, before, spec, rid)
         if difference is not None:
             return difference
     entries = len(pool.cached_block_hash_to_block._cache)  # noqa: SLF001 - one entry per hash, as the spec's map
@@ -155,33 +155,40 @@ def kv_difference(sched: Any, pre: SchedulerState, post: SchedulerState, ids: li
     return None
 
 
-def table_difference(manager: Any, before: tuple[int, ...], spec: BlockPool, rid: str) -> Difference | None:
-    """Request `rid`'s block table: its length, the blocks it gained in the call
-    (ids, reference counts, hashes), its count of cached blocks."""
+def table_difference(manager: Any, pre: BlockPool | None, spec: BlockPool, rid: str) -> Difference | None:
+    """Request `rid`'s block table: its length, the blocks it gained in the call (ids,
+    reference counts), its count of cached blocks, and the hash of each block the call
+    gained or cached."""
     blocks = manager.req_to_blocks.get(rid) or ()
     mine = spec.req_to_blocks.get(rid, ())
     where = f"post_state.kv_cache.req_to_blocks.{rid}"
     if len(blocks) != len(mine):
         return Difference(where, list(mine), list(map(_block_id, blocks)))
+    before = pre.req_to_blocks.get(rid, ()) if pre is not None else ()
     # A table only grows until it is freed whole (T:596-604): blocks it held before keep their place.
-    start = len(before) if len(before) <= len(mine) and mine[:len(before)] == before else 0
-    new = blocks[start:]
-    ids = tuple(map(_block_id, new))
-    if ids != mine[start:]:
-        return Difference(where, list(mine), list(map(_block_id, blocks)))
-    counts = list(map(_ref_cnt, new))
-    if counts != list(map(spec.ref_cnt.get, ids)):
-        return Difference("post_state.kv_cache.ref_cnt", dict(zip(ids, map(spec.ref_cnt.get, ids))),
-                          dict(zip(ids, counts)))
+    kept = len(before) <= len(mine) and (mine is before or mine[:len(before)] == before)
+    start = len(before) if kept else 0
+    if start < len(mine):
+        new = blocks[start:]
+        ids = tuple(map(_block_id, new))
+        if ids != mine[start:]:
+            return Difference(where, list(mine), list(map(_block_id, blocks)))
+        counts = list(map(_ref_cnt, new))
+        if counts != list(map(spec.ref_cnt.get, ids)):
+            return Difference("post_state.kv_cache.ref_cnt", dict(zip(ids, map(spec.ref_cnt.get, ids))),
+                              dict(zip(ids, counts)))
     cached = manager.num_cached_block.get(rid, 0) if blocks else 0
-    if cached != (spec.num_cached_block.get(rid, 0) if mine else 0):
-        return Difference(f"post_state.kv_cache.num_cached_block.{rid}", spec.num_cached_block.get(rid, 0), cached)
-    for i, b in enumerate(new, start):  # a hash a gained block carries, vLLM's key without its group id
-        key = b.block_hash
-        h = spec.block_hash.get(mine[i])
-        if (key[:-4] if key is not None else None) != h:
-            return Difference(f"post_state.kv_cache.block_hash.{mine[i]}", jsonable(h),
-                              jsonable(key[:-4] if key is not None else None))
+    spec_cached = spec.num_cached_block.get(rid, 0) if mine else 0
+    if cached != spec_cached:
+        return Difference(f"post_state.kv_cache.num_cached_block.{rid}", spec_cached, cached)
+    # Hashes the call may have set: on the blocks cached since (a held block gains its hash
+    # when it fills, T:482-546) and on those it gained.
+    since = min(pre.num_cached_block.get(rid, 0) if kept and pre is not None else 0, start)
+    for i in range(since, len(mine)):
+        key = blocks[i].block_hash
+        theirs, h = (key[:-4] if key is not None else None), spec.block_hash.get(mine[i])
+        if theirs != h:
+            return Difference(f"post_state.kv_cache.block_hash.{mine[i]}", jsonable(h), jsonable(theirs))
     return None
 
 

@@ -269,3 +269,19 @@ def test_the_lift_check_catches_a_broken_lift(vllm, monkeypatch):
                         lambda sched: (lambda c: BlockCounts(c.num_free_blocks - 1, c.req_to_num_blocks))(real(sched)))
     with pytest.raises(AssertionError, match="lift\\(vLLM\\) differs from the spec"):
         campaign(Both(vllm), n=5)
+
+
+def test_free_queues_compare_by_pop_order_whatever_the_split():
+    """A lifted pool keeps the longest never-used range it can; the spec's keeps a
+    freed block in front of its range: the same queue either way, and a queue that
+    differs anywhere, in the front, the range or the back, is not the same."""
+    from schedspec.monitor.check import same_free_queue
+
+    spec = BlockPool(10, free_front=(3, 4), next_fresh=5, free_back=(1,))
+    lifted = BlockPool(10, free_front=(3,), next_fresh=4, free_back=(1,))
+    assert spec.free_queue() == lifted.free_queue() and same_free_queue(spec, lifted) and same_free_queue(lifted, spec)
+    for other in (BlockPool(10, free_front=(2,), next_fresh=4, free_back=(1,)),
+                  BlockPool(10, free_front=(3,), next_fresh=5, free_back=(1,)),
+                  BlockPool(10, free_front=(3,), next_fresh=4, free_back=(2,)),
+                  BlockPool(10, free_front=(4, 3), next_fresh=5, free_back=(1,))):
+        assert spec.free_queue() != other.free_queue() and not same_free_queue(spec, other), other
