@@ -585,9 +585,18 @@ def lift_block_pool(sched: Any, config: SchedulerConfig | None = None, like: Blo
     # Blocks never handed out stay a range in the spec (spec/block_pool.py): the unhashed part's
     # longest tail of consecutive ids up to the pool's last is lifted as that range, so a
     # mostly unused pool of a million blocks is a few numbers to the spec's steps.
-    n, j = pool.num_gpu_blocks, k
-    while j and free[j - 1] == n - (k - j) - 1:
-        j -= 1
+    # Which blocks sit where such a run ending at the last id would put them: one pass of
+    # map() in C, then the trailing matches counted in C (a loop in Python cost as much as
+    # the walk).
+    n, run = pool.num_gpu_blocks, 0
+    if k and free[k - 1] == n - 1:
+        placed = list(map(eq, reversed(free), range(n - 1, n - k - 1, -1))) if k == len(free) else \
+            list(map(eq, reversed(free[:k]), range(n - 1, n - k - 1, -1)))
+        try:
+            run = placed.index(False)
+        except ValueError:
+            run = k
+    j = k - run
     parts = (n, tuple(free[:j]), n - (k - j), tuple(free[k:]), ref_cnt, block_hash,
              cached, req_to_blocks, dict(manager.num_cached_block), unhashed_first)
     if like is not None:
