@@ -32,13 +32,15 @@ then models X.  The report's "vllm_version" is the release the session ran.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import json
 import os
 import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -85,9 +87,41 @@ def pytest_load_initial_conftests(early_config) -> None:
 
         select_cpu_platform(version)
     if version in RELEASES and release_key(version) >= release_key(TRITON_CHECKED_SINCE):
-        from schedspec.reference.vllm_adapter import bridge_cpu_platform_check
+        # When vLLM's CPU platform is first imported, not now: importing it takes torch
+        # (1.6 s), which a session that never imports vLLM need not pay.
+        when_imported("vllm.platforms.cpu", bridge_triton_check)
 
-        bridge_cpu_platform_check()
+
+def bridge_triton_check(_module: Any) -> None:
+    from schedspec.reference.vllm_adapter import bridge_cpu_platform_check
+
+    bridge_cpu_platform_check()
+
+
+def when_imported(name: str, action: Callable[[Any], None]) -> None:
+    """Run `action(module)` as soon as module `name` is imported: now if it is, else
+    right after its code has run, before whatever imported it goes on."""
+    if name in sys.modules:
+        action(sys.modules[name])
+        return
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)  # once: the module's own finders find it
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                action(module)
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Finder())
 
 
 def pytest_configure(config) -> None:

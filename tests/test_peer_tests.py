@@ -10,6 +10,7 @@ import io
 import json
 import os
 import sys
+import subprocess
 import tarfile
 import types
 from pathlib import Path
@@ -492,6 +493,11 @@ sys.modules["schedspec.monitor.shadow"] = module
 '''
 
 
+# The fake sessions load none of the plugins this interpreter's packages bring (vLLM's tests
+# may use them; these do not): Hypothesis's alone takes 0.7 s to import, in each session.
+QUIET_SESSION = ("-p", "no:hypothesispytest", "-p", "no:anyio", "-p", "no:xdist", "-p", "no:xdist.looponfail")
+
+
 def test_run_pytest_plain_and_shadowed_builds_the_table(tmp_path, fake_sdist):
     files = {**FAKE_FILES, "tests/v1/core/test_b.py":
              "import os\n\ndef test_only_plain():\n    assert os.environ.get('STAND_IN_SHADOW') != '1'\n\n"
@@ -505,7 +511,7 @@ def test_run_pytest_plain_and_shadowed_builds_the_table(tmp_path, fake_sdist):
     env.pop("STAND_IN_SHADOW", None)
     targets = peer_extract.resolve_targets(tree, None, True)
     run_dir = peer_run.new_run_dir(root)
-    extra = ["-p", "stand_in_shadow"]
+    extra = ["-p", "stand_in_shadow", *QUIET_SESSION]
     plain = peer_run.run_pytest(tree, targets, run_dir, env, plain=True, extra_args=extra, show_progress=False)
     shadow = peer_run.run_pytest(tree, targets, run_dir, env, plain=False, vectors_dir=tmp_path / "v",
                            extra_args=extra, show_progress=False)
@@ -557,7 +563,7 @@ def fake_peer_run(tmp_path, fake_sdist, monkeypatch):
         for module in peer_environment.TEST_DEPENDENCIES:  # nothing to install: the fake tests import none of them
             (cache / "deps" / module).mkdir(parents=True)
         return peer_tests.run_peer_tests(peer_tests.PeerTestOptions(all_files=True, sdist=str(fake_sdist), cache=str(cache),
-                                                    extra_pytest_args=("-p", "stand_in_shadow"), **options),
+                                                    extra_pytest_args=("-p", "stand_in_shadow", *QUIET_SESSION), **options),
                                  show_progress=False)
     return run
 
@@ -735,3 +741,29 @@ def test_a_release_environment_running_another_schedspec_is_refused(tmp_path, mo
             as e:
         peer_environment.release_python("0.30.0")
     one_line(e)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (schedspec install-vllm)")
+def test_the_plugin_bridges_vllms_cpu_platform_when_it_is_imported(tmp_path):
+    """The plugin's Triton bridge (0.34.0) is made when vLLM's CPU platform is first
+    imported, not at the session's start: a session that never imports vLLM does
+    not pay torch's import, and one that does finds the platform bridged."""
+    from schedspec.monitor.peer_environment import installed_vllm
+    from schedspec.reference.vllm_adapter import TRITON_CHECKED_SINCE
+    from schedspec.spec.versions import release_key
+
+    bridged = release_key(installed_vllm()) >= release_key(TRITON_CHECKED_SINCE)
+    (tmp_path / "test_order.py").write_text(
+        "import sys\n\n"
+        "def test_vllm_not_imported_by_the_plugin():\n"
+        "    assert 'vllm.platforms.cpu' not in sys.modules and 'torch' not in sys.modules\n\n"
+        "def test_bridged_once_imported():\n"
+        "    from vllm.platforms.cpu import CpuPlatform\n"
+        "    hook = CpuPlatform.__dict__['check_and_update_config'].__func__\n"
+        f"    assert getattr(hook, 'schedspec_bridge', False) is {bridged}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "schedspec.monitor.pytest_plugin",
+                        "--schedspec-plain", "-p", "no:cacheprovider", *QUIET_SESSION, "test_order.py"],
+                       cwd=tmp_path, env={**env, "VLLM_TARGET_DEVICE": "cpu"}, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "2 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
