@@ -50,11 +50,12 @@ def touched_ids(pre: SchedulerState, post: SchedulerState, named: Iterable[str])
     """The requests to read: those the call named, those whose spec value changed
     (a new object: the spec builds a new Request for every change), those it removed."""
     out = dict.fromkeys(named)
-    before = pre.requests
+    before, added = pre.requests, 0
     for rid, r in post.requests.items():
         if before.get(rid) is not r:
             out[rid] = None
-    if len(before) + len(out) > len(post.requests):  # some request left the spec's state
+            added += rid not in before
+    if len(before) + added > len(post.requests):  # some request left the spec's state
         out.update(dict.fromkeys(rid for rid in before if rid not in post.requests))
     return list(out)
 

@@ -285,3 +285,19 @@ def test_free_queues_compare_by_pop_order_whatever_the_split():
                   BlockPool(10, free_front=(3,), next_fresh=4, free_back=(2,)),
                   BlockPool(10, free_front=(4, 3), next_fresh=5, free_back=(1,))):
         assert spec.free_queue() != other.free_queue() and not same_free_queue(spec, other), other
+
+
+def test_the_incremental_check_reads_the_named_changed_added_and_removed_requests():
+    """What a call touched, as the incremental check reads it: the ids vLLM's answer
+    names, the requests whose spec value is a new object, those added, those removed;
+    an unchanged request (the same object) is not read."""
+    from types import SimpleNamespace
+
+    from schedspec.monitor.incremental import touched_ids
+
+    a, b, b2, c, d = (object() for _ in range(5))
+    pre = SimpleNamespace(requests={"a": a, "b": b, "c": c})
+    post = SimpleNamespace(requests={"a": a, "b": b2, "d": d})
+    assert touched_ids(pre, post, ["x", "b"]) == ["x", "b", "d", "c"]
+    assert touched_ids(pre, SimpleNamespace(requests=dict(pre.requests)), []) == []
+    assert touched_ids(pre, SimpleNamespace(requests={"a": a, "b": b}), []) == ["c"]
