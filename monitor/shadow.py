@@ -73,8 +73,13 @@ def monitor_from_environment(env: Mapping[str, str]) -> Monitor:
         return Monitor(env.get("SCHEDSPEC_MONITOR_POLICY", "count"), env.get("SCHEDSPEC_MONITOR_VECTORS") or None,
                        relift=relift, record_all=env.get("SCHEDSPEC_MONITOR_RECORD") == "all", check=check,
                        full_every=int(every))
-    except ValueError as e:
-        raise ValueError(f"SCHEDSPEC_MONITOR_{str(e).split(':', 1)[0].upper()}:{str(e).split(':', 1)[1]}") from None
+    except ValueError as e:  # the Monitor's own message names its argument: named here by its variable
+        argument, _, why = str(e).partition(":")
+        raise ValueError(f"{ENV_OF.get(argument, argument)}:{why}") from None
+
+
+ENV_OF = {"policy": "SCHEDSPEC_MONITOR_POLICY", "check": "SCHEDSPEC_MONITOR_CHECK",
+          "full_every": "SCHEDSPEC_MONITOR_FULL_EVERY", "record_all": "SCHEDSPEC_MONITOR_RECORD"}
 
 
 def set_default_monitor(monitor: Monitor) -> None:
@@ -294,5 +299,5 @@ def uninstall() -> None:
 
 
 __all__ = ["GHOST_COUNTERS", "METHODS", "RELEASE", "RELEASE_ATTRIBUTES", "ShadowAsyncScheduler", "ShadowScheduler",
-           "default_monitor", "finished_requests", "monitor_from_environment", "ghost_preempted", "ghost_scheduled", "ghost_updated", "install",
+           "ENV_OF", "default_monitor", "finished_requests", "monitor_from_environment", "ghost_preempted", "ghost_scheduled", "ghost_updated", "install",
            "monitored", "set_default_monitor", "uninstall"]

@@ -433,3 +433,25 @@ def test_what_the_reads_cannot_see_the_periodic_full_check_reports(shadow_monito
 def first_divergence_of(stats: dict) -> dict:
     assert stats["divergences"], "no divergence reported"
     return stats["divergences"][0]
+
+
+def test_the_environment_chooses_the_check_and_a_bad_value_names_its_variable():
+    """An engine's monitor comes from SCHEDSPEC_MONITOR_*: incremental by default, full
+    when asked or when every pre-state is relifted; a bad value is one line naming
+    the variable."""
+    from schedspec.monitor.shadow import monitor_from_environment
+
+    assert (monitor_from_environment({}).check_mode, monitor_from_environment({}).full_every) == ("incremental", 256)
+    assert monitor_from_environment({"SCHEDSPEC_MONITOR_CHECK": "full"}).check_mode == "full"
+    assert monitor_from_environment({"SCHEDSPEC_MONITOR_RELIFT": "1"}).check_mode == "full"
+    assert monitor_from_environment({"SCHEDSPEC_MONITOR_FULL_EVERY": "9"}).full_every == 9
+    for env, variable in (({"SCHEDSPEC_MONITOR_CHECK": "fast"}, "SCHEDSPEC_MONITOR_CHECK"),
+                          ({"SCHEDSPEC_MONITOR_RELIFT": "1", "SCHEDSPEC_MONITOR_CHECK": "incremental"},
+                           "SCHEDSPEC_MONITOR_CHECK"),
+                          ({"SCHEDSPEC_MONITOR_FULL_EVERY": "0"}, "SCHEDSPEC_MONITOR_FULL_EVERY"),
+                          ({"SCHEDSPEC_MONITOR_FULL_EVERY": "x"}, "SCHEDSPEC_MONITOR_FULL_EVERY"),
+                          ({"SCHEDSPEC_MONITOR_POLICY": "shout"}, "SCHEDSPEC_MONITOR_POLICY"),
+                          ({"SCHEDSPEC_MONITOR_RECORD": "all"}, "SCHEDSPEC_MONITOR_RECORD")):
+        with pytest.raises(ValueError) as e:
+            monitor_from_environment(env)
+        assert str(e.value).startswith(f"{variable}: ") and "\n" not in str(e.value), (env, str(e.value))
