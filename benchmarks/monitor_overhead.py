@@ -1,19 +1,22 @@
 """The runtime monitor's cost: a shadowed vLLM scheduler's step time against plain vLLM's.
 
-Two vLLM 0.33.0 schedulers in one process, built the same way
+Two schedulers of the installed vLLM in one process, built the same way
 (benchmarks/spec_vs_vllm.py `VllmSide`), get the same N requests; one is made a
-`ShadowScheduler` / `ShadowAsyncScheduler` (monitor/shadow.py), so each
-of its calls is lifted, replayed on the spec and compared.  Both are stepped until
-every request is a running decode, then K steps are timed on each, alternating
-step by step (and which goes first) to spread machine noise over both.  Each
-point is measured twice: with the monitor as a live engine runs it (each call
-starts from the previous call's lifted post-state) and lifting every pre-state
-afresh (as `peer-tests` runs it, SCHEDSPEC_MONITOR_RELIFT=1).  One step
-= schedule() + update_from_output(); under async scheduling EngineCore's loop with
-two batches in flight, as in spec_vs_vllm.py.
+`ShadowScheduler` / `ShadowAsyncScheduler` (monitor/shadow.py), so each of its
+calls is checked against the spec.  Both are stepped until every request is a
+running decode, then K steps are timed on each, alternating step by step (and
+which goes first) to spread machine noise over both.  Each point is measured
+once per check (`--checks`): incremental (a live engine's default: the spec's
+state carried, what each call changed read from vLLM, a full check every
+`--full-every` calls, whose own cost is timed apart and reported beside), full
+(the whole post-state lifted after every call) and relift (every pre-state
+lifted afresh too, as `peer-tests` runs it).  One step = schedule() +
+update_from_output(); under async scheduling EngineCore's loop with two batches
+in flight, as in spec_vs_vllm.py.
 
 The comparison is void unless the monitor checked every timed call of the
-shadowed side with no divergence and no monitor error: the script stops otherwise.
+shadowed side with no divergence, no monitor error and no unconfirmed incremental
+difference: the script stops otherwise.
 
 Steps are timed by the wall clock; on a loaded machine (more runnable processes
 than cores) a long step is more often descheduled part-way than a short one,
@@ -25,6 +28,7 @@ accrue.
     python benchmarks/monitor_overhead.py --n 100 --modes off,prefix,async --steps 100 --json out.json
     python benchmarks/monitor_overhead.py --n 1000 --steps 20 --clock cpu
     python benchmarks/monitor_overhead.py --n 10 --blocks 100000 --clock cpu   # a GPU-sized pool
+    python benchmarks/monitor_overhead.py --modes async --checks incremental --full-every 1024
 
 Progress goes to stderr, the markdown table to stdout.  A script, not a test.
 """
