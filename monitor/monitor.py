@@ -3,9 +3,14 @@
 Transition checking, not mirroring.  For each call the monitor lifts vLLM's
 state before it (reference/vllm_lift.py), lets vLLM make the call, runs the
 spec's call on the lifted pre-state, and compares the two answers and the two
-post-states (check.py).  Nothing is carried from one call to the next, so a
-test that changes the scheduler's internals by hand between calls cannot put
-the monitor out of step: the next call is judged from what vLLM then holds.
+post-states (check.py).  With relift (peer-tests) nothing is carried from one
+call to the next, so a test that changes the scheduler's internals by hand
+between calls cannot put the monitor out of step: the next call is judged from
+what vLLM then holds.  In an engine (relift off) a call starts from the last
+one's post-state: the lifted one under the full check, the spec's own under the
+incremental check, which reads from vLLM only what the call changed
+(incremental.py) and compares in full every `full_every` calls and before
+reporting anything (`Monitor.post_difference`).
 
 Every call ends in exactly one of: *checked* (and maybe a divergence),
 *outside scope* (a feature the spec does not model, named, scope.py; a KV
