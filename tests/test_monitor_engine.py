@@ -455,3 +455,28 @@ def test_the_environment_chooses_the_check_and_a_bad_value_names_its_variable():
         with pytest.raises(ValueError) as e:
             monitor_from_environment(env)
         assert str(e.value).startswith(f"{variable}: ") and "\n" not in str(e.value), (env, str(e.value))
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_a_prompt_that_repeats_generated_tokens_hits_them_under_the_incremental_check(shadow_monitor,
+                                                                                       async_scheduling):
+    """A second turn: request b's prompt is a's prompt and the tokens a generated.  The
+    blocks a filled with generated tokens were hashed by the spec in the carried state
+    (its hash, not vLLM's) and renamed to vLLM's after the call: b's prefix hit covers
+    them on both sides, with no full check in the run to put the state right.  (Carried
+    without the renaming, the spec finds no such hit: this test fails.)"""
+    mon = Monitor("count", relift=False, check="incremental", full_every=10 ** 6)
+    shadow.set_default_monitor(mon)
+    engine = make_engine(async_scheduling, prefix_caching=True, num_blocks=40)
+    first = prompt(20)
+    submit(engine, "a", 20, max_tokens=30, tokens=first)
+    run(engine)
+    generated = [100] * 30  # FakeExecutor samples token 100
+    submit(engine, "b", 50, max_tokens=2, tokens=first + generated)
+    run(engine)
+    stats = mon.summary()
+    assert_clean(stats)
+    assert stats["incremental"] == {"full_checks": 0, "unconfirmed": []}
+    # b's hit reaches past a's prompt (20 tokens) into the blocks a filled with its outputs.
+    assert engine.model_executor.prefix_hits["b"] >= 3 * engine.scheduler.block_size > len(first), \
+        engine.model_executor.prefix_hits
