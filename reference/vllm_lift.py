@@ -108,11 +108,25 @@ def lift_config(sched: Any) -> SchedulerConfig:
         # KV cache manager was built with it (S:356).  Bridge: 0.33.0 names it so.
         use_eagle_block_drop=bool(getattr(sched, "use_eagle_block_drop", False)),
         # Encoder inputs: the budget and the cache the scheduler was built with (S:282-295).
-        max_num_encoder_input_tokens=getattr(sched, "max_num_encoder_input_tokens", 0),
-        encoder_cache_size=getattr(getattr(sched, "encoder_cache_manager", None), "cache_size", 0),
+        **encoder_budget(sched),
         disable_chunked_mm_input=bool(getattr(sc, "disable_chunked_mm_input", False)),
         vllm_version=spec_release(),
     )
+
+
+def encoder_budget(sched: Any) -> dict[str, int | None]:
+    """The scheduler's encoder budget and cache capacity, as the spec's config holds them.
+    A model with no multimodal input gets no budget: vLLM builds its scheduler with 0 for
+    both (S:282-285), where the spec's config holds None, the default (it admits no 0).
+    No request of such a model carries an encoder input (its input processor refuses
+    one), so neither value decides anything there.  A multimodal model's values, 0
+    included, are lifted as they are."""
+    budget = getattr(sched, "max_num_encoder_input_tokens", 0)
+    capacity = getattr(getattr(sched, "encoder_cache_manager", None), "cache_size", 0)
+    model = getattr(getattr(sched, "vllm_config", None), "model_config", None)
+    if budget == capacity == 0 and not getattr(model, "is_multimodal_model", False):
+        return {"max_num_encoder_input_tokens": None, "encoder_cache_size": None}
+    return {"max_num_encoder_input_tokens": budget, "encoder_cache_size": capacity}
 
 
 # Set by `schedspec keep-up X --against Y` in the processes that run vLLM X: states and
@@ -764,6 +778,6 @@ def sampled_tokens(model_runner_output: Any, req_ids: Iterable[str]) -> dict[str
 
 
 __all__ = ["HELD_LOAD_ATTR", "KV_SENDS_ATTR", "LiftError", "held_by_spec", "SHARED_REQUEST_FIELDS", "is_async", "lift_block_counts", "lift_block_pool",
-           "lift_config", "lift_encoder_cache", "lift_output", "lift_pause_state", "lift_prefill_cadence",
+           "encoder_budget", "lift_config", "lift_encoder_cache", "lift_output", "lift_pause_state", "lift_prefill_cadence",
            "lift_request", "lift_state", "lift_status", "sampled_tokens",
            "loads_in_flight", "mark_held", "waiting_order", "waiting_status"]

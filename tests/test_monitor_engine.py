@@ -480,3 +480,33 @@ def test_a_prompt_that_repeats_generated_tokens_hits_them_under_the_incremental_
     # b's hit reaches past a's prompt (20 tokens) into the blocks a filled with its outputs.
     assert engine.model_executor.prefix_hits["b"] >= 3 * engine.scheduler.block_size > len(first), \
         engine.model_executor.prefix_hits
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_incremental_divergences_and_recorded_calls_are_vectors_that_replay(shadow_monitor, tmp_path,
+                                                                            async_scheduling):
+    """Under the incremental check a call's pre-state is the spec's carried one: written
+    as a state vector it is still one the published format accepts, whose expected
+    answer the (mutated) spec gives again, and every call recorded replays on the spec."""
+    from schedspec.reference.impl import SpecScheduler
+    from schedspec.reference.state_json import state_from_json
+    from schedspec.reference.vectors import apply_call, check_vector, read_vector
+
+    mon = Monitor("count", tmp_path / "div", relift=False, check="incremental", full_every=K)
+    shadow.set_default_monitor(mon)
+    with mutated([LATE_LENGTH_STOP]):
+        workload(make_engine(async_scheduling, prefix_caching=True, stop_after={"r1": 2}))
+    divergences = mon.summary()["divergences"]
+    assert divergences and all(d["vector"] and d["last_full_check"] is not None for d in divergences)
+    with mutated([LATE_LENGTH_STOP]):
+        for d in divergences:
+            v = read_vector(d["vector"])
+            assert apply_call(state_from_json(v["pre_state"]), v["call"])[0] == v["expected"]
+    mon = Monitor("count", tmp_path / "all", relift=False, check="incremental", full_every=K, record_all=True)
+    shadow.set_default_monitor(mon)
+    workload(make_engine(async_scheduling, prefix_caching=True, stop_after={"r1": 2}))
+    files = sorted((tmp_path / "all").glob("*.json"))
+    assert len(files) == sum(c["checked"] for c in mon.summary()["calls"].values()) > 30
+    spec = SpecScheduler()
+    for f in files:
+        assert check_vector(read_vector(f), spec) == [], f
