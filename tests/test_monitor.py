@@ -301,3 +301,21 @@ def test_the_incremental_check_reads_the_named_changed_added_and_removed_request
     assert touched_ids(pre, post, ["x", "b"]) == ["x", "b", "d", "c"]
     assert touched_ids(pre, SimpleNamespace(requests=dict(pre.requests)), []) == []
     assert touched_ids(pre, SimpleNamespace(requests={"a": a, "b": b}), []) == ["c"]
+
+
+def test_a_text_only_engine_lifts_its_encoder_budget_as_the_default():
+    """vLLM builds a text-only model's scheduler with an encoder budget and cache of 0
+    (S:282-285), which the spec's config does not admit: lifted as None, the default,
+    so a state vector the monitor writes from such an engine reads back.  A multimodal
+    model's values are kept as they are, 0 included."""
+    from types import SimpleNamespace
+
+    from schedspec.reference.vllm_lift import encoder_budget
+
+    def sched(budget, capacity, multimodal):
+        return SimpleNamespace(max_num_encoder_input_tokens=budget,
+                               encoder_cache_manager=SimpleNamespace(cache_size=capacity),
+                               vllm_config=SimpleNamespace(model_config=SimpleNamespace(is_multimodal_model=multimodal)))
+    assert encoder_budget(sched(0, 0, False)) == {"max_num_encoder_input_tokens": None, "encoder_cache_size": None}
+    assert encoder_budget(sched(0, 0, True)) == {"max_num_encoder_input_tokens": 0, "encoder_cache_size": 0}
+    assert encoder_budget(sched(64, 128, True)) == {"max_num_encoder_input_tokens": 64, "encoder_cache_size": 128}
