@@ -20,6 +20,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from schedspec.monitor.peer_environment import imported_schedspec
 from schedspec.reference.errors import UsageError
 from schedspec.spec.versions import DEFAULT_RELEASE, RELEASES
 
@@ -50,13 +51,6 @@ def runtime_requirements() -> list[str]:
     """This schedspec's own requirements, without those of its extras."""
     requires = importlib.metadata.requires("schedspec") or []
     return [r.split(";")[0].strip() for r in requires if not re.search(r"extra\s*==", r)]
-
-
-def imported_schedspec(py: Path) -> str | None:
-    """The real path of the schedspec `py` imports, or None."""
-    p = subprocess.run([str(py), "-c", "import os, schedspec; print(os.path.realpath(schedspec.__file__))"],
-                       capture_output=True, text=True)
-    return p.stdout.strip() if p.returncode == 0 else None
 
 
 def install_schedspec_into(py: Path, env: Path) -> None:

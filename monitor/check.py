@@ -152,19 +152,9 @@ def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerSta
     if isinstance(rename, Difference):
         return rename
     spec = renamed(spec, rename)
-    for name in ("running", "waiting"):
-        if getattr(spec, name) != getattr(vllm, name):
-            return Difference(f"post_state.{name}", list(getattr(spec, name)), list(getattr(vllm, name)))
-    if set(spec.finished_req_ids) != set(vllm.finished_req_ids):
-        return Difference("post_state.finished_req_ids", sorted(spec.finished_req_ids), sorted(vllm.finished_req_ids))
-    if spec.pause_state != vllm.pause_state:
-        return Difference("post_state.pause_state", spec.pause_state, vllm.pause_state)
-    if spec.prefill_cadence != vllm.prefill_cadence:
-        return first_difference("post_state.prefill_cadence", cadence_fields(spec.prefill_cadence),
-                                cadence_fields(vllm.prefill_cadence))
-    if set(spec.grammar_compile_error_reqs) != set(vllm.grammar_compile_error_reqs):
-        return Difference("post_state.grammar_compile_error_reqs", sorted(spec.grammar_compile_error_reqs),
-                          sorted(vllm.grammar_compile_error_reqs))
+    difference = queues_difference(spec, vllm)
+    if difference is not None:
+        return difference
     if not same_requests(spec.requests, vllm.requests):
         for rid in list(spec.requests) + [k for k in vllm.requests if k not in spec.requests]:
             a, b = spec.requests.get(rid), vllm.requests.get(rid)
@@ -179,6 +169,30 @@ def compare_states(pre: SchedulerState, spec: SchedulerState, vllm: SchedulerSta
         a, b = kv_view(spec), kv_view(vllm)
         if a != b:
             return first_difference("post_state.kv_cache", a, b)
+    return encoder_difference(spec, vllm)
+
+
+def queues_difference(spec: SchedulerState, vllm: Any) -> Difference | None:
+    """The queues, the finished set, the pause state, the prefill cadence and the
+    grammar errors: `vllm` is a lifted state, or anything with those attributes
+    (the incremental check reads them alone, incremental.py)."""
+    for name in ("running", "waiting"):
+        if getattr(spec, name) != getattr(vllm, name):
+            return Difference(f"post_state.{name}", list(getattr(spec, name)), list(getattr(vllm, name)))
+    if set(spec.finished_req_ids) != set(vllm.finished_req_ids):
+        return Difference("post_state.finished_req_ids", sorted(spec.finished_req_ids), sorted(vllm.finished_req_ids))
+    if spec.pause_state != vllm.pause_state:
+        return Difference("post_state.pause_state", spec.pause_state, vllm.pause_state)
+    if spec.prefill_cadence != vllm.prefill_cadence:
+        return first_difference("post_state.prefill_cadence", cadence_fields(spec.prefill_cadence),
+                                cadence_fields(vllm.prefill_cadence))
+    if set(spec.grammar_compile_error_reqs) != set(vllm.grammar_compile_error_reqs):
+        return Difference("post_state.grammar_compile_error_reqs", sorted(spec.grammar_compile_error_reqs),
+                          sorted(vllm.grammar_compile_error_reqs))
+    return None
+
+
+def encoder_difference(spec: SchedulerState, vllm: Any) -> Difference | None:
     if spec.encoder_cache != vllm.encoder_cache:
         return first_difference("post_state.encoder_cache", encoder_view(spec), encoder_view(vllm))
     return None
@@ -238,5 +252,6 @@ def _same(a: Any, b: Any) -> bool:
     return a is b or a == b
 
 
-__all__ = ["Difference", "compare_finished", "compare_outputs", "compare_states", "encoder_view", "first_difference",
+__all__ = ["Difference", "compare_finished", "compare_outputs", "compare_states", "encoder_difference", "encoder_view",
+           "first_difference", "queues_difference",
            "hash_renaming", "jsonable", "kv_view", "renamed"]

@@ -38,9 +38,8 @@ from schedspec.spec.block_pool import BlockPool
 from schedspec.spec.kv_cache import BlockCounts
 from schedspec.spec.state import SchedulerState
 
-from schedspec.reference.state_json import cadence_fields
-
-from .check import REQUEST_FIELDS, Difference, encoder_view, first_difference, hash_renaming, jsonable, renamed
+from . import check
+from .check import REQUEST_FIELDS, Difference, hash_renaming, jsonable, renamed
 
 FREE_ENDS = 4  # blocks read at each end of vLLM's free queue per call
 _request_id, _block_id, _ref_cnt = attrgetter("request_id"), attrgetter("block_id"), attrgetter("ref_cnt")
@@ -91,38 +90,22 @@ def check_delta(sched: Any, pre: SchedulerState, post: SchedulerState, named: It
             name = next(n for n in REQUEST_FIELDS if getattr(a, n) != getattr(b, n))
             return Difference(f"post_state.requests.{rid}.{name}", jsonable(getattr(a, name)),
                               jsonable(getattr(b, name))), post
-    difference = queues_difference(sched, carried) or kv_difference(sched, pre, carried, ids)
+    small = read_small_parts(sched, config)
+    difference = check.queues_difference(carried, small) or check.encoder_difference(carried, small) \
+        or kv_difference(sched, pre, carried, ids)
     return difference, carried
 
 
-def queues_difference(sched: Any, post: SchedulerState) -> Difference | None:
-    """The queues, the finished set and the scheduler's small state, read whole:
-    none of them is read through a request or a block."""
-    running = tuple(map(_request_id, sched.running))
-    if running != post.running:
-        return Difference("post_state.running", list(post.running), list(running))
-    waiting = vllm_lift.waiting_order(sched)
-    if waiting != post.waiting:
-        return Difference("post_state.waiting", list(post.waiting), list(waiting))
-    if set(sched.finished_req_ids) != set(post.finished_req_ids):
-        return Difference("post_state.finished_req_ids", sorted(post.finished_req_ids),
-                          sorted(sched.finished_req_ids))
-    errors = set(getattr(sched, "grammar_compile_error_reqs", None) or ())
-    if errors != set(post.grammar_compile_error_reqs):
-        return Difference("post_state.grammar_compile_error_reqs", sorted(post.grammar_compile_error_reqs),
-                          sorted(errors))
-    pause = vllm_lift.lift_pause_state(sched)
-    if pause != post.pause_state:
-        return Difference("post_state.pause_state", post.pause_state, pause)
-    cadence = vllm_lift.lift_prefill_cadence(sched, post.config)
-    if cadence != post.prefill_cadence:
-        return first_difference("post_state.prefill_cadence", cadence_fields(post.prefill_cadence),
-                                cadence_fields(cadence))
-    encoder = vllm_lift.lift_encoder_cache(sched)
-    if encoder != post.encoder_cache:
-        return first_difference("post_state.encoder_cache", encoder_view(post),
-                                encoder_view(SimpleNamespace(encoder_cache=encoder)))
-    return None
+def read_small_parts(sched: Any, config: Any) -> SimpleNamespace:
+    """vLLM's queues, finished set, small state and encoder cache, read whole (none of
+    them is read through a request or a block), as check.queues_difference and
+    check.encoder_difference compare them."""
+    return SimpleNamespace(
+        running=tuple(map(_request_id, sched.running)), waiting=vllm_lift.waiting_order(sched),
+        finished_req_ids=sched.finished_req_ids,
+        grammar_compile_error_reqs=getattr(sched, "grammar_compile_error_reqs", None) or (),
+        pause_state=vllm_lift.lift_pause_state(sched), prefill_cadence=vllm_lift.lift_prefill_cadence(sched, config),
+        encoder_cache=vllm_lift.lift_encoder_cache(sched))
 
 
 def kv_difference(sched: Any, pre: SchedulerState, post: SchedulerState, ids: list[str]) -> Difference | None:
@@ -216,5 +199,5 @@ def spec_free_ends(pool: BlockPool, k: int) -> tuple[tuple[int, ...], tuple[int,
     return head, tuple(reversed(tail))
 
 
-__all__ = ["FREE_ENDS", "check_delta", "free_queue_ends", "kv_difference", "queues_difference",
+__all__ = ["FREE_ENDS", "check_delta", "free_queue_ends", "kv_difference", "read_small_parts",
            "spec_free_ends", "table_difference", "touched_ids"]

@@ -187,6 +187,13 @@ def release_python(version: str = VLLM_VERSION) -> str:
                      f"install it with `schedspec install-vllm --version {version}`")
 
 
+def imported_schedspec(python: str | Path) -> str | None:
+    """The real path of the schedspec interpreter `python` imports, or None."""
+    p = subprocess.run([str(python), "-c", "import os, schedspec; print(os.path.realpath(schedspec.__file__))"],
+                       capture_output=True, text=True, timeout=120)
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
 _ORIGINS: dict[str, str | None] = {}  # interpreter -> foreign_schedspec's answer, asked once a process
 
 
@@ -198,13 +205,10 @@ def foreign_schedspec(python: str) -> str | None:
     if python not in _ORIGINS:
         import schedspec
 
-        ours = os.path.realpath(os.path.dirname(schedspec.__file__))
-        p = subprocess.run([python, "-c", "import os, schedspec; print(os.path.realpath(os.path.dirname("
-                                          "schedspec.__file__)))"], capture_output=True, text=True, timeout=120)
-        theirs = p.stdout.strip() if p.returncode == 0 else None
+        ours, theirs = os.path.realpath(schedspec.__file__), imported_schedspec(python)
         _ORIGINS[python] = None if theirs == ours else \
-            f"{python} runs schedspec from {theirs}, not this one ({ours})" if theirs else \
-            f"{python} cannot import schedspec (the checkout it was installed from is gone?)"
+            f"{python} runs schedspec from {os.path.dirname(theirs)}, not this one ({os.path.dirname(ours)})" \
+            if theirs else f"{python} cannot import schedspec (the checkout it was installed from is gone?)"
     return _ORIGINS[python]
 
 
@@ -230,5 +234,5 @@ def peer_environment(root: Path, hub: Path, python_path: Sequence[Path] = (),
 
 
 __all__ = ["OFFLINE_ENV", "PYTEST_DEPENDENCIES", "TEST_DEPENDENCIES", "TEST_DEPENDENCIES_BY_RELEASE",
-           "absent_modules", "deps_dir", "ensure_test_dependencies", "foreign_schedspec", "installed_vllm", "missing_dependencies",
+           "absent_modules", "deps_dir", "ensure_test_dependencies", "foreign_schedspec", "imported_schedspec", "installed_vllm", "missing_dependencies",
            "peer_environment", "release_env_python", "release_python", "release_test_dependencies"]

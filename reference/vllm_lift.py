@@ -604,8 +604,7 @@ def lift_block_pool(sched: Any, config: SchedulerConfig | None = None, like: Blo
     # the walk).
     n, run = pool.num_gpu_blocks, 0
     if k and free[k - 1] == n - 1:
-        placed = list(map(eq, reversed(free), range(n - 1, n - k - 1, -1))) if k == len(free) else \
-            list(map(eq, reversed(free[:k]), range(n - 1, n - k - 1, -1)))
+        placed = list(map(eq, reversed(free[:k]), range(n - 1, n - k - 1, -1)))
         try:
             run = placed.index(False)
         except ValueError:

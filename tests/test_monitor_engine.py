@@ -327,8 +327,9 @@ def test_planted_monitor_error_raises_under_policy_raise(shadow_monitor, monkeyp
 K = 7
 
 
-def first_divergence(mon: Monitor) -> dict:
-    return first_divergence_of(mon.summary())
+def first_divergence(stats: dict) -> dict:
+    assert stats["divergences"], "no divergence reported"
+    return stats["divergences"][0]
 
 
 @pytest.mark.parametrize("async_scheduling", MODES)
@@ -351,7 +352,7 @@ def test_a_rule_changed_in_vllm_is_reported_by_the_incremental_check_within_k_ca
         shadow.set_default_monitor(mon)
         workload(make_engine(async_scheduling, prefix_caching=True, stop_after={"r1": 2}))
         assert mon.summary()["monitor_errors"] == []
-        first[name] = first_divergence(mon)
+        first[name] = first_divergence(mon.summary())
     full, inc = first["full"], first["incremental"]
     assert full["field"].startswith("post_state.kv_cache"), full
     assert full["call_number"] <= inc["call_number"] < full["call_number"] + K, (full, inc)
@@ -423,16 +424,11 @@ def test_what_the_reads_cannot_see_the_periodic_full_check_reports(shadow_monito
         assert mon.summary()["monitor_errors"] == [] and at
         seen[every] = (at, mon.summary())
     at, stats = seen[K]
-    d = first_divergence_of(stats)
+    d = first_divergence(stats)
     assert d["field"] == "post_state.kv_cache.free_queue", d
     assert at["call"] < d["call_number"] <= at["call"] + K, (at, d)
     assert seen[10 ** 6][1]["divergences"] == []
     assert seen[10 ** 6][1]["incremental"]["full_checks"] == 0
-
-
-def first_divergence_of(stats: dict) -> dict:
-    assert stats["divergences"], "no divergence reported"
-    return stats["divergences"][0]
 
 
 def test_the_environment_chooses_the_check_and_a_bad_value_names_its_variable():

@@ -728,7 +728,7 @@ def test_a_release_environment_running_another_schedspec_is_refused(tmp_path, mo
     line naming the fix, and this interpreter passes."""
     assert peer_environment.foreign_schedspec(sys.executable) is None
     elsewhere, gone = tmp_path / "elsewhere", tmp_path / "gone"
-    elsewhere.write_text("#!/bin/sh\necho /some/other/clone/cli/package\n")
+    elsewhere.write_text("#!/bin/sh\necho /some/other/clone/cli/package/__init__.py\n")
     gone.write_text("#!/bin/sh\necho 'ModuleNotFoundError: schedspec' >&2\nexit 1\n")
     for script in (elsewhere, gone):
         script.chmod(0o755)
