@@ -506,3 +506,26 @@ def test_incremental_divergences_and_recorded_calls_are_vectors_that_replay(shad
     spec = SpecScheduler()
     for f in files:
         assert check_vector(read_vector(f), spec) == [], f
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_a_preempted_request_requeued_at_the_back_is_seen_by_the_queue_reads(shadow_monitor, monkeypatch,
+                                                                             async_scheduling):
+    """vLLM planted with a preempted request put at the back of the waiting queue, not
+    at its front (S:1896): the waiting order is what differs first.  The incremental
+    check's read of the queues reports it at the call the full check does, with no
+    periodic full check in the run."""
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+
+    monkeypatch.setattr(FCFSRequestQueue, "prepend_request", FCFSRequestQueue.add_request)
+    first = {}
+    for name, options in (("full", {"check": "full"}), ("reads only", {"check": "incremental", "full_every": 10 ** 6})):
+        mon = Monitor("count", relift=False, **options)
+        shadow.set_default_monitor(mon)
+        engine = make_engine(async_scheduling, stop_after={"r1": 2})
+        workload(engine)
+        assert engine.model_executor.preempted and mon.summary()["monitor_errors"] == []
+        first[name] = first_divergence(mon.summary())
+    assert first["full"]["field"] == "post_state.waiting", first["full"]
+    assert (first["reads only"]["call_number"], first["reads only"]["field"]) == \
+        (first["full"]["call_number"], first["full"]["field"])
